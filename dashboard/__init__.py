@@ -1,0 +1,1 @@
+"""The staff dashboard: queue backlogs, worker cards and runs, pushed live over a WebSocket."""

@@ -1,0 +1,89 @@
+"""The admission interface: every backend (`local`, `db`, `redis`) is a class of this shape.
+
+Admission sits between the engine and every transport: before a queued step is dispatched,
+the engine asks `try_admit`; the slot it gets is given back with `release` when the step's
+result lands. A backend must pass `durable_flow.testing.admission_contract`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from durable_flow.queues import QueueConfig
+
+Clock = Callable[[], int]
+"""Epoch milliseconds. Injected so decision logic can be tested without sleeping."""
+
+BlockReason = Literal["rate_limited", "concurrency", "waiting_turn"]
+
+
+def system_clock_ms() -> int:
+    """Wall-clock epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """One call asking for a slot. `ticket` names it (`run_id/step_key`) across retries,
+    so a call that re-asks keeps its place in line."""
+
+    queue: str
+    ticket: str
+    priority: int = 0
+    fairness_key: str = ""
+
+    @property
+    def key(self) -> str:
+        """The fairness bucket; defaults to the run id so unrelated runs are fair to each other."""
+        return self.fairness_key or self.ticket.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """The answer to `try_admit`: admitted, or blocked until `retry_at_ms` (epoch ms)."""
+
+    admitted: bool
+    retry_at_ms: int | None = None
+    reason: BlockReason | None = None
+
+    @classmethod
+    def admit(cls) -> AdmissionDecision:
+        return cls(admitted=True)
+
+    @classmethod
+    def block(cls, retry_at_ms: int, reason: BlockReason) -> AdmissionDecision:
+        return cls(admitted=False, retry_at_ms=retry_at_ms, reason=reason)
+
+
+FreedCallback = Callable[[str], None]
+
+
+@runtime_checkable
+class AdmissionBackend(Protocol):
+    """Where admission accounting happens. Implementations must be thread-safe."""
+
+    def register(self, config: QueueConfig) -> None:
+        """Add or replace a queue's config."""
+
+    def handles(self, queue: str) -> bool:
+        """Whether calls naming `queue` are gated (a queue never registered is not)."""
+
+    def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
+        """Take a slot for `request.ticket`, or register it as a waiter and say when to retry.
+
+        Asking again with a ticket that already holds a slot answers admitted and takes no
+        second slot, so an engine that crashed between admission and checkpoint is safe.
+        """
+
+    def release(self, queue: str, ticket: str) -> None:
+        """Give back the ticket's slot (if held) and forget it as a waiter. Idempotent."""
+
+    def on_freed(self, callback: FreedCallback) -> None:
+        """Call `callback(queue)` when a slot frees, so blocked runs retry early. Optional:
+        a backend without it leaves blocked runs to the poller's tick."""
+
+
+DEFAULT_WAITER_TTL_MS = 60_000

@@ -1,0 +1,34 @@
+"""App configuration: validate settings, import workflow modules, register queues."""
+
+from __future__ import annotations
+
+import importlib
+
+from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
+
+
+class DurableFlowConfig(AppConfig):
+    name = "durable_flow"
+    verbose_name = "Durable flow"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Fail at startup, naming the setting, rather than at the first run."""
+        from durable_flow import checks  # noqa: F401  (registers the system checks)
+        from durable_flow.conf import get_settings
+
+        config = get_settings()
+        for module in config.workflows:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ImproperlyConfigured(
+                    f'DURABLE_FLOW["WORKFLOWS"]: cannot import {module!r}: {exc}'
+                ) from exc
+
+        from django.db.models.signals import post_migrate
+
+        from durable_flow.engine import persist_configured_queues
+
+        post_migrate.connect(persist_configured_queues, sender=self)

@@ -1,0 +1,152 @@
+"""`settings.DURABLE_FLOW`, parsed and validated once into a frozen value.
+
+Every error is an `ImproperlyConfigured` that names the offending key, e.g.
+`DURABLE_FLOW["QUEUES"][1].concurrency: must be a positive integer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from durable_flow.exceptions import InvalidQueueConfig
+from durable_flow.queues import QueueConfig
+
+ADMISSION_BACKENDS = {
+    "local": "durable_flow.admission.local.LocalAdmissionBackend",
+    "db": "durable_flow.admission.db.DatabaseAdmissionBackend",
+    "redis": "durable_flow.admission.redis.RedisAdmissionBackend",
+}
+TRANSPORT_BACKENDS = {
+    "inline": "durable_flow.transports.inline.InlineTransport",
+    "db": "durable_flow.transports.db.DatabaseTransport",
+    "rq": "durable_flow.transports.rq.RQTransport",
+}
+TOP_LEVEL_KEYS = {"WORKFLOWS", "QUEUES", "ADMISSION", "TRANSPORT", "POLLER", "HEARTBEAT", "MAX_PAYLOAD_BYTES",
+                  "REDISPATCH_AFTER_S"}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A pluggable backend: a dotted class path and the options passed to it."""
+
+    path: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    alias: str = ""
+
+
+@dataclass(frozen=True)
+class DurableFlowSettings:
+    """The validated `DURABLE_FLOW` setting."""
+
+    workflows: tuple[str, ...] = ()
+    queues: tuple[QueueConfig, ...] = ()
+    admission: BackendSpec = BackendSpec(ADMISSION_BACKENDS["local"], alias="local")
+    transport: BackendSpec = BackendSpec(TRANSPORT_BACKENDS["inline"], alias="inline")
+    poller_interval_ms: int = 500
+    poller_batch_size: int = 500
+    heartbeat_interval_s: float = 2.0
+    heartbeat_ttl_s: float = 15.0
+    max_payload_bytes: int = 1_000_000
+    redispatch_after_s: float = 600.0
+
+
+def _fail(key: str, message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f'DURABLE_FLOW["{key}"]: {message}')
+
+
+def _positive_number(raw: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise _fail(where, f"{key} must be a positive number, got {value!r}")
+    return value
+
+
+def _backend(raw: object, key: str, aliases: Mapping[str, str], default: str) -> BackendSpec:
+    if raw is None:
+        raw = {"BACKEND": default}
+    if isinstance(raw, str):
+        raw = {"BACKEND": raw}
+    if not isinstance(raw, Mapping):
+        raise _fail(key, f'expected a dict like {{"BACKEND": "{default}"}}, got {type(raw).__name__}')
+    name = raw.get("BACKEND", default)
+    if not isinstance(name, str) or not name:
+        raise _fail(key, "BACKEND must be a backend name or a dotted class path")
+    if name not in aliases and "." not in name:
+        raise _fail(key, f"unknown BACKEND {name!r}; choose one of {', '.join(aliases)} or give a dotted path")
+    options = {k: v for k, v in raw.items() if k != "BACKEND"}
+    return BackendSpec(path=aliases.get(name, name), options=options, alias=name)
+
+
+def parse_settings(raw: object) -> DurableFlowSettings:
+    """Validate a `DURABLE_FLOW` dict; raise `ImproperlyConfigured` naming the bad key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"DURABLE_FLOW must be a dict, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - TOP_LEVEL_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(f"DURABLE_FLOW: unknown key(s) {', '.join(unknown)}")
+
+    workflows = raw.get("WORKFLOWS", [])
+    if isinstance(workflows, str) or not isinstance(workflows, list | tuple):
+        raise _fail("WORKFLOWS", "must be a list of module paths")
+    for module in workflows:
+        if not isinstance(module, str) or not module:
+            raise _fail("WORKFLOWS", f"every entry must be a module path string, got {module!r}")
+
+    queues_raw = raw.get("QUEUES", [])
+    if not isinstance(queues_raw, list | tuple):
+        raise _fail("QUEUES", "must be a list of queue dicts")
+    queues: list[QueueConfig] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(queues_raw):
+        try:
+            config = QueueConfig.from_mapping(entry, where=f'DURABLE_FLOW["QUEUES"][{index}]')
+        except InvalidQueueConfig as exc:
+            raise ImproperlyConfigured(str(exc)) from exc
+        if config.name in seen:
+            raise _fail("QUEUES", f"queue {config.name!r} is declared twice (entry {index})")
+        seen.add(config.name)
+        queues.append(config)
+
+    poller = raw.get("POLLER", {})
+    heartbeat = raw.get("HEARTBEAT", {})
+    for key, value in (("POLLER", poller), ("HEARTBEAT", heartbeat)):
+        if not isinstance(value, Mapping):
+            raise _fail(key, "must be a dict")
+    max_payload = raw.get("MAX_PAYLOAD_BYTES", 1_000_000)
+    if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
+        raise _fail("MAX_PAYLOAD_BYTES", f"must be a positive integer, got {max_payload!r}")
+    redispatch = raw.get("REDISPATCH_AFTER_S", 600)
+    if isinstance(redispatch, bool) or not isinstance(redispatch, int | float) or redispatch <= 0:
+        raise _fail("REDISPATCH_AFTER_S", f"must be a positive number of seconds, got {redispatch!r}")
+
+    return DurableFlowSettings(
+        workflows=tuple(workflows),
+        queues=tuple(queues),
+        admission=_backend(raw.get("ADMISSION"), "ADMISSION", ADMISSION_BACKENDS, "local"),
+        transport=_backend(raw.get("TRANSPORT"), "TRANSPORT", TRANSPORT_BACKENDS, "inline"),
+        poller_interval_ms=int(_positive_number(poller, "INTERVAL_MS", 500, "POLLER")),
+        poller_batch_size=int(_positive_number(poller, "BATCH_SIZE", 500, "POLLER")),
+        heartbeat_interval_s=_positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT"),
+        heartbeat_ttl_s=_positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT"),
+        max_payload_bytes=max_payload,
+        redispatch_after_s=float(redispatch),
+    )
+
+
+@cache
+def get_settings() -> DurableFlowSettings:
+    """The project's validated settings (cached; `reset_settings()` after overriding them in tests)."""
+    return parse_settings(getattr(settings, "DURABLE_FLOW", {}))
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (used by tests that override `DURABLE_FLOW`)."""
+    get_settings.cache_clear()

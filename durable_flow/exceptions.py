@@ -1,0 +1,72 @@
+"""The typed errors of durable_flow's public API."""
+
+from __future__ import annotations
+
+
+class DurableFlowError(Exception):
+    """Base class of every error durable_flow raises on purpose."""
+
+
+class WorkflowNotFound(DurableFlowError, LookupError):
+    """No workflow is registered under that name."""
+
+
+class StepNotFound(DurableFlowError, LookupError):
+    """No step is registered under that name (a task names a step this process does not know)."""
+
+
+class RegistrationError(DurableFlowError):
+    """A workflow or step was declared twice, or declared wrongly."""
+
+
+class RunNotFound(DurableFlowError, LookupError):
+    """No run has that id."""
+
+
+class InvalidInput(DurableFlowError, ValueError):
+    """Input or output that cannot be stored: not JSON, or too large."""
+
+
+class InvalidQueueConfig(DurableFlowError, ValueError):
+    """A queue's configuration is invalid; the message names the field."""
+
+
+class NonDeterminismError(DurableFlowError):
+    """The workflow's code no longer matches the history recorded for a running run."""
+
+
+class StepFailed(DurableFlowError):
+    """A step exhausted its retries; raised inside the workflow at the `ctx.step` call.
+
+    The workflow may catch it; if it does not, the run fails with this error.
+    """
+
+    def __init__(self, step: str, error: dict[str, object]) -> None:
+        self.step = step
+        self.error = error
+        super().__init__(f"step {step!r} failed: {error.get('type')}: {error.get('message')}")
+
+
+class ChildFailed(DurableFlowError):
+    """A child run ended failed or cancelled; raised inside the parent at `ctx.child`."""
+
+    def __init__(self, run_id: str, status: str, error: object) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+        super().__init__(f"child run {run_id!r} ended {status}: {error}")
+
+
+class SignalTimeout(DurableFlowError, TimeoutError):
+    """`ctx.wait_for_signal(..., timeout=...)` ran out before the signal arrived."""
+
+
+class ConcurrencyLimitError(DurableFlowError):
+    """A start was refused at once because its quota is full (mapped to HTTP 429)."""
+
+    def __init__(self, key: str, limit: int, active: int, workflow: str) -> None:
+        self.key = key
+        self.limit = limit
+        self.active = active
+        self.workflow = workflow
+        super().__init__(f"quota {key!r} is full for {workflow!r}: {active} active, limit {limit}")

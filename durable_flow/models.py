@@ -1,0 +1,273 @@
+"""What durable_flow persists: runs, step checkpoints, signals, transport tasks, queues,
+admission state and worker heartbeats. A run's state lives here, never only in memory."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+def new_run_id() -> str:
+    """A random run id; callers may pass their own to make `start` idempotent."""
+    return uuid.uuid4().hex
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUSPENDED = "suspended", "Suspended"
+    CANCELLING = "cancelling", "Cancelling"
+    CANCELLED = "cancelled", "Cancelled"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+
+
+TERMINAL_RUN_STATUSES = (RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAILED)
+
+
+class WorkflowRun(models.Model):
+    """One execution of a workflow; replayed turn by turn from its checkpoints."""
+
+    id = models.CharField(primary_key=True, max_length=200, default=new_run_id)
+    workflow = models.CharField(max_length=200)
+    version = models.CharField(max_length=50, default="1")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    input = models.JSONField(default=None, null=True)
+    output = models.JSONField(default=None, null=True, blank=True)
+    error = models.JSONField(default=None, null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True, help_text="When the poller next wakes this run.")
+    tags = models.JSONField(default=list, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    parent_step_key = models.CharField(max_length=100, blank=True, default="")
+    turns = models.PositiveIntegerField(default=0, help_text="How many times the workflow function was replayed.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The poller's query: due suspended runs, oldest first. Its cost follows the due
+            # rows, not every parked run.
+            models.Index(fields=["status", "wake_at"], name="df_run_status_wake"),
+            models.Index(fields=["workflow", "status"], name="df_run_workflow_status"),
+            models.Index(fields=["-created_at"], name="df_run_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow}:{self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+class StepKind(models.TextChoices):
+    STEP = "step", "Step"
+    SLEEP = "sleep", "Sleep"
+    CHILD = "child", "Child run"
+    SIGNAL = "signal", "Signal wait"
+
+
+class StepStatus(models.TextChoices):
+    WAITING = "waiting", "Waiting for admission"
+    DISPATCHED = "dispatched", "Dispatched"
+    RETRYING = "retrying", "Waiting out backoff"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+SETTLED_STEP_STATUSES = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED)
+
+
+class StepCheckpoint(models.Model):
+    """The durable record of one call a workflow made: a step, a sleep, a child or a signal wait.
+
+    `key` is deterministic (the call's position in the workflow, `3` or `3.17` inside a fan),
+    so a replay finds the same checkpoint for the same call.
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="checkpoints")
+    key = models.CharField(max_length=100)
+    sequence = models.PositiveIntegerField(help_text="Order of creation within the run.")
+    kind = models.CharField(max_length=8, choices=StepKind.choices, default=StepKind.STEP)
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=12, choices=StepStatus.choices)
+    input = models.JSONField(default=None, null=True)
+    output = models.JSONField(default=None, null=True, blank=True)
+    error = models.JSONField(default=None, null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    queue = models.CharField(max_length=100, blank=True, default="", help_text="Flow-control queue holding its slot.")
+    holds_slot = models.BooleanField(default=False)
+    priority = models.IntegerField(default=0)
+    fairness_key = models.CharField(max_length=200, blank=True, default="")
+    group = models.CharField(max_length=100, blank=True, default="", help_text="Fan-out wave this call belongs to.")
+    wake_at = models.DateTimeField(null=True, blank=True, help_text="Sleep end, backoff end or step deadline.")
+    timeout_s = models.FloatField(null=True, blank=True, help_text="Per-call timeout, overriding the step's.")
+    child_run_id = models.CharField(max_length=200, blank=True, default="")
+    worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker executing the attempt.")
+    late_result = models.JSONField(default=None, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "sequence"]
+        constraints = [models.UniqueConstraint(fields=["run", "key"], name="df_checkpoint_run_key")]
+        indexes = [
+            models.Index(fields=["queue", "status"], name="df_checkpoint_queue_status"),
+            models.Index(fields=["status", "dispatched_at"], name="df_checkpoint_status_disp"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.key} {self.name} ({self.status})"
+
+    @property
+    def ticket(self) -> str:
+        """The admission ticket: who holds (or waits for) a queue slot."""
+        return f"{self.run_id}/{self.key}"
+
+
+class Signal(models.Model):
+    """A named message to a run. Kept until a `wait_for_signal` consumes it, so none is lost."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=200)
+    payload = models.JSONField(default=None, null=True)
+    consumed_by = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "name", "consumed_by"], name="df_signal_lookup")]
+
+
+class TaskKind(models.TextChoices):
+    TURN = "turn", "Workflow turn"
+    STEP = "step", "Step"
+
+
+class Task(models.Model):
+    """A job of the embedded `db` transport. Claimed with a lease; a dead worker's lease lapses
+    and the task becomes claimable again."""
+
+    kind = models.CharField(max_length=4, choices=TaskKind.choices)
+    run_id = models.CharField(max_length=200)
+    step_key = models.CharField(max_length=100, blank=True, default="")
+    attempt = models.PositiveIntegerField(default=0)
+    priority = models.IntegerField(default=0)
+    available_at = models.DateTimeField()
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # At most one queued (unclaimed) turn per run: a burst of results wakes it once.
+            models.UniqueConstraint(
+                fields=["run_id"], condition=Q(kind="turn", claimed_by__isnull=True), name="df_task_one_queued_turn"
+            )
+        ]
+        indexes = [models.Index(fields=["-priority", "id"], name="df_task_claim_order")]
+
+
+class FlowQueue(models.Model):
+    """A registered flow-control queue, persisted so every process and the admin see it."""
+
+    name = models.CharField(primary_key=True, max_length=100)
+    config = models.JSONField()
+    # Counters of the `db` admission backend, advanced under this row's lock.
+    next_arrival = models.BigIntegerField(default=0)
+    next_serve = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AdmissionSlot(models.Model):
+    """A slot held in a queue by a ticket (`run_id/step_key`) from admission until its result lands."""
+
+    queue = models.CharField(max_length=100)
+    ticket = models.CharField(max_length=320)
+    holder = models.CharField(max_length=200, blank=True, default="")
+    acquired_ms = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "ticket"], name="df_slot_queue_ticket")]
+
+
+class AdmissionWaiter(models.Model):
+    """A blocked call waiting its turn; ranked by priority, key last served, then arrival."""
+
+    queue = models.CharField(max_length=100)
+    ticket = models.CharField(max_length=320)
+    priority = models.IntegerField(default=0)
+    fairness_key = models.CharField(max_length=200)
+    key_served = models.BigIntegerField(default=-1, help_text="When its fairness key was last served (serve counter).")
+    arrival = models.BigIntegerField()
+    seen_ms = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "ticket"], name="df_waiter_queue_ticket")]
+        indexes = [
+            models.Index(fields=["queue", "-priority", "key_served", "arrival"], name="df_waiter_rank"),
+            models.Index(fields=["queue", "fairness_key"], name="df_waiter_key"),
+        ]
+
+
+class AdmissionMark(models.Model):
+    """One admission's timestamp, for the rate-limit window (pruned once older than the period)."""
+
+    queue = models.CharField(max_length=100)
+    at_ms = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "at_ms"], name="df_mark_queue_at")]
+
+
+class AdmissionKeyServed(models.Model):
+    """When a fairness key was last served in a queue, and the queue's counters."""
+
+    queue = models.CharField(max_length=100)
+    fairness_key = models.CharField(max_length=200)
+    served = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "fairness_key"], name="df_served_queue_key")]
+
+
+class WorkerHeartbeat(models.Model):
+    """A worker process's last report: its live concurrency and health, for the dashboard."""
+
+    worker_id = models.CharField(primary_key=True, max_length=200)
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    transport = models.CharField(max_length=20)
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField(db_index=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    mode = models.CharField(max_length=10, default="fixed")
+    live_limit = models.PositiveIntegerField(default=1)
+    in_flight = models.PositiveIntegerField(default=0)
+    rss_bytes = models.BigIntegerField(default=0)
+    cpu_percent = models.FloatField(default=0.0)
+    throughput = models.FloatField(default=0.0, help_text="Tasks finished per second over the last tick.")
+    p95_ms = models.FloatField(null=True, blank=True)
+    tasks_done = models.BigIntegerField(default=0)
+    last_adjustment_at = models.DateTimeField(null=True, blank=True)
+    last_adjustment_reason = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        ordering = ["-last_seen"]
+
+    def __str__(self) -> str:
+        return self.worker_id

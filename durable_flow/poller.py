@@ -1,0 +1,114 @@
+"""The timer poller: wakes parked runs whose `wake_at` is due, and re-drives lost work.
+
+Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
+cost follows the number of *due* runs, not of every parked one. On PostgreSQL the rows are
+taken `FOR UPDATE SKIP LOCKED`, so several pollers can run at once and never wake the same
+run twice; on SQLite the IMMEDIATE write transaction serialises them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from durable_flow.engine import Engine, get_engine, retry_on_conflict
+from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.worker.heartbeat import dead_worker_cutoff
+
+logger = logging.getLogger("durable_flow.poller")
+
+
+class TimerPoller:
+    """Wakes due runs in batches; every few seconds also re-drives steps whose worker died."""
+
+    def __init__(self, engine: Engine | None = None, batch_size: int | None = None,
+                 interval_ms: int | None = None, maintenance_every_s: float = 5.0) -> None:
+        self.engine = engine or get_engine()
+        self.batch_size = batch_size or self.engine.settings.poller_batch_size
+        self.interval_s = (interval_ms or self.engine.settings.poller_interval_ms) / 1000
+        self.maintenance_every_s = maintenance_every_s
+        self._stop = threading.Event()
+        self._next_maintenance = 0.0
+
+    @retry_on_conflict
+    def tick(self) -> list[str]:
+        """Wake one batch of due runs; return their ids."""
+        now = self.engine.now()
+        with transaction.atomic():
+            due = WorkflowRun.objects.filter(
+                status__in=(RunStatus.SUSPENDED, RunStatus.RUNNING), wake_at__lte=now
+            ).order_by("wake_at")
+            if connection.features.has_select_for_update_skip_locked:
+                due = due.select_for_update(skip_locked=True)
+            run_ids = list(due.values_list("id", flat=True)[: self.batch_size])
+            if not run_ids:
+                return []
+            WorkflowRun.objects.filter(id__in=run_ids).update(status=RunStatus.PENDING, wake_at=None, updated_at=now)
+            for run_id in run_ids:
+                self.engine.transport.enqueue_turn(run_id)
+        return run_ids
+
+    def drain(self) -> int:
+        """Tick until nothing is due (tests and `--once`)."""
+        total = 0
+        while woken := self.tick():
+            total += len(woken)
+        return total
+
+    def maintain(self) -> int:
+        """Re-dispatch steps lost with their worker, and re-queue turns a broker lost."""
+        settings = self.engine.settings
+        now = self.engine.now()
+        dead_cutoff = dead_worker_cutoff(settings.heartbeat_ttl_s, now)
+        dead_workers = WorkerHeartbeat.objects.filter(Q(last_seen__lt=dead_cutoff) | Q(stopped_at__isnull=False))
+        lost_after = now - _seconds(settings.redispatch_after_s)
+        lost = (
+            StepCheckpoint.objects.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
+            .filter(
+                Q(worker__in=dead_workers.values("worker_id"))
+                | Q(worker="", dispatched_at__lt=lost_after)
+            )
+            .values_list("run_id", flat=True)
+            .distinct()
+        )
+        redriven = 0
+        for run_id in list(lost[: self.batch_size]):
+            redriven += self.engine.redispatch_pending(run_id)
+        stale_turns = WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after)
+        for run_id in list(stale_turns.values_list("id", flat=True)[: self.batch_size]):
+            self.engine.transport.enqueue_turn(run_id)
+        if redriven:
+            logger.info("re-dispatched %d step(s) lost with their worker", redriven)
+        return redriven
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        """Poll until SIGTERM/SIGINT; a tick that found a full batch loops without sleeping."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.engine.persist_queues()
+        while not self._stop.is_set():
+            try:
+                woken = self.tick()
+                if time.monotonic() >= self._next_maintenance:
+                    self.maintain()
+                    self._next_maintenance = time.monotonic() + self.maintenance_every_s
+            except Exception:
+                logger.exception("poller tick failed; retrying")
+                woken = []
+            if len(woken) < self.batch_size:
+                self._stop.wait(self.interval_s)
+
+
+def _seconds(value: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)

@@ -1,0 +1,127 @@
+"""Flow-control queue configuration: one frozen value object, validated once.
+
+A queue is declared in `settings.DURABLE_FLOW["QUEUES"]` or with `register_queue(...)`; both
+build the same `QueueConfig`. Invalid values raise `InvalidQueueConfig` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from durable_flow.exceptions import InvalidQueueConfig
+
+Algorithm = Literal["fixed", "sliding"]
+Fairness = Literal["fifo", "key"]
+Order = Literal["fifo", "lifo"]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most `limit` admissions per `period_ms`, counted in a fixed or a sliding window."""
+
+    limit: int
+    period_ms: int
+    algorithm: Algorithm = "fixed"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """A named cap that `ctx.step(..., queue=name)` calls opt into."""
+
+    name: str
+    concurrency: int | None = None
+    rate_limit: RateLimit | None = None
+    retry_ms: int = 1000
+    fairness: Fairness = "fifo"
+    order: Order = "fifo"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form persisted on `FlowQueue.config` and shown in the admin."""
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = "queue") -> QueueConfig:
+        """Parse and validate a settings dict; `where` prefixes error messages."""
+        if not isinstance(raw, Mapping):
+            raise InvalidQueueConfig(f"{where}: expected a dict, got {type(raw).__name__}")
+        known = {"name", "concurrency", "rate_limit", "retry_ms", "fairness", "order"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
+        rate = raw.get("rate_limit")
+        return cls.build(
+            name=raw.get("name"),  # type: ignore[arg-type]
+            concurrency=raw.get("concurrency"),
+            rate_limit=_rate_limit(rate, f"{where}.rate_limit") if rate is not None else None,
+            retry_ms=raw.get("retry_ms", 1000),
+            fairness=raw.get("fairness", "fifo"),
+            order=raw.get("order", "fifo"),
+            where=where,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        name: str,
+        concurrency: int | None = None,
+        rate_limit: RateLimit | Mapping[str, Any] | None = None,
+        retry_ms: int = 1000,
+        fairness: str = "fifo",
+        order: str = "fifo",
+        where: str = "queue",
+    ) -> QueueConfig:
+        """Validate keyword options (the `register_queue` form)."""
+        if not isinstance(name, str) or not name.strip() or len(name) > 100:
+            raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most 100 characters is required")
+        where = f"{where} {name!r}"
+        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
+            raise InvalidQueueConfig(f"{where}.concurrency: must be a positive integer or omitted, got {concurrency!r}")
+        if isinstance(rate_limit, Mapping):
+            rate_limit = _rate_limit(rate_limit, f"{where}.rate_limit")
+        elif rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise InvalidQueueConfig(f"{where}.rate_limit: expected a dict with limit and period_ms")
+        if not _is_int(retry_ms) or retry_ms < 1:
+            raise InvalidQueueConfig(f"{where}.retry_ms: must be a positive integer (milliseconds), got {retry_ms!r}")
+        if fairness not in ("fifo", "key"):
+            raise InvalidQueueConfig(f"{where}.fairness: must be 'fifo' or 'key', got {fairness!r}")
+        if order not in ("fifo", "lifo"):
+            raise InvalidQueueConfig(f"{where}.order: must be 'fifo' or 'lifo', got {order!r}")
+        return cls(
+            name=name,
+            concurrency=concurrency,
+            rate_limit=rate_limit,
+            retry_ms=retry_ms,
+            fairness=fairness,  # type: ignore[arg-type]
+            order=order,  # type: ignore[arg-type]
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _rate_limit(raw: Mapping[str, Any], where: str) -> RateLimit:
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueConfig(f"{where}: expected a dict with limit and period_ms")
+    unknown = sorted(set(raw) - {"limit", "period_ms", "algorithm"})
+    if unknown:
+        raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
+    limit, period_ms = raw.get("limit"), raw.get("period_ms")
+    algorithm = raw.get("algorithm", "fixed")
+    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+        raise InvalidQueueConfig(f"{where}.limit: must be a positive integer, got {limit!r}")
+    if not _is_int(period_ms) or period_ms < 1:  # type: ignore[operator]
+        raise InvalidQueueConfig(f"{where}.period_ms: must be a positive integer (milliseconds), got {period_ms!r}")
+    if algorithm not in ("fixed", "sliding"):
+        raise InvalidQueueConfig(f"{where}.algorithm: must be 'fixed' or 'sliding', got {algorithm!r}")
+    return RateLimit(limit=limit, period_ms=period_ms, algorithm=algorithm)  # type: ignore[arg-type]
+
+
+def queue_from_dict(data: Mapping[str, Any]) -> QueueConfig:
+    """Rebuild a config from its `as_dict()` form (as stored on `FlowQueue`)."""
+    data = dict(data)
+    rate = data.pop("rate_limit", None)
+    return QueueConfig.build(rate_limit=RateLimit(**rate) if rate else None, **data)

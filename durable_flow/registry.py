@@ -1,0 +1,148 @@
+"""The workflow and step registries, filled by the `@workflow` and `@step` decorators.
+
+Modules named in `DURABLE_FLOW["WORKFLOWS"]` are imported by `AppConfig.ready()`, so every
+process (web, worker, poller) knows the same workflows and steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from durable_flow.exceptions import RegistrationError, StepNotFound, WorkflowNotFound
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+WorkflowFn = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True, eq=False)
+class StepDefinition(Generic[R]):
+    """A registered step: a plain function of one JSON input, run on a worker and checkpointed."""
+
+    name: str
+    fn: Callable[[Any], R]
+    retries: int = 0
+    backoff: timedelta = timedelta(seconds=1)
+    max_backoff: timedelta = timedelta(minutes=5)
+    timeout: timedelta | None = None
+
+    def __call__(self, input: Any) -> R:  # noqa: A002 - the step's one argument is its input
+        """Call the function directly (outside a workflow, e.g. in a unit test)."""
+        return self.fn(input)
+
+    def backoff_for(self, attempt: int) -> timedelta:
+        """Exponential backoff after failed attempt number `attempt` (1-based), capped."""
+        delay = self.backoff * (2 ** max(0, attempt - 1))
+        return min(delay, self.max_backoff)
+
+
+@dataclass(frozen=True, eq=False)
+class WorkflowDefinition:
+    """A registered workflow: `fn(ctx, input)`, replayed from the top on every turn."""
+
+    name: str
+    fn: WorkflowFn
+    version: str = "1"
+
+    def __call__(self, ctx: Any, input: Any) -> Any:  # noqa: A002
+        return self.fn(ctx, input)
+
+
+_workflows: dict[str, WorkflowDefinition] = {}
+_steps: dict[str, StepDefinition[Any]] = {}
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    # A module imported twice under the same name (autoreload, test re-import) is not a clash.
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise RegistrationError(f"a {what} name must be a non-empty string of at most 200 characters, got {name!r}")
+    return name
+
+
+def workflow(name: str, *, version: str | int = "1") -> Callable[[WorkflowFn], WorkflowDefinition]:
+    """Declare `fn(ctx, input)` as the workflow `name`.
+
+    Bump `version` when you change the order of its calls: runs started under the old
+    version fail with a clear non-determinism error instead of replaying wrongly.
+    """
+    _check_name(name, "workflow")
+
+    def decorate(fn: WorkflowFn) -> WorkflowDefinition:
+        existing = _workflows.get(name)
+        if existing is not None and not _same_function(existing.fn, fn):
+            raise RegistrationError(f"workflow {name!r} is already registered by {existing.fn.__module__}")
+        definition = WorkflowDefinition(name=name, fn=fn, version=str(version))
+        _workflows[name] = definition
+        return definition
+
+    return decorate
+
+
+def step(
+    name: str,
+    *,
+    retries: int = 0,
+    backoff: timedelta = timedelta(seconds=1),
+    max_backoff: timedelta = timedelta(minutes=5),
+    timeout: timedelta | None = None,
+) -> Callable[[Callable[[Any], R]], StepDefinition[R]]:
+    """Declare a plain function of one JSON input as the step `name`.
+
+    `retries` failed attempts are retried after `backoff`, doubling each time (up to
+    `max_backoff`); `timeout` re-dispatches an attempt whose result has not landed in time.
+    """
+    _check_name(name, "step")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise RegistrationError(f"step {name!r}: retries must be a non-negative integer, got {retries!r}")
+    if timeout is not None and timeout <= timedelta(0):
+        raise RegistrationError(f"step {name!r}: timeout must be positive")
+
+    def decorate(fn: Callable[[Any], R]) -> StepDefinition[R]:
+        existing = _steps.get(name)
+        if existing is not None and not _same_function(existing.fn, fn):
+            raise RegistrationError(f"step {name!r} is already registered by {existing.fn.__module__}")
+        definition = StepDefinition(
+            name=name, fn=fn, retries=retries, backoff=backoff, max_backoff=max_backoff, timeout=timeout
+        )
+        _steps[name] = definition
+        return definition
+
+    return decorate
+
+
+def get_workflow(name: str) -> WorkflowDefinition:
+    """The workflow registered as `name`, or `WorkflowNotFound`."""
+    try:
+        return _workflows[name]
+    except KeyError:
+        raise WorkflowNotFound(f"no workflow named {name!r} is registered") from None
+
+
+def get_step(name: str) -> StepDefinition[Any]:
+    """The step registered as `name`, or `StepNotFound`."""
+    try:
+        return _steps[name]
+    except KeyError:
+        raise StepNotFound(f"no step named {name!r} is registered") from None
+
+
+def resolve_workflow(target: str | WorkflowDefinition) -> WorkflowDefinition:
+    """Accept a workflow by name or definition; the definition must be the registered one."""
+    if isinstance(target, WorkflowDefinition):
+        return get_workflow(target.name)
+    if isinstance(target, str):
+        return get_workflow(target)
+    raise TypeError(f"expected a workflow name or a @workflow function, got {type(target).__name__}")
+
+
+def workflows() -> dict[str, WorkflowDefinition]:
+    """Every registered workflow, by name."""
+    return dict(_workflows)

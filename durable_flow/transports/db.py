@@ -1,0 +1,132 @@
+"""The embedded `db` transport: work as `Task` rows in the project's own database.
+
+Producing is an INSERT inside the engine's transaction, so a dispatch and its task commit or
+roll back together. Workers claim rows with a lease (`VISIBILITY_TIMEOUT_S`): on PostgreSQL
+with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers never block on each other's rows; on
+SQLite the IMMEDIATE write transaction serialises claimers. A claimed task is deleted when
+done; a worker that dies leaves its lease to lapse, and the task is claimed again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from durable_flow.models import Task, TaskKind
+from durable_flow.worker.runtime import ClaimedTask
+
+if TYPE_CHECKING:
+    from durable_flow.engine import Engine
+
+
+class DatabaseTransport:
+    """Producer side: task rows."""
+
+    name = "db"
+
+    def __init__(self, concurrency: object = 4, visibility_timeout_s: float = 60.0, poll_interval_s: float = 0.1
+                 ) -> None:
+        if isinstance(visibility_timeout_s, bool) or not isinstance(visibility_timeout_s, int | float) \
+                or visibility_timeout_s <= 0:
+            raise ImproperlyConfigured(
+                'DURABLE_FLOW["TRANSPORT"]["VISIBILITY_TIMEOUT_S"]: must be a positive number of seconds'
+            )
+        self.concurrency = concurrency
+        self.visibility_timeout_s = float(visibility_timeout_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self._engine: Engine | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> DatabaseTransport:
+        known = {"CONCURRENCY", "VISIBILITY_TIMEOUT_S", "POLL_INTERVAL_S"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ImproperlyConfigured(f'DURABLE_FLOW["TRANSPORT"]: unknown option(s) {", ".join(unknown)}')
+        return cls(
+            concurrency=options.get("CONCURRENCY", 4),
+            visibility_timeout_s=options.get("VISIBILITY_TIMEOUT_S", 60.0),
+            poll_interval_s=options.get("POLL_INTERVAL_S", 0.1),
+        )
+
+    def bind(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def enqueue_turn(self, run_id: str) -> None:
+        # The partial unique index keeps one queued turn per run; a second wake is a no-op.
+        Task.objects.bulk_create(
+            [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
+        )
+
+    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        Task.objects.create(
+            kind=TaskKind.STEP, run_id=run_id, step_key=step_key, attempt=attempt, priority=priority,
+            available_at=timezone.now(),
+        )
+
+    def source(self) -> DatabaseTaskSource:
+        """The consuming side, for `durable_worker`."""
+        return DatabaseTaskSource(self.visibility_timeout_s, self.poll_interval_s)
+
+
+class DatabaseTaskSource:
+    """Consumer side: claim with a lease, delete when done."""
+
+    transport = "db"
+
+    def __init__(self, visibility_timeout_s: float, poll_interval_s: float) -> None:
+        self.visibility = timedelta(seconds=visibility_timeout_s)
+        self.poll_interval_s = poll_interval_s
+        self.queues = ["db"]
+
+    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            tasks = self._claim_once(worker_id, limit)
+            if tasks or time.monotonic() >= deadline:
+                return tasks
+            time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+
+    def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
+        now = timezone.now()
+        claimable = Task.objects.filter(
+            Q(claimed_by__isnull=True) | Q(lease_until__lt=now), available_at__lte=now
+        ).order_by("-priority", "id")
+        with transaction.atomic():
+            if connection.features.has_select_for_update_skip_locked:
+                claimable = claimable.select_for_update(skip_locked=True)
+            ids = list(claimable.values_list("id", flat=True)[:limit])
+            if not ids:
+                return []
+            Task.objects.filter(id__in=ids).update(claimed_by=worker_id, lease_until=now + self.visibility)
+            rows = Task.objects.filter(id__in=ids, claimed_by=worker_id).order_by("-priority", "id")
+            return [
+                ClaimedTask(kind=row.kind, run_id=row.run_id, step_key=row.step_key, attempt=row.attempt,
+                            handle=row.id)
+                for row in rows
+            ]
+
+    def done(self, worker_id: str, task: ClaimedTask) -> None:
+        Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
+
+    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        for task in tasks:
+            # A queued turn for the same run may exist already; then this claimed one can go.
+            try:
+                with transaction.atomic():
+                    Task.objects.filter(id=task.handle, claimed_by=worker_id).update(
+                        claimed_by=None, lease_until=None
+                    )
+            except IntegrityError:  # the unique index says a turn for this run is queued already
+                Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
+
+    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        Task.objects.filter(id__in=[t.handle for t in tasks], claimed_by=worker_id).update(
+            lease_until=timezone.now() + self.visibility
+        )

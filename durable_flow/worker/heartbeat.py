@@ -1,0 +1,119 @@
+"""Worker heartbeats: every few seconds a worker writes its live numbers to `WorkerHeartbeat`.
+
+A worker whose `last_seen` is older than `HEARTBEAT["TTL_S"]` is dead: the dashboard shows it
+so, and the poller re-dispatches the steps it was executing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from datetime import datetime, timedelta
+
+import psutil
+from django.utils import timezone
+
+from durable_flow.models import WorkerHeartbeat
+from durable_flow.worker.concurrency import ConcurrencyController, ResourceSample
+
+
+def new_worker_id() -> str:
+    """host:pid:random, unique across restarts that reuse a pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def dead_worker_cutoff(ttl_s: float, now: datetime | None = None) -> datetime:
+    """Heartbeats older than this belong to dead workers."""
+    return (now or timezone.now()) - timedelta(seconds=ttl_s)
+
+
+class WorkerStats:
+    """Latencies and completions, shared by the task threads and the heartbeat."""
+
+    def __init__(self, window: int = 512) -> None:
+        self._lock = threading.Lock()
+        self._latencies: deque[float] = deque(maxlen=window)
+        self.done = 0
+        self.in_flight = 0
+
+    def started(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def finished(self, latency_ms: float) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.done += 1
+            self._latencies.append(latency_ms)
+
+    def p95_ms(self) -> float | None:
+        with self._lock:
+            if not self._latencies:
+                return None
+            ordered = sorted(self._latencies)
+            return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
+class Heartbeat:
+    """Writes one worker's `WorkerHeartbeat` row and samples its RSS and CPU."""
+
+    def __init__(self, worker_id: str, transport: str, queues: list[str], stats: WorkerStats,
+                 controller: ConcurrencyController) -> None:
+        self.worker_id = worker_id
+        self.transport = transport
+        self.queues = queues
+        self.stats = stats
+        self.controller = controller
+        self.process = psutil.Process()
+        self.process.cpu_percent(None)  # prime: the first call always answers 0.0
+        self.started_at = timezone.now()
+        self._last_done = 0
+        self._last_time = time.monotonic()
+
+    def sample(self) -> ResourceSample:
+        """RSS as a share of the machine's memory, and this process's CPU use."""
+        total = psutil.virtual_memory().total or 1
+        return ResourceSample(
+            ram_pct=100.0 * self.process.memory_info().rss / total,
+            cpu_pct=self.process.cpu_percent(None) / (psutil.cpu_count() or 1),
+            in_flight=self.stats.in_flight,
+        )
+
+    def beat(self, stopped: bool = False) -> None:
+        """Write the row now."""
+        now_mono = time.monotonic()
+        done = self.stats.done
+        elapsed = max(1e-6, now_mono - self._last_time)
+        throughput = (done - self._last_done) / elapsed
+        self._last_done, self._last_time = done, now_mono
+        adjustment = self.controller.last_adjustment
+        now = timezone.now()
+        WorkerHeartbeat.objects.update_or_create(
+            worker_id=self.worker_id,
+            defaults={
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "transport": self.transport,
+                "queues": self.queues,
+                "started_at": self.started_at,
+                "last_seen": now,
+                "stopped_at": now if stopped else None,
+                "mode": self.controller.mode,
+                "live_limit": self.controller.limit,
+                "in_flight": max(0, self.stats.in_flight),
+                "rss_bytes": self.process.memory_info().rss,
+                "cpu_percent": round(self.process.cpu_percent(None), 1),
+                "throughput": round(throughput, 2),
+                "p95_ms": self.stats.p95_ms(),
+                "tasks_done": done,
+                "last_adjustment_at": (
+                    datetime.fromtimestamp(adjustment.at_ms / 1000, tz=timezone.get_current_timezone())
+                    if adjustment else None
+                ),
+                "last_adjustment_reason": adjustment.reason[:300] if adjustment else "",
+            },
+        )

@@ -1,0 +1,190 @@
+"""The worker loop: claim tasks from a transport's source, run them on a thread pool under
+the controller's live limit, heartbeat, and shut down gracefully.
+
+SIGTERM (or Ctrl-C) stops claiming, lets in-flight tasks finish for up to `grace_s`, and
+hands the rest back to the transport (their leases are released, so another worker takes
+them at once). SIGKILL loses nothing either: the unfinished tasks' leases lapse and the
+poller re-dispatches steps whose worker's heartbeat stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.db import close_old_connections, connections
+
+from durable_flow.worker.concurrency import ConcurrencyController
+from durable_flow.worker.heartbeat import Heartbeat, WorkerStats, new_worker_id
+
+if TYPE_CHECKING:
+    from durable_flow.engine import Engine
+
+logger = logging.getLogger("durable_flow.worker")
+
+
+@dataclass
+class ClaimedTask:
+    """A unit of work a source handed to this worker: a turn or a step attempt."""
+
+    kind: str
+    run_id: str
+    step_key: str = ""
+    attempt: int = 0
+    handle: Any = field(default=None, repr=False)
+
+
+class TaskSource(Protocol):
+    """The consuming side of a transport."""
+
+    transport: str
+    queues: list[str]
+
+    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
+        """Take up to `limit` tasks, waiting up to `wait_s` for the first one."""
+
+    def done(self, worker_id: str, task: ClaimedTask) -> None:
+        """The task ran to completion: forget it."""
+
+    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        """Return unfinished tasks so another worker can take them now."""
+
+    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        """Extend this worker's hold on the tasks it is running (called every heartbeat)."""
+
+
+def run_task(engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
+    """Execute one claimed task through the engine; True unless the step failed."""
+    if task.kind == "turn":
+        engine.run_turn(task.run_id)
+        return True
+    return engine.execute_step(task.run_id, task.step_key, task.attempt, worker_id=worker_id) != "failed"
+
+
+class WorkerRuntime:
+    """One worker process: a thread pool, a controller, a heartbeat."""
+
+    def __init__(self, engine: Engine, source: TaskSource, controller: ConcurrencyController, *,
+                 worker_id: str | None = None, grace_s: float = 30.0, idle_wait_s: float = 0.2) -> None:
+        self.engine = engine
+        self.source = source
+        self.controller = controller
+        self.worker_id = worker_id or new_worker_id()
+        self.grace_s = grace_s
+        self.idle_wait_s = idle_wait_s
+        self.stats = WorkerStats()
+        self.heartbeat = Heartbeat(self.worker_id, source.transport, source.queues, self.stats, controller)
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._running: dict[int, ClaimedTask] = {}
+        self._running_lock = threading.Lock()
+        engine.instance_id = self.worker_id
+
+    # -- control ---------------------------------------------------------------------------
+    def request_stop(self, *_: object) -> None:
+        """Stop claiming; finish or hand back what is running."""
+        if self._stop.is_set():
+            logger.warning("second stop request: handing back in-flight tasks now")
+            self.grace_s = 0
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, *, burst: bool = False, max_tasks: int | None = None) -> int:
+        """Work until stopped (or, with `burst`, until no task is left). Returns tasks done."""
+        heartbeat_every = self.engine.settings.heartbeat_interval_s
+        next_beat = 0.0
+        next_tick = time.monotonic() + self.controller.tick_ms / 1000
+        self.heartbeat.beat()
+        with ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task") as pool:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._beat()
+                    next_beat = now + heartbeat_every
+                if now >= next_tick:
+                    self._tick()
+                    next_tick = now + self.controller.tick_ms / 1000
+                if max_tasks is not None and self.stats.done >= max_tasks:
+                    break
+                free = self.controller.limit - self.stats.in_flight
+                if free <= 0:
+                    with self._changed:
+                        self._changed.wait(0.05)
+                    continue
+                if max_tasks is not None:
+                    free = min(free, max_tasks - self.stats.done - self.stats.in_flight)
+                    if free <= 0:
+                        with self._changed:
+                            self._changed.wait(0.05)
+                        continue
+                tasks = self.source.claim(self.worker_id, free, self.idle_wait_s)
+                if not tasks:
+                    if burst and self.stats.in_flight == 0:
+                        break
+                    continue
+                for task in tasks:
+                    self.stats.started()
+                    with self._running_lock:
+                        self._running[id(task)] = task
+                    pool.submit(self._execute, task)
+            self._drain()
+        self.heartbeat.beat(stopped=True)
+        connections.close_all()
+        return self.stats.done
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace_s
+        while self.stats.in_flight > 0 and time.monotonic() < deadline:
+            with self._changed:
+                self._changed.wait(0.05)
+        with self._running_lock:
+            leftover = list(self._running.values())
+        if leftover:
+            logger.warning("handing back %d unfinished task(s)", len(leftover))
+            self.source.hand_back(self.worker_id, leftover)
+
+    def _execute(self, task: ClaimedTask) -> None:
+        started = time.monotonic()
+        ok = False
+        try:
+            close_old_connections()
+            ok = run_task(self.engine, task, self.worker_id)
+            self.source.done(self.worker_id, task)
+        except Exception:
+            # The engine could not record the outcome (database down?). The task stays leased
+            # and is re-claimed when its lease lapses; the step's result is idempotent.
+            logger.exception("task %s failed in the engine", task)
+        finally:
+            with self._running_lock:
+                self._running.pop(id(task), None)
+            latency_ms = (time.monotonic() - started) * 1000
+            self.stats.finished(latency_ms)
+            self.controller.record(latency_ms, ok)
+            with self._changed:
+                self._changed.notify_all()
+
+    def _beat(self) -> None:
+        with self._running_lock:
+            running = list(self._running.values())
+        try:
+            if running:
+                self.source.renew(self.worker_id, running)
+            self.heartbeat.beat()
+        except Exception:
+            logger.exception("heartbeat failed")
+
+    def _tick(self) -> None:
+        adjustment = self.controller.tick(int(time.time() * 1000), self.heartbeat.sample())
+        if adjustment is not None:
+            logger.info("concurrency %d -> %d: %s", adjustment.old_limit, adjustment.new_limit, adjustment.reason)

@@ -1,0 +1,1 @@
+"""Example workflows for the demo (`make demo`)."""

@@ -1,0 +1,1 @@
+"""Project settings: `embedded` (SQLite + db transport, the default), `production`, `test`."""

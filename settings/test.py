@@ -1,0 +1,32 @@
+"""Test settings: SQLite by default; PostgreSQL when DATABASE_URL is set (`make test` runs both)."""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+from settings.base import *  # noqa: F403
+from settings.base import VAR_DIR, sqlite_database
+
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.config(env="DATABASE_URL")}
+    DATABASES["default"]["TEST"] = {"NAME": os.environ.get("DURABLE_FLOW_TEST_DB", "durable_flow_test")}
+else:
+    DATABASES = {"default": sqlite_database(VAR_DIR / f"test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sqlite3")}
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+RQ_QUEUES = {"default": {"URL": REDIS_URL}, "durable": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600}}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+DURABLE_FLOW = {
+    "WORKFLOWS": ["tests.workflows"],
+    "QUEUES": [],
+    "ADMISSION": {"BACKEND": os.environ.get("DURABLE_FLOW_ADMISSION", "local")},
+    "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
+    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
+    "POLLER": {"INTERVAL_MS": 100},
+}

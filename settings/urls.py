@@ -1,0 +1,9 @@
+"""URLs: the Django admin and the dashboard."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", include("dashboard.urls")),
+]
