@@ -23,8 +23,19 @@ class CheckpointInline(admin.TabularInline):
     extra = 0
     can_delete = False
     ordering = ["sequence"]
-    fields = ["sequence", "key", "kind", "name", "status", "attempt", "queue", "dispatched_at", "finished_at",
-              "output", "error"]
+    fields = [
+        "sequence",
+        "key",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "queue",
+        "dispatched_at",
+        "finished_at",
+        "output",
+        "error",
+    ]
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -37,8 +48,23 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     list_filter = ["status", "workflow", "checkpoints__queue"]
     search_fields = ["id", "workflow"]
     date_hierarchy = "created_at"
-    readonly_fields = ["id", "workflow", "version", "status", "input", "output", "error", "wake_at", "tags",
-                       "parent", "parent_step_key", "turns", "created_at", "updated_at", "finished_at"]
+    readonly_fields = [
+        "id",
+        "workflow",
+        "version",
+        "status",
+        "input",
+        "output",
+        "error",
+        "wake_at",
+        "tags",
+        "parent",
+        "parent_step_key",
+        "turns",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    ]
     inlines = [CheckpointInline]
     actions = ["cancel_selected"]
     change_form_template = "admin/durable_flow/workflowrun/change_form.html"
@@ -59,8 +85,11 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[Any]:
         return [
-            path("<path:object_id>/cancel/", self.admin_site.admin_view(self.cancel_view),
-                 name="durable_flow_workflowrun_cancel"),
+            path(
+                "<path:object_id>/cancel/",
+                self.admin_site.admin_view(self.cancel_view),
+                name="durable_flow_workflowrun_cancel",
+            ),
             *super().get_urls(),
         ]
 
@@ -97,8 +126,17 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(admin.ModelAdmin):
-    list_display = ["worker_id", "alive", "transport", "mode", "live_limit", "in_flight", "throughput", "p95_ms",
-                    "last_seen"]
+    list_display = [
+        "worker_id",
+        "alive",
+        "transport",
+        "mode",
+        "live_limit",
+        "in_flight",
+        "throughput",
+        "p95_ms",
+        "last_seen",
+    ]
     readonly_fields = [f.name for f in WorkerHeartbeat._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -106,7 +144,6 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True)
     def alive(self, obj: WorkerHeartbeat) -> bool:
-        return obj.stopped_at is None and obj.last_seen >= dead_worker_cutoff(get_settings().heartbeat_ttl_s,
-                                                                               timezone.now())
-
-
+        return obj.stopped_at is None and obj.last_seen >= dead_worker_cutoff(
+            get_settings().heartbeat_ttl_s, timezone.now()
+        )

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def start(
     workflow: WorkflowDefinition | str,
-    input: Any = None,  # noqa: A002
+    input: Any = None,
     run_id: str | None = None,
     *,
     tags: Iterable[str] = (),

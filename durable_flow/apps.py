@@ -23,9 +23,7 @@ class DurableFlowConfig(AppConfig):
             try:
                 importlib.import_module(module)
             except ImportError as exc:
-                raise ImproperlyConfigured(
-                    f'DURABLE_FLOW["WORKFLOWS"]: cannot import {module!r}: {exc}'
-                ) from exc
+                raise ImproperlyConfigured(f'DURABLE_FLOW["WORKFLOWS"]: cannot import {module!r}: {exc}') from exc
 
         from django.db.models.signals import post_migrate
 

@@ -27,8 +27,16 @@ TRANSPORT_BACKENDS = {
     "db": "durable_flow.transports.db.DatabaseTransport",
     "rq": "durable_flow.transports.rq.RQTransport",
 }
-TOP_LEVEL_KEYS = {"WORKFLOWS", "QUEUES", "ADMISSION", "TRANSPORT", "POLLER", "HEARTBEAT", "MAX_PAYLOAD_BYTES",
-                  "REDISPATCH_AFTER_S"}
+TOP_LEVEL_KEYS = {
+    "WORKFLOWS",
+    "QUEUES",
+    "ADMISSION",
+    "TRANSPORT",
+    "POLLER",
+    "HEARTBEAT",
+    "MAX_PAYLOAD_BYTES",
+    "REDISPATCH_AFTER_S",
+}
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class WorkflowContext:
     def step(
         self,
         step: StepDefinition[Any],
-        input: Any = None,  # noqa: A002
+        input: Any = None,
         *,
         queue: str | None = None,
         priority: int = 0,
@@ -113,8 +113,9 @@ class WorkflowContext:
         Over a child workflow: two waves of `concurrency // 2` children in flight, the next
         going out as soon as one settles. Each settled wave costs the parent one turn.
         """
-        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
-                                        or concurrency < 1):
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
             raise ValueError(f"ctx.all: concurrency must be a positive integer, got {concurrency!r}")
         if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
             raise TypeError("ctx.all: inputs must be a list")
@@ -126,8 +127,14 @@ class WorkflowContext:
                     "ctx.step names the queue, or enforce the limit in the step"
                 )
             self._registered_step(target)
-            options = self._options(target, None, step_options.pop("priority", 0), None,
-                                    step_options.pop("retries", None), step_options.pop("timeout", None))
+            options = self._options(
+                target,
+                None,
+                step_options.pop("priority", 0),
+                None,
+                step_options.pop("retries", None),
+                step_options.pop("timeout", None),
+            )
             if step_options:
                 raise TypeError(f"ctx.all: unexpected option(s) {', '.join(sorted(step_options))}")
             return self._step_fan(base, target, list(inputs), concurrency or max(1, len(inputs)), options)
@@ -136,7 +143,7 @@ class WorkflowContext:
         definition = resolve_workflow(target)
         return self._child_fan(base, definition, list(inputs), concurrency)
 
-    def child(self, workflow: WorkflowDefinition | str, input: Any = None) -> Any:  # noqa: A002
+    def child(self, workflow: WorkflowDefinition | str, input: Any = None) -> Any:
         """Start a child run and return its output once it completes.
 
         The parent holds nothing while it waits. A child that fails or is cancelled raises
@@ -176,8 +183,13 @@ class WorkflowContext:
         if cp is None:
             deadline = self.now + timeout if timeout is not None else None
             cp = self._engine.create_checkpoint(
-                self._run, key=key, sequence=self._take_sequence(), kind=StepKind.SIGNAL, name=name,
-                status=StepStatus.DISPATCHED, wake_at=deadline,
+                self._run,
+                key=key,
+                sequence=self._take_sequence(),
+                kind=StepKind.SIGNAL,
+                name=name,
+                status=StepStatus.DISPATCHED,
+                wake_at=deadline,
             )
             self._checkpoints[key] = cp
         if cp.status == StepStatus.DISPATCHED:
@@ -235,8 +247,11 @@ class WorkflowContext:
         if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
             raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
         return StepOptions(
-            queue=queue or "", priority=priority, fairness_key=fairness_key or "",
-            retries=retries, timeout=timeout,
+            queue=queue or "",
+            priority=priority,
+            fairness_key=fairness_key or "",
+            retries=retries,
+            timeout=timeout,
         )
 
     def _checkpoint(self, key: str, kind: str, name: str) -> StepCheckpoint | None:
@@ -249,13 +264,24 @@ class WorkflowContext:
             )
         return cp
 
-    def _drive_step(self, key: str, step: StepDefinition[Any], input: Any, options: StepOptions,  # noqa: A002
-                    group: str) -> Any:
+    def _drive_step(
+        self,
+        key: str,
+        step: StepDefinition[Any],
+        input: Any,
+        options: StepOptions,
+        group: str,
+    ) -> Any:
         cp = self._checkpoint(key, StepKind.STEP, step.name)
         if cp is None:
             cp = self._engine.create_step_checkpoint(
-                self._run, key=key, sequence=self._take_sequence(), step=step, input=input,
-                options=options, group=group,
+                self._run,
+                key=key,
+                sequence=self._take_sequence(),
+                step=step,
+                input=input,
+                options=options,
+                group=group,
             )
             self._checkpoints[key] = cp
             return self._admit(cp)
@@ -293,8 +319,13 @@ class WorkflowContext:
         if cp is None:
             wake_at = due()
             cp = self._engine.create_checkpoint(
-                self._run, key=key, sequence=self._take_sequence(), kind=StepKind.SLEEP, name=name,
-                status=StepStatus.DISPATCHED, wake_at=wake_at,
+                self._run,
+                key=key,
+                sequence=self._take_sequence(),
+                kind=StepKind.SLEEP,
+                name=name,
+                status=StepStatus.DISPATCHED,
+                wake_at=wake_at,
             )
             self._checkpoints[key] = cp
         if cp.status in SETTLED_STEP_STATUSES:
@@ -305,7 +336,7 @@ class WorkflowContext:
         self._wait_until(cp.wake_at)
         raise Suspend
 
-    def _drive_child(self, key: str, definition: WorkflowDefinition, input: Any, group: str) -> Any:  # noqa: A002
+    def _drive_child(self, key: str, definition: WorkflowDefinition, input: Any, group: str) -> Any:
         cp = self._checkpoint(key, StepKind.CHILD, definition.name)
         if cp is None:
             cp = self._engine.start_child(
@@ -319,8 +350,9 @@ class WorkflowContext:
             raise ChildFailed(cp.child_run_id, str(error.get("status", cp.status)), error.get("error"))
         return _PENDING
 
-    def _step_fan(self, base: str, step: StepDefinition[Any], inputs: list[Any], wave_size: int,
-                  options: StepOptions) -> list[Any]:
+    def _step_fan(
+        self, base: str, step: StepDefinition[Any], inputs: list[Any], wave_size: int, options: StepOptions
+    ) -> list[Any]:
         results: list[Any] = []
         for wave_start in range(0, len(inputs), wave_size):
             group = f"{base}/w{wave_start // wave_size}"
@@ -339,8 +371,9 @@ class WorkflowContext:
             results.extend(wave)
         return results
 
-    def _child_fan(self, base: str, definition: WorkflowDefinition, inputs: list[Any],
-                   concurrency: int | None) -> list[Any]:
+    def _child_fan(
+        self, base: str, definition: WorkflowDefinition, inputs: list[Any], concurrency: int | None
+    ) -> list[Any]:
         wave_size = max(1, concurrency // 2) if concurrency else max(1, len(inputs))
         waves = [range(s, min(s + wave_size, len(inputs))) for s in range(0, len(inputs), wave_size)]
         results: list[Any] = [None] * len(inputs)

@@ -132,7 +132,7 @@ class Engine:
     def start(
         self,
         workflow: WorkflowDefinition | str,
-        input: Any = None,  # noqa: A002
+        input: Any = None,
         run_id: str | None = None,
         tags: Iterable[str] = (),
     ) -> WorkflowRun:
@@ -148,8 +148,11 @@ class Engine:
                 return existing
         with transaction.atomic():
             fields: dict[str, Any] = {
-                "workflow": definition.name, "version": definition.version, "input": input,
-                "status": RunStatus.PENDING, "tags": tag_list,
+                "workflow": definition.name,
+                "version": definition.version,
+                "input": input,
+                "status": RunStatus.PENDING,
+                "tags": tag_list,
             }
             if run_id is not None:
                 fields["id"] = run_id
@@ -162,21 +165,34 @@ class Engine:
             self.transport.enqueue_turn(run.id)
         return run
 
-    def start_child(self, parent: WorkflowRun, *, key: str, sequence: int, definition: WorkflowDefinition,
-                    input: Any, group: str) -> StepCheckpoint:  # noqa: A002
+    def start_child(
+        self, parent: WorkflowRun, *, key: str, sequence: int, definition: WorkflowDefinition, input: Any, group: str
+    ) -> StepCheckpoint:
         """Create a child run (inside the parent's turn) and the parent's checkpoint for it."""
         ensure_json(input, f"input of child workflow {definition.name!r}", self.settings.max_payload_bytes)
         child_id = f"{parent.id}:{key}"
         child, created = WorkflowRun.objects.get_or_create(
             pk=child_id,
             defaults={
-                "workflow": definition.name, "version": definition.version, "input": input,
-                "status": RunStatus.PENDING, "parent": parent, "parent_step_key": key, "tags": parent.tags,
+                "workflow": definition.name,
+                "version": definition.version,
+                "input": input,
+                "status": RunStatus.PENDING,
+                "parent": parent,
+                "parent_step_key": key,
+                "tags": parent.tags,
             },
         )
         cp = self.create_checkpoint(
-            parent, key=key, sequence=sequence, kind=StepKind.CHILD, name=definition.name,
-            status=StepStatus.DISPATCHED, input=input, group=group, child_run_id=child_id,
+            parent,
+            key=key,
+            sequence=sequence,
+            kind=StepKind.CHILD,
+            name=definition.name,
+            status=StepStatus.DISPATCHED,
+            input=input,
+            group=group,
+            child_run_id=child_id,
             dispatched_at=self.now(),
         )
         if created:
@@ -232,9 +248,7 @@ class Engine:
         run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
         if run.parent_id:
             parent_cp = (
-                StepCheckpoint.objects.select_for_update()
-                .filter(run_id=run.parent_id, key=run.parent_step_key)
-                .first()
+                StepCheckpoint.objects.select_for_update().filter(run_id=run.parent_id, key=run.parent_step_key).first()
             )
             if parent_cp is not None:
                 self._record_child_outcome(parent_cp, run)
@@ -252,14 +266,32 @@ class Engine:
     def create_checkpoint(self, run: WorkflowRun, **fields: Any) -> StepCheckpoint:
         return StepCheckpoint.objects.create(run=run, **fields)
 
-    def create_step_checkpoint(self, run: WorkflowRun, *, key: str, sequence: int, step: StepDefinition[Any],
-                               input: Any, options: StepOptions, group: str) -> StepCheckpoint:  # noqa: A002
+    def create_step_checkpoint(
+        self,
+        run: WorkflowRun,
+        *,
+        key: str,
+        sequence: int,
+        step: StepDefinition[Any],
+        input: Any,
+        options: StepOptions,
+        group: str,
+    ) -> StepCheckpoint:
         ensure_json(input, f"input of step {step.name!r}", self.settings.max_payload_bytes)
         retries = step.retries if options.retries is None else options.retries
         return self.create_checkpoint(
-            run, key=key, sequence=sequence, kind=StepKind.STEP, name=step.name, status=StepStatus.WAITING,
-            input=input, max_attempts=retries + 1, queue=options.queue, priority=options.priority,
-            fairness_key=options.fairness_key, group=group,
+            run,
+            key=key,
+            sequence=sequence,
+            kind=StepKind.STEP,
+            name=step.name,
+            status=StepStatus.WAITING,
+            input=input,
+            max_attempts=retries + 1,
+            queue=options.queue,
+            priority=options.priority,
+            fairness_key=options.fairness_key,
+            group=group,
             timeout_s=options.timeout.total_seconds() if options.timeout else None,
         )
 
@@ -308,8 +340,7 @@ class Engine:
         cp.worker = ""
         timeout = self.step_timeout(cp)
         cp.wake_at = now + timezone.timedelta(seconds=timeout) if timeout else None
-        cp.save(update_fields=["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at",
-                               "holds_slot"])
+        cp.save(update_fields=["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"])
         self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
 
     def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
@@ -345,8 +376,16 @@ class Engine:
         return "completed"
 
     @retry_on_conflict
-    def record_result(self, run_id: str, key: str, attempt: int, *, output: Any = None,
-                      error: dict[str, Any] | None = None, cancelled: bool = False) -> None:
+    def record_result(
+        self,
+        run_id: str,
+        key: str,
+        attempt: int,
+        *,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+        cancelled: bool = False,
+    ) -> None:
         """Checkpoint a step attempt's result exactly once, release its slot, wake the run.
 
         A duplicate (an RQ job retried, a timed-out attempt answering late) is kept on

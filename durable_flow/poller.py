@@ -27,8 +27,13 @@ logger = logging.getLogger("durable_flow.poller")
 class TimerPoller:
     """Wakes due runs in batches; every few seconds also re-drives steps whose worker died."""
 
-    def __init__(self, engine: Engine | None = None, batch_size: int | None = None,
-                 interval_ms: int | None = None, maintenance_every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        batch_size: int | None = None,
+        interval_ms: int | None = None,
+        maintenance_every_s: float = 5.0,
+    ) -> None:
         self.engine = engine or get_engine()
         self.batch_size = batch_size or self.engine.settings.poller_batch_size
         self.interval_s = (interval_ms or self.engine.settings.poller_interval_ms) / 1000
@@ -70,10 +75,7 @@ class TimerPoller:
         lost_after = now - _seconds(settings.redispatch_after_s)
         lost = (
             StepCheckpoint.objects.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
-            .filter(
-                Q(worker__in=dead_workers.values("worker_id"))
-                | Q(worker="", dispatched_at__lt=lost_after)
-            )
+            .filter(Q(worker__in=dead_workers.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
             .values_list("run_id", flat=True)
             .distinct()
         )

@@ -30,7 +30,7 @@ class StepDefinition(Generic[R]):
     max_backoff: timedelta = timedelta(minutes=5)
     timeout: timedelta | None = None
 
-    def __call__(self, input: Any) -> R:  # noqa: A002 - the step's one argument is its input
+    def __call__(self, input: Any) -> R:
         """Call the function directly (outside a workflow, e.g. in a unit test)."""
         return self.fn(input)
 
@@ -48,7 +48,7 @@ class WorkflowDefinition:
     fn: WorkflowFn
     version: str = "1"
 
-    def __call__(self, ctx: Any, input: Any) -> Any:  # noqa: A002
+    def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
 
 

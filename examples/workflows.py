@@ -52,8 +52,13 @@ def checkout(ctx: Any, order_id: int) -> dict[str, Any]:
 @workflow("examples.sync_tenant")
 def sync_tenant(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """One partner call through the throttled, fair queue."""
-    return ctx.step(call_partner_api, payload, queue="demo-throttled", fairness_key=payload["tenant"],
-                    priority=payload.get("priority", 0))
+    return ctx.step(
+        call_partner_api,
+        payload,
+        queue="demo-throttled",
+        fairness_key=payload["tenant"],
+        priority=payload.get("priority", 0),
+    )
 
 
 @workflow("examples.nightly_sync")

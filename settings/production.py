@@ -17,9 +17,7 @@ DATABASES = {
     )
 }
 
-CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
-}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 
 RQ_QUEUES = {
     "durable": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600},

@@ -30,3 +30,8 @@ DURABLE_FLOW = {
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
     "POLLER": {"INTERVAL_MS": 100},
 }
+
+# Worker, poller and server processes started by tests must use the database the test
+# runner created, not the one named above.
+if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
+    DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]

@@ -39,8 +39,12 @@ from durable_flow.queues import QueueConfig, queue_from_dict
 class DatabaseAdmissionBackend:
     """Admission state as rows, decided under the queue row's lock."""
 
-    def __init__(self, clock: Clock = system_clock_ms, waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS,
-                 known_queue_cache_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        clock: Clock = system_clock_ms,
+        waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS,
+        known_queue_cache_s: float = 5.0,
+    ) -> None:
         self.clock = clock
         self.waiter_ttl_ms = waiter_ttl_ms
         self._configs: dict[str, QueueConfig] = {}
@@ -148,8 +152,13 @@ class DatabaseAdmissionBackend:
         arrival = row.next_arrival
         FlowQueue.objects.filter(name=row.name).update(next_arrival=arrival + 1)
         return AdmissionWaiter.objects.create(
-            queue=row.name, ticket=request.ticket, priority=request.priority, fairness_key=request.key,
-            key_served=self._key_served(row.name, request.key), arrival=arrival, seen_ms=now,
+            queue=row.name,
+            ticket=request.ticket,
+            priority=request.priority,
+            fairness_key=request.key,
+            key_served=self._key_served(row.name, request.key),
+            arrival=arrival,
+            seen_ms=now,
         )
 
     @staticmethod
@@ -165,9 +174,7 @@ class DatabaseAdmissionBackend:
         if config.fairness == "key":
             same_priority = Q(key_served__lt=waiter.key_served) | (Q(key_served=waiter.key_served) & earlier)
         better = Q(priority__gt=waiter.priority) | (Q(priority=waiter.priority) & same_priority)
-        return (
-            AdmissionWaiter.objects.filter(queue=config.name).filter(better).exclude(pk=waiter.pk)[:room].count()
-        )
+        return AdmissionWaiter.objects.filter(queue=config.name).filter(better).exclude(pk=waiter.pk)[:room].count()
 
     # -- release -----------------------------------------------------------------------------
     def release(self, queue: str, ticket: str) -> None:

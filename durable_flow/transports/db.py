@@ -31,10 +31,14 @@ class DatabaseTransport:
 
     name = "db"
 
-    def __init__(self, concurrency: object = 4, visibility_timeout_s: float = 60.0, poll_interval_s: float = 0.1
-                 ) -> None:
-        if isinstance(visibility_timeout_s, bool) or not isinstance(visibility_timeout_s, int | float) \
-                or visibility_timeout_s <= 0:
+    def __init__(
+        self, concurrency: object = 4, visibility_timeout_s: float = 60.0, poll_interval_s: float = 0.1
+    ) -> None:
+        if (
+            isinstance(visibility_timeout_s, bool)
+            or not isinstance(visibility_timeout_s, int | float)
+            or visibility_timeout_s <= 0
+        ):
             raise ImproperlyConfigured(
                 'DURABLE_FLOW["TRANSPORT"]["VISIBILITY_TIMEOUT_S"]: must be a positive number of seconds'
             )
@@ -66,7 +70,11 @@ class DatabaseTransport:
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         Task.objects.create(
-            kind=TaskKind.STEP, run_id=run_id, step_key=step_key, attempt=attempt, priority=priority,
+            kind=TaskKind.STEP,
+            run_id=run_id,
+            step_key=step_key,
+            attempt=attempt,
+            priority=priority,
             available_at=timezone.now(),
         )
 
@@ -107,8 +115,7 @@ class DatabaseTaskSource:
             Task.objects.filter(id__in=ids).update(claimed_by=worker_id, lease_until=now + self.visibility)
             rows = Task.objects.filter(id__in=ids, claimed_by=worker_id).order_by("-priority", "id")
             return [
-                ClaimedTask(kind=row.kind, run_id=row.run_id, step_key=row.step_key, attempt=row.attempt,
-                            handle=row.id)
+                ClaimedTask(kind=row.kind, run_id=row.run_id, step_key=row.step_key, attempt=row.attempt, handle=row.id)
                 for row in rows
             ]
 
@@ -120,9 +127,7 @@ class DatabaseTaskSource:
             # A queued turn for the same run may exist already; then this claimed one can go.
             try:
                 with transaction.atomic():
-                    Task.objects.filter(id=task.handle, claimed_by=worker_id).update(
-                        claimed_by=None, lease_until=None
-                    )
+                    Task.objects.filter(id=task.handle, claimed_by=worker_id).update(claimed_by=None, lease_until=None)
             except IntegrityError:  # the unique index says a turn for this run is queued already
                 Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
 

@@ -61,8 +61,9 @@ class WorkerStats:
 class Heartbeat:
     """Writes one worker's `WorkerHeartbeat` row and samples its RSS and CPU."""
 
-    def __init__(self, worker_id: str, transport: str, queues: list[str], stats: WorkerStats,
-                 controller: ConcurrencyController) -> None:
+    def __init__(
+        self, worker_id: str, transport: str, queues: list[str], stats: WorkerStats, controller: ConcurrencyController
+    ) -> None:
         self.worker_id = worker_id
         self.transport = transport
         self.queues = queues
@@ -112,7 +113,8 @@ class Heartbeat:
                 "tasks_done": done,
                 "last_adjustment_at": (
                     datetime.fromtimestamp(adjustment.at_ms / 1000, tz=timezone.get_current_timezone())
-                    if adjustment else None
+                    if adjustment
+                    else None
                 ),
                 "last_adjustment_reason": adjustment.reason[:300] if adjustment else "",
             },

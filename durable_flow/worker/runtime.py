@@ -69,8 +69,16 @@ def run_task(engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
 class WorkerRuntime:
     """One worker process: a thread pool, a controller, a heartbeat."""
 
-    def __init__(self, engine: Engine, source: TaskSource, controller: ConcurrencyController, *,
-                 worker_id: str | None = None, grace_s: float = 30.0, idle_wait_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        source: TaskSource,
+        controller: ConcurrencyController,
+        *,
+        worker_id: str | None = None,
+        grace_s: float = 30.0,
+        idle_wait_s: float = 0.2,
+    ) -> None:
         self.engine = engine
         self.source = source
         self.controller = controller

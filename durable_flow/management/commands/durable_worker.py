@@ -16,7 +16,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--concurrency", default=None,
+            "--concurrency",
+            default=None,
             help="A number or 'adaptive'; defaults to TRANSPORT['CONCURRENCY'].",
         )
         parser.add_argument("--burst", action="store_true", help="Exit when no work is left.")

@@ -1,0 +1,152 @@
+"""Shared fixtures: an in-process engine on a movable clock, and real worker/poller processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.conf import get_settings
+from durable_flow.engine import Engine, set_engine
+from durable_flow.transports.inline import InlineTransport
+from tests import workflows
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class MovableClock:
+    """A datetime clock for the engine that tests move by hand."""
+
+    def __init__(self) -> None:
+        self._now = timezone.now()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, **kwargs: float) -> datetime:
+        with self._lock:
+            self._now += timedelta(**kwargs)
+            return self._now
+
+    @property
+    def ms(self) -> int:
+        return int(self().timestamp() * 1000)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state() -> Iterator[None]:
+    workflows.EXECUTIONS.clear()
+    workflows.FAILURES_LEFT.clear()
+    yield
+    set_engine(None)
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+@pytest.fixture
+def engine(clock: MovableClock, transactional_db: None) -> Engine:
+    """An inline engine (steps run in this process on commit) with local admission."""
+    engine = Engine(
+        admission=LocalAdmissionBackend(clock=lambda: clock.ms),
+        transport=InlineTransport(),
+        settings=get_settings(),
+        clock=clock,
+    )
+    set_engine(engine)
+    return engine
+
+
+def executed(name: str) -> list[Any]:
+    """The inputs a step ran with in this process, in order."""
+    return [value for step, value in workflows.EXECUTIONS if step == name]
+
+
+def database_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process that must share the test database."""
+    env = dict(os.environ)
+    env.update({"DJANGO_SETTINGS_MODULE": "settings.test", "DURABLE_FLOW_SUBPROCESS": "1", "PYTHONUNBUFFERED": "1"})
+    if connection.vendor == "postgresql" and "DATABASE_URL" not in env:
+        raise RuntimeError("PostgreSQL tests need DATABASE_URL")
+    env.update(extra or {})
+    return env
+
+
+class ManagedProcess:
+    """A `manage.py` subprocess that is always reaped."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def stop(self) -> None:
+        self.kill()
+        self._log.close()
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
+    """Start `manage.py <args>` in a child process on the test database; all are killed at the end."""
+    started: list[ManagedProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> ManagedProcess:
+        log = tmp_path / f"proc-{len(started)}-{args[0]}.log"
+        process = ManagedProcess(list(args), database_env(env), log)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll until `predicate()` is truthy; fail the test with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")

@@ -1,0 +1,170 @@
+"""Workflows and steps the test suite runs (registered through settings.test's WORKFLOWS).
+
+Steps record each execution in `tests.workflows.EXECUTIONS` (same process) and, for
+multi-process tests, as rows of a marker file, so tests can count how often a step ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+from durable_flow import step, workflow
+
+EXECUTIONS: list[tuple[str, Any]] = []
+FAILURES_LEFT: dict[str, int] = {}
+
+
+def _mark(name: str, value: Any) -> None:
+    EXECUTIONS.append((name, value))
+    marker = os.environ.get("DURABLE_FLOW_TEST_MARKER")
+    if marker:
+        with open(marker, "a") as handle:
+            handle.write(f"{name} {value} {os.getpid()}\n")
+
+
+@step("tests.add_one")
+def add_one(n: int) -> int:
+    _mark("add_one", n)
+    return n + 1
+
+
+@step("tests.double")
+def double(n: int) -> int:
+    _mark("double", n)
+    return n * 2
+
+
+@step("tests.slow")
+def slow(payload: dict[str, Any]) -> dict[str, Any]:
+    """Sleeps `seconds`; used to kill a worker mid-step."""
+    _mark("slow_start", payload.get("id"))
+    time.sleep(payload.get("seconds", 1.0))
+    _mark("slow_end", payload.get("id"))
+    return payload
+
+
+@step("tests.flaky", retries=3, backoff=timedelta(seconds=1))
+def flaky(key: str) -> str:
+    """Fails while FAILURES_LEFT[key] > 0."""
+    _mark("flaky", key)
+    left = FAILURES_LEFT.get(key, 0)
+    if left > 0:
+        FAILURES_LEFT[key] = left - 1
+        raise RuntimeError(f"flaky {key} failing, {left} left")
+    return f"ok {key}"
+
+
+@step("tests.always_fails", retries=1, backoff=timedelta(seconds=1))
+def always_fails(_: Any) -> None:
+    _mark("always_fails", None)
+    raise ValueError("boom")
+
+
+@step("tests.bad_output")
+def bad_output(_: Any) -> Any:
+    return {"not json": object()}
+
+
+@step("tests.echo")
+def echo(value: Any) -> Any:
+    _mark("echo", value)
+    return value
+
+
+@workflow("tests.three_steps")
+def three_steps(ctx: Any, n: int) -> int:
+    a = ctx.step(add_one, n)
+    b = ctx.step(double, a)
+    return ctx.step(add_one, b)
+
+
+@workflow("tests.sleeper")
+def sleeper(ctx: Any, seconds: float) -> str:
+    ctx.sleep(timedelta(seconds=seconds))
+    return ctx.step(echo, "woke")
+
+
+@workflow("tests.slow_one")
+def slow_one(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    return ctx.step(slow, payload)
+
+
+@workflow("tests.fan")
+def fan(ctx: Any, payload: dict[str, Any]) -> list[int]:
+    return ctx.all(double, list(range(payload["n"])), concurrency=payload.get("concurrency"))
+
+
+@workflow("tests.flaky_flow")
+def flaky_flow(ctx: Any, key: str) -> str:
+    return ctx.step(flaky, key)
+
+
+@workflow("tests.fails")
+def fails(ctx: Any, _: Any) -> None:
+    ctx.step(always_fails, None)
+
+
+@workflow("tests.catches")
+def catches(ctx: Any, _: Any) -> str:
+    from durable_flow import StepFailed
+
+    try:
+        ctx.step(always_fails, None)
+    except StepFailed as exc:
+        return f"caught {exc.step}"
+    return "not reached"
+
+
+@workflow("tests.child_parent")
+def child_parent(ctx: Any, n: int) -> int:
+    return ctx.child(three_steps, n) + 1000
+
+
+@workflow("tests.child_fan")
+def child_fan(ctx: Any, payload: dict[str, Any]) -> list[int]:
+    return ctx.all(three_steps, list(range(payload["n"])), concurrency=payload.get("concurrency"))
+
+
+@workflow("tests.signal_waiter")
+def signal_waiter(ctx: Any, timeout_s: float | None) -> Any:
+    from durable_flow import SignalTimeout
+
+    timeout = timedelta(seconds=timeout_s) if timeout_s else None
+    try:
+        return {"got": ctx.wait_for_signal("approve", timeout=timeout)}
+    except SignalTimeout:
+        return {"timed_out": True}
+
+
+@workflow("tests.queued")
+def queued(ctx: Any, payload: dict[str, Any]) -> Any:
+    """One step through a flow-control queue, with the hints the payload gives."""
+    return ctx.step(
+        slow if payload.get("seconds") else echo,
+        payload if payload.get("seconds") else payload.get("value", payload.get("id")),
+        queue=payload["queue"],
+        priority=payload.get("priority", 0),
+        fairness_key=payload.get("key"),
+    )
+
+
+@workflow("tests.bad_output_flow")
+def bad_output_flow(ctx: Any, _: Any) -> Any:
+    return ctx.step(bad_output, None)
+
+
+@workflow("tests.timeout_flow")
+def timeout_flow(ctx: Any, payload: dict[str, Any]) -> Any:
+    return ctx.step(slow, payload, timeout=timedelta(seconds=payload["timeout"]), queue=payload.get("queue"))
+
+
+@workflow("tests.nondeterministic", version="1")
+def nondeterministic(ctx: Any, _: Any) -> Any:
+    # Which step runs first depends on a module-level switch, to simulate a code change.
+    first = double if os.environ.get("DF_TEST_SWAP") == "1" else add_one
+    a = ctx.step(first, 1)
+    ctx.sleep(timedelta(seconds=10))
+    return a
