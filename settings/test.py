@@ -11,11 +11,14 @@ from settings.base import VAR_DIR, sqlite_database
 
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
+# DURABLE_FLOW_TEST_ID keeps concurrent test sessions on one machine apart (own database).
+TEST_ID = os.environ.get("DURABLE_FLOW_TEST_ID", "main")
+
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.config(env="DATABASE_URL")}
-    DATABASES["default"]["TEST"] = {"NAME": os.environ.get("DURABLE_FLOW_TEST_DB", "durable_flow_test")}
+    DATABASES["default"]["TEST"] = {"NAME": f"durable_flow_test_{TEST_ID}"}
 else:
-    DATABASES = {"default": sqlite_database(VAR_DIR / f"test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sqlite3")}
+    DATABASES = {"default": sqlite_database(VAR_DIR / f"test-{TEST_ID}.sqlite3")}
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
