@@ -29,7 +29,8 @@ class MovableClock:
     """A datetime clock for the engine that tests move by hand."""
 
     def __init__(self) -> None:
-        self._now = timezone.now()
+        now = timezone.now()  # whole milliseconds, the admission backends' resolution
+        self._now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         self._lock = threading.Lock()
 
     def __call__(self) -> datetime:

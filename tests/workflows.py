@@ -168,3 +168,13 @@ def nondeterministic(ctx: Any, _: Any) -> Any:
     a = ctx.step(first, 1)
     ctx.sleep(timedelta(seconds=10))
     return a
+
+
+@workflow("tests.fan_with_queue")
+def fan_with_queue(ctx: Any, payload: dict[str, Any]) -> list[int]:
+    return ctx.all(double, list(range(payload["n"])), queue="render")
+
+
+@workflow("tests.flaky_queued")
+def flaky_queued(ctx: Any, payload: dict[str, Any]) -> str:
+    return ctx.step(flaky, payload["key"], queue=payload["queue"])

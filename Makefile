@@ -1,0 +1,35 @@
+# The two commands of the quick start: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+
+.PHONY: demo test lint venv clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+## The main job on the embedded default: SQLite + db transport + db admission, no Redis.
+demo: venv
+	$(PY) manage.py migrate --noinput
+	$(PY) -m examples.demo
+
+## Lint, then the whole suite on SQLite and on PostgreSQL (Redis and PostgreSQL are started if down).
+test: venv
+	bash .ci/ensure-services
+	$(VENV)/bin/ruff check .
+	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
+	$(VENV)/bin/pytest -q
+	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) var
