@@ -21,7 +21,6 @@ from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, WorkflowRun
 from durable_flow.poller import TimerPoller
-from durable_flow.queues import QueueConfig
 from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
 from tests.conftest import MovableClock
