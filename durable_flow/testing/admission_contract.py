@@ -249,7 +249,9 @@ class AdmissionBackendContract:
         admitted_at: list[int] = []
         for step in range(60):
             clock.set(start + step * 100)
-            decision = self.ask(backend, name, f"r{step}/1")
+            # A blocked caller keeps retrying its own ticket (one that gave up would stay a
+            # waiter ahead of newcomers until its TTL, by design).
+            decision = self.ask(backend, name, f"r{len(admitted_at)}/1")
             if decision.admitted:
                 admitted_at.append(clock())
         for t in admitted_at:
