@@ -1,0 +1,389 @@
+"""Redis admission: one exact cap across every process of the fleet, decided by one Lua script.
+
+Selected with::
+
+    DURABLE_FLOW["ADMISSION"] = {
+        "BACKEND": "redis",
+        "CONNECTION": "default",   # a django-rq RQ_QUEUES entry; or "URL": "redis://host:6379/0"
+        "INSTANCE_TTL_MS": 15000,  # a dead process's slots are reclaimed within this
+        "WAITER_TTL_MS": 60000,    # a waiter that stopped retrying is forgotten after this
+        "KEY_PREFIX": "df:adm",
+    }
+
+This module (and `redis` / `django_rq`) is imported only when this backend is selected.
+
+Every decision is one `EVALSHA` of `admission.lua`, which applies exactly the rules of
+`policy.decide`: already-holds-slot, prune, register the waiter, rate limit first, then
+concurrency, then rank. The script reads the server's `TIME` (one clock for the whole fleet)
+unless the backend was given an explicit `clock` (tests), whose reading is passed in.
+
+Key layout (P = `KEY_PREFIX`, Q = queue name). The script touches several keys per call and
+looks up other instances' heartbeat keys by name, so this targets a single, non-cluster Redis.
+
+====================  =======  ==============================================================
+key                   type     contents
+====================  =======  ==============================================================
+P:queues              hash     queue name -> `QueueConfig.as_dict()` JSON (`register`)
+P:inst:<id>           string   an instance's heartbeat, PX = INSTANCE_TTL_MS, refreshed every
+                               ttl/3 by a daemon thread and by every decision it makes
+P:freed               channel  pub/sub: a queue name each time one of its slots frees
+P:q:Q:slots           hash     ticket -> owning instance id (one field per held slot)
+P:q:Q:owners          hash     instance id -> slots it holds (the heartbeats to check)
+P:q:Q:waiters         hash     ticket -> "priority|arrival|fairness key"
+P:q:Q:seen            zset     ticket scored by last ask (ms): waiter-TTL pruning
+P:q:Q:fresh           zset     rank index, see below
+P:q:Q:grp             zset     rank index (fairness "key"), see below
+P:q:Q:gidx            zset     rank index (fairness "key"), see below
+P:q:Q:kprio           zset     rank index (fairness "key"), see below
+P:q:Q:fkey            zset     rank index (fairness "key"), see below
+P:q:Q:served          hash     fairness key -> serve number of its last admission
+P:q:Q:meta            hash     counters `arrival`, `serve`; `mode` the index was built for
+P:q:Q:marks           zset     admissions in the rate window: member serve number, score ms
+====================  =======  ==============================================================
+
+Ranking without a scan. The order is `policy.rank`: (-priority, key last served [fairness
+"key"; never served = -1], arrival fifo/lifo). The index zsets all have score 0 and members
+built from fixed-width decimal fields, so lexicographic order is rank order and "how many
+waiters come before me" is a `ZLEXCOUNT` (O(log N)):
+
+- fairness "fifo": `fresh` holds every waiter as `P(priority) A(arrival) ticket`: one
+  ZLEXCOUNT per decision.
+- fairness "key": the key-served component changes whenever a key is served, and re-scoring
+  every waiter of that key on each admission would cost O(waiters of the key), i.e. O(N) for a
+  single busy tenant. So waiters of *served* keys live in `grp` grouped by (priority, key) as
+  `P KK(key) A ticket`, and `gidx` orders the groups as `P S(served) KK`; a serve re-files the
+  key's few `gidx` entries (one per priority it has waiters at, listed in `kprio`), not its
+  waiters. Waiters of never-served keys tie at -1 and interleave by arrival, so they stay in
+  `fresh` (listed per key in `fkey`) until their key's first serve moves them into `grp`: an
+  O(waiters of that key) step paid once per key. A decision counts the waiters ahead of it
+  with a few ZLEXCOUNTs plus one per less-recently-served group at its priority, and stops at
+  `room` (free slots), so it is O(room * log N) at worst, however many waiters there are.
+- Other O(N) paths, all rare: a re-registration that changes `fairness` or `order` rebuilds the
+  index (once); pruning is amortised (each expired waiter is removed once); reclaiming a dead
+  instance's slots reads the queue's slot hash (bounded by `concurrency`).
+
+`P:q:Q:served` keeps one field per fairness key ever served (as the other backends do), so a
+queue whose key defaults to the run id grows one small field per run.
+
+Instances. Each backend object has an instance id and heartbeat key. Slots it admits are owned
+by it; a live process keeps its slots however long the step runs, and the slots of a process
+whose heartbeat lapsed are reclaimed by the next decision on that queue (within
+INSTANCE_TTL_MS of its death). `release` removes a slot whoever owns it (results land on any
+process) and publishes the queue on `P:freed`, which `on_freed` subscribers turn into an early
+retry of their parked runs. A process that forks (e.g. an rq work horse) shares its parent's
+instance id: the parent's heartbeat keeps the child's slots alive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from durable_flow.admission.base import (
+    DEFAULT_WAITER_TTL_MS,
+    AdmissionDecision,
+    AdmissionRequest,
+    Clock,
+    FreedCallback,
+)
+from durable_flow.queues import QueueConfig
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.client import PubSub
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INSTANCE_TTL_MS = 15_000
+DEFAULT_KEY_PREFIX = "df:adm"
+PRIORITY_BOUND = 10**15
+"""Priorities are clamped to +-1e15 so the script's fixed-width encoding stays exact."""
+
+SCRIPT_PATH = Path(__file__).with_name("admission.lua")
+_QUEUE_KEYS = (
+    "slots",
+    "owners",
+    "waiters",
+    "seen",
+    "fresh",
+    "grp",
+    "gidx",
+    "kprio",
+    "fkey",
+    "served",
+    "meta",
+    "marks",
+)
+_OPTIONS = {"CONNECTION", "URL", "INSTANCE_TTL_MS", "WAITER_TTL_MS", "KEY_PREFIX"}
+
+
+def _option_error(key: str, message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]["{key}"]: {message}')
+
+
+def _positive_int(options: Mapping[str, Any], key: str, default: int) -> int:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _option_error(key, f"must be a positive integer (milliseconds), got {value!r}")
+    return value
+
+
+class RedisAdmissionBackend:
+    """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
+
+    def __init__(
+        self,
+        connection: Redis | None = None,
+        *,
+        url: str | None = None,
+        clock: Clock | None = None,
+        waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS,
+        instance_ttl_ms: int = DEFAULT_INSTANCE_TTL_MS,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        handles_cache_s: float = 1.0,
+    ) -> None:
+        """`clock` (epoch ms) replaces the server's `TIME`; give it only in tests, because
+        processes whose clocks disagree would disagree about windows and TTLs."""
+        import redis
+
+        if connection is None:
+            if url is None:
+                raise ValueError("RedisAdmissionBackend needs a connection or a url")
+            connection = redis.Redis.from_url(url)
+        self.redis: Redis = connection
+        self.clock = clock
+        self.waiter_ttl_ms = waiter_ttl_ms
+        self.instance_ttl_ms = instance_ttl_ms
+        self.prefix = key_prefix
+        self.instance_id = uuid.uuid4().hex
+        self.channel = f"{key_prefix}:freed"
+        self.heartbeat_key = f"{key_prefix}:inst:{self.instance_id}"
+        self._script = self.redis.register_script(SCRIPT_PATH.read_text())
+        self._lock = threading.Lock()
+        self._registered: set[str] = set()
+        self._known: dict[str, tuple[bool, float]] = {}
+        self._handles_cache_s = handles_cache_s
+        self._keys: dict[str, list[str]] = {}
+        self._callbacks: list[FreedCallback] = []
+        self._subscriber: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._heartbeat_value = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        self._beat()  # before any slot can be owned by this instance
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="df-adm-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RedisAdmissionBackend:
+        """Build from `DURABLE_FLOW["ADMISSION"]`; every bad option names its key."""
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]: unknown option(s) {", ".join(unknown)}')
+        prefix = options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
+        if not isinstance(prefix, str) or not prefix:
+            raise _option_error("KEY_PREFIX", f"must be a non-empty string, got {prefix!r}")
+        kwargs: dict[str, Any] = {
+            "waiter_ttl_ms": _positive_int(options, "WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS),
+            "instance_ttl_ms": _positive_int(options, "INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
+            "key_prefix": prefix,
+        }
+        if "URL" in options:
+            if "CONNECTION" in options:
+                raise _option_error("URL", "give CONNECTION or URL, not both")
+            url = options["URL"]
+            if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+                raise _option_error("URL", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
+            return cls(url=url, **kwargs)
+        return cls(_named_connection(options.get("CONNECTION", "default")), **kwargs)
+
+    # -- keys ---------------------------------------------------------------------------------
+    def queue_keys(self, queue: str) -> list[str]:
+        """The KEYS of one queue's script call, in the script's order."""
+        keys = self._keys.get(queue)
+        if keys is None:
+            base = f"{self.prefix}:q:{queue}:"
+            keys = [f"{self.prefix}:queues", *(base + suffix for suffix in _QUEUE_KEYS), self.heartbeat_key]
+            self._keys[queue] = keys
+        return keys
+
+    def _run(self, op: str, queue: str, ticket: str = "", priority: int = 0, key: str = "") -> Any:
+        now = "" if self.clock is None else str(int(self.clock()))
+        return self._script(
+            keys=self.queue_keys(queue),
+            args=[
+                op,
+                queue,
+                ticket,
+                max(-PRIORITY_BOUND, min(PRIORITY_BOUND, priority)),
+                key,
+                self.instance_id,
+                self.instance_ttl_ms,
+                self.waiter_ttl_ms,
+                now,
+                f"{self.prefix}:inst:",
+                self.channel,
+            ],
+        )
+
+    # -- registration -------------------------------------------------------------------------
+    def register(self, config: QueueConfig) -> None:
+        """Store the config in Redis, so every process gates the queue the same way. The last
+        registration of a name wins fleet-wide; slots, waiters and windows carry over."""
+        self.redis.hset(f"{self.prefix}:queues", config.name, json.dumps(config.as_dict()))
+        with self._lock:
+            self._registered.add(config.name)
+            self._known.pop(config.name, None)
+
+    def handles(self, queue: str) -> bool:
+        """Registered here, or by any process (cached for `handles_cache_s`)."""
+        with self._lock:
+            if queue in self._registered:
+                return True
+            known = self._known.get(queue)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        exists = bool(self.redis.hexists(f"{self.prefix}:queues", queue))
+        with self._lock:
+            self._known[queue] = (exists, time.monotonic() + self._handles_cache_s)
+        return exists
+
+    # -- decisions ----------------------------------------------------------------------------
+    def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
+        return self.try_admit_timed(request)[0]
+
+    def try_admit_timed(self, request: AdmissionRequest) -> tuple[AdmissionDecision, int]:
+        """The decision and the time (epoch ms) it was made at, as the script saw it: the
+        server's clock, so admission logs from several processes line up."""
+        reply = self._run("admit", request.queue, request.ticket, request.priority, request.key)
+        now = int(reply[1])
+        if int(reply[0]) == 1:
+            return AdmissionDecision.admit(), now
+        reason = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
+        return AdmissionDecision.block(int(reply[2]), reason), now  # type: ignore[arg-type]
+
+    def release(self, queue: str, ticket: str) -> None:
+        """Free the ticket's slot whoever owns it and withdraw it as a waiter; the script
+        publishes the queue on the freed channel when a slot was freed."""
+        self._run("release", queue, ticket)
+
+    def in_flight(self, queue: str) -> int:
+        """Slots held now (including those of a dead instance not yet reclaimed)."""
+        return int(self._run("inflight", queue))
+
+    # -- early wake ---------------------------------------------------------------------------
+    def on_freed(self, callback: FreedCallback) -> None:
+        """Call `callback(queue)` for every freed-slot announcement from any process.
+
+        The first call subscribes (on a dedicated connection) before returning, so no release
+        made after it is missed; callbacks run on the subscriber thread."""
+        with self._lock:
+            self._callbacks.append(callback)
+            if self._subscriber is not None:
+                return
+            pubsub = self._subscribe()
+            self._subscriber = threading.Thread(target=self._listen, args=(pubsub,), name="df-adm-freed", daemon=True)
+            self._subscriber.start()
+
+    @property
+    def subscriber_name(self) -> str:
+        """CLIENT SETNAME of the pub/sub connection (lets operators and tests find it)."""
+        return f"df-adm-sub-{self.instance_id}"
+
+    def _subscribe(self) -> PubSub:
+        import redis
+
+        kwargs = dict(self.redis.connection_pool.connection_kwargs)
+        kwargs["client_name"] = self.subscriber_name
+        client = redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
+        pubsub = client.pubsub()
+        pubsub.subscribe(self.channel)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait for the server's confirmation
+            message = pubsub.get_message(timeout=0.5)
+            if message is not None and message["type"] == "subscribe":
+                return pubsub
+        pubsub.close()
+        raise TimeoutError(f"no subscribe confirmation on {self.channel!r}")
+
+    def _listen(self, pubsub: PubSub) -> None:
+        """Deliver announcements; on a connection error log, back off and resubscribe."""
+        import redis
+
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self._subscribe()
+                    logger.info("admission: resubscribed to %s", self.channel)
+                    backoff = 0.05
+                message = pubsub.get_message(timeout=1.0, ignore_subscribe_messages=True)
+            except (redis.ConnectionError, redis.TimeoutError, TimeoutError, OSError) as exc:
+                logger.warning("admission: freed-slot subscription lost (%s); retrying in %.2fs", exc, backoff)
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:  # the connection is already broken
+                        logger.debug("admission: closing a broken pubsub failed", exc_info=True)
+                pubsub = None  # type: ignore[assignment]
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            data = message["data"]
+            queue = data.decode() if isinstance(data, bytes) else str(data)
+            with self._lock:
+                callbacks = list(self._callbacks)
+            for callback in callbacks:
+                try:
+                    callback(queue)
+                except Exception:  # one failing callback must not stop delivery
+                    logger.exception("admission: on_freed callback failed for queue %r", queue)
+        if pubsub is not None:
+            pubsub.close()
+
+    # -- heartbeat ----------------------------------------------------------------------------
+    def _beat(self) -> None:
+        self.redis.set(self.heartbeat_key, self._heartbeat_value, px=self.instance_ttl_ms)
+
+    def _heartbeat_loop(self) -> None:
+        """Keep this instance's slots alive: refresh the heartbeat every ttl/3, so two missed
+        beats still leave it standing."""
+        interval = self.instance_ttl_ms / 3000
+        while not self._stop.wait(interval):
+            try:
+                self._beat()
+            except Exception:  # keep beating through a Redis blip
+                logger.warning("admission: heartbeat to Redis failed", exc_info=True)
+
+    def close(self) -> None:
+        """Stop the heartbeat and subscriber threads. The heartbeat key is left to lapse, so
+        slots this instance admitted are reclaimed INSTANCE_TTL_MS later, as after a crash."""
+        self._stop.set()
+        for thread in (self._heartbeat, self._subscriber):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5)
+
+
+def _named_connection(name: object) -> Redis:
+    """A connection from django-rq's `RQ_QUEUES[name]`, so Redis is configured in one place."""
+    from django.conf import settings
+
+    if not isinstance(name, str) or not name:
+        raise _option_error("CONNECTION", f"must name an RQ_QUEUES entry, got {name!r}")
+    queues = getattr(settings, "RQ_QUEUES", None) or {}
+    if name not in queues:
+        known = ", ".join(sorted(queues)) or "none defined"
+        raise _option_error("CONNECTION", f"{name!r} is not a queue in settings.RQ_QUEUES ({known})")
+    import django_rq
+
+    return django_rq.get_connection(name)

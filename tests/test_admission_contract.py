@@ -1,0 +1,52 @@
+"""The unchanged admission contract kit, run against every backend we ship."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.testing.admission_contract import AdmissionBackendContract
+from durable_flow.testing.clock import FakeClock
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+class TestLocalAdmissionBackend(AdmissionBackendContract):
+    def make_backend(self, clock: FakeClock, waiter_ttl_ms: int) -> LocalAdmissionBackend:
+        return LocalAdmissionBackend(clock=clock, waiter_ttl_ms=waiter_ttl_ms)
+
+
+@pytest.mark.django_db(transaction=True)
+class TestDatabaseAdmissionBackend(AdmissionBackendContract):
+    def make_backend(self, clock: FakeClock, waiter_ttl_ms: int) -> DatabaseAdmissionBackend:
+        return DatabaseAdmissionBackend(clock=clock, waiter_ttl_ms=waiter_ttl_ms)
+
+
+class TestRedisAdmissionBackend(AdmissionBackendContract):
+    @pytest.fixture(autouse=True)
+    def _redis_prefix(self) -> Iterator[None]:
+        """Each test gets its own key prefix; its keys (and only those) are deleted after."""
+        import redis
+
+        self.prefix = f"test:adm:{uuid.uuid4().hex[:12]}"
+        self.backends: list = []
+        yield
+        for backend in self.backends:
+            backend.close()
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+    def make_backend(self, clock: FakeClock, waiter_ttl_ms: int):
+        from durable_flow.admission.redis import RedisAdmissionBackend
+
+        backend = RedisAdmissionBackend(url=REDIS_URL, clock=clock, waiter_ttl_ms=waiter_ttl_ms, key_prefix=self.prefix)
+        self.backends.append(backend)
+        return backend
