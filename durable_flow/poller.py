@@ -79,6 +79,10 @@ class TimerPoller:
             .values_list("run_id", flat=True)
             .distinct()
         )
+        reclaim = getattr(self.engine.transport, "reclaim_from", None)
+        if reclaim is not None:
+            # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
+            reclaim(list(dead_workers.values_list("worker_id", flat=True)))
         redriven = 0
         for run_id in list(lost[: self.batch_size]):
             redriven += self.engine.redispatch_pending(run_id)

@@ -22,7 +22,7 @@ def _mark(name: str, value: Any) -> None:
     marker = os.environ.get("DURABLE_FLOW_TEST_MARKER")
     if marker:
         with open(marker, "a") as handle:
-            handle.write(f"{name} {value} {os.getpid()}\n")
+            handle.write(f"{name} {value} {os.getpid()} {time.time():.6f}\n")
 
 
 @step("tests.add_one")
@@ -178,3 +178,75 @@ def fan_with_queue(ctx: Any, payload: dict[str, Any]) -> list[int]:
 @workflow("tests.flaky_queued")
 def flaky_queued(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(flaky, payload["key"], queue=payload["queue"])
+
+
+# -- engine-core tests (tests/test_engine_*.py, tests/test_processes.py) -------------------------
+
+#: Events the `gate` step waits on, by input; a test sets one to let that step finish.
+GATES: dict[str, Any] = {}
+
+
+@step("tests.gate")
+def gate(name: str) -> str:
+    """Blocks until the test sets `GATES[name]` (at most 10 s), so a step is provably mid-flight."""
+    _mark("gate_start", name)
+    event = GATES.get(name)
+    if event is not None:
+        event.wait(10)
+    _mark("gate_end", name)
+    return f"opened {name}"
+
+
+@step("tests.sized")
+def sized(n: int) -> str:
+    """Returns a string of `n` characters (for payload-size limits)."""
+    return "x" * n
+
+
+def not_a_step(value: Any) -> Any:
+    """A plain function: `ctx.step` must refuse it."""
+    return value
+
+
+@workflow("tests.gated")
+def gated(ctx: Any, name: str) -> str:
+    return ctx.step(gate, name)
+
+
+@workflow("tests.sleep_then_signal")
+def sleep_then_signal(ctx: Any, seconds: float) -> Any:
+    ctx.sleep(timedelta(seconds=seconds))
+    return {"got": ctx.wait_for_signal("approve")}
+
+
+@workflow("tests.child_of_failing")
+def child_of_failing(ctx: Any, _: Any) -> Any:
+    from durable_flow import ChildFailed
+
+    try:
+        ctx.child(fails, None)
+    except ChildFailed as exc:
+        return {"child": exc.run_id, "status": exc.status}
+    return "not reached"
+
+
+@workflow("tests.plain_function_step")
+def plain_function_step(ctx: Any, _: Any) -> Any:
+    return ctx.step(not_a_step, 1)  # type: ignore[arg-type]
+
+
+@workflow("tests.non_json_step_input")
+def non_json_step_input(ctx: Any, _: Any) -> Any:
+    return ctx.step(echo, {"when": {1, 2}})
+
+
+@workflow("tests.sized_output")
+def sized_output(ctx: Any, n: int) -> Any:
+    return ctx.step(sized, n)
+
+
+@workflow("tests.step_then_sleep")
+def step_then_sleep(ctx: Any, seconds: float) -> Any:
+    first = ctx.step(gate, "before-sleep")
+    ctx.sleep(timedelta(seconds=seconds))
+    return first

@@ -78,6 +78,13 @@ class DatabaseTransport:
             available_at=timezone.now(),
         )
 
+    def reclaim_from(self, dead_workers: list[str]) -> int:
+        """Expire the leases of tasks held by workers whose heartbeat lapsed (poller upkeep)."""
+        if not dead_workers:
+            return 0
+        now = timezone.now()
+        return Task.objects.filter(claimed_by__in=dead_workers, lease_until__gt=now).update(lease_until=now)
+
     def source(self) -> DatabaseTaskSource:
         """The consuming side, for `durable_worker`."""
         return DatabaseTaskSource(self.visibility_timeout_s, self.poll_interval_s)
