@@ -1,0 +1,115 @@
+"""Helpers for the engine-core tests: a transport the test drives by hand, and a `db` transport
+that records each committed wake in the marker file (for poller processes).
+
+`ManualTransport` holds turns and step attempts until the test runs them, so a test can put
+the engine in states the inline transport never reaches: a step still executing when the run
+is cancelled, a job the broker lost, an attempt answering after its timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.conf import DurableFlowSettings, get_settings
+from durable_flow.engine import Engine
+from durable_flow.transports.db import DatabaseTransport
+from tests.conftest import MovableClock
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """One step attempt the engine sent to the transport."""
+
+    run_id: str
+    key: str
+    attempt: int
+    priority: int
+
+
+class ManualTransport:
+    """Queues work on commit (like a real broker) and runs it only when the test says so."""
+
+    name = "manual"
+
+    def __init__(self) -> None:
+        self.turns: list[str] = []
+        self.steps: list[StepJob] = []
+        self.engine: Engine | None = None
+
+    def bind(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def enqueue_turn(self, run_id: str) -> None:
+        transaction.on_commit(lambda: self.turns.append(run_id))
+
+    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        job = StepJob(run_id, step_key, attempt, priority)
+        transaction.on_commit(lambda: self.steps.append(job))
+
+    def run_turns(self) -> int:
+        """Run every queued turn (and the turns those queue); return how many ran."""
+        assert self.engine is not None
+        count = 0
+        while self.turns:
+            self.engine.run_turn(self.turns.pop(0))
+            count += 1
+        return count
+
+    def take(self, key: str | None = None, run_id: str | None = None) -> StepJob:
+        """Remove and return the first queued step attempt matching `key`/`run_id`."""
+        for index, job in enumerate(self.steps):
+            if (key is None or job.key == key) and (run_id is None or job.run_id == run_id):
+                return self.steps.pop(index)
+        raise AssertionError(f"no queued step matches key={key!r} run_id={run_id!r}; queued: {self.steps}")
+
+    def execute(self, job: StepJob) -> str:
+        """Run one attempt on "this worker", as `durable_worker` would."""
+        assert self.engine is not None
+        return self.engine.execute_step(job.run_id, job.key, job.attempt, worker_id="manual")
+
+    def run_all(self, *, on_step: Callable[[StepJob], None] | None = None, limit: int = 10_000) -> None:
+        """Run turns and steps (oldest first) until nothing is queued; `on_step` sees each step first."""
+        for _ in range(limit):
+            self.run_turns()
+            if not self.steps:
+                return
+            job = self.steps.pop(0)
+            if on_step is not None:
+                on_step(job)
+            self.execute(job)
+        raise AssertionError("work kept coming; a loop in the engine?")
+
+
+def manual_engine(clock: MovableClock, settings: DurableFlowSettings | None = None) -> Engine:
+    """An engine on a `ManualTransport` with in-process admission, on the test's clock."""
+    return Engine(
+        admission=LocalAdmissionBackend(clock=lambda: clock.ms),
+        transport=ManualTransport(),
+        settings=settings or get_settings(),
+        clock=clock,
+    )
+
+
+class RecordingDatabaseTransport(DatabaseTransport):
+    """The `db` transport, plus one marker line per committed turn wake: `woke <run_id> <pid>`.
+
+    Used as `DURABLE_FLOW_TRANSPORT=tests.engine_support.RecordingDatabaseTransport` by poller
+    processes, so a test can see which process woke which run, and that none was woken twice.
+    Written on commit, so a tick that was rolled back (or killed) records nothing.
+    """
+
+    def enqueue_turn(self, run_id: str) -> None:
+        super().enqueue_turn(run_id)
+        marker = os.environ.get("DURABLE_FLOW_TEST_MARKER")
+        if marker:
+            transaction.on_commit(lambda: _append(marker, f"woke {run_id} {os.getpid()}\n"))
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(line)

@@ -1,0 +1,195 @@
+"""Recovery: idempotent start, step timeouts re-dispatched in place, lost jobs re-sent, duplicate
+and stale results ignored, and a run whose code changed underneath fails loudly."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+
+from durable_flow import NonDeterminismError, redispatch_pending, start
+from durable_flow.engine import Engine, set_engine
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.poller import TimerPoller
+from durable_flow.queues import QueueConfig
+from tests.conftest import MovableClock, executed
+from tests.engine_support import ManualTransport, manual_engine
+
+
+@pytest.fixture
+def manual(clock: MovableClock, transactional_db: None) -> Engine:
+    engine = manual_engine(clock)
+    set_engine(engine)
+    return engine
+
+
+def transport_of(engine: Engine) -> ManualTransport:
+    assert isinstance(engine.transport, ManualTransport)
+    return engine.transport
+
+
+def test_concurrent_starts_with_one_run_id_create_one_run_and_execute_it_once(manual: Engine) -> None:
+    barrier = threading.Barrier(6)
+    ids: list[str] = []
+
+    def starter(n: int) -> None:
+        try:
+            barrier.wait(5)
+            ids.append(start("tests.three_steps", n, run_id="same-id").id)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=starter, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert ids == ["same-id"] * 6
+    assert WorkflowRun.objects.count() == 1
+    transport = transport_of(manual)
+    assert transport.turns == ["same-id"]  # one first turn, however many starts
+    transport.run_all()
+    run = WorkflowRun.objects.get(pk="same-id")
+    assert run.status == RunStatus.COMPLETED
+    assert len(executed("add_one")) == 2 and len(executed("double")) == 1
+
+
+def test_a_timed_out_step_is_redispatched_keeping_its_slot(manual: Engine, clock: MovableClock) -> None:
+    manual.register_queue(QueueConfig.build(name="q", concurrency=1))
+    transport = transport_of(manual)
+    run = start("tests.timeout_flow", {"timeout": 5, "queue": "q", "seconds": 0, "id": "t"})
+    transport.run_turns()
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.wake_at == clock() + timedelta(seconds=5)
+    assert manual.admission.in_flight("q") == 1  # type: ignore[attr-defined]
+    poller = TimerPoller(manual)
+    clock.advance(seconds=4.9)
+    assert poller.tick() == []
+    clock.advance(seconds=0.1)
+    assert poller.tick() == [run.id]
+    transport.run_turns()
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert (cp.status, cp.attempt, cp.max_attempts, cp.holds_slot) == (StepStatus.DISPATCHED, 2, 2, True)
+    assert manual.admission.in_flight("q") == 1  # type: ignore[attr-defined]
+    assert transport.execute(transport.take("1")) == "skipped"  # attempt 1, never started: stale
+    assert transport.execute(transport.take("1")) == "completed"
+    transport.run_all()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert executed("slow_start") == ["t"]
+    assert manual.admission.in_flight("q") == 0  # type: ignore[attr-defined]
+
+
+def test_a_timed_out_attempt_that_answers_first_wins_and_the_new_attempt_is_skipped(
+    manual: Engine, clock: MovableClock
+) -> None:
+    transport = transport_of(manual)
+    run = start("tests.timeout_flow", {"timeout": 5, "seconds": 0, "id": "t"})
+    transport.run_turns()
+    clock.advance(seconds=5)
+    TimerPoller(manual).tick()
+    transport.run_turns()
+    assert StepCheckpoint.objects.get(run=run, key="1").attempt == 2
+    manual.record_result(run.id, "1", 1, output={"from": "attempt 1"})  # the slow worker answers
+    assert transport.execute(transport.take("1", run.id)) == "skipped"
+    assert transport.execute(transport.take("1", run.id)) == "skipped"
+    transport.run_all()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED and run.output == {"from": "attempt 1"}
+    assert executed("slow_start") == []
+
+
+def test_redispatch_pending_resends_a_step_whose_job_was_lost(manual: Engine) -> None:
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    lost = transport.take("1")  # the broker lost this job
+    assert redispatch_pending(run.id) == 1
+    assert [(job.key, job.attempt) for job in transport.steps] == [("1", 2)]
+    transport.run_all()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED and run.output == 5
+    assert transport.execute(lost) == "skipped"  # should it turn up after all
+    assert executed("add_one") == [1, 4]
+
+
+def test_redispatch_pending_leaves_recent_dispatches_alone(manual: Engine, clock: MovableClock) -> None:
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    assert manual.redispatch_pending(run.id, older_than_s=60) == 0
+    clock.advance(seconds=61)
+    assert manual.redispatch_pending(run.id, older_than_s=60) == 1
+
+
+def test_a_duplicated_result_is_kept_aside_and_changes_nothing(manual: Engine) -> None:
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    job = transport.take("1")
+    assert transport.execute(job) == "completed"
+    transport.run_turns()
+    turns = WorkflowRun.objects.get(pk=run.id).turns
+    manual.record_result(run.id, "1", 1, output=999)  # e.g. an RQ job retried after it finished
+    assert transport.execute(job) == "skipped"  # the same job delivered twice runs once
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert cp.output == 2 and cp.status == StepStatus.COMPLETED
+    assert cp.late_result == {"attempt": 1, "output": 999, "error": None}
+    assert transport.turns == [] and WorkflowRun.objects.get(pk=run.id).turns == turns
+    transport.run_all()
+    assert WorkflowRun.objects.get(pk=run.id).output == 5
+    assert executed("add_one") == [1, 4]
+
+
+def test_a_stale_attempts_failure_does_not_fail_the_current_attempt(manual: Engine, clock: MovableClock) -> None:
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    manual.redispatch_pending(run.id)
+    manual.record_result(run.id, "1", 1, error={"type": "RuntimeError", "message": "old attempt died"})
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert cp.status == StepStatus.DISPATCHED and cp.error is None
+    assert cp.late_result["error"]["message"] == "old attempt died"
+
+
+def test_poller_maintenance_redispatches_steps_of_a_dead_worker_only(manual: Engine, clock: MovableClock) -> None:
+    transport = transport_of(manual)
+    dead = start("tests.three_steps", 1)
+    alive = start("tests.three_steps", 2)
+    transport.run_turns()
+    transport.steps.clear()
+    ttl = manual.settings.heartbeat_ttl_s
+    for worker_id, last_seen in (("dead-w", clock() - timedelta(seconds=ttl + 1)), ("live-w", clock())):
+        WorkerHeartbeat.objects.create(
+            worker_id=worker_id, host="h", pid=1, transport="db", started_at=last_seen, last_seen=last_seen
+        )
+    StepCheckpoint.objects.filter(run=dead).update(worker="dead-w")
+    StepCheckpoint.objects.filter(run=alive).update(worker="live-w")
+    assert TimerPoller(manual).maintain() == 1
+    assert [(job.run_id, job.key, job.attempt) for job in transport.steps] == [(dead.id, "1", 2)]
+
+
+def test_changed_workflow_code_under_a_running_run_fails_it_with_non_determinism_error(
+    engine: Engine, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = start("tests.nondeterministic", None)
+    assert executed("add_one") == [1]
+    monkeypatch.setenv("DF_TEST_SWAP", "1")  # "deploy" code whose first call is another step
+    clock.advance(seconds=10)
+    assert TimerPoller(engine).tick() == [run.id]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.error["type"] == f"{NonDeterminismError.__module__}.NonDeterminismError"
+    assert "'tests.double'" in run.error["message"] and "'tests.add_one'" in run.error["message"]
+    assert executed("double") == []
+
+
+def test_a_run_started_under_another_workflow_version_fails_with_non_determinism_error(engine: Engine) -> None:
+    run = WorkflowRun.objects.create(workflow="tests.nondeterministic", version="0", status=RunStatus.PENDING)
+    engine.run_turn(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "version '0'" in run.error["message"]
+    assert executed("add_one") == []
