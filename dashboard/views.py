@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
-from django.contrib.admin.views.decorators import staff_member_required
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from dashboard.snapshot import snapshot
 
+View = Callable[[HttpRequest], HttpResponse]
 
-@staff_member_required
+
+def staff_required(view: View) -> View:
+    """Anonymous users go to the admin login; signed-in users who are not staff get 403."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not (request.user.is_active and request.user.is_staff):
+            raise PermissionDenied("the dashboard is for staff")
+        return view(request)
+
+    return wrapper
+
+
+@staff_required
 def index(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/index.html", {"snap": snapshot()})
 
 
-@staff_member_required
-def snapshot_json(request: HttpRequest) -> JsonResponse:
+@staff_required
+def snapshot_json(request: HttpRequest) -> HttpResponse:
     return JsonResponse(snapshot())
