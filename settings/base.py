@@ -34,6 +34,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "durable_flow.http.DurableFlowErrorMiddleware",
 ]
 
 ROOT_URLCONF = "settings.urls"

@@ -5,5 +5,6 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", include("durable_flow.urls")),
     path("", include("dashboard.urls")),
 ]

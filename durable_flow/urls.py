@@ -1,0 +1,12 @@
+"""Include under a prefix: `path("api/", include("durable_flow.urls"))`."""
+
+from django.urls import path
+
+from durable_flow import views
+
+app_name = "durable_flow"
+urlpatterns = [
+    path("runs/", views.start_run, name="start"),
+    path("runs/<path:run_id>/cancel/", views.cancel_run, name="cancel"),
+    path("runs/<path:run_id>/", views.run_detail, name="detail"),
+]

@@ -1,0 +1,85 @@
+"""The JSON API: staff only, CSRF-checked, and bad input answers 4xx (never 500)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from durable_flow.exceptions import ConcurrencyLimitError
+from durable_flow.http import error_response
+from durable_flow.models import RunStatus, WorkflowRun
+
+
+@pytest.fixture
+def client(engine: Any) -> Client:
+    user = get_user_model().objects.create_user("api", password="pw", is_staff=True)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def post(client: Client, url: str, body: Any) -> Any:
+    data = body if isinstance(body, str | bytes) else json.dumps(body)
+    return client.post(url, data=data, content_type="application/json")
+
+
+def test_start_then_inspect_then_cancel(client: Client) -> None:
+    created = post(client, "/api/runs/", {"workflow": "tests.sleeper", "input": 600, "run_id": "api-1"})
+    assert created.status_code == 201 and created.json()["id"] == "api-1"
+    again = post(client, "/api/runs/", {"workflow": "tests.sleeper", "input": 1, "run_id": "api-1"})
+    assert again.status_code == 200 and again.json()["input"] == 600
+    detail = client.get("/api/runs/api-1/").json()
+    assert detail["status"] == RunStatus.SUSPENDED and detail["steps"][0]["kind"] == "sleep"
+    cancelled = client.post("/api/runs/api-1/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == RunStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"workflow": "no.such.workflow"}, 404, "WorkflowNotFound"),
+        ("{not json", 400, "InvalidInput"),
+        ("[1, 2]", 400, "InvalidInput"),
+        ({"input": 1}, 400, "InvalidInput"),
+        ({"workflow": "tests.three_steps", "run_id": 7}, 400, "InvalidInput"),
+        ({"workflow": "tests.three_steps", "input": "x" * 1_100_000}, 400, "InvalidInput"),
+    ],
+)
+def test_bad_input_answers_4xx_with_a_typed_error(client: Client, body: Any, status: int, error: str) -> None:
+    response = post(client, "/api/runs/", body)
+    assert response.status_code == status
+    assert response.json()["error"] == error
+    assert not WorkflowRun.objects.exists()
+
+
+def test_unknown_run_is_404(client: Client) -> None:
+    assert client.get("/api/runs/nope/").status_code == 404
+    assert client.post("/api/runs/nope/cancel/").status_code == 404
+
+
+def test_anonymous_and_non_staff_are_refused(engine: Any) -> None:
+    assert post(Client(), "/api/runs/", {"workflow": "tests.three_steps"}).status_code == 401
+    user = get_user_model().objects.create_user("plain", password="pw")
+    plain = Client()
+    plain.force_login(user)
+    assert post(plain, "/api/runs/", {"workflow": "tests.three_steps"}).status_code == 403
+    assert not WorkflowRun.objects.exists()
+
+
+def test_posts_need_a_csrf_token(engine: Any) -> None:
+    user = get_user_model().objects.create_user("csrf", password="pw", is_staff=True)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    assert post(client, "/api/runs/", {"workflow": "tests.three_steps"}).status_code == 403
+    assert not WorkflowRun.objects.exists()
+
+
+def test_a_quota_refusal_maps_to_429_with_retry_after() -> None:
+    response = error_response(ConcurrencyLimitError(key="tenant:1", limit=8, active=8, workflow="chat.turn"))
+    assert response.status_code == 429
+    assert response["Retry-After"] == "1"
+    assert json.loads(response.content)["limit"] == 8
