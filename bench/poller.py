@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Does the timer poller's tick cost follow the due runs, not every parked run?
+
+    .venv/bin/python bench/poller.py              # SQLite (a fresh file under var/)
+    .venv/bin/python bench/poller.py --postgres   # PostgreSQL (its own database, dropped after)
+
+Design. Every timed tick has the same work to do: wake `--due` runs (100) that are due, on
+the `db` transport, so it also writes their turn `Task` rows, as in production. Between
+ticks, outside the timing, those runs are parked again (suspended, due a second ago) and
+their tasks deleted, so every tick starts from the same state. We take the median of
+`--ticks` ticks after a few warm-up ones, first with no other runs in the table, then with
+`--parked` (100,000) runs parked not due (suspended, or running with a step deadline, due
+over the next 30 days), and print both and their ratio. A tick that scanned the parked runs
+would grow with them; one that walks the `(status, wake_at)` index stays flat (target < 1.5).
+An empty tick (nothing due) is shown too, for the fixed cost of asking.
+
+PostgreSQL gets an ANALYZE after the bulk insert, standing in for autovacuum; SQLite gets
+none (a deployment rarely runs it), so its planner must find the index unaided.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+PG_DATABASE = "durable_flow_bench_poller"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--postgres", action="store_true", help=f"use PostgreSQL ({PG_SERVER}/{PG_DATABASE})")
+    parser.add_argument("--parked", type=int, default=100_000, help="not-due runs in the second measurement")
+    parser.add_argument("--due", type=int, default=100, help="due runs each timed tick wakes")
+    parser.add_argument("--ticks", type=int, default=60, help="timed ticks per measurement (median reported)")
+    return parser.parse_args()
+
+
+def pg_admin(sql: str) -> None:
+    """Run CREATE/DROP DATABASE on the server's maintenance database (outside a transaction)."""
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def setup_django(postgres: bool) -> None:
+    """settings.test on the bench's own database, migrated from scratch."""
+    os.environ["DURABLE_FLOW_TEST_ID"] = "bench-poller"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"
+    os.environ["DURABLE_FLOW_TRANSPORT"] = "db"
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    if postgres:
+        pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+        pg_admin(f"CREATE DATABASE {PG_DATABASE}")
+        os.environ["DATABASE_URL"] = f"{PG_SERVER}/{PG_DATABASE}"
+    else:
+        os.environ.pop("DATABASE_URL", None)
+        from settings.base import VAR_DIR
+
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{VAR_DIR / 'test-bench-poller.sqlite3'}{suffix}").unlink(missing_ok=True)
+
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def measure(due_ids: list[str], ticks: int, warmup: int = 5) -> tuple[float, float]:
+    """Median seconds of a tick that wakes exactly `due_ids`, and of an empty tick."""
+    from django.utils import timezone
+
+    from durable_flow.models import RunStatus, Task, WorkflowRun
+    from durable_flow.poller import TimerPoller
+
+    poller = TimerPoller(batch_size=500)
+    waking: list[float] = []
+    for n in range(warmup + ticks):
+        WorkflowRun.objects.filter(id__in=due_ids).update(
+            status=RunStatus.SUSPENDED, wake_at=timezone.now() - timedelta(seconds=1)
+        )
+        Task.objects.all().delete()
+        started = time.perf_counter()
+        woken = poller.tick()
+        elapsed = time.perf_counter() - started
+        if sorted(woken) != due_ids:
+            raise SystemExit(f"tick woke {len(woken)} runs, expected exactly the {len(due_ids)} due ones")
+        if n >= warmup:
+            waking.append(elapsed)
+    empty: list[float] = []
+    for n in range(warmup + ticks):
+        started = time.perf_counter()
+        woken = poller.tick()
+        elapsed = time.perf_counter() - started
+        if woken:
+            raise SystemExit(f"an empty tick woke {len(woken)} runs")
+        if n >= warmup:
+            empty.append(elapsed)
+    return statistics.median(waking), statistics.median(empty)
+
+
+def park(count: int) -> None:
+    """`count` runs not due: suspended (sleeping) or running (step deadline), due within 30 days."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from durable_flow.models import RunStatus, WorkflowRun
+
+    now = timezone.now()
+    batch: list[WorkflowRun] = []
+    for i in range(count):
+        batch.append(
+            WorkflowRun(
+                id=f"parked-{i:07d}",
+                workflow="bench.sleeper",
+                input=i,
+                status=RunStatus.RUNNING if i % 10 == 0 else RunStatus.SUSPENDED,
+                wake_at=now + timedelta(minutes=1) + timedelta(days=30) * (i / count),
+            )
+        )
+        if len(batch) == 5000:
+            WorkflowRun.objects.bulk_create(batch)
+            batch.clear()
+    WorkflowRun.objects.bulk_create(batch)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE durable_flow_workflowrun")
+
+
+def main() -> None:
+    args = parse_args()
+    setup_django(args.postgres)
+    from django.db import connection, connections
+
+    from durable_flow.models import RunStatus, WorkflowRun
+
+    vendor = connection.vendor
+    try:
+        due_ids = sorted(f"due-{i:04d}" for i in range(args.due))
+        WorkflowRun.objects.bulk_create(
+            [WorkflowRun(id=run_id, workflow="bench.sleeper", status=RunStatus.SUSPENDED) for run_id in due_ids]
+        )
+        base_wake, base_empty = measure(due_ids, args.ticks)
+        started = time.perf_counter()
+        park(args.parked)
+        park_s = time.perf_counter() - started
+        parked_wake, parked_empty = measure(due_ids, args.ticks)
+    finally:
+        connections.close_all()
+        if args.postgres:
+            pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+
+    ratio = parked_wake / base_wake
+    print(f"poller tick on {vendor}: median of {args.ticks} ticks, each waking {args.due} due runs (batch 500)")
+    print(f"  {0:>7,} parked not-due runs: {base_wake * 1000:8.2f} ms   (empty tick {base_empty * 1000:.2f} ms)")
+    print(
+        f"  {args.parked:>7,} parked not-due runs: {parked_wake * 1000:8.2f} ms   "
+        f"(empty tick {parked_empty * 1000:.2f} ms; parking took {park_s:.1f} s)"
+    )
+    verdict = "OK" if ratio < 1.5 else "OVER TARGET"
+    print(f"  ratio: {ratio:.2f} (target < 1.5: {verdict}); empty-tick ratio {parked_empty / base_empty:.2f}")
+
+
+if __name__ == "__main__":
+    main()
