@@ -42,8 +42,9 @@ class ConcurrencyController(Protocol):
     tick_ms: int
     last_adjustment: Adjustment | None
 
-    def record(self, latency_ms: float, ok: bool) -> None:
-        """A task finished after `latency_ms`; `ok` is False for an error or a stall."""
+    def record(self, latency_ms: float, ok: bool, kind: str = "") -> None:
+        """A task finished after `latency_ms`; `ok` is False for an error or a stall; `kind`
+        ("turn", "step") tells apart work whose latencies are not comparable."""
 
     def tick(self, now_ms: int, sample: ResourceSample) -> Adjustment | None:
         """Decide the next limit; return the adjustment if it moved."""
@@ -60,7 +61,7 @@ class FixedConcurrency:
         self.max_limit = limit
         self.last_adjustment: Adjustment | None = None
 
-    def record(self, latency_ms: float, ok: bool) -> None:
+    def record(self, latency_ms: float, ok: bool, kind: str = "") -> None:
         return None
 
     def tick(self, now_ms: int, sample: ResourceSample) -> Adjustment | None:

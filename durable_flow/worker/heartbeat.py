@@ -31,6 +31,20 @@ def dead_worker_cutoff(ttl_s: float, now: datetime | None = None) -> datetime:
     return (now or timezone.now()) - timedelta(seconds=ttl_s)
 
 
+def cgroup_memory_limit() -> int | None:
+    """The cgroup v2 (or v1) memory limit of this process's container, if one is set."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as handle:
+                raw = handle.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:  # v1 reports "no limit" as a huge number
+            return int(raw)
+        return None
+    return None
+
+
 class WorkerStats:
     """Latencies and completions, shared by the task threads and the heartbeat."""
 
@@ -71,18 +85,24 @@ class Heartbeat:
         self.controller = controller
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # prime: the first call always answers 0.0
+        psutil.cpu_percent(None)
         self.started_at = timezone.now()
         self._last_done = 0
         self._last_time = time.monotonic()
 
     def sample(self) -> ResourceSample:
-        """RSS as a share of the machine's memory, and this process's CPU use."""
-        total = psutil.virtual_memory().total or 1
-        return ResourceSample(
-            ram_pct=100.0 * self.process.memory_info().rss / total,
-            cpu_pct=self.process.cpu_percent(None) / (psutil.cpu_count() or 1),
-            in_flight=self.stats.in_flight,
-        )
+        """What the adaptive loop brakes on: memory pressure and machine CPU.
+
+        `ram_pct` is the host's memory in use, or this process's RSS against the container's
+        cgroup memory limit when one is set, whichever is higher: an out-of-memory kill comes
+        from whichever runs out first. `cpu_pct` is the machine's CPU use since the last
+        sample (all cores), the load that a CPU ceiling protects.
+        """
+        ram_pct = psutil.virtual_memory().percent
+        limit = cgroup_memory_limit()
+        if limit:
+            ram_pct = max(ram_pct, 100.0 * self.process.memory_info().rss / limit)
+        return ResourceSample(ram_pct=ram_pct, cpu_pct=psutil.cpu_percent(None), in_flight=self.stats.in_flight)
 
     def beat(self, stopped: bool = False) -> None:
         """Write the row now."""

@@ -3,8 +3,19 @@ the controller's live limit, heartbeat, and shut down gracefully.
 
 SIGTERM (or Ctrl-C) stops claiming, lets in-flight tasks finish for up to `grace_s`, and
 hands the rest back to the transport (their leases are released, so another worker takes
-them at once). SIGKILL loses nothing either: the unfinished tasks' leases lapse and the
-poller re-dispatches steps whose worker's heartbeat stopped.
+them at once); a second SIGTERM hands back at once. SIGKILL loses nothing either: the
+unfinished tasks' leases lapse and the poller re-dispatches steps whose worker's heartbeat
+stopped.
+
+The control loop is shared by every transport: the live limit comes from a
+`ConcurrencyController` (fixed, or adaptive), which is fed each task's latency and outcome
+and ticked every `tick_ms` with a resource sample; the heartbeat reports what it decided.
+
+A source may implement optional hooks: `open(worker_id, engine)`/`close(worker_id)` around the
+loop (RQ registers its worker record), `execute(engine, task, worker_id) -> bool` to run a task
+its own way (RQ goes through `Job.perform`), and `failed(worker_id, task, exc)` when the
+engine could not record an outcome (RQ retries or parks the job; without the hook the task is
+left to its lease).
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ class ClaimedTask:
     step_key: str = ""
     attempt: int = 0
     handle: Any = field(default=None, repr=False)
+    #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runtime).
+    outcome: str = ""
 
 
 class TaskSource(Protocol):
@@ -61,9 +74,11 @@ class TaskSource(Protocol):
 def run_task(engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
     """Execute one claimed task through the engine; True unless the step failed."""
     if task.kind == "turn":
-        engine.run_turn(task.run_id)
+        run = engine.run_turn(task.run_id)
+        task.outcome = run.status if run is not None else "missing"
         return True
-    return engine.execute_step(task.run_id, task.step_key, task.attempt, worker_id=worker_id) != "failed"
+    task.outcome = engine.execute_step(task.run_id, task.step_key, task.attempt, worker_id=worker_id)
+    return task.outcome != "failed"
 
 
 class WorkerRuntime:
@@ -91,6 +106,9 @@ class WorkerRuntime:
         self._changed = threading.Condition()
         self._running: dict[int, ClaimedTask] = {}
         self._running_lock = threading.Lock()
+        self._handed_back: set[int] = set()
+        #: Tasks handed back at shutdown whose threads were left running.
+        self.abandoned = 0
         engine.instance_id = self.worker_id
 
     # -- control ---------------------------------------------------------------------------
@@ -113,8 +131,12 @@ class WorkerRuntime:
         heartbeat_every = self.engine.settings.heartbeat_interval_s
         next_beat = 0.0
         next_tick = time.monotonic() + self.controller.tick_ms / 1000
+        opener = getattr(self.source, "open", None)
+        if opener is not None:
+            opener(self.worker_id, self.engine)
         self.heartbeat.beat()
-        with ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task") as pool:
+        pool = ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task")
+        try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
@@ -126,17 +148,15 @@ class WorkerRuntime:
                 if max_tasks is not None and self.stats.done >= max_tasks:
                     break
                 free = self.controller.limit - self.stats.in_flight
+                if max_tasks is not None:
+                    free = min(free, max_tasks - self.stats.done - self.stats.in_flight)
                 if free <= 0:
                     with self._changed:
                         self._changed.wait(0.05)
                     continue
-                if max_tasks is not None:
-                    free = min(free, max_tasks - self.stats.done - self.stats.in_flight)
-                    if free <= 0:
-                        with self._changed:
-                            self._changed.wait(0.05)
-                        continue
-                tasks = self.source.claim(self.worker_id, free, self.idle_wait_s)
+                # Never block past the next heartbeat or tick.
+                wait_s = max(0.0, min(self.idle_wait_s, next_beat - now, next_tick - now))
+                tasks = self.source.claim(self.worker_id, free, wait_s)
                 if not tasks:
                     if burst and self.stats.in_flight == 0:
                         break
@@ -146,48 +166,79 @@ class WorkerRuntime:
                     with self._running_lock:
                         self._running[id(task)] = task
                     pool.submit(self._execute, task)
-            self._drain()
-        self.heartbeat.beat(stopped=True)
-        connections.close_all()
+            self.abandoned = self._drain()
+        finally:
+            # Tasks handed back are abandoned to their threads: do not wait for them.
+            pool.shutdown(wait=not self.abandoned, cancel_futures=True)
+            self.heartbeat.beat(stopped=True)
+            closer = getattr(self.source, "close", None)
+            if closer is not None:
+                closer(self.worker_id)
+            connections.close_all()
         return self.stats.done
 
-    def _drain(self) -> None:
+    def _drain(self) -> int:
+        """Wait up to `grace_s` for in-flight tasks (heartbeating meanwhile, so a long step is
+        not declared lost), then hand back what is left; returns how many were handed back."""
         deadline = time.monotonic() + self.grace_s
+        next_beat = time.monotonic() + self.engine.settings.heartbeat_interval_s
         while self.stats.in_flight > 0 and time.monotonic() < deadline:
             with self._changed:
                 self._changed.wait(0.05)
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + self.engine.settings.heartbeat_interval_s
+            deadline = min(deadline, time.monotonic() + self.grace_s)  # a second SIGTERM sets grace_s = 0
         with self._running_lock:
             leftover = list(self._running.values())
+            for task in leftover:
+                self._handed_back.add(id(task))
         if leftover:
             logger.warning("handing back %d unfinished task(s)", len(leftover))
             self.source.hand_back(self.worker_id, leftover)
+        return len(leftover)
 
     def _execute(self, task: ClaimedTask) -> None:
         started = time.monotonic()
         ok = False
         try:
             close_old_connections()
-            ok = run_task(self.engine, task, self.worker_id)
-            self.source.done(self.worker_id, task)
-        except Exception:
-            # The engine could not record the outcome (database down?). The task stays leased
-            # and is re-claimed when its lease lapses; the step's result is idempotent.
+            executor = getattr(self.source, "execute", None)
+            if executor is not None:
+                ok = executor(self.engine, task, self.worker_id)
+            else:
+                ok = run_task(self.engine, task, self.worker_id)
+        except Exception as exc:
+            # The engine could not record the outcome (database down?). Without a `failed`
+            # hook the task stays leased and is re-claimed when its lease lapses; either way
+            # the step's result is idempotent.
             logger.exception("task %s failed in the engine", task)
+            failed = getattr(self.source, "failed", None)
+            if failed is not None and id(task) not in self._handed_back:
+                self._report(failed, task, exc)
+        else:
+            if id(task) not in self._handed_back:
+                self._report(self.source.done, task)
         finally:
             with self._running_lock:
                 self._running.pop(id(task), None)
             latency_ms = (time.monotonic() - started) * 1000
             self.stats.finished(latency_ms)
-            self.controller.record(latency_ms, ok)
+            self.controller.record(latency_ms, ok, task.kind)
             with self._changed:
                 self._changed.notify_all()
+
+    def _report(self, hook: Any, task: ClaimedTask, *args: Any) -> None:
+        try:
+            hook(self.worker_id, task, *args)
+        except Exception:
+            logger.exception("could not report task %s to the %s transport", task, self.source.transport)
 
     def _beat(self) -> None:
         with self._running_lock:
             running = list(self._running.values())
         try:
-            if running:
-                self.source.renew(self.worker_id, running)
+            self.source.renew(self.worker_id, running)
             self.heartbeat.beat()
         except Exception:
             logger.exception("heartbeat failed")

@@ -1,7 +1,10 @@
-"""`manage.py durable_worker`: run turns and steps from the configured transport."""
+"""`manage.py durable_worker`: run turns and steps from the configured transport (db or rq)."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -18,7 +21,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency",
             default=None,
-            help="A number or 'adaptive'; defaults to TRANSPORT['CONCURRENCY'].",
+            help='A number, \'adaptive\', or an adaptive spec as JSON (\'{"mode": "adaptive", "max": 16}\'); '
+            "defaults to TRANSPORT['CONCURRENCY'].",
         )
         parser.add_argument("--burst", action="store_true", help="Exit when no work is left.")
         parser.add_argument("--max-tasks", type=int, default=None, help="Exit after this many tasks.")
@@ -33,11 +37,18 @@ class Command(BaseCommand):
                 f"the {engine.transport.name!r} transport runs work in-process; durable_worker serves db and rq"
             )
         spec: object = options["concurrency"]
+        setting = "--concurrency"
         if spec is None:
             spec = getattr(engine.transport, "concurrency", 1)
+            setting = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]'
         elif isinstance(spec, str) and spec.isdigit():
             spec = int(spec)
-        controller = build_controller(spec)
+        elif isinstance(spec, str) and spec.lstrip().startswith("{"):
+            try:
+                spec = json.loads(spec)
+            except ValueError as exc:
+                raise CommandError(f"--concurrency: invalid JSON: {exc}") from exc
+        controller = build_controller(spec, setting=setting)
         engine.persist_queues()
         runtime = WorkerRuntime(
             engine, make_source(), controller, worker_id=options["worker_id"], grace_s=options["grace"]
@@ -45,7 +56,14 @@ class Command(BaseCommand):
         runtime.install_signal_handlers()
         self.stdout.write(
             f"durable_worker {runtime.worker_id}: transport={engine.transport.name} "
-            f"concurrency={controller.mode}:{controller.limit}"
+            f"queues={','.join(runtime.source.queues)} concurrency={controller.mode}:{controller.limit}"
         )
         done = runtime.run(burst=options["burst"], max_tasks=options["max_tasks"])
         self.stdout.write(f"durable_worker {runtime.worker_id}: stopped after {done} task(s)")
+        if runtime.abandoned:
+            # Handed-back tasks still occupy their threads, which the interpreter would join at
+            # exit; their work is requeued, so leave without waiting for them.
+            self.stdout.write(f"durable_worker {runtime.worker_id}: handed back {runtime.abandoned} task(s)")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)

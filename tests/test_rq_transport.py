@@ -1,0 +1,311 @@
+"""The `rq` transport end to end: real Redis, real `durable_worker` processes, no fakes.
+
+Isolation: run with `REDIS_URL=redis://127.0.0.1:6379/14` (and `DURABLE_FLOW_TEST_ID=rq`);
+each test starts from an empty RQ keyspace in that Redis database (only `rq:*` keys are
+removed, never other databases).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import django_rq
+import pytest
+from django.conf import settings
+from redis import Redis
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.worker import Worker
+
+from durable_flow import start
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.conf import get_settings
+from durable_flow.engine import Engine, set_engine
+from durable_flow.models import RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport, run_step_job, tier_for
+from durable_flow.worker.heartbeat import dead_worker_cutoff
+from tests.conftest import ManagedProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RQ_ENV = {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_LOG": "WARNING"}
+
+
+def clear_rq(connection: Redis) -> None:
+    """Remove RQ's keys (queues, jobs, registries, workers) from the test Redis database."""
+    keys = list(connection.scan_iter("rq:*", count=1000))
+    if keys:
+        connection.delete(*keys)
+
+
+@pytest.fixture
+def redis_conn() -> Iterator[Redis]:
+    connection = django_rq.get_connection("durable")
+    assert connection.connection_pool.connection_kwargs.get("db", 0) != 0, "tests never touch Redis database 0"
+    clear_rq(connection)
+    yield connection
+    clear_rq(connection)
+
+
+@pytest.fixture
+def rq_engine(transactional_db: None, redis_conn: Redis) -> Engine:
+    """This process's engine, on the RQ transport like the workers (settings.test reads
+    DURABLE_FLOW_TRANSPORT at import, so it is built here instead)."""
+    engine = Engine(
+        admission=LocalAdmissionBackend(), transport=RQTransport(queue="durable", concurrency=4), settings=get_settings()
+    )
+    set_engine(engine)
+    return engine
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    return tmp_path / "marks.txt"
+
+
+def marks(marker: Path, name: str) -> list[tuple[str, int]]:
+    """(value, pid) of every execution of step mark `name` across processes, in order."""
+    if not marker.exists():
+        return []
+    rows = [line.split() for line in marker.read_text().splitlines() if line.strip()]
+    return [(row[1], int(row[2])) for row in rows if row[0] == name]
+
+
+def worker(
+    spawn: Callable[..., ManagedProcess], marker: Path, *args: str, env: dict[str, str] | None = None
+) -> ManagedProcess:
+    return spawn("durable_worker", *args, env={**RQ_ENV, "DURABLE_FLOW_TEST_MARKER": str(marker), **(env or {})})
+
+
+def live_heartbeat(process: ManagedProcess) -> WorkerHeartbeat | None:
+    return WorkerHeartbeat.objects.filter(pid=process.proc.pid, stopped_at__isnull=True).first()
+
+
+def run_status(run_id: str) -> str:
+    return WorkflowRun.objects.get(pk=run_id).status
+
+
+def test_unknown_option_or_queue_is_improperly_configured(redis_conn: Redis) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match=r'\["TRANSPORT"\]: unknown option\(s\) QUEUES'):
+        RQTransport.from_options({"QUEUES": "durable"})
+    with pytest.raises(ImproperlyConfigured, match=r'\["QUEUE"\]: \'nope\' is not in settings.RQ_QUEUES'):
+        RQTransport.from_options({"QUEUE": "nope"})
+    with pytest.raises(ImproperlyConfigured, match=r'\["CONCURRENCY"\]'):
+        RQTransport.from_options({"CONCURRENCY": 0})
+    with pytest.raises(ImproperlyConfigured, match=r'\["CONCURRENCY"\]\["max"\]'):
+        RQTransport.from_options({"CONCURRENCY": {"mode": "adaptive", "min": 4, "max": 2}})
+    transport = RQTransport.from_options({"QUEUE": "durable", "CONCURRENCY": "adaptive"})
+    assert [transport.tiers[t].name for t in (HIGH, NORMAL, LOW)] == ["durable:high", "durable", "durable:low"]
+    assert (tier_for(5), tier_for(0), tier_for(-1)) == (HIGH, NORMAL, LOW)
+
+
+def test_enqueue_waits_for_commit_and_rolls_back_with_the_transaction(rq_engine: Engine, redis_conn: Redis) -> None:
+    from django.db import transaction
+
+    queue = rq_engine.transport.tiers[NORMAL]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start("tests.three_steps", 1)
+        assert queue.count == 0, "enqueued before commit"
+        raise RuntimeError("roll back")
+    assert queue.count == 0 and WorkflowRun.objects.count() == 0
+    run = start("tests.three_steps", 1)
+    assert queue.count == 1
+    assert queue.jobs[0].func_name == "durable_flow.transports.rq.run_turn_job" and queue.jobs[0].args == (run.id,)
+
+
+def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn, marker: Path) -> None:
+    workers = [worker(spawn, marker, "--concurrency", "4") for _ in range(3)]
+    wait_for(lambda: all(live_heartbeat(w) for w in workers), timeout=30, what="three workers up")
+    run = start("tests.fan", {"n": 40})
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=40, what="fan completed")
+    run.refresh_from_db()
+    assert run.output == [2 * i for i in range(40)]
+    doubles = marks(marker, "double")
+    assert sorted(int(value) for value, _ in doubles) == list(range(40)), "each step ran exactly once"
+    assert len({pid for _, pid in doubles}) >= 2, "the steps were spread over several workers"
+    assert StepCheckpoint.objects.filter(run=run, status="completed", attempt=1).count() == 40
+    # RQ's registries show the jobs the way django-rq users expect.
+    queue = rq_engine.transport.tiers[NORMAL]
+    finished = FinishedJobRegistry(queue=queue)
+    assert finished.count >= 42  # 40 steps + at least the first and the last turn
+    assert StartedJobRegistry(queue=queue).count == 0 and FailedJobRegistry(queue=queue).count == 0
+    some_step = next(
+        job for job in queue.job_class.fetch_many(finished.get_job_ids(), queue.connection) if job and job.args[1:]
+    )
+    assert some_step.return_value() == "completed"
+    assert some_step.worker_name in {live_heartbeat(w).worker_id for w in workers}
+    assert len(Worker.all(queue=queue)) == 3
+
+
+def test_sigkill_mid_step_loses_nothing(rq_engine: Engine, spawn, marker: Path) -> None:
+    victim = worker(spawn, marker, "--concurrency", "2")
+    run = start("tests.slow_one", {"id": "k", "seconds": 2.0})
+    wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
+    victim_id = live_heartbeat(victim).worker_id
+    assert StepCheckpoint.objects.get(run=run).worker == victim_id
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    time.sleep(2.5)  # past the end the step would have had
+    assert run_status(run.id) != RunStatus.COMPLETED and not marks(marker, "slow_end")
+
+    survivor = worker(spawn, marker, "--concurrency", "2")
+    spawn("durable_poller", env=RQ_ENV)
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=40, what="run completed after restart")
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.attempt == 2 and cp.status == "completed" and cp.worker == live_heartbeat(survivor).worker_id
+    assert [pid for _, pid in marks(marker, "slow_start")] == [victim.proc.pid, survivor.proc.pid]
+    assert [pid for _, pid in marks(marker, "slow_end")] == [survivor.proc.pid]
+    # The killed worker's heartbeat row shows it dead once the TTL passed (it never said stopped).
+    dead = WorkerHeartbeat.objects.get(worker_id=victim_id)
+    assert dead.stopped_at is None and dead.last_seen < dead_worker_cutoff(get_settings().heartbeat_ttl_s)
+
+
+def test_sigterm_lets_the_in_flight_step_finish(rq_engine: Engine, spawn, marker: Path) -> None:
+    first = worker(spawn, marker, "--concurrency", "1")
+    run = start("tests.slow_one", {"id": "t", "seconds": 1.5})
+    wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
+    first_id = live_heartbeat(first).worker_id
+    assert first.terminate(timeout=20) == 0
+    assert [pid for _, pid in marks(marker, "slow_end")] == [first.proc.pid], "the step finished before exit"
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.status == "completed" and cp.attempt == 1
+    beat = WorkerHeartbeat.objects.get(worker_id=first_id)
+    assert beat.stopped_at is not None and beat.in_flight == 0
+    assert first_id not in {w.name for w in Worker.all(queue=rq_engine.transport.tiers[NORMAL])}, "RQ: unregistered"
+    # The run's next turn waits in Redis for the next worker; the step does not run again.
+    worker(spawn, marker, "--concurrency", "1")
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
+    assert len(marks(marker, "slow_start")) == 1
+
+
+def test_sigterm_past_the_grace_period_hands_the_job_back(rq_engine: Engine, spawn, marker: Path) -> None:
+    first = worker(spawn, marker, "--concurrency", "1", "--grace", "0.3")
+    run = start("tests.slow_one", {"id": "h", "seconds": 4.0})
+    wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
+    began = time.monotonic()
+    assert first.terminate(timeout=20) == 0
+    assert time.monotonic() - began < 3.5, "the worker did not wait for the step"
+    queue = rq_engine.transport.tiers[NORMAL]
+    assert [job.args[1:] for job in queue.jobs] == [("1", 1)], "the step job is back at the head of its queue"
+    assert StartedJobRegistry(queue=queue).count == 0
+    second = worker(spawn, marker, "--concurrency", "1")
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
+    assert [pid for _, pid in marks(marker, "slow_end")] == [second.proc.pid]
+
+
+def test_priority_tiers_are_drained_high_to_low(rq_engine: Engine, spawn, marker: Path) -> None:
+    transport: RQTransport = rq_engine.transport
+    runs = {
+        priority: [
+            start("tests.queued", {"queue": "prio", "priority": priority, "value": f"p{priority}_{i}"})
+            for i in range(3)
+        ]
+        for priority in (-5, 0, 5)
+    }
+    transport.tiers[NORMAL].empty()  # drop the first turns: this process dispatches the steps itself
+    for i in range(3):  # interleaved, low first, so enqueue order is the opposite of priority order
+        for priority in (-5, 0, 5):
+            rq_engine.run_turn(runs[priority][i].id)
+    assert [transport.tiers[t].count for t in (HIGH, NORMAL, LOW)] == [3, 3, 3]
+
+    worker(spawn, marker, "--concurrency", "1")
+    all_ids = [run.id for group in runs.values() for run in group]
+    wait_for(
+        lambda: WorkflowRun.objects.filter(pk__in=all_ids, status=RunStatus.COMPLETED).count() == 9,
+        timeout=40,
+        what="all nine runs completed",
+    )
+    order = [value for value, _ in marks(marker, "echo")]
+    assert order == [f"p{p}_{i}" for p in (5, 0, -5) for i in range(3)]
+
+
+def test_duplicated_job_records_the_result_once(rq_engine: Engine, spawn, marker: Path) -> None:
+    transport: RQTransport = rq_engine.transport
+    run = start("tests.slow_one", {"id": "d", "seconds": 1.0})
+    transport.tiers[NORMAL].empty()
+    rq_engine.run_turn(run.id)
+    queue = transport.tiers[NORMAL]
+    (original,) = queue.jobs
+    for _ in range(2):  # a broker redelivery / a retried job: same run, step and attempt
+        queue.enqueue_call(run_step_job, args=original.args, timeout=-1)
+    assert queue.count == 3
+
+    worker(spawn, marker, "--concurrency", "2")  # pops two copies at once: they overlap
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
+    assert len(marks(marker, "slow_start")) >= 2, "the duplicates really ran concurrently"
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.attempt == 1 and cp.status == "completed" and cp.output == {"id": "d", "seconds": 1.0}
+    assert cp.late_result is not None and cp.late_result["attempt"] == 1, "the losing copy's result was ignored"
+    run.refresh_from_db()
+    assert run.output == {"id": "d", "seconds": 1.0}
+    # Run once more, after the fact, in this process: skipped, nothing changes.
+    assert run_step_job(run.id, "1", 1) == "skipped"
+    assert StepCheckpoint.objects.get(run=run).finished_at == cp.finished_at
+
+
+def test_heartbeats_carry_live_numbers_and_a_killed_worker_shows_dead(rq_engine: Engine, spawn, marker: Path) -> None:
+    fixed = worker(spawn, marker, "--concurrency", "3")
+    adaptive = worker(
+        spawn, marker, "--concurrency", '{"mode": "adaptive", "min": 1, "max": 8, "tick_ms": 200}'
+    )
+    wait_for(lambda: live_heartbeat(fixed) and live_heartbeat(adaptive), timeout=30, what="workers up")
+    runs = [start("tests.fan", {"n": 30}) for _ in range(4)]
+    wait_for(
+        lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=40, what="fans completed"
+    )
+    time.sleep(2 * get_settings().heartbeat_interval_s)
+    beat = live_heartbeat(fixed)
+    assert (beat.transport, beat.mode, beat.live_limit) == ("rq", "fixed", 3)
+    assert beat.queues == ["durable:high", "durable", "durable:low"]
+    assert beat.tasks_done > 0 and beat.p95_ms is not None and beat.rss_bytes > 10_000_000
+    assert beat.in_flight == 0 and beat.throughput >= 0
+    flex = live_heartbeat(adaptive)
+    assert flex.mode == "adaptive" and 1 <= flex.live_limit <= 8 and flex.tasks_done > 0
+    assert beat.tasks_done + flex.tasks_done >= 4 * 32
+    if flex.live_limit > 1:  # it moved, so the move is explained
+        assert flex.last_adjustment_reason and flex.last_adjustment_at is not None
+
+    fixed_id = beat.worker_id
+    fixed.proc.send_signal(signal.SIGKILL)
+    fixed.proc.wait(10)
+    ttl = get_settings().heartbeat_ttl_s
+    wait_for(
+        lambda: WorkerHeartbeat.objects.get(worker_id=fixed_id).last_seen < dead_worker_cutoff(ttl),
+        timeout=ttl + 5,
+        what="the killed worker's heartbeat to lapse",
+    )
+    assert WorkerHeartbeat.objects.get(worker_id=fixed_id).stopped_at is None
+    assert live_heartbeat(adaptive).last_seen >= dead_worker_cutoff(ttl), "the live worker keeps beating"
+
+
+def test_adaptive_worker_grows_under_load_on_the_db_transport(transactional_db, spawn, marker: Path) -> None:
+    """The same control loop drives the `db` transport's worker."""
+    from durable_flow.transports.db import DatabaseTransport
+
+    set_engine(Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings()))
+    proc = spawn(
+        "durable_worker",
+        "--concurrency",
+        '{"mode": "adaptive", "min": 1, "max": 6, "tick_ms": 150}',
+        env={"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker), "DURABLE_FLOW_LOG": "WARNING"},
+    )
+    runs = [start("tests.slow_one", {"id": f"a{i}", "seconds": 0.15}) for i in range(30)]
+    wait_for(
+        lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=60, what="runs completed"
+    )
+    beat = wait_for(lambda: live_heartbeat(proc), timeout=5, what="heartbeat")
+    assert beat.transport == "db" and beat.mode == "adaptive"
+    assert beat.live_limit > 1, "a saturated pool with flat latency grows"
+    assert beat.last_adjustment_reason.startswith(("slow start", "grow"))
+
+
+@pytest.fixture(autouse=True)
+def _needs_isolated_redis() -> None:
+    """Fail loudly rather than share Redis database 0 with anything."""
+    assert not settings.REDIS_URL.rstrip("/").endswith(("6379", "/0")), settings.REDIS_URL
+    assert os.environ.get("DURABLE_FLOW_SUBPROCESS") != "1"
