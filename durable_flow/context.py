@@ -378,7 +378,8 @@ class WorkflowContext:
         waves = [range(s, min(s + wave_size, len(inputs))) for s in range(0, len(inputs), wave_size)]
         results: list[Any] = [None] * len(inputs)
         unsettled_waves = 0
-        max_waves_in_flight = 2 if concurrency else len(waves)
+        # Two waves in flight, unless two would exceed the limit (concurrency=1: waves of one).
+        max_waves_in_flight = min(2, concurrency // wave_size) if concurrency else len(waves)
         for number, wave in enumerate(waves):
             started = f"{base}.{wave[0]}" in self._checkpoints
             if not started and unsettled_waves >= max_waves_in_flight:

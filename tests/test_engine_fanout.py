@@ -79,15 +79,18 @@ def test_step_fan_sends_the_next_wave_only_when_the_whole_wave_settled(manual: E
     assert run.output == [0, 2, 4, 6]
 
 
-def test_child_fan_keeps_at_most_concurrency_children_in_flight(manual: Engine) -> None:
+@pytest.mark.parametrize(("concurrency", "most"), [(4, 4), (5, 4), (3, 2), (1, 1)])
+def test_child_fan_keeps_at_most_concurrency_children_in_flight(manual: Engine, concurrency: int, most: int) -> None:
+    """Two waves of `concurrency // 2` children; with concurrency=1 one child at a time (two
+    waves of one would be two in flight, over the limit)."""
     transport = transport_of(manual)
-    run = start("tests.child_fan", {"n": 9, "concurrency": 4})
+    run = start("tests.child_fan", {"n": 9, "concurrency": concurrency})
     seen: list[int] = []
     transport.run_all(on_step=lambda job: seen.append(len(unfinished_children(run.id))))
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     assert run.output == [(i + 1) * 2 + 1 for i in range(9)]
-    assert max(seen) == 4
+    assert max(seen) == most
     assert WorkflowRun.objects.filter(parent_id=run.id).count() == 9
 
 
