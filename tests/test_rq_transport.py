@@ -55,7 +55,9 @@ def rq_engine(transactional_db: None, redis_conn: Redis) -> Engine:
     """This process's engine, on the RQ transport like the workers (settings.test reads
     DURABLE_FLOW_TRANSPORT at import, so it is built here instead)."""
     engine = Engine(
-        admission=LocalAdmissionBackend(), transport=RQTransport(queue="durable", concurrency=4), settings=get_settings()
+        admission=LocalAdmissionBackend(),
+        transport=RQTransport(queue="durable", concurrency=4),
+        settings=get_settings(),
     )
     set_engine(engine)
     return engine
@@ -250,14 +252,10 @@ def test_duplicated_job_records_the_result_once(rq_engine: Engine, spawn, marker
 
 def test_heartbeats_carry_live_numbers_and_a_killed_worker_shows_dead(rq_engine: Engine, spawn, marker: Path) -> None:
     fixed = worker(spawn, marker, "--concurrency", "3")
-    adaptive = worker(
-        spawn, marker, "--concurrency", '{"mode": "adaptive", "min": 1, "max": 8, "tick_ms": 200}'
-    )
+    adaptive = worker(spawn, marker, "--concurrency", '{"mode": "adaptive", "min": 1, "max": 8, "tick_ms": 200}')
     wait_for(lambda: live_heartbeat(fixed) and live_heartbeat(adaptive), timeout=30, what="workers up")
     runs = [start("tests.fan", {"n": 30}) for _ in range(4)]
-    wait_for(
-        lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=40, what="fans completed"
-    )
+    wait_for(lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=40, what="fans completed")
     time.sleep(2 * get_settings().heartbeat_interval_s)
     beat = live_heartbeat(fixed)
     assert (beat.transport, beat.mode, beat.live_limit) == ("rq", "fixed", 3)
@@ -295,9 +293,7 @@ def test_adaptive_worker_grows_under_load_on_the_db_transport(transactional_db, 
         env={"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker), "DURABLE_FLOW_LOG": "WARNING"},
     )
     runs = [start("tests.slow_one", {"id": f"a{i}", "seconds": 0.15}) for i in range(30)]
-    wait_for(
-        lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=60, what="runs completed"
-    )
+    wait_for(lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=60, what="runs completed")
     beat = wait_for(lambda: live_heartbeat(proc), timeout=5, what="heartbeat")
     assert beat.transport == "db" and beat.mode == "adaptive"
     assert beat.live_limit > 1, "a saturated pool with flat latency grows"
