@@ -448,15 +448,24 @@ class Engine:
             self.transport.enqueue_turn(run_id)
         return bool(woken)
 
-    def wake_waiters(self, queue: str, limit: int = 8) -> int:
-        """Early wake: a slot freed on `queue`, so retry its best-placed blocked runs now
-        instead of at their `retry_ms` tick."""
+    def wake_waiters(self, queue: str, limit: int = 2) -> int:
+        """Early wake: a slot freed on `queue`, so retry its rightful next blocked runs now
+        instead of at their `retry_ms` tick.
+
+        A backend that can name its next waiters (`next_waiters`) is asked, so the run woken is
+        the one admission will pick; otherwise the best-placed by priority and age. One spare
+        wake covers a waiter that has gone away; the rest keep their tick.
+        """
+        next_waiters = getattr(self.admission, "next_waiters", None)
         with transaction.atomic():
-            run_ids = list(
-                StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING)
-                .order_by("-priority", "id")
-                .values_list("run_id", flat=True)[:limit]
-            )
+            if next_waiters is not None:
+                run_ids = [ticket.rsplit("/", 1)[0] for ticket in next_waiters(queue, limit)]
+            else:
+                run_ids = list(
+                    StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING)
+                    .order_by("-priority", "id")
+                    .values_list("run_id", flat=True)[:limit]
+                )
             return sum(self.wake(run_id) for run_id in dict.fromkeys(run_ids))
 
     # -- cancel, signals, redispatch ------------------------------------------------------------

@@ -375,3 +375,15 @@ def test_a_timeout_step_keeps_its_slot_across_redispatch(
     assert backend_slots(engine, "render") == 0
     transport.run_step(0)  # the first attempt's stale task is skipped
     assert StepCheckpoint.objects.get(run=run).attempt == 2
+
+
+def test_early_wake_goes_to_the_rightful_next_waiter(held: tuple[Engine, HeldTransport]) -> None:
+    engine, transport = held
+    register_queue("sync", concurrency=1, fairness="key", retry_ms=60_000)
+    start("tests.queued", queued("sync", "a1", key="tenant-a"))
+    waiting_a = [start("tests.queued", queued("sync", f"a{i}", key="tenant-a")) for i in range(2, 5)]
+    b1 = start("tests.queued", queued("sync", "b1", key="tenant-b"))
+    assert engine.admission.next_waiters("sync", 1) == [f"{b1.id}/1"]
+    transport.run_step()  # tenant-a's slot frees: tenant-b, never served, is next
+    assert transport.held_runs() == [b1.id]
+    assert all(status(run) == RunStatus.SUSPENDED for run in waiting_a)

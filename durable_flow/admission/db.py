@@ -188,5 +188,18 @@ class DatabaseAdmissionBackend:
     def on_freed(self, callback: FreedCallback) -> None:
         self._callbacks.append(callback)
 
+    def next_waiters(self, queue: str, limit: int) -> list[str]:
+        """The tickets admission would pick next, best first (for early wake)."""
+        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        if row is None:
+            return []
+        config = queue_from_dict(row)
+        ordering = ["-priority"]
+        if config.fairness == "key":
+            ordering.append("key_served")
+        ordering.append("arrival" if config.order == "fifo" else "-arrival")
+        waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*ordering)
+        return list(waiters.values_list("ticket", flat=True)[:limit])
+
     def in_flight(self, queue: str) -> int:
         return AdmissionSlot.objects.filter(queue=queue).count()

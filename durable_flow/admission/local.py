@@ -18,7 +18,7 @@ from durable_flow.admission.base import (
     FreedCallback,
     system_clock_ms,
 )
-from durable_flow.admission.policy import QueueState, decide
+from durable_flow.admission.policy import QueueState, decide, rank
 from durable_flow.queues import QueueConfig
 
 
@@ -60,6 +60,15 @@ class LocalAdmissionBackend:
 
     def on_freed(self, callback: FreedCallback) -> None:
         self._callbacks.append(callback)
+
+    def next_waiters(self, queue: str, limit: int) -> list[str]:
+        """The tickets admission would pick next, best first (for early wake)."""
+        with self._lock:
+            state = self._queues.get(queue)
+            if state is None:
+                return []
+            ranked = sorted(state.waiters.values(), key=lambda w: rank(w, state.config, state.served))
+            return [waiter.ticket for waiter in ranked[:limit]]
 
     def in_flight(self, queue: str) -> int:
         """Slots held now (for the dashboard and tests)."""
