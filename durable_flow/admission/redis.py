@@ -325,7 +325,7 @@ class RedisAdmissionBackend:
                     pubsub = self._subscribe()
                     logger.info("admission: resubscribed to %s", self.channel)
                     backoff = 0.05
-                message = pubsub.get_message(timeout=1.0, ignore_subscribe_messages=True)
+                message = pubsub.get_message(timeout=0.25, ignore_subscribe_messages=True)
             except (redis.ConnectionError, redis.TimeoutError, TimeoutError, OSError) as exc:
                 logger.warning("admission: freed-slot subscription lost (%s); retrying in %.2fs", exc, backoff)
                 if pubsub is not None:
