@@ -179,19 +179,9 @@ class WorkflowContext:
         if not isinstance(name, str) or not name:
             raise ValueError("ctx.wait_for_signal needs a signal name")
         key = self._next_key()
-        cp = self._checkpoint(key, StepKind.SIGNAL, name)
-        if cp is None:
-            deadline = self.now + timeout if timeout is not None else None
-            cp = self._engine.create_checkpoint(
-                self._run,
-                key=key,
-                sequence=self._take_sequence(),
-                kind=StepKind.SIGNAL,
-                name=name,
-                status=StepStatus.DISPATCHED,
-                wake_at=deadline,
-            )
-            self._checkpoints[key] = cp
+        cp = self._checkpoint(key, StepKind.SIGNAL, name) or self._new_wait(
+            key, StepKind.SIGNAL, name, self.now + timeout if timeout is not None else None
+        )
         if cp.status == StepStatus.DISPATCHED:
             payload = self._engine.consume_signal(self._run, name, key)
             if payload is not _PENDING:
@@ -314,20 +304,22 @@ class WorkflowContext:
         self._wait_until(cp.wake_at)
         return _PENDING
 
+    def _new_wait(self, key: str, kind: str, name: str, wake_at: datetime | None) -> StepCheckpoint:
+        """Checkpoint a sleep or a signal wait: pending until `wake_at` (or forever, if None)."""
+        cp = self._engine.create_checkpoint(
+            self._run,
+            key=key,
+            sequence=self._take_sequence(),
+            kind=kind,
+            name=name,
+            status=StepStatus.DISPATCHED,
+            wake_at=wake_at,
+        )
+        self._checkpoints[key] = cp
+        return cp
+
     def _drive_sleep(self, key: str, name: str, due: Any) -> None:
-        cp = self._checkpoint(key, StepKind.SLEEP, name)
-        if cp is None:
-            wake_at = due()
-            cp = self._engine.create_checkpoint(
-                self._run,
-                key=key,
-                sequence=self._take_sequence(),
-                kind=StepKind.SLEEP,
-                name=name,
-                status=StepStatus.DISPATCHED,
-                wake_at=wake_at,
-            )
-            self._checkpoints[key] = cp
+        cp = self._checkpoint(key, StepKind.SLEEP, name) or self._new_wait(key, StepKind.SLEEP, name, due())
         if cp.status in SETTLED_STEP_STATUSES:
             return
         if cp.wake_at is None or cp.wake_at <= self.now:
