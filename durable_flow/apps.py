@@ -18,7 +18,13 @@ class DurableFlowConfig(AppConfig):
         from durable_flow import checks  # noqa: F401  (registers the system checks)
         from durable_flow.conf import get_settings
 
-        config = get_settings()
+        try:
+            config = get_settings()
+        except ImproperlyConfigured:
+            # Reported as durable_flow.E001 by the system checks, which Django runs before every
+            # management command (worker, poller, runserver, migrate) and `manage.py check`;
+            # the engine raises the same error again on first use.
+            return
         for module in config.workflows:
             try:
                 importlib.import_module(module)

@@ -102,11 +102,6 @@ def test_manage_py_check_with_malformed_settings_fails_naming_the_key(tmp_path: 
     assert 'DURABLE_FLOW["POLLER"]: INTERVAL_MS must be a positive number, got -5' in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DurableFlowConfig.ready() parses the setting and raises before the check framework runs, "
-    "so `manage.py check` shows a traceback, not durable_flow.E001 (apps.py: not this suite's to change)",
-)
 def test_manage_py_check_reports_malformed_settings_as_e001(tmp_path: Path) -> None:
     result = manage_check(tmp_path, '{"WORKFLOWS": ["tests.workflows"], "POLLER": {"INTERVAL_MS": -5}}')
     assert "durable_flow.E001" in result.stderr + result.stdout
