@@ -247,8 +247,15 @@ class Engine:
         run.finished_at = self.now()
         run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
         if run.parent_id:
+            # Lock the parent's row first, as a step result does: siblings finishing at once then
+            # take turns, and the last one sees every sibling settled and wakes the parent. (The
+            # checkpoint query's Meta-ordering join used to take this lock only by accident.)
+            list(WorkflowRun.objects.select_for_update().filter(pk=run.parent_id).values_list("pk", flat=True))
             parent_cp = (
-                StepCheckpoint.objects.select_for_update().filter(run_id=run.parent_id, key=run.parent_step_key).first()
+                StepCheckpoint.objects.select_for_update()
+                .filter(run_id=run.parent_id, key=run.parent_step_key)
+                .order_by("pk")
+                .first()
             )
             if parent_cp is not None:
                 self._record_child_outcome(parent_cp, run)

@@ -4,7 +4,10 @@ surfaces as `ChildFailed`."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connections, transaction
 
 from durable_flow import start
 from durable_flow.engine import Engine, set_engine
@@ -140,3 +143,53 @@ def test_a_failed_child_raises_child_failed_in_the_parent(manual: Engine, clock:
     assert parent.status == RunStatus.COMPLETED
     assert parent.output == {"child": f"{parent.id}:1", "status": RunStatus.FAILED}
     assert WorkflowRun.objects.get(pk=f"{parent.id}:1").status == RunStatus.FAILED
+
+
+def test_two_children_of_one_wave_finishing_at_once_wake_the_parent(manual: Engine) -> None:
+    """Child A's final turn has settled its parent checkpoint but not committed when child B's
+    final turn runs. B must not conclude from a stale read that A is still running, or neither
+    child wakes the parent and it waits forever (nothing else would wake it)."""
+    transport = transport_of(manual)
+    parent = start("tests.child_fan", {"n": 2})
+    children = [f"{parent.id}:1.0", f"{parent.id}:1.1"]
+    held: list[str] = []
+    while transport.turns or transport.steps:  # run both children up to (not through) their final turn
+        while transport.turns:
+            run_id = transport.turns.pop(0)
+            if StepCheckpoint.objects.filter(run_id=run_id, key="3", status=StepStatus.COMPLETED).exists():
+                held.append(run_id)
+            else:
+                manual.run_turn(run_id)
+        if transport.steps:
+            transport.execute(transport.steps.pop(0))
+    assert sorted(held) == children
+    a_settled, a_release, b_done = threading.Event(), threading.Event(), threading.Event()
+
+    def finish(run_id: str, hold: bool) -> None:
+        try:
+            with transaction.atomic():
+                manual.run_turn(run_id)
+                if hold:
+                    a_settled.set()
+                    a_release.wait(10)
+            if not hold:
+                b_done.set()
+        finally:
+            connections.close_all()
+
+    child_a = threading.Thread(target=finish, args=(children[0], True))
+    child_b = threading.Thread(target=finish, args=(children[1], False))
+    child_a.start()
+    try:
+        assert a_settled.wait(10)
+        child_b.start()
+        b_done.wait(0.5)  # B finishes now, or waits for A's locks (SQLite: for A's write lock)
+    finally:
+        a_release.set()
+        child_a.join(15)
+        child_b.join(15)
+    assert all(WorkflowRun.objects.get(pk=child).status == RunStatus.COMPLETED for child in children)
+    assert transport.turns == [parent.id], "no child woke the parent"
+    transport.run_all()
+    parent.refresh_from_db()
+    assert parent.status == RunStatus.COMPLETED and parent.output == [3, 5]
