@@ -1,0 +1,375 @@
+#!/usr/bin/env python
+"""Admission benchmark: decisions per second for every backend, Redis latency against the bare
+EVALSHA floor, and the lag between a slot freeing and the next admission with/without early wake.
+
+    .venv/bin/python bench/admission.py            # full run (~1 min)
+    .venv/bin/python bench/admission.py --quick    # smoke run (~20 s)
+    .venv/bin/python bench/admission.py --no-postgres
+
+It sets up Django itself (`settings.test`, DURABLE_FLOW_TEST_ID=bench): the `db` backend runs in
+child processes, one on a fresh SQLite file (var/test-bench.sqlite3) and one on its own
+PostgreSQL database `durable_flow_bench` (created and dropped here), both migrated first.
+Redis keys live under a unique `bench:adm:<hex>` prefix and are deleted at the end.
+
+Scenarios (each runs for a fixed time, so the whole bench stays short):
+- uncontended: admit + release pairs on a queue whose cap is never reached;
+- cap full:    10,000 waiters, every slot held; a decision for the waiter in the middle;
+- rank:        the same line with one slot free: the middle waiter is outranked (waiting_turn),
+               so the decision has to place it among 10,000 waiters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_DB = "durable_flow_bench"
+WAITERS = 10_000
+
+
+def setup_django(database_url: str | None) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"
+    os.environ["DURABLE_FLOW_TEST_ID"] = "bench"
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    if database_url:
+        os.environ["DATABASE_URL"] = database_url
+    else:
+        os.environ.pop("DATABASE_URL", None)
+        for suffix in ("", "-wal", "-shm"):
+            (ROOT / "var" / f"test-bench.sqlite3{suffix}").unlink(missing_ok=True)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+# -- measurement -------------------------------------------------------------------------------
+def timed_loop(seconds: float, body: Callable[[int], None], limit: int = 10**9) -> list[float]:
+    """Run `body(i)` until `seconds` pass; return each call's latency (s)."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    i = 0
+    while i < limit:
+        start = time.perf_counter()
+        body(i)
+        end = time.perf_counter()
+        latencies.append(end - start)
+        i += 1
+        if end > deadline:
+            break
+    return latencies
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "per_s": len(ordered) / sum(ordered),
+        "p50_us": ordered[len(ordered) // 2] * 1e6,
+        "p99_us": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6,
+        "n": len(ordered),
+    }
+
+
+def measure_backend(backend: Any, seconds: float, fill: Callable[[Any, str, int], None] | None = None) -> dict:
+    from durable_flow.admission.base import AdmissionRequest
+    from durable_flow.queues import QueueConfig
+
+    tag = uuid.uuid4().hex[:8]
+    results: dict[str, Any] = {}
+
+    queue = f"bench-u-{tag}"
+    backend.register(QueueConfig(name=queue, concurrency=10**9))
+
+    def pair(i: int) -> None:
+        assert backend.try_admit(AdmissionRequest(queue, f"u{i}/1")).admitted
+        backend.release(queue, f"u{i}/1")
+
+    results["uncontended"] = summary(timed_loop(seconds, pair))
+
+    queue = f"bench-c-{tag}"
+    backend.register(QueueConfig(name=queue, concurrency=5))
+    for i in range(5):
+        assert backend.try_admit(AdmissionRequest(queue, f"h{i}/1")).admitted
+    started = time.perf_counter()
+    if fill is not None:
+        fill(backend, queue, WAITERS)
+    else:
+        for i in range(WAITERS):
+            assert not backend.try_admit(AdmissionRequest(queue, f"w{i}/1")).admitted
+    results["fill_s"] = time.perf_counter() - started
+    middle = AdmissionRequest(queue, f"w{WAITERS // 2}/1")
+
+    def full(_: int) -> None:
+        assert backend.try_admit(middle).reason == "concurrency"
+
+    results["cap_full"] = summary(timed_loop(seconds, full))
+    backend.release(queue, "h0/1")
+
+    def rank(_: int) -> None:
+        assert backend.try_admit(middle).reason == "waiting_turn"
+
+    results["rank"] = summary(timed_loop(seconds, rank))
+    return results
+
+
+# -- db, in a child process per database -------------------------------------------------------
+def db_fill(backend: Any, queue: str, count: int) -> None:
+    """Bulk-insert the line (10,000 decisions one by one would dominate the bench)."""
+    from durable_flow.models import AdmissionWaiter, FlowQueue
+
+    now = int(backend.clock())
+    AdmissionWaiter.objects.bulk_create(
+        AdmissionWaiter(queue=queue, ticket=f"w{i}/1", fairness_key=f"w{i}", arrival=i, seen_ms=now)
+        for i in range(count)
+    )
+    FlowQueue.objects.filter(name=queue).update(next_arrival=count)
+
+
+def run_db_child(seconds: float) -> None:
+    from durable_flow.admission.db import DatabaseAdmissionBackend
+
+    print(json.dumps(measure_backend(DatabaseAdmissionBackend(), seconds, fill=db_fill)))
+
+
+def db_in_child(database_url: str | None, seconds: float) -> dict | str:
+    args = [sys.executable, __file__, "--child-db", "--seconds", str(seconds)]
+    if database_url:
+        args += ["--database-url", database_url]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def postgres(action: str) -> str | None:
+    """Create (fresh) or drop the bench database; the error when PostgreSQL is unreachable."""
+    import psycopg
+
+    try:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+            if action == "create":
+                conn.execute(f"CREATE DATABASE {PG_DB}")
+    except psycopg.Error as exc:  # report, and carry on with the other backends
+        return str(exc).splitlines()[0]
+    return None
+
+
+# -- redis ---------------------------------------------------------------------------------------
+def redis_figures(seconds: float, wake_ms: int, wake_samples: int) -> dict:
+    import redis
+
+    from durable_flow.admission.base import AdmissionRequest
+    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.queues import QueueConfig
+
+    prefix = f"bench:adm:{uuid.uuid4().hex[:12]}"
+    client = redis.Redis.from_url(REDIS_URL)
+    backends: list[RedisAdmissionBackend] = []
+
+    def make() -> RedisAdmissionBackend:
+        backend = RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix)
+        backends.append(backend)
+        return backend
+
+    out: dict[str, Any] = {}
+    try:
+        backend = make()
+        before = client.info("commandstats").get("cmdstat_evalsha", {})
+        out["redis"] = measure_backend(backend, seconds)
+        after = client.info("commandstats").get("cmdstat_evalsha", {})
+        calls = after.get("calls", 0) - before.get("calls", 0)
+        out["server_us"] = (after.get("usec", 0) - before.get("usec", 0)) / calls if calls else float("nan")
+        # fairness="key": 100 tenants, five of them already served (their waiters are grouped).
+        queue = "bench-fair"
+        backend.register(QueueConfig(name=queue, concurrency=5, fairness="key"))
+        for i in range(5):
+            assert backend.try_admit(AdmissionRequest(queue, f"h{i}/1", fairness_key=f"k{i}")).admitted
+        for i in range(WAITERS):
+            backend.try_admit(AdmissionRequest(queue, f"w{i}/1", fairness_key=f"k{i % 100}"))
+        backend.release(queue, "h0/1")
+        middle = AdmissionRequest(queue, f"w{WAITERS // 2}/1", fairness_key=f"k{(WAITERS // 2) % 100}")
+        out["redis_key_rank"] = summary(
+            timed_loop(seconds, lambda _: backend.try_admit(middle).reason == "waiting_turn" or sys.exit("admitted"))
+        )
+        trivial = client.register_script("return 1")
+        out["evalsha"] = summary(timed_loop(seconds, lambda _: trivial(keys=[], args=[])))
+        out["wake"] = {
+            "with": wake_lag(make, wake_ms, wake_samples * 2, early=True),
+            "without": wake_lag(make, wake_ms, wake_samples, early=False),
+        }
+    finally:
+        for backend in backends:
+            backend.close()
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    return out
+
+
+def wake_lag(make: Callable[[], Any], retry_ms: int, samples: int, early: bool) -> dict[str, float]:
+    """Slot frees -> next admission, for a parked waiter on another backend instance that retries
+    at each `retry_ms` tick, and (with `early`) also when `on_freed` announces the queue."""
+    from durable_flow.admission.base import AdmissionRequest
+    from durable_flow.queues import QueueConfig
+
+    holder, waiter = make(), make()
+    queue = f"bench-wake-{uuid.uuid4().hex[:6]}"
+    holder.register(QueueConfig(name=queue, concurrency=1, retry_ms=retry_ms))
+    woken = threading.Event()
+    if early:
+        waiter.on_freed(lambda q: woken.set() if q == queue else None)
+    lags: list[float] = []
+    rng = random.Random(7)
+    for i in range(samples):
+        assert holder.try_admit(AdmissionRequest(queue, f"h{i}/1")).admitted
+        admitted_at: list[float] = []
+        parked = threading.Event()
+
+        def park(
+            ticket: str = f"w{i}/1", admitted_at: list[float] = admitted_at, parked: threading.Event = parked
+        ) -> None:
+            while True:
+                woken.clear()
+                decision = waiter.try_admit(AdmissionRequest(queue, ticket))
+                if decision.admitted:
+                    admitted_at.append(time.perf_counter())
+                    return
+                parked.set()
+                woken.wait(retry_ms / 1000)  # the poller's tick: retry_at = now + retry_ms
+
+        thread = threading.Thread(target=park)
+        thread.start()
+        parked.wait()
+        time.sleep(rng.uniform(0.01, retry_ms / 1000))  # release at a random phase of the tick
+        freed = time.perf_counter()
+        holder.release(queue, f"h{i}/1")
+        thread.join()
+        lags.append((admitted_at[0] - freed) * 1000)
+        waiter.release(queue, f"w{i}/1")
+    return {"max_ms": max(lags), "mean_ms": statistics.mean(lags), "n": len(lags), "retry_ms": retry_ms}
+
+
+# -- report ------------------------------------------------------------------------------------
+def fmt_rate(entry: dict | None) -> str:
+    return f"{entry['per_s']:>10,.0f}" if entry else f"{'-':>10}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter loops and fewer wake samples")
+    parser.add_argument("--seconds", type=float, default=None, help="duration of each timed loop")
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--child-db", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    seconds = args.seconds or (0.4 if args.quick else 1.5)
+
+    if args.child_db:
+        setup_django(args.database_url)
+        run_db_child(seconds)
+        return
+
+    setup_django(None)
+    from durable_flow.admission.local import LocalAdmissionBackend
+
+    started = time.perf_counter()
+    rows: dict[str, Any] = {"local": measure_backend(LocalAdmissionBackend(), seconds)}
+    rows["db (SQLite)"] = db_in_child(None, seconds)
+    if args.no_postgres:
+        rows["db (PostgreSQL)"] = "skipped (--no-postgres)"
+    else:
+        error = postgres("create")
+        if error:
+            rows["db (PostgreSQL)"] = f"unavailable: {error}"
+        else:
+            try:
+                url = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
+                rows["db (PostgreSQL)"] = db_in_child(url, seconds)
+            finally:
+                postgres("drop")
+    wake_ms, wake_samples = (250, 4) if args.quick else (1000, 6)
+    redis_out = redis_figures(seconds, wake_ms, wake_samples)
+    rows["redis"] = redis_out["redis"]
+
+    print(f"\nAdmission decisions per second ({WAITERS:,} waiters in the contended line; {seconds:g} s per loop)\n")
+    header = f"{'backend':<18}{'uncontended':>12}{'cap full':>11}{'rank':>11}   {'p50/p99 µs (uncont. / rank)':<30}"
+    print(header + "\n" + "-" * len(header))
+    for name, row in rows.items():
+        if isinstance(row, str):
+            print(f"{name:<18}  {row}")
+            continue
+        lat = (
+            f"{row['uncontended']['p50_us']:.0f}/{row['uncontended']['p99_us']:.0f}"
+            f"  /  {row['rank']['p50_us']:.0f}/{row['rank']['p99_us']:.0f}"
+        )
+        print(
+            f"{name:<18}{fmt_rate(row['uncontended']):>12}{fmt_rate(row['cap_full']):>11}"
+            f"{fmt_rate(row['rank']):>11}   {lat}"
+        )
+    key_rank = redis_out["redis_key_rank"]
+    print(
+        f"{'redis fairness=key':<18}{'':>12}{'':>11}{fmt_rate(key_rank):>11}"
+        f"   rank p50/p99 {key_rank['p50_us']:.0f}/{key_rank['p99_us']:.0f}"
+    )
+    print("\nuncontended = admit+release pairs/s (two script calls per pair on redis); cap full / rank =")
+    print("decisions/s for the middle waiter, blocked by 'concurrency' / outranked ('waiting_turn').")
+
+    floor = redis_out["evalsha"]
+    r = rows["redis"]
+    print("\nRedis against the physical limit (bare EVALSHA 'return 1', same server, same run):")
+    print(
+        f"  EVALSHA return 1      {floor['per_s']:>10,.0f}/s"
+        f"   p50 {floor['p50_us']:.0f} µs   p99 {floor['p99_us']:.0f} µs"
+    )
+    for label, key in (("cap full decision", "cap_full"), ("rank decision", "rank")):
+        e = r[key]
+        ratio = e["per_s"] / floor["per_s"]
+        print(
+            f"  {label:<21} {e['per_s']:>10,.0f}/s   p50 {e['p50_us']:.0f} µs   p99 {e['p99_us']:.0f} µs"
+            f"   = {ratio:.0%} of the floor"
+        )
+    pair = r["uncontended"]
+    print(
+        f"  admit+release pair    {pair['per_s']:>10,.0f}/s   p50 {pair['p50_us']:.0f} µs   p99 {pair['p99_us']:.0f} µs"
+        f"   = {2 * pair['per_s'] / floor['per_s']:.0%} of the floor (2 calls)"
+    )
+
+    print(
+        f"  server-side script time {redis_out['server_us']:.0f} µs/call (INFO commandstats over the redis loops;"
+        " approximate: other clients' EVALSHAs count too)"
+    )
+
+    wake = redis_out["wake"]
+    print(f"\nSlot freed -> next admission (redis, another backend instance, retry_ms={wake_ms}):")
+    for label, key in (("with early wake (on_freed)", "with"), ("retry tick only", "without")):
+        w = wake[key]
+        print(f"  {label:<28} worst {w['max_ms']:>7.1f} ms   mean {w['mean_ms']:>7.1f} ms   ({w['n']} samples)")
+    print(
+        f"\n(fill of {WAITERS:,} waiters: "
+        + ", ".join(f"{name} {row['fill_s']:.1f} s" for name, row in rows.items() if isinstance(row, dict))
+        + "; db rows are bulk-inserted)"
+    )
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
