@@ -22,6 +22,7 @@ demo: venv
 ## Lint, then the whole suite on SQLite and on PostgreSQL (Redis and PostgreSQL are started if down).
 test: venv
 	bash .ci/ensure-services
+	bash .ci/ensure-browser
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
 	$(VENV)/bin/pytest -q

@@ -91,11 +91,12 @@ def database_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class ManagedProcess:
     """A `manage.py` subprocess that is always reaped."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, *, module: str | None = None) -> None:
         self.log_path = log
         self._log = open(log, "wb")
+        program = ["-m", module] if module else [str(ROOT / "manage.py")]
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args],
+            [sys.executable, *program, *args],
             cwd=ROOT,
             env=env,
             stdout=self._log,
@@ -128,12 +129,13 @@ class ManagedProcess:
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
-    """Start `manage.py <args>` in a child process on the test database; all are killed at the end."""
+    """Start `manage.py <args>` (or `python -m <module> <args>`) in a child process on the test
+    database; all are killed at the end."""
     started: list[ManagedProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> ManagedProcess:
-        log = tmp_path / f"proc-{len(started)}-{args[0]}.log"
-        process = ManagedProcess(list(args), database_env(env), log)
+    def start(*args: str, env: dict[str, str] | None = None, module: str | None = None) -> ManagedProcess:
+        log = tmp_path / f"proc-{len(started)}-{module or args[0]}.log"
+        process = ManagedProcess(list(args), database_env(env), log, module=module)
         started.append(process)
         return process
 
