@@ -32,6 +32,7 @@ class CheckpointInline(admin.TabularInline):
         "attempt",
         "queue",
         "dispatched_at",
+        "wake_at",
         "finished_at",
         "output",
         "error",

@@ -113,8 +113,12 @@ def test_queue_backlog_updates_live_without_a_reload(
     assert WorkflowRun.objects.get(pk=holder.id).status == RunStatus.RUNNING
 
 
-def test_cancel_from_the_admin_cancels_the_run(engine_db: Engine, server: str, page: Any) -> None:
-    run = start("tests.sleeper", 3600)
+def test_cancel_from_the_admin_cancels_the_run(
+    engine_db: Engine, server: str, page: Any, spawn: Callable[..., ManagedProcess]
+) -> None:
+    spawn("durable_worker", env={"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"})
+    run = start("tests.three_then_sleep", 3)
+    wait_for(lambda: WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED, what="the run to sleep")
     page.goto(f"{server}/admin/durable_flow/workflowrun/{run.id}/change/")
     page.screenshot(path=str(SCREENSHOTS / "admin-run-detail.png"), full_page=True)
     page.click("#cancel-run")

@@ -250,3 +250,12 @@ def step_then_sleep(ctx: Any, seconds: float) -> Any:
     first = ctx.step(gate, "before-sleep")
     ctx.sleep(timedelta(seconds=seconds))
     return first
+
+
+@workflow("tests.three_then_sleep")
+def three_then_sleep(ctx: Any, n: int) -> int:
+    """A few steps, then a long sleep: a run with a timeline to look at and to cancel."""
+    total = ctx.step(add_one, n)
+    total = ctx.step(double, total)
+    ctx.sleep(timedelta(hours=1))
+    return ctx.step(add_one, total)
