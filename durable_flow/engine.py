@@ -9,6 +9,7 @@ task whose checkpoint was rolled back.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -52,6 +53,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)
+MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
 
 
 def retry_on_conflict(fn: Callable[P, R]) -> Callable[P, R]:
@@ -171,6 +173,9 @@ class Engine:
         """Create a child run (inside the parent's turn) and the parent's checkpoint for it."""
         ensure_json(input, f"input of child workflow {definition.name!r}", self.settings.max_payload_bytes)
         child_id = f"{parent.id}:{key}"
+        if len(child_id) > MAX_RUN_ID:
+            # Deep or long ids: stay deterministic (a replay must find the same child) and short.
+            child_id = f"{hashlib.sha256(parent.id.encode()).hexdigest()[:40]}:{key}"
         child, created = WorkflowRun.objects.get_or_create(
             pk=child_id,
             defaults={
@@ -246,6 +251,10 @@ class Engine:
         run.wake_at = None
         run.finished_at = self.now()
         run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
+        # A run that ends (say, failing on one child of a fan) takes its unfinished children
+        # with it, rather than leave them running for nobody.
+        for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
+            self.cancel(child_id)
         if run.parent_id:
             # Lock the parent's row first, as a step result does: siblings finishing at once then
             # take turns, and the last one sees every sibling settled and wakes the parent. (The
@@ -530,18 +539,21 @@ class Engine:
                 self.wake(run)
 
     @retry_on_conflict
-    def redispatch_pending(self, run_id: str, older_than_s: float = 0.0) -> int:
-        """Re-send the run's in-flight steps (for jobs a broker lost). Each gets a new attempt
-        and keeps its slot; whichever attempt answers first wins."""
+    def redispatch_pending(self, run_id: str, older_than_s: float = 0.0, keys: Iterable[str] | None = None) -> int:
+        """Re-send the run's in-flight steps (for jobs a broker lost), or only those named by
+        `keys`. Each gets a new attempt and keeps its slot; whichever attempt answers first wins."""
         with transaction.atomic():
             run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
             if run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             cutoff = self.now() - timezone.timedelta(seconds=older_than_s)
             count = 0
-            for cp in run.checkpoints.filter(
+            in_flight = run.checkpoints.filter(
                 kind=StepKind.STEP, status=StepStatus.DISPATCHED, dispatched_at__lte=cutoff
-            ).select_for_update():
+            )
+            if keys is not None:
+                in_flight = in_flight.filter(key__in=list(keys))
+            for cp in in_flight.select_for_update():
                 self.dispatch(cp, timeout_redispatch=True)
                 count += 1
             if run.status == RunStatus.PENDING:

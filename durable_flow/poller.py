@@ -76,16 +76,25 @@ class TimerPoller:
         lost = (
             StepCheckpoint.objects.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
             .filter(Q(worker__in=dead_workers.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
-            .values_list("run_id", flat=True)
-            .distinct()
+            .values_list("run_id", "key")
         )
         reclaim = getattr(self.engine.transport, "reclaim_from", None)
         if reclaim is not None:
             # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
             reclaim(list(dead_workers.values_list("worker_id", flat=True)))
+        lost_by_run: dict[str, list[str]] = {}
+        for run_id, key in lost[: self.batch_size]:
+            lost_by_run.setdefault(run_id, []).append(key)
         redriven = 0
-        for run_id in list(lost[: self.batch_size]):
-            redriven += self.engine.redispatch_pending(run_id)
+        for run_id, keys in lost_by_run.items():
+            redriven += self.engine.redispatch_pending(run_id, keys=keys)
+        # A cancelled run waits for its executing steps' results; one past its deadline will not
+        # be re-dispatched for a cancelled run, so it is settled as cancelled here instead.
+        overdue = StepCheckpoint.objects.filter(
+            run__status=RunStatus.CANCELLING, kind=StepKind.STEP, status=StepStatus.DISPATCHED, wake_at__lt=now
+        ).values_list("run_id", "key", "attempt")
+        for run_id, key, attempt in list(overdue[: self.batch_size]):
+            self.engine.record_result(run_id, key, attempt, cancelled=True)
         stale_turns = WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after)
         for run_id in list(stale_turns.values_list("id", flat=True)[: self.batch_size]):
             self.engine.transport.enqueue_turn(run_id)

@@ -259,3 +259,20 @@ def three_then_sleep(ctx: Any, n: int) -> int:
     total = ctx.step(double, total)
     ctx.sleep(timedelta(hours=1))
     return ctx.step(add_one, total)
+
+
+@step("tests.maybe_fail")
+def maybe_fail(n: int) -> int:
+    if n < 0:
+        raise ValueError("negative")
+    return n
+
+
+@workflow("tests.child_of_fan")
+def child_of_fan(ctx: Any, n: int) -> int:
+    return ctx.step(maybe_fail, n)
+
+
+@workflow("tests.child_fan_one_fails")
+def child_fan_one_fails(ctx: Any, payload: dict[str, Any]) -> list[int]:
+    return ctx.all(child_of_fan, [-1] + list(range(1, payload["n"])), concurrency=payload.get("concurrency"))
