@@ -43,7 +43,7 @@ def test_upkeep_redispatches_only_the_dead_workers_steps(
 ) -> None:
     engine, transport = held
     run = start("tests.fan", {"n": 2})
-    (run_id, key_a, attempt_a, _), (_, key_b, attempt_b, _) = list(transport.held)
+    (_, key_a, attempt_a, _), (_, key_b, attempt_b, _) = list(transport.held)
     now = clock()
     WorkerHeartbeat.objects.create(
         worker_id="dead", host="h", pid=1, transport="db", started_at=now, last_seen=now - timedelta(hours=1)

@@ -275,4 +275,4 @@ def child_of_fan(ctx: Any, n: int) -> int:
 
 @workflow("tests.child_fan_one_fails")
 def child_fan_one_fails(ctx: Any, payload: dict[str, Any]) -> list[int]:
-    return ctx.all(child_of_fan, [-1] + list(range(1, payload["n"])), concurrency=payload.get("concurrency"))
+    return ctx.all(child_of_fan, [-1, *range(1, payload["n"])], concurrency=payload.get("concurrency"))
