@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""Transport throughput: raw RQ vs durable_flow over RQ vs durable_flow over the db transport.
+
+    .venv/bin/python bench/transport.py            # ~3 minutes
+    .venv/bin/python bench/transport.py --quick    # ~1 minute
+
+For 1, 2 and 4 worker processes:
+
+* raw RQ: N no-op jobs (`os.getpid`) are enqueued, then P `rq worker -w rq.worker.SimpleWorker`
+  processes (non-forking) drain them; jobs finished per second.
+* durable_flow/rq: N one-step workflows (`tests.slow_one` with a 0 s sleep: a turn, the step,
+  the final turn) are started, then P `durable_worker` processes (`--concurrency C`) run them
+  until all complete; workflows completed per second, and their ratio to raw RQ.
+* durable_flow/db: the same on the `db` transport.
+
+Throughput is measured between the 10 % and the 90 % completion marks, so process start-up
+(Django import, Redis/DB connections) and the tail do not count, for every contender alike.
+Everything runs on its own PostgreSQL database (created and dropped here) and the Redis
+database of `--redis-url` (its `rq:*` keys are cleared; default db 14).
+
+One durable step costs three RQ jobs (turn, step, turn) and about a dozen SQL statements in
+four transactions, against one job and no SQL for raw RQ: the ratio is per *workflow*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+PG_DATABASE = "durable_flow_bench_transport"
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+RQ_CLI = str(ROOT / ".venv" / "bin" / "rq")
+SIMPLE_WORKER = "rq.worker.SimpleWorker"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer jobs and runs")
+    parser.add_argument("--processes", default="1,2,4", help="worker process counts")
+    parser.add_argument("--concurrency", type=int, default=8, help="durable_worker threads per process")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
+    return parser.parse_args()
+
+
+def pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def setup_django(redis_url: str) -> None:
+    os.environ.update(
+        {
+            "DURABLE_FLOW_TEST_ID": "bench-transport",
+            "DJANGO_SETTINGS_MODULE": "settings.test",
+            "DATABASE_URL": f"{PG_SERVER}/{PG_DATABASE}",
+            "REDIS_URL": redis_url,
+            "DURABLE_FLOW_LOG": "WARNING",
+        }
+    )
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+    pg_admin(f"CREATE DATABASE {PG_DATABASE}")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def steady_rate(count: Callable[[], int], total: int, procs: list[subprocess.Popen[bytes]], timeout: float) -> float:
+    """Items per second between the 10 % and 90 % completion marks."""
+    low, high = max(1, total // 10), total - total // 10
+    t_low = t_high = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = count()
+        now = time.monotonic()
+        if t_low is None and done >= low:
+            t_low = now
+        if done >= high:
+            t_high = now
+            break
+        if any(proc.poll() not in (None, 0) for proc in procs):
+            raise RuntimeError("a worker process died")
+        time.sleep(0.01)
+    if t_low is None or t_high is None:
+        raise RuntimeError(f"timed out: {count()} of {total} done")
+    return (high - low) / max(1e-6, t_high - t_low)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def clear_redis() -> None:
+    import django_rq
+
+    connection = django_rq.get_connection("durable")
+    keys = list(connection.scan_iter("rq:*", count=1000))
+    if keys:
+        connection.delete(*keys)
+
+
+def raw_rq(jobs: int, processes: int, redis_url: str) -> float:
+    import django_rq
+    from rq import Queue
+    from rq.registry import FinishedJobRegistry
+
+    clear_redis()
+    queue = Queue("bench-raw", connection=django_rq.get_connection("durable"))
+    batch = 500
+    for offset in range(0, jobs, batch):
+        datas = [Queue.prepare_data("os.getpid", result_ttl=600) for _ in range(min(batch, jobs - offset))]
+        queue.enqueue_many(datas)
+    procs = [
+        subprocess.Popen(
+            [RQ_CLI, "worker", "--burst", "-w", SIMPLE_WORKER, "-u", redis_url, "-l", "WARNING", "bench-raw"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        registry = FinishedJobRegistry(queue=queue)
+        return steady_rate(lambda: registry.count, jobs, procs, timeout=300)
+    finally:
+        stop(procs)
+
+
+def durable(transport: str, runs: int, processes: int, concurrency: int) -> float:
+    from django.db import connection
+
+    from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.conf import get_settings
+    from durable_flow.engine import Engine, set_engine
+    from durable_flow.models import RunStatus, Task, WorkerHeartbeat, WorkflowRun
+    from durable_flow.transports.db import DatabaseTransport
+    from durable_flow.transports.rq import RQTransport
+
+    clear_redis()
+    with connection.cursor() as cursor:
+        for model in (Task, WorkerHeartbeat, WorkflowRun):
+            cursor.execute(f"TRUNCATE {model._meta.db_table} CASCADE")
+    backend = RQTransport(queue="durable") if transport == "rq" else DatabaseTransport()
+    engine = Engine(admission=LocalAdmissionBackend(), transport=backend, settings=get_settings())
+    set_engine(engine)
+    for i in range(runs):
+        engine.start("tests.slow_one", {"id": i, "seconds": 0})
+    env = {**os.environ, "DURABLE_FLOW_TRANSPORT": transport, "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(
+            [PYTHON, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
+    try:
+        return steady_rate(completed.count, runs, procs, timeout=300)
+    finally:
+        stop(procs)
+
+
+def main() -> None:
+    args = parse_args()
+    setup_django(args.redis_url)
+    jobs, runs = (1500, 400) if args.quick else (4000, 1200)
+    print(f"raw RQ: {jobs} no-op jobs, SimpleWorker; durable_flow: {runs} one-step workflows, ", end="")
+    print(f"durable_worker --concurrency {args.concurrency}; PostgreSQL; {os.cpu_count()} CPUs")
+    print(f"{'procs':>5} {'raw RQ jobs/s':>14} {'rq wf/s':>8} {'ratio':>6} {'db wf/s':>8} {'ratio':>6}")
+    try:
+        for processes in [int(p) for p in args.processes.split(",")]:
+            raw = raw_rq(jobs, processes, args.redis_url)
+            over_rq = durable("rq", runs, processes, args.concurrency)
+            over_db = durable("db", runs, processes, args.concurrency)
+            row = f"{processes:>5} {raw:>14.0f} {over_rq:>8.0f} {over_rq / raw:>6.2f}"
+            print(f"{row} {over_db:>8.0f} {over_db / raw:>6.2f}", flush=True)
+    finally:
+        clear_redis()
+        from django.db import connections
+
+        connections.close_all()
+        pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
+
+
+if __name__ == "__main__":
+    main()
