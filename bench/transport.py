@@ -39,7 +39,7 @@ PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = "durable_flow_bench_transport"
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 RQ_CLI = str(ROOT / ".venv" / "bin" / "rq")
-SIMPLE_WORKER = "rq.worker.SimpleWorker"
+RQ_WORKER = [RQ_CLI, "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--logging_level", "WARNING"]
 
 
 def parse_args() -> argparse.Namespace:
@@ -133,7 +133,7 @@ def raw_rq(jobs: int, processes: int, redis_url: str) -> float:
         queue.enqueue_many(datas)
     procs = [
         subprocess.Popen(
-            [RQ_CLI, "worker", "--burst", "-w", SIMPLE_WORKER, "-u", redis_url, "-l", "WARNING", "bench-raw"],
+            [*RQ_WORKER, "-u", redis_url, "bench-raw"],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
