@@ -103,63 +103,64 @@ class DatabaseAdmissionBackend:
             AdmissionWaiter.objects.filter(queue=queue, seen_ms__lt=now - self.waiter_ttl_ms).exclude(
                 ticket=request.ticket
             ).delete()
-            waiter = self._upsert_waiter(row, request, now)
+            # The caller as a waiter: its stored row (keeping its place in line), or a new one
+            # that is written only if it must wait, so an uncontended admission writes no waiter.
+            waiter = self._waiter_for(row, config, request, now)
+            blocked = self._blocked(config, waiter, now)
+            if blocked is not None:
+                if waiter.pk is None:
+                    FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
+                waiter.save()
+                return blocked
 
-            rate = config.rate_limit
-            marks: list[int] = []
-            if rate is not None:
-                AdmissionMark.objects.filter(queue=queue, at_ms__lt=oldest_mark_needed(rate, now)).delete()
-                marks = list(
-                    AdmissionMark.objects.filter(queue=queue).order_by("at_ms").values_list("at_ms", flat=True)
-                )
-                retry_at = window_retry_at(rate, marks, now)
-                if retry_at is not None:
-                    return AdmissionDecision.block(retry_at, "rate_limited")
-
-            room: int | None = None
-            if config.concurrency is not None:
-                room = config.concurrency - AdmissionSlot.objects.filter(queue=queue).count()
-                if room <= 0:
-                    return AdmissionDecision.block(now + config.retry_ms, "concurrency")
-            if rate is not None:
-                window = window_room(rate, marks, now)
-                room = window if room is None else min(room, window)
-            if room is not None and self._outranked(config, waiter, room) >= room:
-                return AdmissionDecision.block(now + config.retry_ms, "waiting_turn")
-
-            waiter.delete()
+            if waiter.pk is not None:
+                waiter.delete()
             AdmissionSlot.objects.create(queue=queue, ticket=request.ticket, acquired_ms=now)
-            if rate is not None:
+            if config.rate_limit is not None:
                 AdmissionMark.objects.create(queue=queue, at_ms=now)
-            serve = row.next_serve
-            FlowQueue.objects.filter(name=queue).update(next_serve=serve + 1)
-            AdmissionKeyServed.objects.update_or_create(
-                queue=queue, fairness_key=waiter.fairness_key, defaults={"served": serve}
-            )
-            AdmissionWaiter.objects.filter(queue=queue, fairness_key=waiter.fairness_key).update(key_served=serve)
+            if config.fairness == "key":
+                serve = row.next_serve
+                FlowQueue.objects.filter(name=queue).update(next_serve=serve + 1)
+                AdmissionKeyServed.objects.update_or_create(
+                    queue=queue, fairness_key=waiter.fairness_key, defaults={"served": serve}
+                )
+                AdmissionWaiter.objects.filter(queue=queue, fairness_key=waiter.fairness_key).update(key_served=serve)
             return AdmissionDecision.admit()
 
-    def _upsert_waiter(self, row: FlowQueue, request: AdmissionRequest, now: int) -> AdmissionWaiter:
+    def _blocked(self, config: QueueConfig, waiter: AdmissionWaiter, now: int) -> AdmissionDecision | None:
+        """The rules of `policy.decide`, in SQL: None if `waiter` may be admitted now."""
+        rate = config.rate_limit
+        marks: list[int] = []
+        if rate is not None:
+            AdmissionMark.objects.filter(queue=config.name, at_ms__lt=oldest_mark_needed(rate, now)).delete()
+            marks = list(
+                AdmissionMark.objects.filter(queue=config.name).order_by("at_ms").values_list("at_ms", flat=True)
+            )
+            retry_at = window_retry_at(rate, marks, now)
+            if retry_at is not None:
+                return AdmissionDecision.block(retry_at, "rate_limited")
+        room: int | None = None
+        if config.concurrency is not None:
+            room = config.concurrency - AdmissionSlot.objects.filter(queue=config.name).count()
+            if room <= 0:
+                return AdmissionDecision.block(now + config.retry_ms, "concurrency")
+        if rate is not None:
+            window = window_room(rate, marks, now)
+            room = window if room is None else min(room, window)
+        if room is not None and self._outranked(config, waiter, room) >= room:
+            return AdmissionDecision.block(now + config.retry_ms, "waiting_turn")
+        return None
+
+    def _waiter_for(self, row: FlowQueue, config: QueueConfig, request: AdmissionRequest, now: int) -> AdmissionWaiter:
         waiter = AdmissionWaiter.objects.filter(queue=row.name, ticket=request.ticket).first()
-        if waiter is not None:
-            changed = (waiter.priority, waiter.fairness_key) != (request.priority, request.key)
-            waiter.priority, waiter.seen_ms = request.priority, now
-            if changed:
-                waiter.fairness_key = request.key
-                waiter.key_served = self._key_served(row.name, request.key)
-            waiter.save(update_fields=["priority", "fairness_key", "key_served", "seen_ms"])
+        if waiter is None:
+            waiter = AdmissionWaiter(queue=row.name, ticket=request.ticket, arrival=row.next_arrival)
+        elif (waiter.priority, waiter.fairness_key) == (request.priority, request.key):
+            waiter.seen_ms = now
             return waiter
-        arrival = row.next_arrival
-        FlowQueue.objects.filter(name=row.name).update(next_arrival=arrival + 1)
-        return AdmissionWaiter.objects.create(
-            queue=row.name,
-            ticket=request.ticket,
-            priority=request.priority,
-            fairness_key=request.key,
-            key_served=self._key_served(row.name, request.key),
-            arrival=arrival,
-            seen_ms=now,
-        )
+        waiter.priority, waiter.fairness_key, waiter.seen_ms = request.priority, request.key, now
+        waiter.key_served = self._key_served(row.name, request.key) if config.fairness == "key" else NEVER_SERVED
+        return waiter
 
     @staticmethod
     def _key_served(queue: str, key: str) -> int:

@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest
 from durable_flow.queues import QueueConfig, RateLimit
@@ -107,10 +108,13 @@ class AdmissionBackendContract:
         lock = threading.Lock()
 
         def caller(i: int) -> None:
-            for attempt in range(5):
-                if self.ask(backend, name, f"t{i}/{attempt}").admitted:
-                    with lock:
-                        admitted.append(f"t{i}/{attempt}")
+            try:
+                for attempt in range(5):
+                    if self.ask(backend, name, f"t{i}/{attempt}").admitted:
+                        with lock:
+                            admitted.append(f"t{i}/{attempt}")
+            finally:
+                connections.close_all()  # a database-backed backend opened one per thread
 
         threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
         for thread in threads:
