@@ -379,6 +379,12 @@ class Engine:
         if cp.run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or cp.run.is_terminal:
             self.record_result(run_id, key, attempt, cancelled=True)
             return "skipped"
+        adopt = getattr(self.admission, "adopt", None)
+        if cp.holds_slot and cp.queue and adopt is not None and not adopt(cp.queue, cp.ticket):
+            # The slot went with a dead process and may be someone else's now: running anyway
+            # would exceed the cap, so the step goes back through admission.
+            self.readmit(run_id, key, attempt)
+            return "skipped"
         if worker_id:
             StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
         try:
@@ -390,6 +396,19 @@ class Engine:
             return "failed"
         self.record_result(run_id, key, attempt, output=output)
         return "completed"
+
+    @retry_on_conflict
+    def readmit(self, run_id: str, key: str, attempt: int) -> None:
+        """Send a dispatched attempt whose slot was lost back to admission (a new attempt follows)."""
+        with transaction.atomic():
+            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            cp = StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key).first()
+            if run is None or cp is None or cp.status != StepStatus.DISPATCHED or cp.attempt != attempt:
+                return
+            cp.status, cp.holds_slot, cp.wake_at = StepStatus.WAITING, False, None
+            cp.max_attempts += 1  # the lost attempt never ran; it does not use up a retry
+            cp.save(update_fields=["status", "holds_slot", "wake_at", "max_attempts"])
+            self.wake(run)
 
     @retry_on_conflict
     def record_result(

@@ -25,10 +25,16 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 RQ_QUEUES = {"default": {"URL": REDIS_URL}, "durable": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600}}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+ADMISSION_BACKEND = os.environ.get("DURABLE_FLOW_ADMISSION", "local")
+ADMISSION: dict[str, object] = {"BACKEND": ADMISSION_BACKEND}
+if ADMISSION_BACKEND == "redis":
+    # A short instance TTL so tests that SIGKILL a process see its slots come back quickly.
+    ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
+
 DURABLE_FLOW = {
     "WORKFLOWS": ["tests.workflows"],
     "QUEUES": [],
-    "ADMISSION": {"BACKEND": os.environ.get("DURABLE_FLOW_ADMISSION", "local")},
+    "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
     "POLLER": {"INTERVAL_MS": 100},

@@ -27,7 +27,9 @@ from tests.conftest import ROOT, ManagedProcess, wait_for
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements.txt")
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Screenshots go to var/screenshots (ignored); DURABLE_FLOW_SCREENSHOTS=docs/screenshots refreshes
+# the ones the README shows.
+SCREENSHOTS = ROOT / os.environ.get("DURABLE_FLOW_SCREENSHOTS", "var/screenshots")
 # Playwright's sync API keeps an event loop in this thread; the ORM calls between page
 # actions are ordinary blocking calls, which is what this flag tells Django.
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"

@@ -1,31 +1,68 @@
-"""Flow control with real worker and poller processes and the `db` admission backend.
+"""Flow control with real worker and poller processes, for the two exact admission backends:
+`db` (the embedded default) and `redis` (fleet-wide).
 
-Runs on SQLite (the embedded default) and, with DATABASE_URL set, on PostgreSQL.
+Runs on SQLite and, with DATABASE_URL set, on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, set_engine
-from durable_flow.models import AdmissionSlot, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.conf import get_settings, reset_settings
+from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 
-PROCESS_ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
+
+@pytest.fixture(params=["db", "redis"])
+def admission(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
+def db_engine(transactional_db: None, admission: str, settings: Any) -> Engine:
+    """The test process's engine on the same admission backend as its worker processes."""
+    if admission == "redis":
+        settings.DURABLE_FLOW = {
+            **settings.DURABLE_FLOW,
+            "ADMISSION": {
+                "BACKEND": "redis",
+                "CONNECTION": "default",
+                "INSTANCE_TTL_MS": 3000,
+                "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
+            },
+        }
+        reset_settings()
+        backend = build_backend(get_settings().admission)
+    else:
+        backend = DatabaseAdmissionBackend()
+    engine = Engine(admission=backend, transport=DatabaseTransport(), settings=get_settings())
     set_engine(engine)
-    return engine
+    yield engine
+    reset_settings()
+
+
+@pytest.fixture
+def process_env(admission: str) -> dict[str, str]:
+    return {"DURABLE_FLOW_ADMISSION": admission, "DURABLE_FLOW_TRANSPORT": "db"}
+
+
+def unique(name: str) -> str:
+    """Queue names are fresh per test: Redis state outlives the test database."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def slots_held(engine: Engine, queue: str) -> int:
+    return engine.admission.in_flight(queue)  # type: ignore[attr-defined]
 
 
 def read_intervals(marker: Path, until: float | None = None) -> list[tuple[float, float]]:
@@ -60,12 +97,13 @@ def completed(run_ids: list[str]) -> bool:
 
 
 def test_the_cap_holds_across_worker_processes(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
-    register_queue("render", concurrency=3, retry_ms=200)
-    runs = [start("tests.queued", {"queue": "render", "seconds": 0.15, "id": i}).id for i in range(30)]
-    env = {**PROCESS_ENV, "DURABLE_FLOW_TEST_MARKER": str(marker)}
+    queue = unique("render")
+    register_queue(queue, concurrency=3, retry_ms=200)
+    runs = [start("tests.queued", {"queue": queue, "seconds": 0.15, "id": i}).id for i in range(30)]
+    env = {**process_env, "DURABLE_FLOW_TEST_MARKER": str(marker)}
     for _ in range(3):
         spawn("durable_worker", "--concurrency", "4", env=env)
     spawn("durable_poller", env=env)
@@ -74,16 +112,17 @@ def test_the_cap_holds_across_worker_processes(
     assert len(intervals) == 30
     assert max_overlap(intervals) <= 3
     assert max_overlap(intervals) >= 2  # the cap was actually contended, not trivially kept
-    assert AdmissionSlot.objects.filter(queue="render").count() == 0
+    assert slots_held(db_engine, queue) == 0
 
 
 def test_parked_runs_survive_killing_every_process(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
-    register_queue("render", concurrency=2, retry_ms=300)
-    runs = [start("tests.queued", {"queue": "render", "seconds": 0.5, "id": i}).id for i in range(10)]
-    env = {**PROCESS_ENV, "DURABLE_FLOW_TEST_MARKER": str(marker)}
+    queue = unique("render")
+    register_queue(queue, concurrency=2, retry_ms=300)
+    runs = [start("tests.queued", {"queue": queue, "seconds": 0.5, "id": i}).id for i in range(10)]
+    env = {**process_env, "DURABLE_FLOW_TEST_MARKER": str(marker)}
     first = [spawn("durable_worker", "--concurrency", "4", env=env) for _ in range(2)]
     first.append(spawn("durable_poller", env=env))
     wait_for(
@@ -108,4 +147,4 @@ def test_parked_runs_survive_killing_every_process(
     assert max_overlap(read_intervals(marker, until=killed_at)) <= 2
     for cp in StepCheckpoint.objects.filter(run_id__in=runs):
         assert cp.status == StepStatus.COMPLETED and not cp.holds_slot
-    assert AdmissionSlot.objects.filter(queue="render").count() == 0
+    assert slots_held(db_engine, queue) == 0

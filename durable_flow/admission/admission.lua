@@ -1,7 +1,8 @@
 -- durable_flow fleet-wide admission: every read and write of one queue's accounting, atomically.
 --
 -- Loaded once by `durable_flow/admission/redis.py` (redis-py `register_script`, i.e. EVALSHA) and
--- dispatched on ARGV[1]: "admit" (the whole `policy.decide` rulebook), "release", "inflight".
+-- dispatched on ARGV[1]: "admit" (the whole `policy.decide` rulebook), "release", "adopt",
+-- "inflight".
 -- The key layout and the ranking index are documented in redis.py's module docstring; the short
 -- version of the index, needed to read this file:
 --
@@ -128,6 +129,25 @@ end
 
 if op == 'inflight' then
   return call('HLEN', K_SLOTS)
+end
+
+-- adopt: the process about to execute a step takes over its slot, so the slot lives as long as
+-- the execution does (its heartbeat), not as long as the process that happened to admit it.
+-- Returns 0 when the slot is gone (its owner died and it was reclaimed): the step must re-admit.
+if op == 'adopt' then
+  local owner = call('HGET', K_SLOTS, ticket)
+  if not owner then
+    return 0
+  end
+  if call('PEXPIRE', K_HEARTBEAT, tonumber(ARGV[7])) == 0 then
+    call('SET', K_HEARTBEAT, me, 'PX', tonumber(ARGV[7]))
+  end
+  if owner ~= me then
+    call('HSET', K_SLOTS, ticket, me)
+    owner_dec(owner)
+    call('HINCRBY', K_OWNERS, me, 1)
+  end
+  return 1
 end
 
 -- ---------------------------------------------------------------------------------------------

@@ -85,5 +85,10 @@ class AdmissionBackend(Protocol):
         """Call `callback(queue)` when a slot frees, so blocked runs retry early. Optional:
         a backend without it leaves blocked runs to the poller's tick."""
 
+    # Optional, for backends whose slots belong to a live process (`redis`):
+    #   adopt(queue, ticket) -> bool: the executing process takes the slot over; False if the
+    #   slot was reclaimed meanwhile (the step is then sent back through admission).
+    #   next_waiters(queue, limit) -> list[str]: the tickets admission would pick next.
+
 
 DEFAULT_WAITER_TTL_MS = 60_000

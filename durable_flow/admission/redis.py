@@ -275,6 +275,12 @@ class RedisAdmissionBackend:
         publishes the queue on the freed channel when a slot was freed."""
         self._run("release", queue, ticket)
 
+    def adopt(self, queue: str, ticket: str) -> bool:
+        """Make this process the owner of the ticket's slot (it is about to execute the step),
+        so the slot lives exactly as long as the execution. False if the slot is gone: its
+        owner died and the slot was reclaimed, so the step must go through admission again."""
+        return int(self._run("adopt", queue, ticket)) == 1
+
     def in_flight(self, queue: str) -> int:
         """Slots held now (including those of a dead instance not yet reclaimed)."""
         return int(self._run("inflight", queue))

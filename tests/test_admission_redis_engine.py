@@ -1,0 +1,85 @@
+"""The engine on the Redis backend: the process executing a step owns its slot."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from durable_flow import register_queue, start
+from durable_flow.admission.base import AdmissionRequest
+from durable_flow.admission.redis import RedisAdmissionBackend
+from durable_flow.engine import Engine
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.poller import TimerPoller
+from durable_flow.queues import QueueConfig
+from tests.conftest import MovableClock
+from tests.test_flow_control import HeldTransport, held  # noqa: F401 - the fixture
+
+TTL_MS = 600
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    prefix = f"df:t:{uuid.uuid4().hex[:8]}"
+    yield prefix
+    backend = RedisAdmissionBackend.from_options({"CONNECTION": "default", "KEY_PREFIX": prefix})
+    client = backend.redis
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+    backend.close()
+
+
+def redis_backend(prefix: str) -> RedisAdmissionBackend:
+    return RedisAdmissionBackend.from_options(
+        {"CONNECTION": "default", "KEY_PREFIX": prefix, "INSTANCE_TTL_MS": TTL_MS}
+    )
+
+
+def test_the_executing_process_adopts_the_slot(prefix: str) -> None:
+    admitter, executor = redis_backend(prefix), redis_backend(prefix)
+    try:
+        admitter.register(QueueConfig(name="q", concurrency=1))
+        assert admitter.try_admit(AdmissionRequest("q", "run/1")).admitted
+        assert executor.adopt("q", "run/1")
+        admitter.close()  # the admitting process dies; the executing one lives on
+        time.sleep(TTL_MS * 2 / 1000)
+        blocked = executor.try_admit(AdmissionRequest("q", "other/1"))
+        assert not blocked.admitted and blocked.reason == "concurrency"
+        assert executor.in_flight("q") == 1
+    finally:
+        executor.close()
+
+
+def test_a_step_whose_slot_was_reclaimed_goes_back_through_admission(
+    held: tuple[Engine, HeldTransport],  # noqa: F811
+    prefix: str,
+    clock: MovableClock,
+) -> None:
+    engine, transport = held
+    admitter = redis_backend(prefix)
+    engine.admission = admitter
+    register_queue("render", concurrency=1, retry_ms=100)
+    run = start("tests.queued", {"queue": "render", "value": 1})
+    assert StepCheckpoint.objects.get(run=run).holds_slot
+    admitter.close()  # the process that admitted the step dies before a worker picks it up
+    time.sleep(TTL_MS * 2 / 1000)
+    other = redis_backend(prefix)
+    try:
+        assert other.try_admit(AdmissionRequest("render", "someone-else/1")).admitted  # reclaimed, reused
+        engine.admission = other
+        transport.run_step()  # the worker must not run it: the cap is someone else's now
+        cp = StepCheckpoint.objects.get(run=run)
+        assert cp.status == StepStatus.WAITING and not cp.holds_slot
+        assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED
+        other.release("render", "someone-else/1")
+        clock.advance(seconds=60)  # past the retry time, which the server's clock set
+        assert TimerPoller(engine).tick() == [run.id]
+        assert transport.held_runs() == [run.id]  # re-admitted, as a new attempt
+        transport.run_step()
+        assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+        assert StepCheckpoint.objects.get(run=run).attempt == 2
+    finally:
+        other.close()
