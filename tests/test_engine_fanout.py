@@ -146,29 +146,28 @@ def test_a_failed_child_raises_child_failed_in_the_parent(manual: Engine, clock:
 
 
 def test_two_children_of_one_wave_finishing_at_once_wake_the_parent(manual: Engine) -> None:
-    """Child A's final turn has settled its parent checkpoint but not committed when child B's
-    final turn runs. B must not conclude from a stale read that A is still running, or neither
-    child wakes the parent and it waits forever (nothing else would wake it)."""
+    """Child A's last step result (and with it A's final turn) has settled its parent checkpoint
+    but not committed when child B's last result lands. B must not conclude from a stale read
+    that A is still running, or neither child wakes the parent and it waits forever."""
     transport = transport_of(manual)
     parent = start("tests.child_fan", {"n": 2})
     children = [f"{parent.id}:1.0", f"{parent.id}:1.1"]
-    held: list[str] = []
-    while transport.turns or transport.steps:  # run both children up to (not through) their final turn
-        while transport.turns:
-            run_id = transport.turns.pop(0)
-            if StepCheckpoint.objects.filter(run_id=run_id, key="3", status=StepStatus.COMPLETED).exists():
-                held.append(run_id)
-            else:
-                manual.run_turn(run_id)
+    held: dict[str, StepJob] = {}
+    while transport.turns or transport.steps:  # run both children up to (not through) their last step
+        transport.run_turns()
         if transport.steps:
-            transport.execute(transport.steps.pop(0))
+            job = transport.steps.pop(0)
+            if job.key == "3":
+                held[job.run_id] = job
+            else:
+                transport.execute(job)
     assert sorted(held) == children
     a_settled, a_release, b_done = threading.Event(), threading.Event(), threading.Event()
 
     def finish(run_id: str, hold: bool) -> None:
         try:
             with transaction.atomic():
-                manual.run_turn(run_id)
+                transport.execute(held[run_id])
                 if hold:
                     a_settled.set()
                     a_release.wait(10)

@@ -134,7 +134,7 @@ def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn
     # RQ's registries show the jobs the way django-rq users expect.
     queue = rq_engine.transport.tiers[NORMAL]
     finished = FinishedJobRegistry(queue=queue)
-    assert finished.count >= 42  # 40 steps + at least the first and the last turn
+    assert finished.count >= 41  # 40 steps + the first turn (later turns ride on step results)
     assert StartedJobRegistry(queue=queue).count == 0 and FailedJobRegistry(queue=queue).count == 0
     some_step = next(
         job for job in queue.job_class.fetch_many(finished.get_job_ids(), queue.connection) if job and job.args[1:]
@@ -264,7 +264,7 @@ def test_heartbeats_carry_live_numbers_and_a_killed_worker_shows_dead(rq_engine:
     assert beat.in_flight == 0 and beat.throughput >= 0
     flex = live_heartbeat(adaptive)
     assert flex.mode == "adaptive" and 1 <= flex.live_limit <= 8 and flex.tasks_done > 0
-    assert beat.tasks_done + flex.tasks_done >= 4 * 32
+    assert beat.tasks_done + flex.tasks_done >= 4 * 31  # 30 steps + the first turn, per run
     if flex.live_limit > 1:  # it moved, so the move is explained
         assert flex.last_adjustment_reason and flex.last_adjustment_at is not None
 
