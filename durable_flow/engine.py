@@ -148,23 +148,24 @@ class Engine:
             existing = WorkflowRun.objects.filter(pk=run_id).first()
             if existing is not None:
                 return existing
-        with transaction.atomic():
-            fields: dict[str, Any] = {
-                "workflow": definition.name,
-                "version": definition.version,
-                "input": input,
-                "status": RunStatus.PENDING,
-                "tags": tag_list,
-            }
-            if run_id is not None:
-                fields["id"] = run_id
-            try:
-                with transaction.atomic():
-                    run = WorkflowRun.objects.create(**fields)
-            except IntegrityError:
-                # A concurrent start with the same run_id won: return its run.
-                return WorkflowRun.objects.get(pk=run_id)
-            self.transport.enqueue_turn(run.id)
+        fields: dict[str, Any] = {
+            "workflow": definition.name,
+            "version": definition.version,
+            "input": input,
+            "status": RunStatus.PENDING,
+            "tags": tag_list,
+        }
+        if run_id is not None:
+            fields["id"] = run_id
+        try:
+            with transaction.atomic():
+                run = WorkflowRun.objects.create(**fields)
+                self.transport.enqueue_turn(run.id)
+        except IntegrityError:
+            if run_id is None:
+                raise
+            # A concurrent start with the same run_id won: return its run.
+            return WorkflowRun.objects.get(pk=run_id)
         return run
 
     def start_child(
@@ -245,12 +246,16 @@ class Engine:
             return run
         except Exception as exc:  # noqa: BLE001 - any workflow error fails the run, durably
             logger.info("run %s failed: %s", run.id, exc)
-            self._finish(run, RunStatus.FAILED, error=error_info(exc))
+            self._finish(run, RunStatus.FAILED, error=error_info(exc), children=_has_children(checkpoints))
             return run
-        self._finish(run, RunStatus.COMPLETED, output=output)
+        self._finish(run, RunStatus.COMPLETED, output=output, children=_has_children(checkpoints))
         return run
 
-    def _finish(self, run: WorkflowRun, status: str, output: Any = None, error: Any = None) -> None:
+    def _finish(
+        self, run: WorkflowRun, status: str, output: Any = None, error: Any = None, *, children: bool = True
+    ) -> None:
+        """Settle the run; cancel its unfinished children (`children=False`: it started none);
+        report to its parent."""
         run.status = status
         run.output = output
         run.error = error
@@ -259,8 +264,9 @@ class Engine:
         run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
         # A run that ends (say, failing on one child of a fan) takes its unfinished children
         # with it, rather than leave them running for nobody.
-        for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
-            self.cancel(child_id)
+        if children:
+            for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
+                self.cancel(child_id)
         if run.parent_id:
             # Lock the parent's row first, as a step result does: siblings finishing at once then
             # take turns, and the last one sees every sibling settled and wakes the parent. (The
@@ -301,8 +307,10 @@ class Engine:
     ) -> StepCheckpoint:
         ensure_json(input, f"input of step {step.name!r}", self.settings.max_payload_bytes)
         retries = step.retries if options.retries is None else options.retries
-        return self.create_checkpoint(
-            run,
+        # Not saved yet: admission decides whether it is written as dispatched or as waiting,
+        # so a step that goes straight out costs one INSERT.
+        return StepCheckpoint(
+            run=run,
             key=key,
             sequence=sequence,
             kind=StepKind.STEP,
@@ -335,7 +343,9 @@ class Engine:
         if decision.admitted:
             cp.holds_slot = True
             return None
-        if cp.status != StepStatus.WAITING:
+        if cp.pk is None:
+            cp.save()
+        elif cp.status != StepStatus.WAITING:
             cp.status = StepStatus.WAITING
             cp.save(update_fields=["status"])
         assert decision.retry_at_ms is not None
@@ -362,7 +372,12 @@ class Engine:
         cp.worker = ""
         timeout = self.step_timeout(cp)
         cp.wake_at = now + timezone.timedelta(seconds=timeout) if timeout else None
-        cp.save(update_fields=["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"])
+        if cp.pk is None:
+            cp.save()
+        else:
+            cp.save(
+                update_fields=["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"]
+            )
         self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
 
     def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
@@ -596,6 +611,10 @@ class Engine:
             if run.status == RunStatus.PENDING:
                 self.transport.enqueue_turn(run.id)
             return count
+
+
+def _has_children(checkpoints: dict[str, StepCheckpoint]) -> bool:
+    return any(cp.kind == StepKind.CHILD for cp in checkpoints.values())
 
 
 def get_step_backoff(name: str, attempt: int) -> timezone.timedelta:
