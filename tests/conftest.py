@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.conf import DurableFlowSettings, get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
@@ -60,17 +60,31 @@ def clock() -> MovableClock:
     return MovableClock()
 
 
-@pytest.fixture
-def engine(clock: MovableClock, transactional_db: None) -> Engine:
-    """An inline engine (steps run in this process on commit) with local admission."""
+def local_engine(clock: MovableClock, transport: Any, settings: DurableFlowSettings | None = None) -> Engine:
+    """An engine on `transport` with in-process admission on the test's clock, installed as
+    this process's engine (the public API uses it)."""
     engine = Engine(
         admission=LocalAdmissionBackend(clock=lambda: clock.ms),
-        transport=InlineTransport(),
-        settings=get_settings(),
+        transport=transport,
+        settings=settings or get_settings(),
         clock=clock,
     )
     set_engine(engine)
     return engine
+
+
+@pytest.fixture
+def engine(clock: MovableClock, transactional_db: None) -> Engine:
+    """An inline engine (steps run in this process on commit) with local admission."""
+    return local_engine(clock, InlineTransport())
+
+
+@pytest.fixture
+def manual(clock: MovableClock, transactional_db: None) -> Engine:
+    """An engine whose turns and steps wait until the test runs them (`tests.engine_support`)."""
+    from tests.engine_support import ManualTransport
+
+    return local_engine(clock, ManualTransport())
 
 
 def executed(name: str) -> list[Any]:

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import DurableFlowSettings, get_settings
+from durable_flow.conf import DurableFlowSettings
 from durable_flow.engine import Engine
 from durable_flow.transports.db import DatabaseTransport
-from tests.conftest import MovableClock
+from tests.conftest import MovableClock, local_engine
 
 
 @dataclass(frozen=True)
@@ -85,14 +84,15 @@ class ManualTransport:
         raise AssertionError("work kept coming; a loop in the engine?")
 
 
+def transport_of(engine: Engine) -> ManualTransport:
+    """The `ManualTransport` of an engine from the `manual` fixture."""
+    assert isinstance(engine.transport, ManualTransport)
+    return engine.transport
+
+
 def manual_engine(clock: MovableClock, settings: DurableFlowSettings | None = None) -> Engine:
-    """An engine on a `ManualTransport` with in-process admission, on the test's clock."""
-    return Engine(
-        admission=LocalAdmissionBackend(clock=lambda: clock.ms),
-        transport=ManualTransport(),
-        settings=settings or get_settings(),
-        clock=clock,
-    )
+    """An engine on a `ManualTransport`, for tests that need their own settings."""
+    return local_engine(clock, ManualTransport(), settings)
 
 
 class RecordingDatabaseTransport(DatabaseTransport):

@@ -5,28 +5,15 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from django.db import connections
 
 from durable_flow import cancel, start
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock, executed, wait_for
-from tests.engine_support import ManualTransport, manual_engine
-
-
-@pytest.fixture
-def manual(clock: MovableClock, transactional_db: None) -> Engine:
-    engine = manual_engine(clock)
-    set_engine(engine)
-    return engine
-
-
-def transport_of(engine: Engine) -> ManualTransport:
-    assert isinstance(engine.transport, ManualTransport)
-    return engine.transport
+from tests.engine_support import transport_of
 
 
 def test_cancel_mid_sleep_cancels_at_once_and_the_run_never_wakes(engine: Engine, clock: MovableClock) -> None:

@@ -10,7 +10,7 @@ import pytest
 from django.db import connections, transaction
 
 from durable_flow import start
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import (
     TERMINAL_RUN_STATUSES,
     RunStatus,
@@ -21,19 +21,7 @@ from durable_flow.models import (
 )
 from durable_flow.poller import TimerPoller
 from tests.conftest import MovableClock, executed
-from tests.engine_support import ManualTransport, StepJob, manual_engine
-
-
-@pytest.fixture
-def manual(clock: MovableClock, transactional_db: None) -> Engine:
-    engine = manual_engine(clock)
-    set_engine(engine)
-    return engine
-
-
-def transport_of(engine: Engine) -> ManualTransport:
-    assert isinstance(engine.transport, ManualTransport)
-    return engine.transport
+from tests.engine_support import StepJob, transport_of
 
 
 def unfinished_children(parent_id: str) -> list[str]:

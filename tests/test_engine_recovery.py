@@ -10,24 +10,12 @@ import pytest
 from django.db import connections
 
 from durable_flow import NonDeterminismError, redispatch_pending, start
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock, executed
-from tests.engine_support import ManualTransport, manual_engine
-
-
-@pytest.fixture
-def manual(clock: MovableClock, transactional_db: None) -> Engine:
-    engine = manual_engine(clock)
-    set_engine(engine)
-    return engine
-
-
-def transport_of(engine: Engine) -> ManualTransport:
-    assert isinstance(engine.transport, ManualTransport)
-    return engine.transport
+from tests.engine_support import transport_of
 
 
 def test_concurrent_starts_with_one_run_id_create_one_run_and_execute_it_once(manual: Engine) -> None:

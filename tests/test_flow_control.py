@@ -23,7 +23,7 @@ from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, Wor
 from durable_flow.poller import TimerPoller
 from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
-from tests.conftest import MovableClock
+from tests.conftest import MovableClock, local_engine
 
 
 class HeldTransport:
@@ -67,14 +67,7 @@ class HeldTransport:
 @pytest.fixture
 def held(clock: MovableClock, transactional_db: None) -> tuple[Engine, HeldTransport]:
     transport = HeldTransport()
-    engine = Engine(
-        admission=LocalAdmissionBackend(clock=lambda: clock.ms),
-        transport=transport,
-        settings=get_settings(),
-        clock=clock,
-    )
-    set_engine(engine)
-    return engine, transport
+    return local_engine(clock, transport), transport
 
 
 def queued(queue: str, value: Any, **hints: Any) -> dict[str, Any]:
@@ -262,13 +255,7 @@ def test_priority_rides_onto_the_dispatched_task(held: tuple[Engine, HeldTranspo
 @pytest.mark.django_db(transaction=True)
 def test_the_db_transport_claims_higher_priority_first(clock: MovableClock) -> None:
     transport = DatabaseTransport()
-    engine = Engine(
-        admission=LocalAdmissionBackend(clock=lambda: clock.ms),
-        transport=transport,
-        settings=get_settings(),
-        clock=clock,
-    )
-    set_engine(engine)
+    engine = local_engine(clock, transport)
     source = transport.source()
     for priority in (0, 5, -3, 10):
         start("tests.queued", queued("free", priority, priority=priority))
