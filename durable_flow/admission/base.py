@@ -92,3 +92,17 @@ class AdmissionBackend(Protocol):
 
 
 DEFAULT_WAITER_TTL_MS = 60_000
+
+
+class FreedAnnouncer:
+    """`on_freed` for backends that learn of a release in-process (`local`, `db`)."""
+
+    def __init__(self) -> None:
+        self._freed_callbacks: list[FreedCallback] = []
+
+    def on_freed(self, callback: FreedCallback) -> None:
+        self._freed_callbacks.append(callback)
+
+    def announce_freed(self, queue: str) -> None:
+        for callback in list(self._freed_callbacks):
+            callback(queue)

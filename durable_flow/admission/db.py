@@ -28,7 +28,7 @@ from durable_flow.admission.base import (
     AdmissionDecision,
     AdmissionRequest,
     Clock,
-    FreedCallback,
+    FreedAnnouncer,
     system_clock_ms,
 )
 from durable_flow.admission.policy import NEVER_SERVED, oldest_mark_needed, window_retry_at, window_room
@@ -36,7 +36,7 @@ from durable_flow.models import AdmissionKeyServed, AdmissionMark, AdmissionSlot
 from durable_flow.queues import QueueConfig, queue_from_dict
 
 
-class DatabaseAdmissionBackend:
+class DatabaseAdmissionBackend(FreedAnnouncer):
     """Admission state as rows, decided under the queue row's lock."""
 
     def __init__(
@@ -45,10 +45,10 @@ class DatabaseAdmissionBackend:
         waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS,
         known_queue_cache_s: float = 5.0,
     ) -> None:
+        super().__init__()
         self.clock = clock
         self.waiter_ttl_ms = waiter_ttl_ms
         self._configs: dict[str, QueueConfig] = {}
-        self._callbacks: list[FreedCallback] = []
         self._known: dict[str, tuple[bool, float]] = {}
         self._known_cache_s = known_queue_cache_s
         self._pending_write: set[str] = set()
@@ -183,11 +183,7 @@ class DatabaseAdmissionBackend:
             AdmissionWaiter.objects.filter(queue=queue, ticket=ticket).delete()
             freed, _ = AdmissionSlot.objects.filter(queue=queue, ticket=ticket).delete()
         if freed:
-            for callback in list(self._callbacks):
-                callback(queue)
-
-    def on_freed(self, callback: FreedCallback) -> None:
-        self._callbacks.append(callback)
+            self.announce_freed(queue)
 
     def next_waiters(self, queue: str, limit: int) -> list[str]:
         """The tickets admission would pick next, best first (for early wake)."""

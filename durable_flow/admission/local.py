@@ -15,22 +15,22 @@ from durable_flow.admission.base import (
     AdmissionDecision,
     AdmissionRequest,
     Clock,
-    FreedCallback,
+    FreedAnnouncer,
     system_clock_ms,
 )
 from durable_flow.admission.policy import QueueState, decide, rank
 from durable_flow.queues import QueueConfig
 
 
-class LocalAdmissionBackend:
+class LocalAdmissionBackend(FreedAnnouncer):
     """Admission accounting in this process's memory."""
 
     def __init__(self, clock: Clock = system_clock_ms, waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS) -> None:
+        super().__init__()
         self.clock = clock
         self.waiter_ttl_ms = waiter_ttl_ms
         self._queues: dict[str, QueueState] = {}
         self._lock = threading.Lock()
-        self._callbacks: list[FreedCallback] = []
 
     def register(self, config: QueueConfig) -> None:
         """Add or replace a queue; a replaced queue starts with a fresh controller."""
@@ -55,11 +55,7 @@ class LocalAdmissionBackend:
             state.waiters.pop(ticket, None)
             freed = state.slots.pop(ticket, None) is not None
         if freed:
-            for callback in list(self._callbacks):
-                callback(queue)
-
-    def on_freed(self, callback: FreedCallback) -> None:
-        self._callbacks.append(callback)
+            self.announce_freed(queue)
 
     def next_waiters(self, queue: str, limit: int) -> list[str]:
         """The tickets admission would pick next, best first (for early wake)."""
