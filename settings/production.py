@@ -19,14 +19,26 @@ DATABASES = {
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 
+# The durable queue and its priority tiers (listed so django-rq's dashboard shows them).
 RQ_QUEUES = {
     "durable": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600},
+    "durable:high": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600},
+    "durable:low": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600},
     "default": {"URL": REDIS_URL},
 }
+
+TRANSPORT = os.environ.get("DURABLE_FLOW_TRANSPORT", "rq")
+_concurrency = os.environ.get("DURABLE_FLOW_CONCURRENCY", "adaptive")
+CONCURRENCY: int | str = int(_concurrency) if _concurrency.isdigit() else _concurrency
+ADMISSION = os.environ.get("DURABLE_FLOW_ADMISSION", "redis")
 
 DURABLE_FLOW = {
     "WORKFLOWS": [m for m in os.environ.get("DURABLE_FLOW_WORKFLOWS", "examples.workflows").split(",") if m],
     "QUEUES": [],
-    "ADMISSION": {"BACKEND": os.environ.get("DURABLE_FLOW_ADMISSION", "db")},
-    "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "db"), "QUEUE": "durable", "CONCURRENCY": 8},
+    "ADMISSION": {"BACKEND": ADMISSION, "CONNECTION": "durable"} if ADMISSION == "redis" else {"BACKEND": ADMISSION},
+    "TRANSPORT": (
+        {"BACKEND": "rq", "QUEUE": "durable", "CONCURRENCY": CONCURRENCY}
+        if TRANSPORT == "rq"
+        else {"BACKEND": TRANSPORT, "CONCURRENCY": CONCURRENCY}
+    ),
 }
