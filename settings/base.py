@@ -75,6 +75,7 @@ def sqlite_database(path: Path) -> dict[str, object]:
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": path,
+        "CONN_MAX_AGE": 60,  # workers close "old" connections around every task
         "OPTIONS": {
             "timeout": 30,
             "transaction_mode": "IMMEDIATE",

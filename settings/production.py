@@ -13,7 +13,10 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 DATABASES = {
     "default": dj_database_url.config(
-        env="DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/durable_flow", conn_max_age=60
+        env="DATABASE_URL",
+        default="postgres://postgres@127.0.0.1:5432/durable_flow",
+        conn_max_age=60,
+        conn_health_checks=True,
     )
 }
 

@@ -15,7 +15,9 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 TEST_ID = os.environ.get("DURABLE_FLOW_TEST_ID", "main")
 
 if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.config(env="DATABASE_URL")}
+    # Persistent connections, as in production: a worker closes "old" connections around every
+    # task, and with CONN_MAX_AGE=0 that would mean a new PostgreSQL backend per task.
+    DATABASES = {"default": dj_database_url.config(env="DATABASE_URL", conn_max_age=60, conn_health_checks=True)}
     DATABASES["default"]["TEST"] = {"NAME": f"durable_flow_test_{TEST_ID}"}
 else:
     DATABASES = {"default": sqlite_database(VAR_DIR / f"test-{TEST_ID}.sqlite3")}
