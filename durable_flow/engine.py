@@ -19,6 +19,7 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import DatabaseError, IntegrityError, OperationalError, transaction
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -51,6 +52,7 @@ logger = logging.getLogger("durable_flow.engine")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=Model)
 
 WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)
 MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
@@ -73,6 +75,12 @@ def retry_on_conflict(fn: Callable[P, R]) -> Callable[P, R]:
         raise AssertionError("unreachable")
 
     return wrapper
+
+
+def one(queryset: QuerySet[M]) -> M | None:
+    """The single row a unique filter matches, or None. Unlike `.first()`, adds no ORDER BY:
+    these lookups run on every turn and result, and the sort is pure overhead."""
+    return next(iter(queryset.order_by()[:1]), None)
 
 
 def ms_to_datetime(epoch_ms: int) -> datetime:
@@ -145,7 +153,7 @@ class Engine:
         if run_id is not None:
             if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
                 raise DurableFlowError("run_id must be a non-empty string of at most 200 characters")
-            existing = WorkflowRun.objects.filter(pk=run_id).first()
+            existing = one(WorkflowRun.objects.filter(pk=run_id))
             if existing is not None:
                 return existing
         fields: dict[str, Any] = {
@@ -212,7 +220,7 @@ class Engine:
     def run_turn(self, run_id: str) -> WorkflowRun | None:
         """Replay the run's workflow from the top until it finishes or must wait."""
         with transaction.atomic():
-            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
             if run is None:
                 return None
             return self._replay(run)
@@ -392,7 +400,7 @@ class Engine:
     def execute_step(self, run_id: str, key: str, attempt: int, worker_id: str = "") -> str:
         """Run one attempt of a dispatched step and record its result. Returns what happened:
         `completed`, `failed`, `skipped` (stale or cancelled) or `missing`."""
-        cp = StepCheckpoint.objects.select_related("run").filter(run_id=run_id, key=key).first()
+        cp = one(StepCheckpoint.objects.select_related("run").filter(run_id=run_id, key=key))
         if cp is None:
             return "missing"
         if cp.status != StepStatus.DISPATCHED or cp.attempt != attempt:
@@ -422,8 +430,8 @@ class Engine:
     def readmit(self, run_id: str, key: str, attempt: int) -> None:
         """Send a dispatched attempt whose slot was lost back to admission (a new attempt follows)."""
         with transaction.atomic():
-            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
-            cp = StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key).first()
+            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+            cp = one(StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key))
             if run is None or cp is None or cp.status != StepStatus.DISPATCHED or cp.attempt != attempt:
                 return
             cp.status, cp.holds_slot, cp.wake_at = StepStatus.WAITING, False, None
@@ -448,8 +456,8 @@ class Engine:
         `late_result` and changes nothing else.
         """
         with transaction.atomic():
-            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
-            cp = StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key).first()
+            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+            cp = one(StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key))
             if run is None or cp is None:
                 return
             if cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt):
@@ -542,7 +550,7 @@ class Engine:
         """Cancel a run and its children. A run with a step executing goes to `cancelling`
         and becomes `cancelled` when that step's (ignored) result lands."""
         with transaction.atomic():
-            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
             if run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             if run.is_terminal:
@@ -580,7 +588,7 @@ class Engine:
             raise DurableFlowError("a signal name must be a non-empty string of at most 200 characters")
         ensure_json(payload, f"payload of signal {name!r}", self.settings.max_payload_bytes)
         with transaction.atomic():
-            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
             if run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             if run.is_terminal:
@@ -595,7 +603,7 @@ class Engine:
         """Re-send the run's in-flight steps (for jobs a broker lost), or only those named by
         `keys`. Each gets a new attempt and keeps its slot; whichever attempt answers first wins."""
         with transaction.atomic():
-            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
             if run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             cutoff = self.now() - timezone.timedelta(seconds=older_than_s)

@@ -116,7 +116,7 @@ class StepCheckpoint(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "sequence"]
+        ordering = ["run_id", "sequence"]  # by the column: ordering by "run" would join the run table
         constraints = [models.UniqueConstraint(fields=["run", "key"], name="df_checkpoint_run_key")]
         indexes = [
             models.Index(fields=["queue", "status"], name="df_checkpoint_queue_status"),

@@ -78,7 +78,7 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
         return exists
 
     def _locked_queue(self, name: str) -> tuple[FlowQueue | None, QueueConfig | None]:
-        row = FlowQueue.objects.select_for_update().filter(name=name).first()
+        row = FlowQueue.objects.select_for_update().filter(name=name).order_by().first()
         local = self._configs.get(name)
         if local is not None and (row is None or name in self._pending_write):
             # This process registered the queue since it last wrote it: its config wins.
@@ -152,7 +152,7 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
         return None
 
     def _waiter_for(self, row: FlowQueue, config: QueueConfig, request: AdmissionRequest, now: int) -> AdmissionWaiter:
-        waiter = AdmissionWaiter.objects.filter(queue=row.name, ticket=request.ticket).first()
+        waiter = AdmissionWaiter.objects.filter(queue=row.name, ticket=request.ticket).order_by().first()
         if waiter is None:
             waiter = AdmissionWaiter(queue=row.name, ticket=request.ticket, arrival=row.next_arrival)
         elif (waiter.priority, waiter.fairness_key) == (request.priority, request.key):
