@@ -7,13 +7,15 @@ blocked admission) raises `Suspend`, which unwinds the function: no thread or pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durable_flow.exceptions import (
     ChildFailed,
+    DurableFlowError,
     NonDeterminismError,
     SignalTimeout,
     StepFailed,
@@ -36,7 +38,27 @@ class Suspend(BaseException):
     `except Exception` cannot swallow it."""
 
 
+class EngineUnavailable(BaseException):
+    """The engine's own work inside a `ctx` call failed (database, admission backend, broker).
+
+    Not the workflow's fault, so it must neither fail the run nor be caught by the workflow's
+    `except Exception`: the turn is rolled back and retried. The original error is `__cause__`.
+    """
+
+
+@contextmanager
+def engine_call() -> Iterator[None]:
+    """Let the workflow's own errors through; turn the engine's failures into `EngineUnavailable`."""
+    try:
+        yield
+    except DurableFlowError:
+        raise
+    except Exception as exc:
+        raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
 _PENDING = object()
+PRIORITY_LIMIT = 2**31 - 1  # the database's integer column
 
 
 @dataclass(frozen=True)
@@ -93,7 +115,8 @@ class WorkflowContext:
         """
         options = self._options(step, queue, priority, fairness_key, retries, timeout)
         key = self._next_key()
-        result = self._drive_step(key, step, input, options, group="")
+        with engine_call():
+            result = self._drive_step(key, step, input, options, group="")
         if result is _PENDING:
             raise Suspend
         return result
@@ -137,11 +160,13 @@ class WorkflowContext:
             )
             if step_options:
                 raise TypeError(f"ctx.all: unexpected option(s) {', '.join(sorted(step_options))}")
-            return self._step_fan(base, target, list(inputs), concurrency or max(1, len(inputs)), options)
+            with engine_call():
+                return self._step_fan(base, target, list(inputs), concurrency or max(1, len(inputs)), options)
         if queue is not None or step_options:
             raise TypeError("ctx.all over a child workflow takes only inputs and concurrency")
         definition = resolve_workflow(target)
-        return self._child_fan(base, definition, list(inputs), concurrency)
+        with engine_call():
+            return self._child_fan(base, definition, list(inputs), concurrency)
 
     def child(self, workflow: WorkflowDefinition | str, input: Any = None) -> Any:
         """Start a child run and return its output once it completes.
@@ -151,7 +176,8 @@ class WorkflowContext:
         """
         definition = resolve_workflow(workflow)
         key = self._next_key()
-        result = self._drive_child(key, definition, input, group="")
+        with engine_call():
+            result = self._drive_child(key, definition, input, group="")
         if result is _PENDING:
             raise Suspend
         return result
@@ -161,14 +187,16 @@ class WorkflowContext:
         if not isinstance(duration, timedelta):
             raise TypeError("ctx.sleep takes a datetime.timedelta")
         key = self._next_key()
-        self._drive_sleep(key, "sleep", lambda: self.now + duration)
+        with engine_call():
+            self._drive_sleep(key, "sleep", lambda: self.now + duration)
 
     def sleep_until(self, when: datetime) -> None:
         """Suspend the run until `when` (an aware datetime)."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise TypeError("ctx.sleep_until takes a timezone-aware datetime")
         key = self._next_key()
-        self._drive_sleep(key, "sleep_until", lambda: when)
+        with engine_call():
+            self._drive_sleep(key, "sleep_until", lambda: when)
 
     def wait_for_signal(self, name: str, timeout: timedelta | None = None) -> Any:
         """Suspend until `send_signal(run_id, name, payload)` arrives; return the payload.
@@ -176,9 +204,15 @@ class WorkflowContext:
         A signal sent before the wait is kept and consumed here. With `timeout`, raise
         `SignalTimeout` if none arrived in time.
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError("ctx.wait_for_signal needs a signal name")
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ValueError("ctx.wait_for_signal needs a signal name of at most 200 characters")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ValueError("ctx.wait_for_signal: timeout must be a positive timedelta")
         key = self._next_key()
+        with engine_call():
+            return self._drive_signal(key, name, timeout)
+
+    def _drive_signal(self, key: str, name: str, timeout: timedelta | None) -> Any:
         cp = self._checkpoint(key, StepKind.SIGNAL, name) or self._new_wait(
             key, StepKind.SIGNAL, name, self.now + timeout if timeout is not None else None
         )
@@ -228,10 +262,14 @@ class WorkflowContext:
         timeout: timedelta | None,
     ) -> StepOptions:
         self._registered_step(step)
-        if queue is not None and (not isinstance(queue, str) or not queue):
-            raise ValueError(f"queue must be a queue name, got {queue!r}")
+        if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100):
+            raise ValueError(f"queue must be a queue name of at most 100 characters, got {queue!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
+        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+            raise ValueError(f"priority must be within ±{PRIORITY_LIMIT}, got {priority}")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
         if fairness_key is not None and (not isinstance(fairness_key, str) or len(fairness_key) > 200):
             raise ValueError("fairness_key must be a string of at most 200 characters")
         if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):

@@ -18,14 +18,14 @@ from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import DatabaseError, IntegrityError, OperationalError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, OperationalError, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest
 from durable_flow.conf import BackendSpec, DurableFlowSettings, get_settings
-from durable_flow.context import _PENDING, StepOptions, Suspend, WorkflowContext
+from durable_flow.context import _PENDING, EngineUnavailable, StepOptions, Suspend, WorkflowContext
 from durable_flow.exceptions import (
     DurableFlowError,
     NonDeterminismError,
@@ -55,6 +55,8 @@ R = TypeVar("R")
 M = TypeVar("M", bound=Model)
 
 WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)
+PARKED_STEP_STATUSES = (StepStatus.WAITING, StepStatus.RETRYING)
+PARKED = frozenset(PARKED_STEP_STATUSES)
 MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
 
 
@@ -197,6 +199,13 @@ class Engine:
                 "tags": parent.tags,
             },
         )
+        if not created and (child.parent_id != parent.id or child.parent_step_key != key):
+            # A run started by someone else under the id this child would take: adopting it would
+            # hand the parent a stranger's output, or leave it waiting for a run that never reports.
+            raise DurableFlowError(
+                f"cannot start child {child_id!r} of run {parent.id!r}: a run with that id already exists "
+                f"and is not this run's child (run ids of the form '<parent>:<n>' are reserved for children)"
+            )
         cp = self.create_checkpoint(
             parent,
             key=key,
@@ -219,11 +228,16 @@ class Engine:
     @retry_on_conflict
     def run_turn(self, run_id: str) -> WorkflowRun | None:
         """Replay the run's workflow from the top until it finishes or must wait."""
-        with transaction.atomic():
-            run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
-            if run is None:
-                return None
-            return self._replay(run)
+        try:
+            with transaction.atomic():
+                run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+                if run is None:
+                    return None
+                return self._replay(run)
+        except EngineUnavailable as exc:
+            # Rolled back, run untouched: surface the real error so the caller retries the turn
+            # (a lock conflict is retried here; a worker leaves the task to be claimed again).
+            raise (exc.__cause__ or DatabaseError(str(exc))) from None
 
     def _replay(self, run: WorkflowRun) -> WorkflowRun:
         """One turn of a run whose row this transaction has locked."""
@@ -252,18 +266,29 @@ class Engine:
             run.wake_at = ctx.wake_at
             run.save(update_fields=["status", "wake_at", "turns", "updated_at"])
             return run
+        except DatabaseError as exc:
+            # The workflow's code touched the database and failed (or aborted the transaction):
+            # not a verdict on the run. Roll the turn back and retry it.
+            raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - any workflow error fails the run, durably
             logger.info("run %s failed: %s", run.id, exc)
-            self._finish(run, RunStatus.FAILED, error=error_info(exc), children=_has_children(checkpoints))
+            self._finish(run, RunStatus.FAILED, error=error_info(exc), checkpoints=checkpoints)
             return run
-        self._finish(run, RunStatus.COMPLETED, output=output, children=_has_children(checkpoints))
+        self._finish(run, RunStatus.COMPLETED, output=output, checkpoints=checkpoints)
         return run
 
     def _finish(
-        self, run: WorkflowRun, status: str, output: Any = None, error: Any = None, *, children: bool = True
+        self,
+        run: WorkflowRun,
+        status: str,
+        output: Any = None,
+        error: Any = None,
+        *,
+        checkpoints: dict[str, StepCheckpoint] | None = None,
     ) -> None:
-        """Settle the run; cancel its unfinished children (`children=False`: it started none);
-        report to its parent."""
+        """Settle the run; withdraw its parked calls from their queues and cancel its unfinished
+        children; report to its parent. `checkpoints`, when the caller has them (a turn), spares
+        the queries."""
         run.status = status
         run.output = output
         run.error = error
@@ -272,6 +297,20 @@ class Engine:
         run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
         # A run that ends (say, failing on one child of a fan) takes its unfinished children
         # with it, rather than leave them running for nobody.
+        if checkpoints is None:
+            parked = list(run.checkpoints.filter(kind=StepKind.STEP, status__in=PARKED_STEP_STATUSES))
+            children = True
+        else:
+            parked = [cp for cp in checkpoints.values() if cp.kind == StepKind.STEP and cp.status in PARKED]
+            children = any(cp.kind == StepKind.CHILD for cp in checkpoints.values())
+        for cp in parked:
+            # A step waiting for a slot or its backoff will never run now: leave no waiter behind
+            # to stand in front of live callers until its TTL.
+            if cp.queue:
+                self.admission.release(cp.queue, cp.ticket)
+            cp.holds_slot = False
+            cp.save(update_fields=["holds_slot"])
+            self.settle(cp, StepStatus.CANCELLED)
         if children:
             for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
                 self.cancel(child_id)
@@ -423,7 +462,13 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
             self.record_result(run_id, key, attempt, error=error_info(exc))
             return "failed"
-        self.record_result(run_id, key, attempt, output=output)
+        try:
+            self.record_result(run_id, key, attempt, output=output)
+        except DataError as exc:
+            # The database refused the output (a value it cannot store): a failed attempt, not a
+            # result to re-run the step for forever.
+            self.record_result(run_id, key, attempt, error=error_info(exc))
+            return "failed"
         return "completed"
 
     @retry_on_conflict
@@ -433,6 +478,13 @@ class Engine:
             run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
             cp = one(StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key))
             if run is None or cp is None or cp.status != StepStatus.DISPATCHED or cp.attempt != attempt:
+                return
+            if run.status == RunStatus.CANCELLING or run.is_terminal:
+                # Cancelled meanwhile: the attempt that never ran is the last thing it waited for.
+                cp.holds_slot = False
+                cp.save(update_fields=["holds_slot"])
+                self.settle(cp, StepStatus.CANCELLED)
+                self._finish_cancelling(run)
                 return
             cp.status, cp.holds_slot, cp.wake_at = StepStatus.WAITING, False, None
             cp.max_attempts += 1  # the lost attempt never ran; it does not use up a retry
@@ -508,8 +560,15 @@ class Engine:
         """A result is in: take the run's next turn now, in the transaction that recorded it and
         under the lock it holds, instead of queuing a turn for a worker to pick up later. Saves
         a job, a transaction and a replay's worth of reads per step."""
-        if run.status in WAKEABLE:
-            self._replay(run)
+        if run.status not in WAKEABLE:
+            return
+        try:
+            with transaction.atomic():  # a savepoint: the result above stays recorded either way
+                self._replay(run)
+        except EngineUnavailable as exc:
+            logger.warning("run %s: inline turn failed (%s); queuing it instead", run.id, exc)
+            run.refresh_from_db(fields=["status", "wake_at", "turns"])
+            self.wake(run)
 
     def wake(self, run: WorkflowRun | str) -> bool:
         """Queue a turn for a parked run now. False if it is not parked (finished, or a turn is
@@ -619,10 +678,6 @@ class Engine:
             if run.status == RunStatus.PENDING:
                 self.transport.enqueue_turn(run.id)
             return count
-
-
-def _has_children(checkpoints: dict[str, StepCheckpoint]) -> bool:
-    return any(cp.kind == StepKind.CHILD for cp in checkpoints.values())
 
 
 def get_step_backoff(name: str, attempt: int) -> timezone.timedelta:

@@ -263,6 +263,7 @@ class WorkerHeartbeat(models.Model):
     throughput = models.FloatField(default=0.0, help_text="Tasks finished per second over the last tick.")
     p95_ms = models.FloatField(null=True, blank=True)
     tasks_done = models.BigIntegerField(default=0)
+    running = models.JSONField(default=list, blank=True, help_text="Step attempts executing: run_id/key/attempt.")
     last_adjustment_at = models.DateTimeField(null=True, blank=True)
     last_adjustment_reason = models.CharField(max_length=300, blank=True, default="")
 

@@ -78,16 +78,19 @@ class TimerPoller:
             .filter(Q(worker__in=dead_workers.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
             .values_list("run_id", "key")
         )
-        reclaim = getattr(self.engine.transport, "reclaim_from", None)
-        if reclaim is not None:
-            # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
-            reclaim(list(dead_workers.values_list("worker_id", flat=True)))
         lost_by_run: dict[str, list[str]] = {}
         for run_id, key in lost[: self.batch_size]:
+            lost_by_run.setdefault(run_id, []).append(key)
+        for run_id, key in self._dropped_by_live_workers(dead_cutoff, lost_after):
             lost_by_run.setdefault(run_id, []).append(key)
         redriven = 0
         for run_id, keys in lost_by_run.items():
             redriven += self.engine.redispatch_pending(run_id, keys=keys)
+        reclaim = getattr(self.engine.transport, "reclaim_from", None)
+        if reclaim is not None:
+            # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
+            # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
+            reclaim(list(dead_workers.values_list("worker_id", flat=True)))
         # A cancelled run waits for its executing steps' results; one past its deadline will not
         # be re-dispatched for a cancelled run, so it is settled as cancelled here instead.
         overdue = StepCheckpoint.objects.filter(
@@ -96,11 +99,37 @@ class TimerPoller:
         for run_id, key, attempt in list(overdue[: self.batch_size]):
             self.engine.record_result(run_id, key, attempt, cancelled=True)
         stale_turns = WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after)
-        for run_id in list(stale_turns.values_list("id", flat=True)[: self.batch_size]):
-            self.engine.transport.enqueue_turn(run_id)
+        stale_ids = list(stale_turns.values_list("id", flat=True)[: self.batch_size])
+        if stale_ids:
+            with transaction.atomic():
+                # Touched, so each is re-sent once per REDISPATCH_AFTER_S, not on every pass.
+                WorkflowRun.objects.filter(id__in=stale_ids, status=RunStatus.PENDING).update(updated_at=now)
+                for run_id in stale_ids:
+                    self.engine.transport.enqueue_turn(run_id)
         if redriven:
             logger.info("re-dispatched %d step(s) lost with their worker", redriven)
         return redriven
+
+    def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
+        """Steps dispatched long ago to a worker that is alive but not executing them (it gave
+        up on the job, e.g. after the database refused its result): re-drive those too."""
+        old = StepCheckpoint.objects.filter(
+            kind=StepKind.STEP, status=StepStatus.DISPATCHED, dispatched_at__lt=lost_after
+        ).exclude(worker="")
+        candidates = list(old.values_list("run_id", "key", "attempt", "worker")[: self.batch_size])
+        if not candidates:
+            return []
+        running: dict[str, set[str]] = {
+            worker_id: set(tasks)
+            for worker_id, tasks in WorkerHeartbeat.objects.filter(
+                worker_id__in={c[3] for c in candidates}, last_seen__gte=dead_cutoff, stopped_at__isnull=True
+            ).values_list("worker_id", "running")
+        }
+        return [
+            (run_id, key)
+            for run_id, key, attempt, worker in candidates
+            if worker in running and f"{run_id}/{key}/{attempt}" not in running[worker]
+        ]
 
     def request_stop(self, *_: Any) -> None:
         self._stop.set()

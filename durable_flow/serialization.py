@@ -17,9 +17,21 @@ def ensure_json(value: Any, what: str, max_bytes: int) -> Any:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in encoded and _has_nul(value):
+        raise InvalidInput(f"{what} contains a NUL character (\\u0000), which the database cannot store")
     if len(encoded) > max_bytes:
         raise InvalidInput(f"{what} is {len(encoded)} bytes of JSON, over MAX_PAYLOAD_BYTES ({max_bytes})")
     return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(item) for item in value)
+    return False
 
 
 def error_info(exc: BaseException) -> dict[str, Any]:
@@ -28,6 +40,8 @@ def error_info(exc: BaseException) -> dict[str, Any]:
 
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+        "message": str(exc).replace("\x00", "\\0"),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:].replace(
+            "\x00", "\\0"
+        ),
     }

@@ -276,3 +276,32 @@ def child_of_fan(ctx: Any, n: int) -> int:
 @workflow("tests.child_fan_one_fails")
 def child_fan_one_fails(ctx: Any, payload: dict[str, Any]) -> list[int]:
     return ctx.all(child_of_fan, [-1, *range(1, payload["n"])], concurrency=payload.get("concurrency"))
+
+
+@workflow("tests.catches_everything")
+def catches_everything(ctx: Any, payload: dict[str, Any]) -> str:
+    """A workflow that tries to swallow every error around a step."""
+    try:
+        ctx.step(echo, 1, queue=payload["queue"])
+    except Exception as exc:  # noqa: BLE001 - the point of the test
+        return f"swallowed {type(exc).__name__}"
+    return "done"
+
+
+@workflow("tests.echo_flow")
+def echo_flow(ctx: Any, value: Any) -> Any:
+    return ctx.step(echo_raw, value)
+
+
+@step("tests.echo_raw")
+def echo_raw(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\\x00", "\x00")
+    return value
+
+
+@workflow("tests.queued_or_nul")
+def queued_or_nul(ctx: Any, payload: dict[str, Any]) -> Any:
+    """Like `tests.queued`, or with a step input the workflow itself builds with a NUL in it."""
+    value = "x" + chr(0) if payload.get("nul_input") else payload["value"]
+    return ctx.step(echo, value, queue=payload["queue"], priority=payload.get("priority", 0))

@@ -38,7 +38,7 @@ class AdmissionRequest:
     @property
     def key(self) -> str:
         """The fairness bucket; defaults to the run id so unrelated runs are fair to each other."""
-        return self.fairness_key or self.ticket.split("/", 1)[0]
+        return self.fairness_key or self.ticket.rsplit("/", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)

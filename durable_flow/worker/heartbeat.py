@@ -104,8 +104,9 @@ class Heartbeat:
             ram_pct = max(ram_pct, 100.0 * self.process.memory_info().rss / limit)
         return ResourceSample(ram_pct=ram_pct, cpu_pct=psutil.cpu_percent(None), in_flight=self.stats.in_flight)
 
-    def beat(self, stopped: bool = False) -> None:
-        """Write the row now."""
+    def beat(self, stopped: bool = False, running: list[str] | None = None) -> None:
+        """Write the row now. `running` lists the step attempts executing here
+        (`run_id/key/attempt`), so the poller can tell a step this live worker dropped."""
         now_mono = time.monotonic()
         done = self.stats.done
         elapsed = max(1e-6, now_mono - self._last_time)
@@ -131,6 +132,7 @@ class Heartbeat:
                 "throughput": round(throughput, 2),
                 "p95_ms": self.stats.p95_ms(),
                 "tasks_done": done,
+                "running": running or [],
                 "last_adjustment_at": (
                     datetime.fromtimestamp(adjustment.at_ms / 1000, tz=timezone.get_current_timezone())
                     if adjustment

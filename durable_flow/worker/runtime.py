@@ -239,7 +239,7 @@ class WorkerRuntime:
             running = list(self._running.values())
         try:
             self.source.renew(self.worker_id, running)
-            self.heartbeat.beat()
+            self.heartbeat.beat(running=[f"{t.run_id}/{t.step_key}/{t.attempt}" for t in running if t.kind == "step"])
         except Exception:
             logger.exception("heartbeat failed")
 

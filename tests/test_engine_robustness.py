@@ -1,0 +1,193 @@
+"""Failures that are not the workflow's: infrastructure errors, values the database refuses,
+races with cancel, id collisions, and work a live worker dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from durable_flow import register_queue, start
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.engine import Engine
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.poller import TimerPoller
+from tests.conftest import MovableClock, local_engine
+from tests.engine_support import ManualTransport, transport_of
+from tests.test_flow_control import queued
+
+
+class FlakyAdmission(LocalAdmissionBackend):
+    """In-process admission whose next `fail_next` decisions raise, like a Redis blip."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_next = 0
+        self.on_adopt: Any = None
+
+    def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("admission backend unreachable")
+        return super().try_admit(request)
+
+    def adopt(self, queue: str, ticket: str) -> bool:
+        return self.on_adopt(queue, ticket) if self.on_adopt else True
+
+
+@pytest.fixture
+def flaky(clock: MovableClock, transactional_db: None) -> tuple[Engine, FlakyAdmission]:
+    engine = local_engine(clock, ManualTransport())
+    backend = FlakyAdmission(clock=lambda: clock.ms)
+    engine.admission = backend
+    return engine, backend
+
+
+def test_an_admission_outage_during_a_turn_does_not_fail_the_run(flaky: tuple[Engine, FlakyAdmission]) -> None:
+    engine, backend = flaky
+    register_queue("blip", concurrency=2)
+    run = start("tests.queued", queued("blip", 1))
+    backend.fail_next = 1
+    transport = transport_of(engine)
+    turn = transport.turns.pop(0)
+    with pytest.raises(ConnectionError):
+        engine.run_turn(turn)
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING  # rolled back, untouched: the turn is retried
+    assert not StepCheckpoint.objects.filter(run=run).exists()
+    engine.run_turn(turn)
+    assert StepCheckpoint.objects.get(run=run).status == StepStatus.DISPATCHED
+
+
+def test_a_workflow_cannot_swallow_an_engine_failure(flaky: tuple[Engine, FlakyAdmission]) -> None:
+    engine, backend = flaky
+    register_queue("blip", concurrency=2)
+    run = start("tests.catches_everything", {"queue": "blip"})
+    backend.fail_next = 1
+    with pytest.raises(ConnectionError):
+        engine.run_turn(transport_of(engine).turns.pop(0))
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING and run.output is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"queue": "q", "value": 1, "nul_input": True}, "NUL character"),
+        ({"queue": "q", "value": 1, "priority": 2**31}, "priority must be within"),
+        ({"queue": "q" * 150, "value": 1}, "at most 100 characters"),
+    ],
+)
+def test_values_the_database_would_refuse_fail_the_run_clearly(manual: Engine, payload: Any, message: str) -> None:
+    run = start("tests.queued_or_nul", payload)
+    transport_of(manual).run_turns()
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert message in run.error["message"]
+
+
+def test_a_step_output_with_a_nul_fails_that_attempt(manual: Engine) -> None:
+    run = start("tests.echo_flow", "a\\x00b")  # the step itself turns the escape into a NUL
+    transport = transport_of(manual)
+    transport.run_turns()
+    assert transport.execute(transport.take()) == "failed"
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "NUL character" in StepCheckpoint.objects.get(run=run).error["message"]
+
+
+def test_start_refuses_input_with_a_nul(manual: Engine) -> None:
+    from durable_flow import InvalidInput
+
+    with pytest.raises(InvalidInput, match="NUL"):
+        start("tests.three_steps", "a\x00b")
+
+
+def test_cancel_landing_before_a_failed_slot_adoption_still_ends_the_run(
+    flaky: tuple[Engine, FlakyAdmission],
+) -> None:
+    engine, backend = flaky
+    register_queue("render", concurrency=1)
+    run = start("tests.queued", queued("render", 1))
+    transport = transport_of(engine)
+    transport.run_turns()
+
+    def cancel_then_lose(queue: str, ticket: str) -> bool:
+        engine.cancel(run.id)  # lands between execute_step's status check and the adoption
+        return False  # and the slot was reclaimed meanwhile
+
+    backend.on_adopt = cancel_then_lose
+    assert transport.execute(transport.take()) == "skipped"
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert StepCheckpoint.objects.get(run=run).status == StepStatus.CANCELLED
+
+
+def test_a_child_id_taken_by_another_run_fails_the_parent_clearly(manual: Engine, clock: MovableClock) -> None:
+    start("tests.sleeper", 5, run_id="order-7:1")
+    parent = start("tests.child_parent", 1, run_id="order-7")
+    transport_of(manual).run_all()
+    parent.refresh_from_db()
+    assert parent.status == RunStatus.FAILED
+    assert "not this run's child" in parent.error["message"]
+    assert WorkflowRun.objects.get(pk="order-7:1").parent_id is None
+
+
+def test_a_stale_pending_turn_is_resent_once_per_period(manual: Engine, clock: MovableClock) -> None:
+    runs = [start("tests.three_steps", i) for i in range(3)]
+    transport = transport_of(manual)
+    transport.turns.clear()  # the broker lost them
+    clock.advance(seconds=manual.settings.redispatch_after_s + 1)
+    poller = TimerPoller(manual)
+    for _ in range(4):
+        poller.maintain()
+    assert sorted(transport.turns) == sorted(run.id for run in runs)
+
+
+def test_a_step_a_live_worker_dropped_is_redispatched(manual: Engine, clock: MovableClock) -> None:
+    run = start("tests.fan", {"n": 2})
+    transport = transport_of(manual)
+    transport.run_turns()
+    first, second = transport.take(), transport.take()
+    now = clock()
+    WorkerHeartbeat.objects.create(
+        worker_id="alive",
+        host="h",
+        pid=1,
+        transport="db",
+        started_at=now,
+        last_seen=now,
+        running=[f"{run.id}/{second.key}/{second.attempt}"],
+    )
+    StepCheckpoint.objects.filter(run=run).update(worker="alive")
+    clock.advance(seconds=manual.settings.redispatch_after_s + 1)
+    WorkerHeartbeat.objects.filter(worker_id="alive").update(last_seen=clock())
+    assert TimerPoller(manual).maintain() == 1
+    assert StepCheckpoint.objects.get(run=run, key=first.key).attempt == first.attempt + 1
+    assert StepCheckpoint.objects.get(run=run, key=second.key).attempt == second.attempt  # still running there
+
+
+def test_a_run_failing_while_parked_withdraws_its_waiter(manual: Engine) -> None:
+    register_queue("render", concurrency=1, retry_ms=1000)
+    start("tests.queued", queued("render", "holder"))
+    parked = start("tests.queued", queued("render", "parked"))
+    transport_of(manual).run_turns()
+    assert manual.admission.next_waiters("render", 5) == [f"{parked.id}/1"]
+    WorkflowRun.objects.filter(pk=parked.pk).update(version="0")  # its code changed under it
+    manual.run_turn(parked.id)
+    parked.refresh_from_db()
+    assert parked.status == RunStatus.FAILED
+    assert manual.admission.next_waiters("render", 5) == []
+    assert StepCheckpoint.objects.get(run=parked).status == StepStatus.CANCELLED
+
+
+def test_a_non_positive_step_timeout_is_refused(manual: Engine) -> None:
+    run = start("tests.timeout_flow", {"timeout": -5, "seconds": 0, "id": "t"})
+    transport_of(manual).run_turns()
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and "positive timedelta" in run.error["message"]
+
+
+def test_fairness_key_defaults_to_the_whole_run_id() -> None:
+    assert AdmissionRequest(queue="q", ticket="tenant/a/run-1/3").key == "tenant/a/run-1"
