@@ -47,6 +47,20 @@ class MovableClock:
         return int(self().timestamp() * 1000)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_stray_connections(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Threads that touched the database (pub/sub listeners, worker threads under test) keep
+    persistent connections; end them before the test database is dropped."""
+    yield
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _clean_state() -> Iterator[None]:
     workflows.EXECUTIONS.clear()
