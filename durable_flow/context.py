@@ -149,8 +149,7 @@ class WorkflowContext:
                     "ctx.all: a step fan does not accept a queue; fan out over a child workflow whose "
                     "ctx.step names the queue, or enforce the limit in the step"
                 )
-            self._registered_step(target)
-            options = self._options(
+            options = self._options(  # also checks that `target` is the registered step
                 target,
                 None,
                 step_options.pop("priority", 0),

@@ -131,13 +131,12 @@ class Engine:
     def register_queue(self, config: QueueConfig) -> QueueConfig:
         """Add or replace a queue on this process's backend and persist it for the others."""
         self.admission.register(config)
-        FlowQueue.objects.update_or_create(name=config.name, defaults={"config": config.as_dict()})
+        write_queues([config])
         return config
 
     def persist_queues(self) -> None:
         """Write the settings' queues to `FlowQueue` (at migrate and at worker/poller start)."""
-        for config in self.settings.queues:
-            FlowQueue.objects.update_or_create(name=config.name, defaults={"config": config.as_dict()})
+        write_queues(self.settings.queues)
 
     # -- starting runs ------------------------------------------------------------------
     @retry_on_conflict
@@ -712,11 +711,15 @@ def set_engine(engine: Engine | None) -> None:
     _engine = engine
 
 
+def write_queues(queues: Iterable[QueueConfig], using: str = "default") -> None:
+    """Upsert queue configs into `FlowQueue`, where every process and the admin read them."""
+    for config in queues:
+        FlowQueue.objects.using(using).update_or_create(name=config.name, defaults={"config": config.as_dict()})
+
+
 def persist_configured_queues(sender: Any = None, **kwargs: Any) -> None:
     """post_migrate handler: make the settings' queues visible in the admin at once."""
-    using = kwargs.get("using", "default")
     try:
-        for config in get_settings().queues:
-            FlowQueue.objects.using(using).update_or_create(name=config.name, defaults={"config": config.as_dict()})
+        write_queues(get_settings().queues, using=kwargs.get("using", "default"))
     except DatabaseError:  # the table may not exist yet when migrating backwards
         logger.debug("could not persist queues", exc_info=True)

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -72,7 +73,7 @@ class TimerPoller:
         now = self.engine.now()
         dead_cutoff = dead_worker_cutoff(settings.heartbeat_ttl_s, now)
         dead_workers = WorkerHeartbeat.objects.filter(Q(last_seen__lt=dead_cutoff) | Q(stopped_at__isnull=False))
-        lost_after = now - _seconds(settings.redispatch_after_s)
+        lost_after = now - timedelta(seconds=settings.redispatch_after_s)
         lost = (
             StepCheckpoint.objects.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
             .filter(Q(worker__in=dead_workers.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
@@ -150,9 +151,3 @@ class TimerPoller:
                 woken = []
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)
-
-
-def _seconds(value: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=value)
