@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 
 from durable_flow.admission.base import (
@@ -92,11 +92,14 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
 
     # -- decisions ---------------------------------------------------------------------------
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
-        now = self.clock()
         with transaction.atomic():
             row, config = self._locked_queue(request.queue)
             if row is None or config is None:
                 return AdmissionDecision.admit()
+            # Read the clock only now that the queue is ours: a decision that waited for the
+            # lock must not stamp its window mark with the time it started waiting, or the
+            # window would reopen early by as long as it waited.
+            now = self._now()
             queue = request.queue
             if AdmissionSlot.objects.filter(queue=queue, ticket=request.ticket).exists():
                 return AdmissionDecision.admit()
@@ -126,6 +129,15 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
                 )
                 AdmissionWaiter.objects.filter(queue=queue, fairness_key=waiter.fairness_key).update(key_served=serve)
             return AdmissionDecision.admit()
+
+    def _now(self) -> int:
+        """Epoch ms for a decision. With the system clock on PostgreSQL, the server's
+        `clock_timestamp()`: one clock for every host, as the Redis backend's `TIME` is."""
+        if self.clock is system_clock_ms and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT floor(extract(epoch from clock_timestamp()) * 1000)::bigint")
+                return int(cursor.fetchone()[0])
+        return self.clock()
 
     def _blocked(self, config: QueueConfig, waiter: AdmissionWaiter, now: int) -> AdmissionDecision | None:
         """The rules of `policy.decide`, in SQL: None if `waiter` may be admitted now."""
