@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.db import DataError, NotSupportedError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -72,6 +74,14 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """A filter value the database cannot take (a year of 20 digits) is a bad request the
+        changelist reports as such (its `?e=1` page), not a server error."""
+        try:
+            return super().get_changelist_instance(request)
+        except (OverflowError, ValueError, NotSupportedError, DataError) as exc:
+            raise IncorrectLookupParameters(str(exc)) from exc
 
     @admin.action(description="Cancel selected runs", permissions=["change"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:

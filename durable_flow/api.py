@@ -5,10 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from durable_flow.exceptions import InvalidInput
+from durable_flow.validation import storable_text
+
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
     from durable_flow.queues import QueueConfig, RateLimit
     from durable_flow.registry import WorkflowDefinition
+
+#: The longest run id, workflow name, signal name or tag (the model fields' `max_length`).
+MAX_NAME = 200
+
+
+def _run_id(run_id: object) -> str:
+    """A run id the database can look up; `InvalidInput` otherwise (never a bare DataError)."""
+
+    return storable_text(run_id, "run_id", MAX_NAME)
 
 
 def start(
@@ -25,6 +37,13 @@ def start(
     """
     from durable_flow.engine import get_engine
 
+    if isinstance(workflow, str):
+        storable_text(workflow, "workflow name", MAX_NAME)
+    if run_id is not None:
+        storable_text(run_id, "run_id", MAX_NAME)
+    if isinstance(tags, str):
+        raise InvalidInput("tags must be a list of strings, not a string")
+    tags = [storable_text(tag, "tag", MAX_NAME) for tag in tags]
     return get_engine().start(workflow, input, run_id=run_id, tags=tags)
 
 
@@ -33,7 +52,7 @@ def cancel(run_id: str) -> WorkflowRun:
     when the step's result lands; that late result is recorded and ignored."""
     from durable_flow.engine import get_engine
 
-    return get_engine().cancel(run_id)
+    return get_engine().cancel(_run_id(run_id))
 
 
 def get_run(run_id: str) -> WorkflowRun:
@@ -42,7 +61,7 @@ def get_run(run_id: str) -> WorkflowRun:
     from durable_flow.models import WorkflowRun
 
     try:
-        return WorkflowRun.objects.get(pk=run_id)
+        return WorkflowRun.objects.get(pk=_run_id(run_id))
     except WorkflowRun.DoesNotExist:
         raise RunNotFound(f"no run with id {run_id!r}") from None
 
@@ -51,14 +70,15 @@ def send_signal(run_id: str, name: str, payload: Any = None) -> None:
     """Deliver signal `name` to a run; a signal sent before the run waits for it is kept."""
     from durable_flow.engine import get_engine
 
-    get_engine().send_signal(run_id, name, payload)
+    storable_text(name, "signal name", MAX_NAME)
+    get_engine().send_signal(_run_id(run_id), name, payload)
 
 
 def redispatch_pending(run_id: str) -> int:
     """Re-send a run's in-flight steps whose jobs were lost; returns how many."""
     from durable_flow.engine import get_engine
 
-    return get_engine().redispatch_pending(run_id)
+    return get_engine().redispatch_pending(_run_id(run_id))
 
 
 def register_queue(

@@ -28,6 +28,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.registry import StepDefinition, WorkflowDefinition, resolve_workflow
+from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -203,8 +204,7 @@ class WorkflowContext:
         A signal sent before the wait is kept and consumed here. With `timeout`, raise
         `SignalTimeout` if none arrived in time.
         """
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise ValueError("ctx.wait_for_signal needs a signal name of at most 200 characters")
+        storable_text(name, "ctx.wait_for_signal: signal name", 200)
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise ValueError("ctx.wait_for_signal: timeout must be a positive timedelta")
         key = self._next_key()
@@ -261,16 +261,16 @@ class WorkflowContext:
         timeout: timedelta | None,
     ) -> StepOptions:
         self._registered_step(step)
-        if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100):
-            raise ValueError(f"queue must be a queue name of at most 100 characters, got {queue!r}")
+        if queue is not None:
+            storable_text(queue, "queue", 100)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
         if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
             raise ValueError(f"priority must be within ±{PRIORITY_LIMIT}, got {priority}")
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
-        if fairness_key is not None and (not isinstance(fairness_key, str) or len(fairness_key) > 200):
-            raise ValueError("fairness_key must be a string of at most 200 characters")
+        if fairness_key is not None:
+            storable_text(fairness_key, "fairness_key", 200, allow_empty=True)
         if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
             raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
         return StepOptions(

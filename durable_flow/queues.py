@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from durable_flow.exceptions import InvalidQueueConfig
+from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS
 
 Algorithm = Literal["fixed", "sliding"]
 Fairness = Literal["fifo", "key"]
@@ -74,17 +75,21 @@ class QueueConfig:
         where: str = "queue",
     ) -> QueueConfig:
         """Validate keyword options (the `register_queue` form)."""
-        if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        if not isinstance(name, str) or not name.strip() or len(name) > 100 or "\x00" in name:
             raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most 100 characters is required")
         where = f"{where} {name!r}"
-        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
-            raise InvalidQueueConfig(f"{where}.concurrency: must be a positive integer or omitted, got {concurrency!r}")
+        if concurrency is not None and (not _is_int(concurrency) or not 1 <= concurrency <= MAX_COUNT):
+            raise InvalidQueueConfig(
+                f"{where}.concurrency: must be an integer from 1 to {MAX_COUNT} or omitted, got {concurrency!r}"
+            )
         if isinstance(rate_limit, Mapping):
             rate_limit = _rate_limit(rate_limit, f"{where}.rate_limit")
         elif rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise InvalidQueueConfig(f"{where}.rate_limit: expected a dict with limit and period_ms")
-        if not _is_int(retry_ms) or retry_ms < 1:
-            raise InvalidQueueConfig(f"{where}.retry_ms: must be a positive integer (milliseconds), got {retry_ms!r}")
+        if not _is_int(retry_ms) or not 1 <= retry_ms <= MAX_DURATION_MS:
+            raise InvalidQueueConfig(
+                f"{where}.retry_ms: must be an integer from 1 to {MAX_DURATION_MS} (milliseconds), got {retry_ms!r}"
+            )
         if fairness not in ("fifo", "key"):
             raise InvalidQueueConfig(f"{where}.fairness: must be 'fifo' or 'key', got {fairness!r}")
         if order not in ("fifo", "lifo"):
@@ -111,10 +116,12 @@ def _rate_limit(raw: Mapping[str, Any], where: str) -> RateLimit:
         raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
     limit, period_ms = raw.get("limit"), raw.get("period_ms")
     algorithm = raw.get("algorithm", "fixed")
-    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
-        raise InvalidQueueConfig(f"{where}.limit: must be a positive integer, got {limit!r}")
-    if not _is_int(period_ms) or period_ms < 1:  # type: ignore[operator]
-        raise InvalidQueueConfig(f"{where}.period_ms: must be a positive integer (milliseconds), got {period_ms!r}")
+    if not _is_int(limit) or not 1 <= limit <= MAX_COUNT:  # type: ignore[operator]
+        raise InvalidQueueConfig(f"{where}.limit: must be an integer from 1 to {MAX_COUNT}, got {limit!r}")
+    if not _is_int(period_ms) or not 1 <= period_ms <= MAX_DURATION_MS:  # type: ignore[operator]
+        raise InvalidQueueConfig(
+            f"{where}.period_ms: must be an integer from 1 to {MAX_DURATION_MS} (milliseconds), got {period_ms!r}"
+        )
     if algorithm not in ("fixed", "sliding"):
         raise InvalidQueueConfig(f"{where}.algorithm: must be 'fixed' or 'sliding', got {algorithm!r}")
     return RateLimit(limit=limit, period_ms=period_ms, algorithm=algorithm)  # type: ignore[arg-type]

@@ -17,8 +17,15 @@ def ensure_json(value: Any, what: str, max_bytes: int) -> Any:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"{what} is nested too deeply to store as JSON") from None
     if "\\u0000" in encoded and _has_nul(value):
         raise InvalidInput(f"{what} contains a NUL character (\\u0000), which the database cannot store")
+    if "\\ud" in encoded:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{what} contains a lone surrogate, which PostgreSQL cannot store") from None
     if len(encoded) > max_bytes:
         raise InvalidInput(f"{what} is {len(encoded)} bytes of JSON, over MAX_PAYLOAD_BYTES ({max_bytes})")
     return value

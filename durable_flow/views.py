@@ -16,8 +16,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from durable_flow import api
+from durable_flow.api import MAX_NAME
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import WorkflowRun
+from durable_flow.validation import storable_text
 
 MAX_BODY_BYTES = 2_000_000
 
@@ -71,8 +73,10 @@ def _body(request: HttpRequest) -> dict[str, Any]:
         raise InvalidInput(f"request body over {MAX_BODY_BYTES} bytes")
     try:
         body = json.loads(request.body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer too long to convert
         raise InvalidInput(f"request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
     return body
@@ -86,8 +90,8 @@ def start_run(request: HttpRequest) -> HttpResponse:
     if not isinstance(workflow, str) or not workflow:
         raise InvalidInput('"workflow" must be a workflow name')
     run_id = body.get("run_id")
-    if run_id is not None and not isinstance(run_id, str):
-        raise InvalidInput('"run_id" must be a string')
+    if run_id is not None:
+        storable_text(run_id, '"run_id"', MAX_NAME)
     existed = run_id is not None and WorkflowRun.objects.filter(pk=run_id).exists()
     run = api.start(workflow, body.get("input"), run_id=run_id)
     return JsonResponse(run_json(run), status=200 if existed else 201)

@@ -305,3 +305,9 @@ def queued_or_nul(ctx: Any, payload: dict[str, Any]) -> Any:
     """Like `tests.queued`, or with a step input the workflow itself builds with a NUL in it."""
     value = "x" + chr(0) if payload.get("nul_input") else payload["value"]
     return ctx.step(echo, value, queue=payload["queue"], priority=payload.get("priority", 0))
+
+
+@workflow("tests.nul_fairness")
+def nul_fairness(ctx: Any, _: Any) -> Any:
+    """A fairness key the database cannot store, computed inside the workflow."""
+    return ctx.step(echo, 1, fairness_key="k" + chr(0))
