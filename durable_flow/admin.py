@@ -4,18 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.core.exceptions import PermissionDenied
 from django.db import DataError, NotSupportedError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
+from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.registry import workflows
 from durable_flow.worker.heartbeat import dead_worker_cutoff
+
+
+class StartForm(forms.Form):
+    """Start a run of a registered workflow."""
+
+    workflow = forms.ChoiceField(choices=())
+    input = forms.JSONField(required=False, help_text="JSON, e.g. {\"account\": 42}")
+    run_id = forms.CharField(required=False, max_length=200, help_text="Optional; makes the start idempotent.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["workflow"].choices = [(name, name) for name in sorted(workflows())]
+
+
+class SignalForm(forms.Form):
+    """Send a named signal with a JSON payload."""
+
+    name = forms.CharField(max_length=200)
+    payload = forms.JSONField(required=False)
 
 
 class CheckpointInline(admin.TabularInline):
@@ -63,6 +88,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "tags",
         "parent",
         "parent_step_key",
+        "rerun_of",
         "turns",
         "created_at",
         "updated_at",
@@ -83,38 +109,137 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         except (OverflowError, ValueError, NotSupportedError, DataError) as exc:
             raise IncorrectLookupParameters(str(exc)) from exc
 
-    @admin.action(description="Cancel selected runs", permissions=["change"])
+    # Runs change only through operations (cancel, re-run, signal), never by editing fields:
+    # the change page is read-only and only finished runs may be deleted.
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is not None and obj.is_terminal and super().has_delete_permission(request, obj)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durable_flow.cancel_workflowrun")
+
+    def has_signal_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durable_flow.signal_workflowrun")
+
+    def has_start_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durable_flow.start_workflowrun")
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         from durable_flow.api import cancel
 
         count = 0
         for run in queryset:
             if not run.is_terminal:
-                cancel(run.id)
+                record_operation(request.user, cancel(run.id), "Cancelled (admin action)")
                 count += 1
         self.message_user(request, f"Cancelled {count} run(s).", messages.SUCCESS)
 
     def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
         return [
-            path(
-                "<path:object_id>/cancel/",
-                self.admin_site.admin_view(self.cancel_view),
-                name="durable_flow_workflowrun_cancel",
-            ),
+            path("start/", view(self.start_view), name="durable_flow_workflowrun_start"),
+            path("<path:object_id>/cancel/", view(self.cancel_view), name="durable_flow_workflowrun_cancel"),
+            path("<path:object_id>/rerun/", view(self.rerun_view), name="durable_flow_workflowrun_rerun"),
+            path("<path:object_id>/signal/", view(self.signal_view), name="durable_flow_workflowrun_signal"),
             *super().get_urls(),
         ]
 
-    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponseRedirect:
-        """The detail page's cancel button (POST only, CSRF-checked by the admin view)."""
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = {
+            **(extra_context or {}),
+            "can_cancel": self.has_cancel_permission(request),
+            "can_signal": self.has_signal_permission(request),
+            "can_start": self.has_start_permission(request),
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra_context = {**(extra_context or {}), "can_start": self.has_start_permission(request)}
+        return super().changelist_view(request, extra_context)
+
+    def _page(self, request: HttpRequest, template: str, title: str, **context: Any) -> HttpResponse:
+        return TemplateResponse(
+            request,
+            template,
+            {**self.admin_site.each_context(request), "opts": self.model._meta, "title": title, **context},
+        )
+
+    def _to_run(self, run: WorkflowRun) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:durable_flow_workflowrun_change", args=[run.pk]))
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: a confirmation page; POST (CSRF-checked by the admin view): cancel."""
         from durable_flow.api import cancel
 
         run = get_object_or_404(WorkflowRun, pk=object_id)
-        if request.method != "POST" or not self.has_change_permission(request, run):
-            self.message_user(request, "Cancel needs a POST by a user who may change runs.", messages.ERROR)
-        else:
-            cancel(run.id)
-            self.message_user(request, f"Run {run.id} is now {WorkflowRun.objects.get(pk=run.id).status}.")
-        return HttpResponseRedirect(reverse("admin:durable_flow_workflowrun_change", args=[run.pk]))
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        if request.method != "POST":
+            return self._page(
+                request, "admin/durable_flow/workflowrun/cancel_confirmation.html", f"Cancel run {run.pk}?", run=run
+            )
+        record_operation(request.user, cancel(run.id), "Cancelled")
+        self.message_user(request, f"Run {run.id} is now {WorkflowRun.objects.get(pk=run.id).status}.")
+        return self._to_run(run)
+
+    def rerun_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: start a new run with the same workflow and input."""
+        from durable_flow.api import rerun
+
+        original = get_object_or_404(WorkflowRun, pk=object_id)
+        if not self.has_start_permission(request):
+            raise PermissionDenied
+        if request.method != "POST":
+            return self._to_run(original)
+        run = rerun(original.pk)
+        record_operation(request.user, run, f"Re-run of {original.pk}")
+        self.message_user(request, f"Started run {run.pk}, a re-run of {original.pk}.", messages.SUCCESS)
+        return self._to_run(run)
+
+    def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """A form to send a named signal with a JSON payload to the run."""
+        from durable_flow.api import send_signal
+
+        run = get_object_or_404(WorkflowRun, pk=object_id)
+        if not self.has_signal_permission(request):
+            raise PermissionDenied
+        form = SignalForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                send_signal(run.pk, form.cleaned_data["name"], form.cleaned_data["payload"])
+            except DurableFlowError as exc:
+                form.add_error(None, str(exc))
+            else:
+                record_operation(request.user, run, f"Sent signal {form.cleaned_data['name']!r}")
+                self.message_user(request, f"Sent signal {form.cleaned_data['name']!r}.", messages.SUCCESS)
+                return self._to_run(run)
+        return self._page(
+            request, "admin/durable_flow/workflowrun/form.html", f"Send a signal to {run.pk}", form=form, run=run
+        )
+
+    def start_view(self, request: HttpRequest) -> HttpResponse:
+        """A form listing the registered workflows, with a JSON input field."""
+        from durable_flow.api import start
+
+        if not self.has_start_permission(request):
+            raise PermissionDenied
+        form = StartForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                run = start(data["workflow"], data["input"], run_id=data["run_id"] or None)
+            except DurableFlowError as exc:
+                form.add_error(None, str(exc))
+            else:
+                record_operation(request.user, run, "Started from the admin")
+                self.message_user(request, f"Started run {run.pk}.", messages.SUCCESS)
+                return self._to_run(run)
+        return self._page(request, "admin/durable_flow/workflowrun/form.html", "Start a workflow run", form=form)
 
 
 @admin.register(FlowQueue)
@@ -125,6 +250,12 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # queues change through settings or `register_queue`, not a form
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a queue row holds the db backend's counters; it goes with its config
 
     @admin.display(description="Config")
     def config_summary(self, obj: FlowQueue) -> str:
@@ -152,6 +283,13 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A stopped worker's record may go; a live one would only come back on its next beat.
+        return obj is not None and obj.stopped_at is not None and super().has_delete_permission(request, obj)
 
     @admin.display(boolean=True)
     def alive(self, obj: WorkerHeartbeat) -> bool:

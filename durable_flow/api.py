@@ -74,6 +74,22 @@ def send_signal(run_id: str, name: str, payload: Any = None) -> None:
     get_engine().send_signal(_run_id(run_id), name, payload)
 
 
+def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
+    """Start a new run of the same workflow with the same input; the new run keeps a link to
+    the original (`rerun_of`). Idempotent on `new_run_id`, like `start`."""
+    from durable_flow.engine import get_engine
+    from durable_flow.models import WorkflowRun
+
+    original = get_run(run_id)
+    if new_run_id is not None:
+        storable_text(new_run_id, "new_run_id", MAX_NAME)
+    run = get_engine().start(original.workflow, original.input, run_id=new_run_id, tags=original.tags)
+    if not run.rerun_of and run.pk != original.pk:
+        WorkflowRun.objects.filter(pk=run.pk, rerun_of="").update(rerun_of=original.pk)
+        run.rerun_of = original.pk
+    return run
+
+
 def redispatch_pending(run_id: str) -> int:
     """Re-send a run's in-flight steps whose jobs were lost; returns how many."""
     from durable_flow.engine import get_engine

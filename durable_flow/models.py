@@ -45,9 +45,17 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    rerun_of = models.CharField(
+        max_length=200, blank=True, default="", help_text="The run this one re-runs (same workflow and input)."
+    )
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            ("cancel_workflowrun", "Can cancel runs"),
+            ("signal_workflowrun", "Can send signals to runs"),
+            ("start_workflowrun", "Can start runs"),
+        ]
         indexes = [
             # The poller's query: due suspended runs, oldest first. Its cost follows the due
             # rows, not every parked run.

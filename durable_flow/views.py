@@ -1,8 +1,14 @@
-"""A small JSON API for staff: start, inspect and cancel runs (session auth + CSRF).
+"""A small JSON API for staff: start, inspect, cancel, re-run and signal runs (session auth + CSRF).
 
-POST /api/runs/                {"workflow": "...", "input": ..., "run_id": "..."?}  → 201 (200 if it existed)
-GET  /api/runs/<run_id>/       → the run and its checkpoints
-POST /api/runs/<run_id>/cancel/ → the run after cancel
+POST /api/runs/                  {"workflow": "...", "input": ..., "run_id": "..."?}  → 201 (200 if it existed)
+GET  /api/runs/<run_id>/         → the run and its checkpoints
+POST /api/runs/<run_id>/cancel/  → the run after cancel
+POST /api/runs/<run_id>/rerun/   {"run_id": "..."?} → 201, the new run (linked by `rerun_of`)
+POST /api/runs/<run_id>/signals/ {"name": "...", "payload": ...} → 202
+
+Operations need a model permission besides staff status (`durable_flow.start_workflowrun`,
+`cancel_workflowrun`, `signal_workflowrun`): 403 without it. Each one is logged as an admin
+`LogEntry` under the acting user.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from durable_flow import api
 from durable_flow.api import MAX_NAME
+from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import WorkflowRun
 from durable_flow.validation import storable_text
@@ -38,6 +45,24 @@ def staff_api(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     return wrapper
 
 
+def requires(permission: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """403 (JSON) unless the user holds `durable_flow.<permission>`."""
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.has_perm(f"durable_flow.{permission}"):
+                return JsonResponse(
+                    {"error": "PermissionDenied", "message": f"needs the durable_flow.{permission} permission"},
+                    status=403,
+                )
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
 def run_json(run: WorkflowRun, with_steps: bool = False) -> dict[str, Any]:
     data: dict[str, Any] = {
         "id": run.id,
@@ -50,6 +75,7 @@ def run_json(run: WorkflowRun, with_steps: bool = False) -> dict[str, Any]:
         "wake_at": run.wake_at.isoformat() if run.wake_at else None,
         "created_at": run.created_at.isoformat(),
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "rerun_of": run.rerun_of or None,
     }
     if with_steps:
         data["steps"] = [
@@ -84,6 +110,7 @@ def _body(request: HttpRequest) -> dict[str, Any]:
 
 @require_POST
 @staff_api
+@requires("start_workflowrun")
 def start_run(request: HttpRequest) -> HttpResponse:
     body = _body(request)
     workflow = body.get("workflow")
@@ -94,6 +121,8 @@ def start_run(request: HttpRequest) -> HttpResponse:
         storable_text(run_id, '"run_id"', MAX_NAME)
     existed = run_id is not None and WorkflowRun.objects.filter(pk=run_id).exists()
     run = api.start(workflow, body.get("input"), run_id=run_id)
+    if not existed:
+        record_operation(request.user, run, "Started from the JSON API")
     return JsonResponse(run_json(run), status=200 if existed else 201)
 
 
@@ -105,5 +134,31 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
 
 @require_POST
 @staff_api
+@requires("cancel_workflowrun")
 def cancel_run(request: HttpRequest, run_id: str) -> HttpResponse:
-    return JsonResponse(run_json(api.cancel(run_id)))
+    run = api.cancel(run_id)
+    record_operation(request.user, run, "Cancelled from the JSON API")
+    return JsonResponse(run_json(run))
+
+
+@require_POST
+@staff_api
+@requires("start_workflowrun")
+def rerun_run(request: HttpRequest, run_id: str) -> HttpResponse:
+    body = _body(request)
+    new_run_id = body.get("run_id")
+    run = api.rerun(run_id, new_run_id=new_run_id)
+    record_operation(request.user, run, f"Re-run of {run_id} from the JSON API")
+    return JsonResponse(run_json(run), status=201)
+
+
+@require_POST
+@staff_api
+@requires("signal_workflowrun")
+def send_signal(request: HttpRequest, run_id: str) -> HttpResponse:
+    body = _body(request)
+    name = body.get("name")
+    api.send_signal(run_id, name, body.get("payload"))  # type: ignore[arg-type]  # validated there
+    run = api.get_run(run_id)
+    record_operation(request.user, run, f"Sent signal {name!r} from the JSON API")
+    return JsonResponse({"run_id": run.id, "signal": name, "status": run.status}, status=202)

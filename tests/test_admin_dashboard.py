@@ -88,7 +88,8 @@ def test_run_detail_shows_the_timeline_and_a_cancel_button(staff_client: Client,
 
 def test_cancel_from_the_detail_page_needs_a_post_with_csrf(staff_client: Client, sleeping_run: WorkflowRun) -> None:
     url = reverse("admin:durable_flow_workflowrun_cancel", args=[sleeping_run.pk])
-    assert staff_client.get(url).status_code == 302
+    confirmation = staff_client.get(url)  # asks first
+    assert confirmation.status_code == 200 and b"confirm-cancel" in confirmation.content
     assert WorkflowRun.objects.get(pk=sleeping_run.pk).status == RunStatus.SUSPENDED
     assert staff_client.post(url).status_code == 403  # no CSRF token
     assert WorkflowRun.objects.get(pk=sleeping_run.pk).status == RunStatus.SUSPENDED

@@ -124,6 +124,10 @@ def test_cancel_from_the_admin_cancels_the_run(
     page.goto(f"{server}/admin/durable_flow/workflowrun/{run.id}/change/")
     page.screenshot(path=str(SCREENSHOTS / "admin-run-detail.png"), full_page=True)
     page.click("#cancel-run")
+    page.wait_for_selector("#confirm-cancel")  # a confirmation page first
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED
+    page.screenshot(path=str(SCREENSHOTS / "admin-cancel-confirmation.png"), full_page=True)
+    page.click("#confirm-cancel")
     page.wait_for_selector(".messagelist")
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.CANCELLED
     assert page.query_selector("#cancel-run") is None
