@@ -19,7 +19,7 @@ from django.utils import timezone
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
-from durable_flow.models import FlowQueue, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import workflows
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
@@ -95,7 +95,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "finished_at",
     ]
     inlines = [CheckpointInline]
-    actions = ["cancel_selected"]
+    actions = ["cancel_selected", "retry_selected"]
     change_form_template = "admin/durable_flow/workflowrun/change_form.html"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -120,6 +120,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_flow.cancel_workflowrun")
 
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durable_flow.retry_workflowrun")
+
     def has_signal_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_flow.signal_workflowrun")
 
@@ -137,12 +140,26 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 count += 1
         self.message_user(request, f"Cancelled {count} run(s).", messages.SUCCESS)
 
+    @admin.action(description="Retry selected failed or cancelled runs", permissions=["retry"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        from durable_flow.api import retry
+
+        count = 0
+        for run in queryset.filter(status__in=(RunStatus.FAILED, RunStatus.CANCELLED)):
+            try:
+                record_operation(request.user, retry(run.id), "Retried (admin action)")
+                count += 1
+            except DurableFlowError as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        self.message_user(request, f"Retried {count} run(s).", messages.SUCCESS)
+
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
         return [
             path("start/", view(self.start_view), name="durable_flow_workflowrun_start"),
             path("<path:object_id>/cancel/", view(self.cancel_view), name="durable_flow_workflowrun_cancel"),
             path("<path:object_id>/rerun/", view(self.rerun_view), name="durable_flow_workflowrun_rerun"),
+            path("<path:object_id>/retry/", view(self.retry_view), name="durable_flow_workflowrun_retry"),
             path("<path:object_id>/signal/", view(self.signal_view), name="durable_flow_workflowrun_signal"),
             *super().get_urls(),
         ]
@@ -154,6 +171,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             **(extra_context or {}),
             "can_cancel": self.has_cancel_permission(request),
             "can_signal": self.has_signal_permission(request),
+            "can_retry": self.has_retry_permission(request),
             "can_start": self.has_start_permission(request),
         }
         return super().change_view(request, object_id, form_url, extra_context)
@@ -199,6 +217,22 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         run = rerun(original.pk)
         record_operation(request.user, run, f"Re-run of {original.pk}")
         self.message_user(request, f"Started run {run.pk}, a re-run of {original.pk}.", messages.SUCCESS)
+        return self._to_run(run)
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: resume a failed or cancelled run from where it stopped."""
+        from durable_flow.api import retry
+
+        run = get_object_or_404(WorkflowRun, pk=object_id)
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            try:
+                record_operation(request.user, retry(run.pk), "Retried")
+            except DurableFlowError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"Retrying run {run.pk}.", messages.SUCCESS)
         return self._to_run(run)
 
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:

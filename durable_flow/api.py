@@ -74,6 +74,15 @@ def send_signal(run_id: str, name: str, payload: Any = None) -> None:
     get_engine().send_signal(_run_id(run_id), name, payload)
 
 
+def retry(run_id: str) -> WorkflowRun:
+    """Resume a failed or cancelled run from where it stopped: completed steps keep their
+    results, failed or cancelled calls get a new attempt budget, and the run replays.
+    `RetryRefused` for a run in another state or whose workflow version changed."""
+    from durable_flow.operations import retry as retry_run
+
+    return retry_run(_run_id(run_id))
+
+
 def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     """Start a new run of the same workflow with the same input; the new run keeps a link to
     the original (`rerun_of`). Idempotent on `new_run_id`, like `start`."""

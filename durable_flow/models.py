@@ -53,6 +53,7 @@ class WorkflowRun(models.Model):
         ordering = ["-created_at"]
         permissions = [
             ("cancel_workflowrun", "Can cancel runs"),
+            ("retry_workflowrun", "Can retry failed or cancelled runs"),
             ("signal_workflowrun", "Can send signals to runs"),
             ("start_workflowrun", "Can start runs"),
         ]

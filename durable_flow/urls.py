@@ -8,6 +8,7 @@ app_name = "durable_flow"
 urlpatterns = [
     path("runs/", views.start_run, name="start"),
     path("runs/<path:run_id>/cancel/", views.cancel_run, name="cancel"),
+    path("runs/<path:run_id>/retry/", views.retry_run, name="retry"),
     path("runs/<path:run_id>/rerun/", views.rerun_run, name="rerun"),
     path("runs/<path:run_id>/signals/", views.send_signal, name="signal"),
     path("runs/<path:run_id>/", views.run_detail, name="detail"),

@@ -3,11 +3,12 @@
 POST /api/runs/                  {"workflow": "...", "input": ..., "run_id": "..."?}  → 201 (200 if it existed)
 GET  /api/runs/<run_id>/         → the run and its checkpoints
 POST /api/runs/<run_id>/cancel/  → the run after cancel
+POST /api/runs/<run_id>/retry/   → the run, resumed from where it failed
 POST /api/runs/<run_id>/rerun/   {"run_id": "..."?} → 201, the new run (linked by `rerun_of`)
 POST /api/runs/<run_id>/signals/ {"name": "...", "payload": ...} → 202
 
 Operations need a model permission besides staff status (`durable_flow.start_workflowrun`,
-`cancel_workflowrun`, `signal_workflowrun`): 403 without it. Each one is logged as an admin
+`cancel_workflowrun`, `retry_workflowrun`, `signal_workflowrun`): 403 without it. Each one is logged as an admin
 `LogEntry` under the acting user.
 """
 
@@ -139,6 +140,15 @@ def cancel_run(request: HttpRequest, run_id: str) -> HttpResponse:
     run = api.cancel(run_id)
     record_operation(request.user, run, "Cancelled from the JSON API")
     return JsonResponse(run_json(run))
+
+
+@require_POST
+@staff_api
+@requires("retry_workflowrun")
+def retry_run(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = api.retry(run_id)
+    record_operation(request.user, run, "Retried from the JSON API")
+    return JsonResponse(run_json(api.get_run(run_id)))
 
 
 @require_POST

@@ -311,3 +311,15 @@ def queued_or_nul(ctx: Any, payload: dict[str, Any]) -> Any:
 def nul_fairness(ctx: Any, _: Any) -> Any:
     """A fairness key the database cannot store, computed inside the workflow."""
     return ctx.step(echo, 1, fairness_key="k" + chr(0))
+
+
+@workflow("tests.step_then_flaky")
+def step_then_flaky(ctx: Any, key: str) -> str:
+    """A step that completes, then one that fails at once while FAILURES_LEFT[key] > 0."""
+    ctx.step(echo, key)
+    return ctx.step(flaky, key, retries=0)
+
+
+@workflow("tests.parent_of_flaky")
+def parent_of_flaky(ctx: Any, key: str) -> Any:
+    return {"child": ctx.child("tests.step_then_flaky", key)}

@@ -1,0 +1,88 @@
+"""Operations people perform on finished runs: retry from where a run failed.
+
+`retry` works on the durable record only (locks, checkpoints, one queued turn), so it needs
+nothing of the engine beyond its transport: the replay that follows re-admits and re-dispatches
+the reset calls exactly as a first attempt would.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from durable_flow.engine import get_engine, one, retry_on_conflict
+from durable_flow.exceptions import DurableFlowError, RunNotFound, StepNotFound, WorkflowNotFound
+from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.registry import get_step, get_workflow
+
+RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class RetryRefused(DurableFlowError):
+    """The run cannot be retried (not failed/cancelled, its workflow's version changed, or its
+    parent has finished); the message says which."""
+
+
+@retry_on_conflict
+def retry(run_id: str) -> WorkflowRun:
+    """Resume a failed or cancelled run from where it stopped.
+
+    Completed calls keep their checkpoints (and results); failed or cancelled steps go back to
+    waiting for admission with a new attempt budget (their attempt count goes on, so the history
+    shows attempt 4 after attempts 1-3); failed or cancelled child runs are retried with it; a
+    cancelled sleep starts over for its full duration. The run replays at once.
+    """
+    with transaction.atomic():
+        run = _reset(run_id, top_level=True)
+    return run
+
+
+def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
+    run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+    if run is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    if run.status not in RETRYABLE:
+        raise RetryRefused(f"run {run_id!r} is {run.status}; only failed or cancelled runs can be retried")
+    try:
+        definition = get_workflow(run.workflow)
+    except WorkflowNotFound as exc:
+        raise RetryRefused(f"run {run_id!r}: {exc}") from None
+    if definition.version != run.version:
+        raise RetryRefused(
+            f"run {run_id!r} ran version {run.version!r} of {run.workflow!r}; this process has "
+            f"{definition.version!r}, so its history would not replay (re-run it instead)"
+        )
+    if top_level and run.parent_id and WorkflowRun.objects.filter(pk=run.parent_id).exclude(
+        status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+    ).exists():
+        raise RetryRefused(f"run {run_id!r} is a child of finished run {run.parent_id!r}; retry the parent")
+    unsettled = StepCheckpoint.objects.select_for_update().filter(
+        run=run, status__in=(StepStatus.FAILED, StepStatus.CANCELLED)
+    )
+    for cp in unsettled:
+        if cp.kind == StepKind.STEP:
+            cp.status, cp.holds_slot, cp.wake_at, cp.finished_at = StepStatus.WAITING, False, None, None
+            cp.max_attempts = cp.attempt + _attempt_budget(cp.name)
+            cp.save(update_fields=["status", "holds_slot", "wake_at", "finished_at", "max_attempts"])
+        elif cp.kind == StepKind.CHILD and cp.child_run_id:
+            child = WorkflowRun.objects.filter(pk=cp.child_run_id).values_list("status", flat=True).first()
+            if child in RETRYABLE:
+                _reset(cp.child_run_id, top_level=False)
+            cp.status, cp.error, cp.finished_at = StepStatus.DISPATCHED, None, None
+            cp.save(update_fields=["status", "error", "finished_at"])
+        elif cp.kind == StepKind.SLEEP and cp.status == StepStatus.CANCELLED:
+            # Cancel settled it and dropped its wake time: the replay checkpoints it afresh, so
+            # the sleep starts over for its full duration.
+            cp.delete()
+        # A timed-out signal wait stays as recorded: the workflow saw SignalTimeout, and a replay
+        # must see the same.
+    run.status, run.output, run.error, run.finished_at, run.wake_at = RunStatus.PENDING, None, None, None, None
+    run.save(update_fields=["status", "output", "error", "finished_at", "wake_at", "updated_at"])
+    get_engine().transport.enqueue_turn(run.id)
+    return run
+
+
+def _attempt_budget(step_name: str) -> int:
+    try:
+        return get_step(step_name).retries + 1
+    except StepNotFound:
+        return 1
