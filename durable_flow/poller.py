@@ -15,12 +15,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.worker.heartbeat import dead_worker_cutoff
+from durable_flow.worker.outage import Outage, transient_errors
 
 logger = logging.getLogger("durable_flow.poller")
 
@@ -139,15 +140,31 @@ class TimerPoller:
         """Poll until SIGTERM/SIGINT; a tick that found a full batch loops without sleeping."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        self.engine.persist_queues()
+        outage = Outage("poller", logger)
+        transient = transient_errors()
+        while not self._stop.is_set():  # the database may be down at start-up too
+            try:
+                self.engine.persist_queues()
+            except transient as exc:
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
+            break
         while not self._stop.is_set():
             try:
                 woken = self.tick()
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()
                     self._next_maintenance = time.monotonic() + self.maintenance_every_s
+            except transient as exc:
+                # Database or broker down: back off (logged once per outage) and carry on.
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
             except Exception:
                 logger.exception("poller tick failed; retrying")
                 woken = []
+            else:
+                outage.recovered()
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)
