@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.queue import Queue
 
 from durable_flow import start
@@ -53,7 +54,7 @@ class OwnRedis:
     def _pings(client: Redis) -> bool:
         try:
             return bool(client.ping())
-        except Exception:  # not up yet
+        except (RedisConnectionError, OSError):  # not up yet
             return False
 
     def kill(self) -> None:
