@@ -34,12 +34,14 @@ class TimerPoller:
         engine: Engine | None = None,
         batch_size: int | None = None,
         interval_ms: int | None = None,
-        maintenance_every_s: float = 5.0,
+        maintenance_every_s: float | None = None,
     ) -> None:
         self.engine = engine or get_engine()
         self.batch_size = batch_size or self.engine.settings.poller_batch_size
         self.interval_s = (interval_ms or self.engine.settings.poller_interval_ms) / 1000
-        self.maintenance_every_s = maintenance_every_s
+        # DURABLE_FLOW["POLLER"]["MAINTENANCE_S"]: with the heartbeat TTL, it bounds how long a
+        # dead worker's steps and popped jobs wait before they are re-driven.
+        self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
         self._stop = threading.Event()
         self._next_maintenance = 0.0
 

@@ -45,9 +45,9 @@ A worker killed with SIGKILL loses nothing: `execute_step` stamps the checkpoint
 worker's id, the worker's heartbeat lapses, and the poller re-dispatches its steps as a new
 attempt. A job popped but not yet started when the worker died is re-queued by the poller as
 soon as that worker's heartbeat lapses (`reclaim_from`: the dead worker's entries leave RQ's
-`StartedJobRegistry` and go back to the head of their queue); RQ's own started-registry
-cleanup and the `REDISPATCH_AFTER_S` re-dispatch remain as backstops. There is no RQ job timeout: a thread cannot be killed
-safely mid-transaction, and step timeouts are the engine's (the attempt is re-dispatched).
+`StartedJobRegistry` for the head of their queue); RQ's own started-registry cleanup and the
+`REDISPATCH_AFTER_S` re-dispatch remain as backstops. There is no RQ job timeout: a thread
+cannot be killed safely mid-transaction, and step timeouts are the engine's (the attempt is re-dispatched).
 """
 
 from __future__ import annotations
