@@ -138,3 +138,23 @@ def test_outage_backoff_doubles_to_its_cap_and_logs_once_each_way(caplog: pytest
         "w: service back after 10000 failed attempt(s)",
         "w: service unavailable (ConnectionError: down again); retrying with backoff",
     ]
+
+
+def test_a_worker_stopped_during_start_up_logs_the_signal(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import os
+    import signal
+
+    from durable_flow.management.commands.durable_worker import log_startup_signals
+
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        log_startup_signals()
+        with caplog.at_level(logging.WARNING, logger="durable_flow.worker"), pytest.raises(SystemExit) as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert info.value.code == 128 + signal.SIGTERM
+    assert f"pid {os.getpid()}: received SIGTERM during start-up; exiting" in caplog.text

@@ -174,6 +174,7 @@ def test_sigterm_lets_the_in_flight_step_finish(rq_engine: Engine, spawn, marker
     first_id = live_heartbeat(first).worker_id
     assert first.terminate(timeout=20) == 0
     assert [pid for _, pid in marks(marker, "slow_end")] == [first.proc.pid], "the step finished before exit"
+    assert f"worker {first_id}: received SIGTERM: stopping" in first.output()  # why it stopped, in its log
     cp = StepCheckpoint.objects.get(run=run)
     assert cp.status == "completed" and cp.attempt == 1
     beat = WorkerHeartbeat.objects.get(worker_id=first_id)

@@ -114,8 +114,10 @@ class WorkerRuntime:
         engine.instance_id = self.worker_id
 
     # -- control ---------------------------------------------------------------------------
-    def request_stop(self, *_: object) -> None:
+    def request_stop(self, signum: int | None = None, *_: object) -> None:
         """Stop claiming; finish or hand back what is running."""
+        if isinstance(signum, int):  # logged, so a stop by a supervisor is visible in the log
+            logger.warning("worker %s: received %s: stopping", self.worker_id, signal.Signals(signum).name)
         if self._stop.is_set():
             logger.warning("second stop request: handing back in-flight tasks now")
             self.grace_s = 0
