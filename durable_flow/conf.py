@@ -58,6 +58,8 @@ class DurableFlowSettings:
     transport: BackendSpec = BackendSpec(TRANSPORT_BACKENDS["inline"], alias="inline")
     poller_interval_ms: int = 500
     poller_batch_size: int = 500
+    #: How often the poller looks for dead workers' steps and jobs (its maintenance pass).
+    poller_maintenance_s: float = 5.0
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
@@ -142,6 +144,7 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         transport=_backend(raw.get("TRANSPORT"), "TRANSPORT", TRANSPORT_BACKENDS, "inline"),
         poller_interval_ms=int(_positive_number(poller, "INTERVAL_MS", 500, "POLLER")),
         poller_batch_size=int(_positive_number(poller, "BATCH_SIZE", 500, "POLLER")),
+        poller_maintenance_s=float(_positive_number(poller, "MAINTENANCE_S", 5.0, "POLLER")),
         heartbeat_interval_s=_positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT"),
         heartbeat_ttl_s=_positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT"),
         max_payload_bytes=max_payload,

@@ -15,12 +15,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.worker.heartbeat import dead_worker_cutoff
+from durable_flow.worker.outage import Outage, transient_errors
 
 logger = logging.getLogger("durable_flow.poller")
 
@@ -33,12 +34,14 @@ class TimerPoller:
         engine: Engine | None = None,
         batch_size: int | None = None,
         interval_ms: int | None = None,
-        maintenance_every_s: float = 5.0,
+        maintenance_every_s: float | None = None,
     ) -> None:
         self.engine = engine or get_engine()
         self.batch_size = batch_size or self.engine.settings.poller_batch_size
         self.interval_s = (interval_ms or self.engine.settings.poller_interval_ms) / 1000
-        self.maintenance_every_s = maintenance_every_s
+        # DURABLE_FLOW["POLLER"]["MAINTENANCE_S"]: with the heartbeat TTL, it bounds how long a
+        # dead worker's steps and popped jobs wait before they are re-driven.
+        self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
         self._stop = threading.Event()
         self._next_maintenance = 0.0
 
@@ -139,15 +142,31 @@ class TimerPoller:
         """Poll until SIGTERM/SIGINT; a tick that found a full batch loops without sleeping."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        self.engine.persist_queues()
+        outage = Outage("poller", logger)
+        transient = transient_errors()
+        while not self._stop.is_set():  # the database may be down at start-up too
+            try:
+                self.engine.persist_queues()
+            except transient as exc:
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
+            break
         while not self._stop.is_set():
             try:
                 woken = self.tick()
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()
                     self._next_maintenance = time.monotonic() + self.maintenance_every_s
+            except transient as exc:
+                # Database or broker down: back off (logged once per outage) and carry on.
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
             except Exception:
                 logger.exception("poller tick failed; retrying")
                 woken = []
+            else:
+                outage.recovered()
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)

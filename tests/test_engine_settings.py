@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ({"QUEUES": [{"name": "q"}, {"name": "q"}]}, "queue 'q' is declared twice"),
         ({"POLLER": {"INTERVAL_MS": 0}}, 'DURABLE_FLOW["POLLER"]: INTERVAL_MS'),
         ({"POLLER": []}, 'DURABLE_FLOW["POLLER"]'),
+        ({"POLLER": {"MAINTENANCE_S": 0}}, 'DURABLE_FLOW["POLLER"]: MAINTENANCE_S'),
+        ({"POLLER": {"MAINTENANCE_S": "5"}}, 'DURABLE_FLOW["POLLER"]: MAINTENANCE_S'),
         ({"HEARTBEAT": {"TTL_S": "15"}}, 'DURABLE_FLOW["HEARTBEAT"]: TTL_S'),
         ({"MAX_PAYLOAD_BYTES": 0}, 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]'),
         ({"REDISPATCH_AFTER_S": True}, 'DURABLE_FLOW["REDISPATCH_AFTER_S"]'),
@@ -52,10 +54,11 @@ def test_well_formed_settings_parse_into_their_values() -> None:
         {
             "QUEUES": [{"name": "q", "concurrency": 2}],
             "TRANSPORT": {"BACKEND": "db", "VISIBILITY_TIMEOUT_S": 5},
-            "POLLER": {"INTERVAL_MS": 250, "BATCH_SIZE": 50},
+            "POLLER": {"INTERVAL_MS": 250, "BATCH_SIZE": 50, "MAINTENANCE_S": 1.5},
             "MAX_PAYLOAD_BYTES": 1024,
         }
     )
+    assert config.poller_maintenance_s == 1.5 and parse_settings({}).poller_maintenance_s == 5.0
     assert [queue.name for queue in config.queues] == ["q"] and config.queues[0].concurrency == 2
     assert config.transport.path == "durable_flow.transports.db.DatabaseTransport"
     assert config.transport.options == {"VISIBILITY_TIMEOUT_S": 5}
@@ -105,3 +108,21 @@ def test_manage_py_check_with_malformed_settings_fails_naming_the_key(tmp_path: 
 def test_manage_py_check_reports_malformed_settings_as_e001(tmp_path: Path) -> None:
     result = manage_check(tmp_path, '{"WORKFLOWS": ["tests.workflows"], "POLLER": {"INTERVAL_MS": -5}}')
     assert "durable_flow.E001" in result.stderr + result.stdout
+
+
+def test_the_poller_runs_its_dead_worker_pass_on_the_configured_period() -> None:
+    from django.test import override_settings
+
+    from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.conf import get_settings, reset_settings
+    from durable_flow.engine import Engine
+    from durable_flow.poller import TimerPoller
+    from durable_flow.transports.inline import InlineTransport
+
+    with override_settings(DURABLE_FLOW={"POLLER": {"MAINTENANCE_S": 0.75}}):
+        reset_settings()
+        try:
+            engine = Engine(admission=LocalAdmissionBackend(), transport=InlineTransport(), settings=get_settings())
+            assert TimerPoller(engine).maintenance_every_s == 0.75
+        finally:
+            reset_settings()

@@ -324,24 +324,25 @@ class RedisAdmissionBackend:
         """Deliver announcements; on a connection error log, back off and resubscribe."""
         import redis
 
-        backoff = 0.05
+        from durable_flow.worker.outage import Outage
+
+        outage = Outage(f"admission: freed-slot subscription on {self.channel!r}", logger, first_s=0.05)
         while not self._stop.is_set():
             try:
                 if pubsub is None:
                     pubsub = self._subscribe()
                     logger.info("admission: resubscribed to %s", self.channel)
-                    backoff = 0.05
+                    outage.recovered()
                 message = pubsub.get_message(timeout=0.25, ignore_subscribe_messages=True)
             except (redis.ConnectionError, redis.TimeoutError, TimeoutError, OSError) as exc:
-                logger.warning("admission: freed-slot subscription lost (%s); retrying in %.2fs", exc, backoff)
+                delay = outage.failed(exc)  # logged once per outage, however long it lasts
                 if pubsub is not None:
                     try:
                         pubsub.close()
                     except Exception:  # the connection is already broken
                         logger.debug("admission: closing a broken pubsub failed", exc_info=True)
                 pubsub = None  # type: ignore[assignment]
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._stop.wait(delay)
                 continue
             if message is None or message.get("type") != "message":
                 continue
@@ -364,12 +365,19 @@ class RedisAdmissionBackend:
     def _heartbeat_loop(self) -> None:
         """Keep this instance's slots alive: refresh the heartbeat every ttl/3, so two missed
         beats still leave it standing."""
+        import redis
+
+        from durable_flow.worker.outage import Outage
+
+        outage = Outage("admission: instance heartbeat to Redis", logger)
         interval = self.instance_ttl_ms / 3000
         while not self._stop.wait(interval):
             try:
                 self._beat()
-            except Exception:  # keep beating through a Redis blip
-                logger.warning("admission: heartbeat to Redis failed", exc_info=True)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:  # an outage: logged once
+                outage.failed(exc)
+            else:
+                outage.recovered()
 
     def close(self) -> None:
         """Stop the heartbeat and subscriber threads. The heartbeat key is left to lapse, so

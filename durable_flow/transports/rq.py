@@ -43,11 +43,11 @@ run/step/attempt and ignores a duplicate or stale attempt, and `execute_step` sk
 that is no longer the dispatched one, so a retried or duplicated job records nothing twice.
 A worker killed with SIGKILL loses nothing: `execute_step` stamps the checkpoint with this
 worker's id, the worker's heartbeat lapses, and the poller re-dispatches its steps as a new
-attempt. A job popped but not yet started when the worker died is recovered two ways: RQ's
-started-registry cleanup (run by every `durable_worker`) re-enqueues the abandoned job (jobs
-carry `Retry(max=3)`), and the poller re-dispatches any step whose dispatch is older than
-`REDISPATCH_AFTER_S` with no worker. There is no RQ job timeout: a thread cannot be killed
-safely mid-transaction, and step timeouts are the engine's (the attempt is re-dispatched).
+attempt. A job popped but not yet started when the worker died is re-queued by the poller as
+soon as that worker's heartbeat lapses (`reclaim_from`: the dead worker's entries leave RQ's
+`StartedJobRegistry` for the head of their queue); RQ's own started-registry cleanup and the
+`REDISPATCH_AFTER_S` re-dispatch remain as backstops. There is no RQ job timeout: a thread
+cannot be killed safely mid-transaction, and step timeouts are the engine's (the attempt is re-dispatched).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
-from rq.executions import Execution
+from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
@@ -244,6 +244,48 @@ class RQTransport:
         # No job timeout (timeout=-1): step timeouts are the engine's, and a worker thread
         # cannot be killed safely in the middle of a database transaction.
         queue.enqueue_call(func, args=args, timeout=-1, retry=Retry(max=3), description=description, **options)
+
+    # -- recovery ----------------------------------------------------------------------------
+    def reclaim_from(self, dead_workers: list[str]) -> int:
+        """Put the jobs that dead workers had popped back at the head of their queues now.
+
+        The poller calls this once a worker's heartbeat lapsed. Without it a popped job sits in
+        RQ's `StartedJobRegistry` until its execution expires and (for a step not yet stamped
+        with a worker) until `REDISPATCH_AFTER_S`, holding its queue slot all that time. Each
+        entry is taken with its own `ZREM`, so of several pollers exactly one re-queues it. A
+        re-run is harmless: a turn replays, and a stale step attempt is skipped by the engine.
+        Returns how many jobs were re-queued.
+        """
+        dead = set(dead_workers)
+        if not dead:
+            return 0
+        reclaimed = 0
+        connection = self.connection
+        for queue in self.tiers.values():
+            registry = StartedJobRegistry(queue.name, connection=connection, job_class=queue.job_class)
+            entries = registry.get_job_and_execution_ids()
+            if not entries:
+                continue
+            executions = [Execution(id=exec_id, job_id=job_id, connection=connection) for job_id, exec_id in entries]
+            with connection.pipeline(transaction=False) as pipeline:
+                for execution in executions:
+                    pipeline.hget(execution.key, "worker_name")
+                owners = pipeline.execute()
+            for execution, owner in zip(executions, owners, strict=True):
+                if owner is None or owner.decode() not in dead:
+                    continue  # a live worker's, or expired: RQ's own cleanup takes the latter
+                if not connection.zrem(registry.key, execution.composite_key):
+                    continue  # another poller took it first
+                with connection.pipeline() as pipeline:
+                    pipeline.delete(execution.key)
+                    ExecutionRegistry(job_id=execution.job_id, connection=connection).remove(execution, pipeline)
+                    pipeline.hset(queue.job_class.key_for(execution.job_id), "status", JobStatus.QUEUED.value)
+                    queue.push_job_id(execution.job_id, pipeline=pipeline, at_front=True)
+                    pipeline.execute()
+                reclaimed += 1
+        if reclaimed:
+            logger.warning("re-queued %d job(s) popped by dead worker(s)", reclaimed)
+        return reclaimed
 
     # -- consuming ---------------------------------------------------------------------------
     def source(self) -> RQTaskSource:

@@ -32,6 +32,7 @@ from django.db import close_old_connections, connections
 
 from durable_flow.worker.concurrency import ConcurrencyController
 from durable_flow.worker.heartbeat import Heartbeat, WorkerStats, new_worker_id
+from durable_flow.worker.outage import Outage, transient_errors
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -109,11 +110,14 @@ class WorkerRuntime:
         self._handed_back: set[int] = set()
         #: Tasks handed back at shutdown whose threads were left running.
         self.abandoned = 0
+        self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
         engine.instance_id = self.worker_id
 
     # -- control ---------------------------------------------------------------------------
-    def request_stop(self, *_: object) -> None:
+    def request_stop(self, signum: int | None = None, *_: object) -> None:
         """Stop claiming; finish or hand back what is running."""
+        if isinstance(signum, int):  # logged, so a stop by a supervisor is visible in the log
+            logger.warning("worker %s: received %s: stopping", self.worker_id, signal.Signals(signum).name)
         if self._stop.is_set():
             logger.warning("second stop request: handing back in-flight tasks now")
             self.grace_s = 0
@@ -131,10 +135,20 @@ class WorkerRuntime:
         heartbeat_every = self.engine.settings.heartbeat_interval_s
         next_beat = 0.0
         next_tick = time.monotonic() + self.controller.tick_ms / 1000
+        outage = Outage(f"worker {self.worker_id} ({self.source.transport})", logger)
+        transient = transient_errors()
         opener = getattr(self.source, "open", None)
-        if opener is not None:
-            opener(self.worker_id, self.engine)
-        self.heartbeat.beat()
+        while not self._stop.is_set():  # Redis or the database may be down at start-up too
+            try:
+                if opener is not None:
+                    opener(self.worker_id, self.engine)
+                self.heartbeat.beat()
+            except transient as exc:
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
+            outage.recovered()
+            break
         pool = ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task")
         try:
             while not self._stop.is_set():
@@ -156,7 +170,16 @@ class WorkerRuntime:
                     continue
                 # Never block past the next heartbeat or tick.
                 wait_s = max(0.0, min(self.idle_wait_s, next_beat - now, next_tick - now))
-                tasks = self.source.claim(self.worker_id, free, wait_s)
+                try:
+                    tasks = self.source.claim(self.worker_id, free, wait_s)
+                except transient as exc:
+                    # Broker or database down: keep the process (and its running tasks) alive,
+                    # back off, and claim again when it returns. Nothing was popped, so nothing
+                    # is lost; a job popped just before the error stays in RQ's started registry.
+                    close_old_connections()
+                    self._stop.wait(outage.failed(exc))
+                    continue
+                outage.recovered()
                 if not tasks:
                     if burst and self.stats.in_flight == 0:
                         break
@@ -170,10 +193,16 @@ class WorkerRuntime:
         finally:
             # Tasks handed back are abandoned to their threads: do not wait for them.
             pool.shutdown(wait=not self.abandoned, cancel_futures=True)
-            self.heartbeat.beat(stopped=True)
+            try:
+                self.heartbeat.beat(stopped=True)
+            except Exception:  # the database is down at exit: the row's last_seen lapses instead
+                logger.warning("could not record the stop in the heartbeat row", exc_info=True)
             closer = getattr(self.source, "close", None)
-            if closer is not None:
-                closer(self.worker_id)
+            try:
+                if closer is not None:
+                    closer(self.worker_id)
+            except Exception:  # the broker is down at exit: its record lapses on its own
+                logger.warning("could not unregister from the %s transport", self.source.transport, exc_info=True)
             connections.close_all()
         return self.stats.done
 
@@ -240,8 +269,13 @@ class WorkerRuntime:
         try:
             self.source.renew(self.worker_id, running)
             self.heartbeat.beat(running=[f"{t.run_id}/{t.step_key}/{t.attempt}" for t in running if t.kind == "step"])
+        except transient_errors() as exc:
+            close_old_connections()
+            self._beat_outage.failed(exc)  # logged once per outage; the next beat retries
         except Exception:
             logger.exception("heartbeat failed")
+        else:
+            self._beat_outage.recovered()
 
     def _tick(self) -> None:
         adjustment = self.controller.tick(int(time.time() * 1000), self.heartbeat.sample())

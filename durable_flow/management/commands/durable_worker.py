@@ -3,15 +3,40 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import sys
+import time
+from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_flow.engine import get_engine
 from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.outage import Outage, transient_errors
 from durable_flow.worker.runtime import WorkerRuntime
+
+logger = logging.getLogger("durable_flow.worker")
+
+
+def _exit_on_startup_signal(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM/SIGINT before the worker loop runs: say so, then exit as the signal would have.
+
+    Without this a worker stopped while it builds its engine (a supervisor's restart racing a
+    slow start) vanishes with -15 and no line in its log.
+    """
+    name = signal.Signals(signum).name
+    logger.warning("durable_worker pid %d: received %s during start-up; exiting", os.getpid(), name)
+    sys.stderr.flush()
+    raise SystemExit(128 + signum)
+
+
+def log_startup_signals() -> None:
+    """Install `_exit_on_startup_signal` until the runtime installs its graceful handlers."""
+    signal.signal(signal.SIGTERM, _exit_on_startup_signal)
+    signal.signal(signal.SIGINT, _exit_on_startup_signal)
 
 
 class Command(BaseCommand):
@@ -30,6 +55,7 @@ class Command(BaseCommand):
         parser.add_argument("--worker-id", default=None, help="Name this worker (default host:pid:random).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        log_startup_signals()
         engine = get_engine()
         make_source = getattr(engine.transport, "source", None)
         if make_source is None:
@@ -49,7 +75,18 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise CommandError(f"--concurrency: invalid JSON: {exc}") from exc
         controller = build_controller(spec, setting=setting)
-        engine.persist_queues()
+        outage = Outage("durable_worker start-up", logger)
+        while True:  # the database may be down when the worker starts: wait for it
+            try:
+                engine.persist_queues()
+            except transient_errors() as exc:
+                from django.db import close_old_connections
+
+                close_old_connections()
+                time.sleep(outage.failed(exc))
+                continue
+            outage.recovered()
+            break
         runtime = WorkerRuntime(
             engine, make_source(), controller, worker_id=options["worker_id"], grace_s=options["grace"]
         )

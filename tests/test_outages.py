@@ -1,0 +1,160 @@
+"""A `durable_worker` on the rq transport outlives a Redis outage: it backs off, logs the
+outage once, and takes new work when Redis returns, without being restarted.
+
+The test owns a Redis server on a free port (no persistence), so killing it disturbs nobody.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from rq.queue import Queue
+
+from durable_flow import start
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.conf import get_settings
+from durable_flow.engine import Engine, set_engine
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport
+from tests.conftest import ManagedProcess, wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OwnRedis:
+    """A redis-server this test starts, kills and restarts on the same port."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = Redis(port=self.port)
+        wait_for(lambda: self._pings(client), timeout=30, what="the test's redis-server to answer")
+
+    @staticmethod
+    def _pings(client: Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except (RedisConnectionError, OSError):  # not up yet
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    server = OwnRedis(free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def outage_engine(transactional_db: None, own_redis: OwnRedis) -> Engine:
+    """This process enqueues on the test's own Redis (the workers get it through REDIS_URL)."""
+    transport = RQTransport(queue="durable", concurrency=2)
+    connection = Redis(port=own_redis.port, db=1)
+    transport.__dict__["tiers"] = {
+        NORMAL: Queue("durable", connection=connection),
+        HIGH: Queue("durable:high", connection=connection),
+        LOW: Queue("durable:low", connection=connection),
+    }
+    engine = Engine(admission=LocalAdmissionBackend(), transport=transport, settings=get_settings())
+    set_engine(engine)
+    return engine
+
+
+def completed(run_id: str) -> bool:
+    return WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+
+
+def test_a_rq_worker_rides_out_a_redis_outage_and_takes_work_after_it(
+    outage_engine: Engine, own_redis: OwnRedis, spawn: Callable[..., ManagedProcess]
+) -> None:
+    env = {
+        "DURABLE_FLOW_TRANSPORT": "rq",
+        "DURABLE_FLOW_LOG": "WARNING",
+        "REDIS_URL": f"redis://127.0.0.1:{own_redis.port}/1",
+    }
+    worker = spawn("durable_worker", "--concurrency", "2", env=env)
+    poller = spawn("durable_poller", env=env)
+    before = start("tests.three_steps", 1)
+    wait_for(lambda: completed(before.id), timeout=60, what="the run before the outage")
+
+    own_redis.kill()
+    time.sleep(3)  # the outage: the worker's claims fail all this time
+    assert worker.proc.poll() is None, worker.output()
+    own_redis.start()
+
+    after = start("tests.three_steps", 2)
+    parked = start("tests.sleeper", 0.5)  # needs the poller to wake it
+    wait_for(lambda: completed(after.id), timeout=60, what="the run submitted after the outage")
+    wait_for(lambda: completed(parked.id), timeout=60, what="the poller to wake the parked run")
+    assert worker.proc.poll() is None, "the worker was not restarted: it is the same process"
+    assert poller.proc.poll() is None, poller.output()
+    log = worker.output()
+    # One line when the outage starts and one when it ends, not one per retry.
+    assert log.count("(rq): service unavailable") == 1, log
+    assert log.count("(rq): service back") == 1, log
+
+
+def test_outage_backoff_doubles_to_its_cap_and_logs_once_each_way(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from durable_flow.worker.outage import Outage
+
+    outage = Outage("w", logging.getLogger("test.outage"), first_s=0.1, cap_s=5.0)
+    with caplog.at_level(logging.WARNING, logger="test.outage"):
+        delays = [outage.failed(ConnectionError("down")) for _ in range(10_000)]
+        outage.recovered()
+        outage.recovered()
+        assert outage.failed(ConnectionError("down again")) == 0.1  # a new outage starts over
+    assert delays[:7] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0] and set(delays[6:]) == {5.0}
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "w: service unavailable (ConnectionError: down); retrying with backoff",
+        "w: service back after 10000 failed attempt(s)",
+        "w: service unavailable (ConnectionError: down again); retrying with backoff",
+    ]
+
+
+def test_a_worker_stopped_during_start_up_logs_the_signal(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import os
+    import signal
+
+    from durable_flow.management.commands.durable_worker import log_startup_signals
+
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        log_startup_signals()
+        with caplog.at_level(logging.WARNING, logger="durable_flow.worker"), pytest.raises(SystemExit) as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert info.value.code == 128 + signal.SIGTERM
+    assert f"pid {os.getpid()}: received SIGTERM during start-up; exiting" in caplog.text
