@@ -305,3 +305,20 @@ def queued_or_nul(ctx: Any, payload: dict[str, Any]) -> Any:
     """Like `tests.queued`, or with a step input the workflow itself builds with a NUL in it."""
     value = "x" + chr(0) if payload.get("nul_input") else payload["value"]
     return ctx.step(echo, value, queue=payload["queue"], priority=payload.get("priority", 0))
+
+
+# -- metrics and tasks tests (tests/test_metrics.py, tests/test_tasks.py) ------------------------
+
+
+@step("tests.file_gate")
+def file_gate(payload: dict[str, Any]) -> str:
+    """Blocks until the file `payload["path"]` exists (at most 60 s): a gate another process opens."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(payload["path"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return payload.get("id", "")
+
+
+@workflow("tests.file_gated")
+def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
+    return ctx.step(file_gate, payload, queue=payload.get("queue"))
