@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.utils.crypto import get_random_string
 
 from durable_flow import api
 from durable_flow.exceptions import RunNotFound
@@ -37,12 +38,10 @@ try:  # Django 6: the framework is in core.
     )
     from django.tasks.exceptions import InvalidTask as InvalidTaskError  # type: ignore[import-not-found]
     from django.tasks.exceptions import TaskResultDoesNotExist  # type: ignore[import-not-found]
-    from django.tasks.utils import get_random_id  # type: ignore[import-not-found]
 except ImportError:  # Django 5.2: the `django-tasks` backport.
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-    from django_tasks.utils import get_random_id
 
 __all__ = ["DurableFlowBackend", "InvalidTaskError", "TaskResultDoesNotExist", "task_context"]
 
@@ -73,7 +72,7 @@ class DurableFlowBackend(BaseTaskBackend):
         before anything is stored.
         """
         self.validate_task(task)
-        result_id = get_random_id()
+        result_id = get_random_string(32)  # the framework's own id length
         result = TaskResult(
             task=task,
             id=result_id,
