@@ -13,6 +13,7 @@ Mount it with `path("metrics/", durable_flow.metrics.metrics_view)`. A staff ses
 from __future__ import annotations
 
 import hmac
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -30,6 +31,8 @@ from prometheus_client.registry import Collector
 from durable_flow.conf import get_settings
 from durable_flow.models import FlowQueue, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.worker.heartbeat import dead_worker_cutoff
+
+logger = logging.getLogger(__name__)
 
 WAIT_BUCKETS_S: tuple[float, ...] = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 15, 30, 60, 300, 900, 3600)
 """Queue waits under flow control run from milliseconds to the length of a rate window, hence
@@ -137,7 +140,12 @@ class DurableFlowCollector(Collector):
         for queue in FlowQueue.objects.all():
             config = queue.config or {}
             waiting.add_metric([queue.name], parked.get(queue.name, 0))
-            held = backend.in_flight(queue.name) if shared else holding.get(queue.name, 0)
+            held = holding.get(queue.name, 0)
+            if shared:
+                try:
+                    held = backend.in_flight(queue.name)
+                except Exception:  # a scrape must answer: an unreachable backend falls back to the rows
+                    logger.warning("metrics: admission backend in_flight(%r) failed", queue.name, exc_info=True)
             in_flight.add_metric([queue.name], held)
             if config.get("concurrency"):
                 limit.add_metric([queue.name, "concurrency"], config["concurrency"])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,12 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
 from durable_flow import register_queue, start
+from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.conf import get_settings, parse_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.metrics import bucketize
@@ -147,3 +151,40 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert after[("durable_flow_step_duration_seconds_gcount", (("step", "tests.file_gate"),))] == 3
     # The two that queued behind the gate waited at least as long as the first one ran.
     assert after[("durable_flow_queue_wait_seconds_gsum", (("queue", "metered"),))] > 0
+
+
+@pytest.fixture
+def redis_engine(transactional_db: None) -> Iterator[RedisAdmissionBackend]:
+    backend = RedisAdmissionBackend.from_options(
+        {"CONNECTION": "default", "KEY_PREFIX": f"df:t:{uuid.uuid4().hex[:8]}"}
+    )
+    set_engine(Engine(admission=backend, transport=DatabaseTransport(), settings=get_settings()))
+    yield backend
+    for key in backend.redis.scan_iter(f"{backend.prefix}:*"):
+        backend.redis.delete(key)
+    backend.close()
+
+
+def test_in_flight_is_read_from_a_shared_admission_backend_at_scrape_time(
+    redis_engine: RedisAdmissionBackend, staff_client: Client
+) -> None:
+    register_queue("remote", concurrency=3)
+    # Slots taken by "another process": no checkpoint holds them, only Redis knows.
+    for ticket in ("run-a/1", "run-b/1"):
+        assert redis_engine.try_admit(AdmissionRequest(queue="remote", ticket=ticket)).admitted
+    assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 2
+    redis_engine.release("remote", "run-a/1")
+    assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 1
+
+
+def test_an_unreachable_admission_backend_does_not_fail_the_scrape(
+    redis_engine: RedisAdmissionBackend, staff_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    register_queue("remote", concurrency=3)
+    assert redis_engine.try_admit(AdmissionRequest(queue="remote", ticket="run-a/1")).admitted
+    # Point the backend's script at a port where no Redis listens: a real connection error.
+    redis_engine._script.registered_client = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    with caplog.at_level("WARNING", logger="durable_flow.metrics"):
+        # Falls back to the checkpoints holding a slot (none here), instead of answering 500.
+        assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 0
+    assert "in_flight('remote') failed" in caplog.text
