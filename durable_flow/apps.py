@@ -15,7 +15,10 @@ class DurableFlowConfig(AppConfig):
 
     def ready(self) -> None:
         """Fail at startup, naming the setting, rather than at the first run."""
-        from durable_flow import checks  # noqa: F401  (registers the system checks)
+        from durable_flow import (
+            checks,  # noqa: F401  (registers the system checks)
+            task_runner,  # noqa: F401  (the built-in workflow of the tasks backend)
+        )
         from durable_flow.conf import get_settings
 
         try:

@@ -36,6 +36,7 @@ TOP_LEVEL_KEYS = {
     "HEARTBEAT",
     "MAX_PAYLOAD_BYTES",
     "REDISPATCH_AFTER_S",
+    "METRICS",
 }
 
 
@@ -64,6 +65,8 @@ class DurableFlowSettings:
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
     redispatch_after_s: float = 600.0
+    metrics_token: str | None = None
+    metrics_window_s: float = 300.0
 
 
 def _fail(key: str, message: str) -> ImproperlyConfigured:
@@ -137,6 +140,16 @@ def parse_settings(raw: object) -> DurableFlowSettings:
     if isinstance(redispatch, bool) or not isinstance(redispatch, int | float) or redispatch <= 0:
         raise _fail("REDISPATCH_AFTER_S", f"must be a positive number of seconds, got {redispatch!r}")
 
+    metrics = raw.get("METRICS", {})
+    if not isinstance(metrics, Mapping):
+        raise _fail("METRICS", "must be a dict")
+    unknown_metrics = sorted(set(metrics) - {"TOKEN", "WINDOW_S"})
+    if unknown_metrics:
+        raise _fail("METRICS", f"unknown option(s) {', '.join(unknown_metrics)}")
+    token = metrics.get("TOKEN")
+    if token is not None and (not isinstance(token, str) or len(token) < 16):
+        raise _fail("METRICS", "TOKEN must be a string of at least 16 characters (or None)")
+
     return DurableFlowSettings(
         workflows=tuple(workflows),
         queues=tuple(queues),
@@ -149,6 +162,8 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         heartbeat_ttl_s=_positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT"),
         max_payload_bytes=max_payload,
         redispatch_after_s=float(redispatch),
+        metrics_token=token,
+        metrics_window_s=_positive_number(metrics, "WINDOW_S", 300.0, "METRICS"),
     )
 
 

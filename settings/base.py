@@ -92,3 +92,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"durable_flow": {"handlers": ["console"], "level": os.environ.get("DURABLE_FLOW_LOG", "INFO")}},
 }
+
+# Django's tasks framework (the `django-tasks` backport; `django.tasks` on Django 6) on durable
+# runs. An empty QUEUES allows any `queue_name`; a name registered in DURABLE_FLOW["QUEUES"] is
+# flow-controlled, any other is not gated.
+TASKS = {"default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": []}}

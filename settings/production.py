@@ -44,4 +44,6 @@ DURABLE_FLOW = {
         if TRANSPORT == "rq"
         else {"BACKEND": TRANSPORT, "CONCURRENCY": CONCURRENCY}
     ),
+    # Prometheus scrapes /metrics/ with this bearer token; unset, only staff sessions may read it.
+    "METRICS": {"TOKEN": os.environ.get("DURABLE_FLOW_METRICS_TOKEN") or None},
 }

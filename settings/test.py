@@ -46,3 +46,9 @@ DURABLE_FLOW = {
 # runner created, not the one named above.
 if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
+
+# Django's tasks framework (the `django-tasks` backport) on durable_flow (tests/test_tasks.py).
+TASKS = {
+    "default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
+    "other": {"BACKEND": "durable_flow.tasks.DurableFlowBackend"},
+}

@@ -323,3 +323,19 @@ def step_then_flaky(ctx: Any, key: str) -> str:
 @workflow("tests.parent_of_flaky")
 def parent_of_flaky(ctx: Any, key: str) -> Any:
     return {"child": ctx.child("tests.step_then_flaky", key)}
+
+# -- metrics and tasks tests (tests/test_metrics.py, tests/test_tasks.py) ------------------------
+
+
+@step("tests.file_gate")
+def file_gate(payload: dict[str, Any]) -> str:
+    """Blocks until the file `payload["path"]` exists (at most 60 s): a gate another process opens."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(payload["path"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return payload.get("id", "")
+
+
+@workflow("tests.file_gated")
+def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
+    return ctx.step(file_gate, payload, queue=payload.get("queue"))

@@ -1,0 +1,181 @@
+"""A backend for Django's tasks framework that runs each `@task` call as a durable run.
+
+    TASKS = {"default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["default", "emails"]}}
+
+An enqueued task is a run of the built-in workflow `durable_flow.task` (see `task_runner`):
+`run_after` is a durable sleep, then one step calls the task function through the flow-control
+queue named by `queue_name` (its cap, rate window and fairness apply; an unregistered name is
+not gated), at the task's `priority` (admission order, and the priority the transport gives the
+step's job). The result id is the run id; `get_result` reads the run.
+
+Written against the `django-tasks` backport (Django 5.2); on Django 6 the same class runs on
+`django.tasks` through the import shim below.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.utils.crypto import get_random_string
+
+from durable_flow import api
+from durable_flow.exceptions import RunNotFound
+from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
+from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+try:  # Django 6: the framework is in core.
+    from django.tasks.backends.base import BaseTaskBackend  # type: ignore[import-not-found]
+    from django.tasks.base import (  # type: ignore[import-not-found]
+        Task,
+        TaskContext,
+        TaskError,
+        TaskResult,
+        TaskResultStatus,
+    )
+    from django.tasks.exceptions import InvalidTask as InvalidTaskError  # type: ignore[import-not-found]
+    from django.tasks.exceptions import TaskResultDoesNotExist  # type: ignore[import-not-found]
+except ImportError:  # Django 5.2: the `django-tasks` backport.
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+
+__all__ = ["DurableFlowBackend", "InvalidTaskError", "TaskResultDoesNotExist", "task_context"]
+
+STATUS_MAP: Mapping[str, Any] = {
+    # Parked (admission, run_after sleep, backoff) or waiting for a worker: ready to run.
+    RunStatus.PENDING: TaskResultStatus.READY,
+    RunStatus.SUSPENDED: TaskResultStatus.READY,
+    RunStatus.RUNNING: TaskResultStatus.RUNNING,
+    RunStatus.CANCELLING: TaskResultStatus.RUNNING,
+    RunStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    RunStatus.FAILED: TaskResultStatus.FAILED,
+    RunStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+class DurableFlowBackend(BaseTaskBackend):
+    """`@task` calls as one-step durable runs, through durable_flow's transport, workers and queues."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Start a `durable_flow.task` run for this call; the result id is the run id.
+
+        Non-JSON args raise `TypeError`/`ValueError` from the framework's own normalisation,
+        before anything is stored.
+        """
+        self.validate_task(task)
+        result_id = get_random_string(32)  # the framework's own id length
+        result = TaskResult(
+            task=task,
+            id=result_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        payload = {
+            "task": task.module_path,
+            "args": result.args,
+            "kwargs": result.kwargs,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "run_after": task.run_after.isoformat() if task.run_after else None,
+            "takes_context": task.takes_context,
+            "backend": self.alias,
+            "result_id": result_id,
+        }
+        with transaction.atomic():
+            run = api.start(TASK_WORKFLOW, payload, run_id=result_id, tags=[f"task:{task.module_path}"])
+        object.__setattr__(result, "enqueued_at", run.created_at)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's state, read from its run; `TaskResultDoesNotExist` for an unknown id or
+        a run that is not a task of this backend."""
+        try:
+            run = api.get_run(result_id)
+        except RunNotFound:
+            raise TaskResultDoesNotExist(result_id) from None
+        if run.workflow != TASK_WORKFLOW or not isinstance(run.input, dict) or run.input.get("backend") != self.alias:
+            raise TaskResultDoesNotExist(result_id)
+        return self._result(run)
+
+    def _result(self, run: WorkflowRun) -> TaskResult:
+        payload: dict[str, Any] = run.input
+        task = _task_for(payload)
+        call = StepCheckpoint.objects.filter(run=run, kind=StepKind.STEP, name=TASK_STEP).first()
+        errors = []
+        if run.status == RunStatus.FAILED:
+            error = (call.error if call is not None and call.error else None) or run.error or {}
+            errors.append(
+                TaskError(exception_class_path=str(error.get("type", "")), traceback=str(error.get("traceback", "")))
+            )
+        attempts = call.attempt if call is not None else 0
+        worker = (call.worker if call is not None else "") or self.alias
+        started = call.dispatched_at if call is not None else None
+        result = TaskResult(
+            task=task,
+            id=run.id,
+            status=STATUS_MAP[run.status],
+            enqueued_at=run.created_at,
+            started_at=started,
+            finished_at=run.finished_at,
+            last_attempted_at=started,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=errors,
+            # One entry per attempt (the framework counts attempts this way); the checkpoint
+            # remembers only the last attempt's worker.
+            worker_ids=[worker] * attempts,
+        )
+        if run.status == RunStatus.COMPLETED:
+            object.__setattr__(result, "_return_value", run.output)
+        return result
+
+
+def _task_for(payload: Mapping[str, Any]) -> Task:
+    """The `Task` as it was enqueued: the module-level task with the call's queue and priority."""
+    from django.utils.module_loading import import_string
+
+    target = import_string(payload["task"])
+    if not isinstance(target, Task):
+        raise TaskResultDoesNotExist(f"{payload['task']} is no longer a task")
+    from datetime import datetime
+
+    run_after = datetime.fromisoformat(payload["run_after"]) if payload.get("run_after") else None
+    return target.using(priority=payload.get("priority"), queue_name=payload.get("queue"), run_after=run_after)
+
+
+def task_context(result_id: str) -> TaskContext:
+    """The context a `takes_context=True` task receives: its result as of now."""
+    from durable_flow.models import WorkflowRun as Run
+
+    run = Run.objects.get(pk=result_id)
+    backend = _backend(run.input.get("backend", "default"))
+    return TaskContext(task_result=backend._result(run))
+
+
+def _backend(alias: str) -> DurableFlowBackend:
+    try:
+        from django.tasks import task_backends  # type: ignore[import-not-found]
+    except ImportError:
+        from django_tasks import task_backends
+    backend = task_backends[alias]
+    if not isinstance(backend, DurableFlowBackend):
+        raise TaskResultDoesNotExist(f"TASKS[{alias!r}] is not a DurableFlowBackend")
+    return backend

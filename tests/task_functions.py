@@ -1,0 +1,47 @@
+"""Module-level `@task` functions for tests/test_tasks.py (the framework refuses nested ones)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django_tasks import TaskContext, task
+
+CALLS: list[Any] = []
+
+
+@task
+def add(a: int, b: int) -> int:
+    CALLS.append(("add", a, b))
+    return a + b
+
+
+@task(queue_name="capped")
+def record(label: str) -> str:
+    """Appends its label to a marker file when `DURABLE_FLOW_TEST_MARKER` is set (worker processes)."""
+    CALLS.append(("record", label))
+    marker = os.environ.get("DURABLE_FLOW_TEST_MARKER")
+    if marker:
+        with open(marker, "a") as handle:
+            handle.write(f"{label}\n")
+    return label
+
+
+@task
+def explode(message: str) -> None:
+    raise ValueError(message)
+
+
+@task
+async def async_greet(name: str) -> str:
+    return f"hello {name}"
+
+
+@task(takes_context=True)
+def with_context(context: TaskContext, n: int) -> dict[str, Any]:
+    return {"id": context.task_result.id, "attempt": context.attempt, "n": n}
+
+
+@task(backend="other")
+def on_other(value: int) -> int:
+    return value

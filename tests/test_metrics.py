@@ -1,0 +1,190 @@
+"""Prometheus metrics: who may scrape, and figures that move while real worker processes run."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
+
+from durable_flow import register_queue, start
+from durable_flow.admission.base import AdmissionRequest
+from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.redis import RedisAdmissionBackend
+from durable_flow.conf import get_settings, parse_settings, reset_settings
+from durable_flow.engine import Engine, set_engine
+from durable_flow.metrics import bucketize
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.transports.db import DatabaseTransport
+from tests.conftest import ManagedProcess, wait_for
+
+TOKEN = "s3cret-scrape-token-0123456789"
+PROCESS_ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """`{(sample name, sorted labels): value}` of one scrape."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def scrape(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics/")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain")
+    return samples(response.content.decode())
+
+
+@pytest.fixture
+def staff_client(transactional_db: None) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    return client
+
+
+@pytest.fixture
+def with_token(settings: Any) -> Any:
+    settings.DURABLE_FLOW = {**settings.DURABLE_FLOW, "METRICS": {"TOKEN": TOKEN}}
+    reset_settings()
+    yield
+    reset_settings()
+
+
+def test_anonymous_scrape_without_token_is_refused_with_401(transactional_db: None) -> None:
+    response = Client().get("/metrics/")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_logged_in_non_staff_user_gets_403(transactional_db: None) -> None:
+    client = Client()
+    client.force_login(User.objects.create_user("someone", password="pw"))
+    assert client.get("/metrics/").status_code == 403
+
+
+def test_the_bearer_token_from_settings_admits_a_scraper(with_token: Any, transactional_db: None) -> None:
+    assert Client().get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
+    assert Client().get("/metrics/", HTTP_AUTHORIZATION="Bearer wrong-token-wrong-token").status_code == 401
+
+
+def test_a_token_is_never_accepted_when_none_is_configured(transactional_db: None) -> None:
+    assert get_settings().metrics_token is None
+    assert Client().get("/metrics/", HTTP_AUTHORIZATION="Bearer ").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("metrics", "message"),
+    [
+        ("x", 'DURABLE_FLOW["METRICS"]: must be a dict'),
+        ({"TOKEN": "short"}, "TOKEN must be a string of at least 16 characters"),
+        ({"WINDOW_S": 0}, "WINDOW_S must be a positive number"),
+        ({"PORT": 9100}, "unknown option(s) PORT"),
+    ],
+)
+def test_bad_metrics_settings_name_the_key(metrics: Any, message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        parse_settings({"METRICS": metrics})
+
+
+def test_buckets_are_cumulative_and_end_in_inf() -> None:
+    buckets, total = bucketize([0.5, 2, 20, 99], [1, 15, 30])
+    assert buckets == [("1", 1), ("15", 2), ("30", 3), ("+Inf", 4)]
+    assert total == 121.5
+
+
+def test_scrape_follows_real_workers_through_a_capped_queue(
+    staff_client: Client, spawn: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    set_engine(Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings()))
+    register_queue("metered", concurrency=1, rate_limit={"limit": 100, "period_ms": 60_000})
+    gate = tmp_path / "open"
+    runs = [start("tests.file_gated", {"path": str(gate), "queue": "metered", "id": f"m{i}"}) for i in range(3)]
+    before = scrape(staff_client)
+    assert before[("durable_flow_runs", (("status", "pending"), ("workflow", "tests.file_gated")))] == 3
+    assert before[("durable_flow_queue_limit", (("kind", "concurrency"), ("queue", "metered")))] == 1
+    assert before[("durable_flow_queue_limit", (("kind", "rate"), ("queue", "metered")))] == 100
+    assert before[("durable_flow_queue_rate_period_seconds", (("queue", "metered"),))] == 60
+    assert before[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
+
+    spawn("durable_poller", env=PROCESS_ENV)
+    spawn("durable_worker", "--concurrency", "2", env=PROCESS_ENV)
+
+    def blocked() -> dict[Any, float] | None:
+        now = scrape(staff_client)
+        in_flight = now[("durable_flow_queue_in_flight", (("queue", "metered"),))]
+        waiting = now[("durable_flow_queue_waiting", (("queue", "metered"),))]
+        busy = [
+            v
+            for (name, labels), v in now.items()
+            if name == "durable_flow_worker_slots" and ("state", "busy") in labels
+        ]
+        return now if (in_flight, waiting, busy) == (1, 2, [1]) else None
+
+    during = wait_for(blocked, timeout=60, what="one step in flight, two waiting, one busy worker slot")
+    (up,) = [v for (name, _), v in during.items() if name == "durable_flow_worker_up"]
+    assert up == 1
+    assert during[("durable_flow_runs", (("status", "running"), ("workflow", "tests.file_gated")))] == 1
+    assert during[("durable_flow_runs", (("status", "suspended"), ("workflow", "tests.file_gated")))] == 2
+
+    gate.touch()
+    wait_for(
+        lambda: WorkflowRun.objects.filter(pk__in=[r.id for r in runs], status=RunStatus.COMPLETED).count() == 3,
+        timeout=60,
+        what="all three runs to complete",
+    )
+    after = scrape(staff_client)
+    assert after[("durable_flow_runs", (("status", "completed"), ("workflow", "tests.file_gated")))] == 3
+    assert after[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
+    assert after[("durable_flow_queue_waiting", (("queue", "metered"),))] == 0
+    assert after[("durable_flow_queue_wait_seconds_gcount", (("queue", "metered"),))] == 3
+    assert after[("durable_flow_queue_wait_seconds_bucket", (("le", "+Inf"), ("queue", "metered")))] == 3
+    assert after[("durable_flow_step_duration_seconds_gcount", (("step", "tests.file_gate"),))] == 3
+    # The two that queued behind the gate waited at least as long as the first one ran.
+    assert after[("durable_flow_queue_wait_seconds_gsum", (("queue", "metered"),))] > 0
+
+
+@pytest.fixture
+def redis_engine(transactional_db: None) -> Iterator[RedisAdmissionBackend]:
+    backend = RedisAdmissionBackend.from_options(
+        {"CONNECTION": "default", "KEY_PREFIX": f"df:t:{uuid.uuid4().hex[:8]}"}
+    )
+    set_engine(Engine(admission=backend, transport=DatabaseTransport(), settings=get_settings()))
+    yield backend
+    for key in backend.redis.scan_iter(f"{backend.prefix}:*"):
+        backend.redis.delete(key)
+    backend.close()
+
+
+def test_in_flight_is_read_from_a_shared_admission_backend_at_scrape_time(
+    redis_engine: RedisAdmissionBackend, staff_client: Client
+) -> None:
+    register_queue("remote", concurrency=3)
+    # Slots taken by "another process": no checkpoint holds them, only Redis knows.
+    for ticket in ("run-a/1", "run-b/1"):
+        assert redis_engine.try_admit(AdmissionRequest(queue="remote", ticket=ticket)).admitted
+    assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 2
+    redis_engine.release("remote", "run-a/1")
+    assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 1
+
+
+def test_an_unreachable_admission_backend_does_not_fail_the_scrape(
+    redis_engine: RedisAdmissionBackend, staff_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    register_queue("remote", concurrency=3)
+    assert redis_engine.try_admit(AdmissionRequest(queue="remote", ticket="run-a/1")).admitted
+    # Point the backend's script at a port where no Redis listens: a real connection error.
+    redis_engine._script.registered_client = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    with caplog.at_level("WARNING", logger="durable_flow.metrics"):
+        # Falls back to the checkpoints holding a slot (none here), instead of answering 500.
+        assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 0
+    assert "in_flight('remote') failed" in caplog.text
