@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.db import connection
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.queue import Queue
@@ -158,3 +159,33 @@ def test_a_worker_stopped_during_start_up_logs_the_signal(caplog: pytest.LogCapt
         signal.signal(signal.SIGINT, previous[1])
     assert info.value.code == 128 + signal.SIGTERM
     assert f"pid {os.getpid()}: received SIGTERM during start-up; exiting" in caplog.text
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="terminates PostgreSQL backends: the PostgreSQL pass")
+def test_a_db_worker_and_poller_ride_out_postgresql_refusing_them(
+    transactional_db: None, spawn: Callable[..., ManagedProcess]
+) -> None:
+    """For 3 s every connection the worker and poller open to the test database is terminated
+    (an outage as they see it, without stopping the shared server); both carry on afterwards."""
+    env = {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_LOG": "WARNING"}
+    worker = spawn("durable_worker", "--concurrency", "2", env=env)
+    poller = spawn("durable_poller", env=env)
+    before = start("tests.three_steps", 1)
+    wait_for(lambda: completed(before.id), timeout=60, what="the run before the outage")
+
+    ends = time.monotonic() + 3
+    with connection.cursor() as cursor:
+        while time.monotonic() < ends:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            time.sleep(0.02)
+    assert worker.proc.poll() is None, worker.output()
+    assert poller.proc.poll() is None, poller.output()
+
+    after = start("tests.three_steps", 2)
+    parked = start("tests.sleeper", 0.5)
+    wait_for(lambda: completed(after.id), timeout=60, what="the run submitted after the outage")
+    wait_for(lambda: completed(parked.id), timeout=60, what="the poller to wake the parked run")
+    assert worker.proc.poll() is None and poller.proc.poll() is None
