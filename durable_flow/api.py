@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
     from durable_flow.queues import QueueConfig, RateLimit
+    from durable_flow.quotas import QuotaSpec
     from durable_flow.registry import WorkflowDefinition
 
 
@@ -17,15 +18,18 @@ def start(
     run_id: str | None = None,
     *,
     tags: Iterable[str] = (),
+    quota: QuotaSpec | Mapping[str, Any] | None = None,
 ) -> WorkflowRun:
     """Start a run of `workflow` with a JSON `input`; returns the `WorkflowRun`.
 
     Idempotent on `run_id`: starting an id that exists returns that run, unchanged.
     Raises `WorkflowNotFound` for an unknown name and `InvalidInput` for non-JSON input.
+    `quota` (`{"key": "tenant:acme", "limit": 8}`) overrides the workflow's start quota for this
+    start; over it, `ConcurrencyLimitError` is raised at once and nothing is created.
     """
     from durable_flow.engine import get_engine
 
-    return get_engine().start(workflow, input, run_id=run_id, tags=tags)
+    return get_engine().start(workflow, input, run_id=run_id, tags=tags, quota=quota)
 
 
 def cancel(run_id: str) -> WorkflowRun:
