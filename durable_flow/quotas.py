@@ -205,9 +205,11 @@ def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
 
 def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
     """What a refused child's checkpoint records, so a replay raises the same error."""
+    from durable_flow.serialization import error_info
+
     return {
         "status": REFUSED,
-        "error": {"type": type(exc).__name__, "message": str(exc)},
+        "error": error_info(exc),
         "quota": {"key": exc.key, "limit": exc.limit, "active": exc.active, "workflow": exc.workflow},
     }
 
