@@ -249,10 +249,18 @@ def test_an_admitted_child_carries_the_key(engine: Engine) -> None:
 
 @pytest.fixture
 def client(engine: Engine) -> Client:
-    user = get_user_model().objects.create_user("api", password="pw", is_staff=True)
+    user = get_user_model().objects.create_user("api", password="pw", is_staff=True, is_superuser=True)
     client = Client()
     client.force_login(user)
     return client
+
+
+def test_the_admin_shows_and_searches_a_runs_quota_key(client: Client) -> None:
+    start("quota.turn", "acme", "a1")
+    start("quota.turn", "globex", "g1")
+    listing = client.get("/admin/durable_flow/workflowrun/", {"q": "tenant:acme"}).content.decode()
+    assert "tenant:acme" in listing and "g1" not in listing
+    assert "tenant:acme" in client.get("/admin/durable_flow/workflowrun/a1/change/").content.decode()
 
 
 def test_the_json_api_answers_429_with_retry_after(client: Client) -> None:
