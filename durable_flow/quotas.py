@@ -59,8 +59,8 @@ class QuotaSpec:
     def build(cls, value: QuotaSpec | Mapping[str, Any], *, per_start: bool) -> QuotaSpec:
         """Parse and validate a quota once; `InvalidQuota` names the bad field.
 
-        A string key is literal on a per-start quota. On a workflow it is refused: the issue
-        asks for a CEL expression there, which is not built (pass a callable of the input).
+        A string key is literal on a per-start quota; on a workflow it is a CEL expression over
+        `input` (compiled here, so a syntax error fails registration).
         """
         if isinstance(value, QuotaSpec):
             return value
@@ -73,9 +73,7 @@ class QuotaSpec:
             raise InvalidQuota("a quota needs both 'key' and 'limit'")
         key = value["key"]
         if isinstance(key, str):
-            if not per_start:
-                raise InvalidQuota("quota key: a workflow's key must be a callable of the input (CEL is not supported)")
-            check_key(key)
+            key = check_key(key) if per_start else CelKey.compile(key)
         elif not callable(key):
             raise InvalidQuota(f"quota key must be a string or a callable of the input, got {type(key).__name__}")
         limit = value["limit"]
@@ -108,6 +106,40 @@ class QuotaSpec:
             if inspect.isawaitable(value):
                 value = async_to_sync(_awaited)(value)
         return check_limit(value)
+
+
+@dataclass(frozen=True)
+class CelKey:
+    """A workflow's quota key as a CEL expression over the start's `input`, e.g.
+    `"tenant:" + input.tenant_id`, or `has(input.tenant_id) ? "tenant:" + input.tenant_id : null`
+    (null leaves the start unlimited). Compiled once, at registration."""
+
+    expression: str
+    program: Any
+
+    @classmethod
+    def compile(cls, expression: str) -> CelKey:
+        import celpy
+
+        env = celpy.Environment()
+        try:
+            program = env.program(env.compile(expression))
+        except Exception as exc:  # noqa: BLE001 - celpy's parse errors share no public base class
+            raise InvalidQuota(f"quota key {expression!r} is not a valid CEL expression: {exc}") from None
+        return cls(expression=expression, program=program)
+
+    def __call__(self, input: Any) -> str | None:
+        from celpy import CELEvalError, json_to_cel
+
+        try:
+            value = self.program.evaluate({"input": json_to_cel(input)})
+        except CELEvalError as exc:
+            raise InvalidQuota(f"quota key {self.expression!r} failed on this input: {exc.args[0]}") from None
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise InvalidQuota(f"quota key {self.expression!r} must give a string or null, got {value!r}")
+        return str(value)
 
 
 async def _awaited(value: Any) -> Any:

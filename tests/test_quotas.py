@@ -39,6 +39,14 @@ def narrow(ctx: Any, input: dict[str, Any]) -> Any:
     return ctx.wait_for_signal("go")
 
 
+@workflow(
+    "quota.cel",
+    quota={"key": 'has(input.tenant) ? "tenant:" + input.tenant : null', "limit": 1},
+)
+def cel_keyed(ctx: Any, input: dict[str, Any]) -> Any:
+    return ctx.wait_for_signal("go")
+
+
 PLAN_LIMITS = {"tenant:free": 1, "tenant:pro": 3}
 
 
@@ -165,6 +173,21 @@ def test_count_statuses_narrowing_still_counts_pending_runs(manual: Engine) -> N
     assert exc.active == 1
 
 
+def test_a_workflows_string_key_is_a_cel_expression_over_the_input(engine: Engine) -> None:
+    run = start("quota.cel", "acme")
+    assert WorkflowRun.objects.get(pk=run.pk).concurrency_key == "tenant:acme"
+    assert refused("quota.cel", "acme").key == "tenant:acme"
+    start("quota.cel", "globex")
+    start("quota.cel", None)  # null key: unlimited
+    start("quota.cel", None)
+
+
+def test_a_cel_key_that_fails_on_the_input_is_a_typed_error(engine: Engine) -> None:
+    with pytest.raises(InvalidQuota):
+        api.start("quota.cel", {"tenant": 7})  # a string plus an int
+    assert not WorkflowRun.objects.exists()
+
+
 @pytest.mark.parametrize("name", ["quota.sync_limit", "quota.async_limit"])
 def test_limit_may_be_a_sync_or_async_callable_of_the_key(engine: Engine, name: str) -> None:
     start(name, "free")
@@ -213,7 +236,7 @@ def test_a_bad_per_start_quota_is_a_typed_error(engine: Engine, quota: dict[str,
 
 @pytest.mark.parametrize(
     "quota",
-    [{"key": "tenant", "limit": 1}, {"key": tenant_key, "limit": True}, {"limit": 1}, ["key", "limit"]],
+    [{"key": '"tenant:" +', "limit": 1}, {"key": tenant_key, "limit": True}, {"limit": 1}, ["key", "limit"]],
 )
 def test_a_bad_workflow_quota_fails_registration_naming_the_workflow(quota: Any) -> None:
     with pytest.raises(RegistrationError, match=r"quota\.bad"):
