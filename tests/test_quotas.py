@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from durable_flow.exceptions import InvalidQuota
 from durable_flow.http import quota_limited
 from durable_flow.models import RunStatus, StepCheckpoint, Task, WorkflowRun
 from durable_flow.quotas import count_active
+from tests.conftest import ManagedProcess, wait_for
 
 
 def tenant_key(input: dict[str, Any]) -> str | None:
@@ -89,6 +92,11 @@ def quota_parent(ctx: Any, input: dict[str, Any]) -> Any:
         result = f"refused {exc.key} at {exc.active}/{exc.limit}"
     ctx.wait_for_signal("done")
     return result
+
+
+@workflow("quota.fan_parent")
+def quota_fan_parent(ctx: Any, tenant: str) -> Any:
+    return ctx.all(quota_child, [{"tenant": tenant}, {"tenant": tenant}])
 
 
 def start(name: str, tenant: str | None, run_id: str | None = None, **kwargs: Any) -> WorkflowRun:
@@ -264,6 +272,14 @@ def test_a_refused_child_can_be_caught_and_replays_the_same_refusal(engine: Engi
     assert not WorkflowRun.objects.filter(parent_id="p2").exists()
 
 
+def test_a_refused_child_in_a_fan_fails_the_parent_and_its_started_sibling_is_cancelled(engine: Engine) -> None:
+    api.start("quota.fan_parent", "acme", run_id="f1")
+    run = WorkflowRun.objects.get(pk="f1")
+    assert run.status == RunStatus.FAILED and run.error["type"].endswith("ConcurrencyLimitError")
+    assert [child.status for child in WorkflowRun.objects.filter(parent_id="f1")] == [RunStatus.CANCELLED]
+    assert count_active("child:acme") == 0
+
+
 def test_an_admitted_child_carries_the_key(engine: Engine) -> None:
     start("quota.parent", "acme", "p1")
     child = WorkflowRun.objects.get(parent_id="p1")
@@ -361,3 +377,35 @@ def test_the_lock_is_per_key(engine: Engine) -> None:
         thread.start()
         assert done.wait(timeout=20)
         thread.join()
+
+
+@pytest.fixture
+def db_engine(transactional_db: None) -> Engine:
+    """Starts runs on the `db` transport, so real worker processes get the tasks."""
+    from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.conf import get_settings
+    from durable_flow.engine import set_engine
+    from durable_flow.transports.db import DatabaseTransport
+
+    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
+    set_engine(engine)
+    return engine
+
+
+def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
+    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    env = {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker)}
+    solo = {"key": "solo", "limit": 1}
+    run = api.start("tests.slow_one", {"id": "killed", "seconds": 2.0}, quota=solo)
+    spawn("durable_poller", env=env)
+    worker = spawn("durable_worker", "--concurrency", "2", env=env)
+    wait_for(lambda: marker.exists() and "slow_start killed" in marker.read_text(), what="the step to start")
+    worker.kill()  # SIGKILL, mid-step
+    assert status(run.pk) == RunStatus.RUNNING
+    assert refused("tests.slow_one", None, quota=solo).active == 1  # counted by its status, nothing else
+    spawn("durable_worker", "--concurrency", "2", env=env)
+    wait_for(lambda: status(run.pk) == RunStatus.COMPLETED, timeout=60, what="run to complete")
+    assert count_active("solo") == 0
+    assert api.start("tests.slow_one", {"id": "next", "seconds": 0}, quota=solo).concurrency_key == "solo"
