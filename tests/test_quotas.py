@@ -296,9 +296,9 @@ def client(engine: Engine) -> Client:
 
 def test_the_admin_shows_and_searches_a_runs_quota_key(client: Client) -> None:
     start("quota.turn", "acme", "a1")
-    start("quota.turn", "globex", "g1")
+    start("quota.turn", "globex", "globex-run")
     listing = client.get("/admin/durable_flow/workflowrun/", {"q": "tenant:acme"}).content.decode()
-    assert "tenant:acme" in listing and "g1" not in listing
+    assert "tenant:acme" in listing and "globex-run" not in listing
     assert "tenant:acme" in client.get("/admin/durable_flow/workflowrun/a1/change/").content.decode()
 
 
