@@ -72,9 +72,9 @@ class CheckpointInline(admin.TabularInline):
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(admin.ModelAdmin):
-    list_display = ["id", "workflow", "status", "created_at", "updated_at", "wake_at", "turns"]
+    list_display = ["id", "workflow", "status", "concurrency_key", "created_at", "updated_at", "wake_at", "turns"]
     list_filter = ["status", "workflow", "checkpoints__queue"]
-    search_fields = ["id", "workflow"]
+    search_fields = ["id", "workflow", "=concurrency_key"]
     date_hierarchy = "created_at"
     readonly_fields = [
         "id",
@@ -86,6 +86,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "error",
         "wake_at",
         "tags",
+        "concurrency_key",
         "parent",
         "parent_step_key",
         "rerun_of",

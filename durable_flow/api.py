@@ -11,6 +11,7 @@ from durable_flow.validation import storable_text
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
     from durable_flow.queues import QueueConfig, RateLimit
+    from durable_flow.quotas import QuotaSpec
     from durable_flow.registry import WorkflowDefinition
 
 #: The longest run id, workflow name, signal name or tag (the model fields' `max_length`).
@@ -29,11 +30,14 @@ def start(
     run_id: str | None = None,
     *,
     tags: Iterable[str] = (),
+    quota: QuotaSpec | Mapping[str, Any] | None = None,
 ) -> WorkflowRun:
     """Start a run of `workflow` with a JSON `input`; returns the `WorkflowRun`.
 
     Idempotent on `run_id`: starting an id that exists returns that run, unchanged.
     Raises `WorkflowNotFound` for an unknown name and `InvalidInput` for non-JSON input.
+    `quota` (`{"key": "tenant:acme", "limit": 8}`) overrides the workflow's start quota for this
+    start; over it, `ConcurrencyLimitError` is raised at once and nothing is created.
     """
     from durable_flow.engine import get_engine
 
@@ -44,7 +48,7 @@ def start(
     if isinstance(tags, str):
         raise InvalidInput("tags must be a list of strings, not a string")
     tags = [storable_text(tag, "tag", MAX_NAME) for tag in tags]
-    return get_engine().start(workflow, input, run_id=run_id, tags=tags)
+    return get_engine().start(workflow, input, run_id=run_id, tags=tags, quota=quota)
 
 
 def cancel(run_id: str) -> WorkflowRun:

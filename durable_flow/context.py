@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from durable_flow import quotas
 from durable_flow.exceptions import (
     ChildFailed,
     DurableFlowError,
@@ -375,6 +376,7 @@ class WorkflowContext:
         if cp.status == StepStatus.COMPLETED:
             return cp.output
         if cp.status in (StepStatus.FAILED, StepStatus.CANCELLED):
+            quotas.raise_if_refused(cp)
             error = cp.error or {}
             raise ChildFailed(cp.child_run_id, str(error.get("status", cp.status)), error.get("error"))
         return _PENDING

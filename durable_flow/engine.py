@@ -13,7 +13,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
@@ -23,10 +23,12 @@ from django.db.models import Model, QuerySet
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from durable_flow import quotas
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest
 from durable_flow.conf import BackendSpec, DurableFlowSettings, get_settings
 from durable_flow.context import _PENDING, EngineUnavailable, StepOptions, Suspend, WorkflowContext
 from durable_flow.exceptions import (
+    ConcurrencyLimitError,
     DurableFlowError,
     NonDeterminismError,
     RunNotFound,
@@ -44,6 +46,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.queues import QueueConfig
+from durable_flow.quotas import QuotaSpec
 from durable_flow.registry import StepDefinition, WorkflowDefinition, get_step, get_workflow, resolve_workflow
 from durable_flow.serialization import ensure_json, error_info
 from durable_flow.transports.base import Transport
@@ -146,8 +149,12 @@ class Engine:
         input: Any = None,
         run_id: str | None = None,
         tags: Iterable[str] = (),
+        quota: QuotaSpec | Mapping[str, Any] | None = None,
     ) -> WorkflowRun:
-        """Create a run and queue its first turn. Idempotent on `run_id`."""
+        """Create a run and queue its first turn. Idempotent on `run_id`.
+
+        Over its start quota (`quota`, else the workflow's) it raises `ConcurrencyLimitError`
+        and creates nothing; an existing `run_id` is returned without a quota check."""
         definition = resolve_workflow(workflow)
         ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
         tag_list = [str(tag) for tag in tags]
@@ -157,17 +164,23 @@ class Engine:
             existing = one(WorkflowRun.objects.filter(pk=run_id))
             if existing is not None:
                 return existing
+        check = quotas.plan(definition.name, definition.quota, quota, input)
         fields: dict[str, Any] = {
             "workflow": definition.name,
             "version": definition.version,
             "input": input,
             "status": RunStatus.PENDING,
-            "tags": tag_list,
+            **quotas.run_fields(check, tag_list),
         }
         if run_id is not None:
             fields["id"] = run_id
         try:
             with transaction.atomic():
+                if check is not None:
+                    # Under the key's lock: a same-id start that won meanwhile is returned, not refused.
+                    if run_id is not None and (existing := one(WorkflowRun.objects.filter(pk=run_id))):
+                        return existing
+                    check.enforce()
                 run = WorkflowRun.objects.create(**fields)
                 self.transport.enqueue_turn(run.id)
         except IntegrityError:
@@ -186,6 +199,29 @@ class Engine:
         if len(child_id) > MAX_RUN_ID:
             # Deep or long ids: stay deterministic (a replay must find the same child) and short.
             child_id = f"{hashlib.sha256(parent.id.encode()).hexdigest()[:40]}:{key}"
+        check = None
+        if definition.quota is not None and not WorkflowRun.objects.filter(pk=child_id).exists():
+            try:
+                check = quotas.plan(definition.name, definition.quota, None, input)
+                if check is not None:
+                    check.enforce()
+            except ConcurrencyLimitError as exc:
+                # Recorded on the parent's checkpoint: a replay raises the same refusal at
+                # `ctx.child` instead of starting the child later.
+                return self.create_checkpoint(
+                    parent,
+                    key=key,
+                    sequence=sequence,
+                    kind=StepKind.CHILD,
+                    name=definition.name,
+                    status=StepStatus.FAILED,
+                    input=input,
+                    group=group,
+                    child_run_id=child_id,
+                    error=quotas.refusal_error(exc),
+                    dispatched_at=self.now(),
+                    finished_at=self.now(),
+                )
         child, created = WorkflowRun.objects.get_or_create(
             pk=child_id,
             defaults={
@@ -195,7 +231,7 @@ class Engine:
                 "status": RunStatus.PENDING,
                 "parent": parent,
                 "parent_step_key": key,
-                "tags": parent.tags,
+                **quotas.run_fields(check, list(parent.tags)),
             },
         )
         if not created and (child.parent_id != parent.id or child.parent_step_key != key):

@@ -31,6 +31,10 @@ class InvalidQueueConfig(DurableFlowError, ValueError):
     """A queue's configuration is invalid; the message names the field."""
 
 
+class InvalidQuota(DurableFlowError, ValueError):
+    """A start quota is malformed (or its key/limit callable returned a bad value)."""
+
+
 class NonDeterminismError(DurableFlowError):
     """The workflow's code no longer matches the history recorded for a running run."""
 

@@ -41,6 +41,9 @@ class WorkflowRun(models.Model):
     tags = models.JSONField(default=list, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     parent_step_key = models.CharField(max_length=100, blank=True, default="")
+    concurrency_key = models.CharField(
+        max_length=200, null=True, blank=True, default=None, help_text="The start quota this run draws on."
+    )
     turns = models.PositiveIntegerField(default=0, help_text="How many times the workflow function was replayed.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -63,6 +66,8 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "wake_at"], name="df_run_status_wake"),
             models.Index(fields=["workflow", "status"], name="df_run_workflow_status"),
             models.Index(fields=["-created_at"], name="df_run_created"),
+            # A start quota's check: one COUNT(*) of a key's runs in the counted statuses.
+            models.Index(fields=["concurrency_key", "status"], name="df_run_quota_status"),
         ]
 
     def __str__(self) -> str:

@@ -6,12 +6,13 @@ process (web, worker, poller) knows the same workflows and steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from durable_flow.exceptions import RegistrationError, StepNotFound, WorkflowNotFound
+from durable_flow.quotas import QuotaSpec, parse_workflow_quota
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,6 +48,7 @@ class WorkflowDefinition:
     name: str
     fn: WorkflowFn
     version: str = "1"
+    quota: QuotaSpec | None = None
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
@@ -67,19 +69,24 @@ def _check_name(name: object, what: str) -> str:
     return name
 
 
-def workflow(name: str, *, version: str | int = "1") -> Callable[[WorkflowFn], WorkflowDefinition]:
+def workflow(
+    name: str, *, version: str | int = "1", quota: QuotaSpec | Mapping[str, Any] | None = None
+) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
     Bump `version` when you change the order of its calls: runs started under the old
     version fail with a clear non-determinism error instead of replaying wrongly.
+    `quota` (`{"key": fn(input), "limit": n, "count_statuses": [...]}`) refuses a start at once
+    with `ConcurrencyLimitError` when `limit` runs of its key are in flight; see `quotas.py`.
     """
     _check_name(name, "workflow")
+    quota_spec = parse_workflow_quota(name, quota)
 
     def decorate(fn: WorkflowFn) -> WorkflowDefinition:
         existing = _workflows.get(name)
         if existing is not None and not _same_function(existing.fn, fn):
             raise RegistrationError(f"workflow {name!r} is already registered by {existing.fn.__module__}")
-        definition = WorkflowDefinition(name=name, fn=fn, version=str(version))
+        definition = WorkflowDefinition(name=name, fn=fn, version=str(version), quota=quota_spec)
         _workflows[name] = definition
         return definition
 

@@ -1,0 +1,254 @@
+"""Start quotas: at most `limit` runs of a key in flight; the next start is refused at once.
+
+A quota is not a mutex and not a queue: a start over the limit raises `ConcurrencyLimitError`
+(an HTTP 429) and creates nothing. The database is the only source of truth: a run carries its
+key in `WorkflowRun.concurrency_key` (and the tag `concurrency:<key>`), and the check is one
+indexed `COUNT(*)` of the key's runs in the counted statuses, so nothing leaks when a process
+dies: a slot frees the moment its run leaves those statuses.
+
+Unlike the reference's soft cap (count, then insert), the count and the INSERT are serialised
+per key, so starts racing for the last slot cannot overshoot:
+
+- PostgreSQL: `pg_advisory_xact_lock(hashtextextended(key, 0))` in the start's transaction.
+  Different keys take different locks (a 64-bit hash collision only serialises two keys, it
+  never miscounts: the COUNT filters on the key itself).
+- SQLite: durable_flow's `transaction_mode = IMMEDIATE` already takes the database's write lock
+  when the transaction opens, so every start is serialised.
+- Other vendors: the start's transaction is the only guard (the reference's soft cap).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from django.db import connection
+
+from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
+
+if TYPE_CHECKING:
+    from durable_flow.models import StepCheckpoint
+
+# Literal status names rather than `RunStatus`: `@workflow` parses quotas at import time, before
+# Django's app registry is ready, so this module must not import the models at the top.
+#: Every non-terminal status occupies a slot unless the quota narrows it.
+ACTIVE_STATUSES: tuple[str, ...] = ("pending", "running", "suspended", "cancelling")
+RUN_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "cancelled", "completed", "failed")
+MAX_KEY_LENGTH = 200  # WorkflowRun.concurrency_key's max_length
+TAG_PREFIX = "concurrency:"
+#: Marks a child checkpoint whose start was refused, so a replay raises the same error.
+REFUSED = "quota_refused"
+
+KeyFn = Callable[[Any], "str | None"]
+LimitFn = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class QuotaSpec:
+    """A parsed quota: `key` (a callable of the input, or a literal key), `limit` (an int, or a
+    sync or async callable of the key) and the run statuses that occupy a slot."""
+
+    key: KeyFn | str
+    limit: int | LimitFn
+    count_statuses: tuple[str, ...] = ACTIVE_STATUSES
+
+    @classmethod
+    def build(cls, value: QuotaSpec | Mapping[str, Any], *, per_start: bool) -> QuotaSpec:
+        """Parse and validate a quota once; `InvalidQuota` names the bad field.
+
+        A string key is literal on a per-start quota; on a workflow it is a CEL expression over
+        `input` (compiled here, so a syntax error fails registration).
+        """
+        if isinstance(value, QuotaSpec):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidQuota(f"a quota must be a mapping with 'key' and 'limit', got {type(value).__name__}")
+        unknown = set(value) - {"key", "limit", "count_statuses"}
+        if unknown:
+            raise InvalidQuota(f"unknown quota field(s): {', '.join(sorted(map(str, unknown)))}")
+        if "key" not in value or "limit" not in value:
+            raise InvalidQuota("a quota needs both 'key' and 'limit'")
+        key = value["key"]
+        if isinstance(key, str):
+            key = check_key(key) if per_start else CelKey.compile(key)
+        elif not callable(key):
+            raise InvalidQuota(f"quota key must be a string or a callable of the input, got {type(key).__name__}")
+        limit = value["limit"]
+        if not callable(limit):
+            check_limit(limit)
+        statuses = value.get("count_statuses", ACTIVE_STATUSES)
+        if isinstance(statuses, str) or not isinstance(statuses, Iterable):
+            raise InvalidQuota("quota count_statuses must be a list of run statuses")
+        statuses = tuple(str(status) for status in statuses)
+        bad = [status for status in statuses if status not in RUN_STATUSES]
+        if bad or not statuses:
+            raise InvalidQuota(f"quota count_statuses must name run statuses from {RUN_STATUSES}, got {bad or '[]'}")
+        return cls(key=key, limit=limit, count_statuses=statuses)
+
+    def resolve_key(self, input: Any) -> str | None:
+        """The bucket for this input; None leaves the start unlimited."""
+        if isinstance(self.key, str):
+            return self.key
+        key = self.key(input)
+        return None if key is None else check_key(key)
+
+    def resolve_limit(self, key: str) -> int:
+        """The limit for `key`; an async callable is run to completion with `async_to_sync`."""
+        if not callable(self.limit):
+            return self.limit
+        if inspect.iscoroutinefunction(self.limit):
+            value = async_to_sync(self.limit)(key)
+        else:
+            value = self.limit(key)
+            if inspect.isawaitable(value):
+                value = async_to_sync(_awaited)(value)
+        return check_limit(value)
+
+
+@dataclass(frozen=True)
+class CelKey:
+    """A workflow's quota key as a CEL expression over the start's `input`, e.g.
+    `"tenant:" + input.tenant_id`, or `has(input.tenant_id) ? "tenant:" + input.tenant_id : null`
+    (null leaves the start unlimited). Compiled once, at registration."""
+
+    expression: str
+    program: Any
+
+    @classmethod
+    def compile(cls, expression: str) -> CelKey:
+        import celpy
+
+        env = celpy.Environment()
+        try:
+            program = env.program(env.compile(expression))
+        except Exception as exc:  # noqa: BLE001 - celpy's parse errors share no public base class
+            raise InvalidQuota(f"quota key {expression!r} is not a valid CEL expression: {exc}") from None
+        return cls(expression=expression, program=program)
+
+    def __call__(self, input: Any) -> str | None:
+        from celpy import CELEvalError, json_to_cel
+
+        try:
+            value = self.program.evaluate({"input": json_to_cel(input)})
+        except CELEvalError as exc:
+            raise InvalidQuota(f"quota key {self.expression!r} failed on this input: {exc.args[0]}") from None
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise InvalidQuota(f"quota key {self.expression!r} must give a string or null, got {value!r}")
+        return str(value)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidQuota(
+            f"a quota key must be a non-empty string of at most {MAX_KEY_LENGTH} characters, got {key!r}"
+        )
+    return key
+
+
+def check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidQuota(f"quota limit must be an integer or a callable of the key, got {limit!r}")
+    return limit
+
+
+def parse_workflow_quota(name: str, value: QuotaSpec | Mapping[str, Any] | None) -> QuotaSpec | None:
+    """Parse `@workflow(..., quota=...)`; a bad quota is a `RegistrationError` naming the workflow."""
+    from durable_flow.exceptions import RegistrationError
+
+    if value is None:
+        return None
+    try:
+        return QuotaSpec.build(value, per_start=False)
+    except InvalidQuota as exc:
+        raise RegistrationError(f"workflow {name!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """What a start must verify inside its transaction: `limit` runs of `key` at most."""
+
+    key: str
+    limit: int
+    count_statuses: tuple[str, ...]
+    workflow: str
+
+    @property
+    def tag(self) -> str:
+        return f"{TAG_PREFIX}{self.key}"
+
+    def enforce(self) -> None:
+        """Serialise on the key, count its active runs, and refuse when the quota is full.
+
+        Must run inside the transaction that INSERTs the run: the advisory lock is held until
+        that transaction ends, so the next start on the key counts this run.
+        """
+        if self.limit <= 0:
+            raise ConcurrencyLimitError(self.key, self.limit, 0, self.workflow)
+        lock_key(self.key)
+        active = count_active(self.key, self.count_statuses)
+        if active >= self.limit:
+            raise ConcurrencyLimitError(self.key, self.limit, active, self.workflow)
+
+
+def plan(
+    workflow: str, workflow_quota: QuotaSpec | None, quota: QuotaSpec | Mapping[str, Any] | None, input: Any
+) -> QuotaCheck | None:
+    """The check a start needs (a per-start `quota` overrides the workflow's), or None when the
+    start is unlimited. Runs the key and limit callables, before the transaction opens, so a
+    slow per-plan lookup does not hold the key's lock."""
+    spec = QuotaSpec.build(quota, per_start=True) if quota is not None else workflow_quota
+    if spec is None:
+        return None
+    key = spec.resolve_key(input)
+    if key is None:
+        return None
+    return QuotaCheck(key=key, limit=spec.resolve_limit(key), count_statuses=spec.count_statuses, workflow=workflow)
+
+
+def lock_key(key: str) -> None:
+    """Take the key's transaction-scoped lock (PostgreSQL); SQLite's write lock is already held."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+
+
+def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES) -> int:
+    """Runs of `key` occupying a slot: one COUNT(*) on the (concurrency_key, status) index."""
+    from durable_flow.models import WorkflowRun
+
+    return WorkflowRun.objects.filter(concurrency_key=key, status__in=list(statuses)).count()
+
+
+def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
+    """The run's quota columns: its key and the `concurrency:<key>` tag."""
+    if check is None:
+        return {"tags": tags}
+    return {"concurrency_key": check.key, "tags": [*tags, check.tag]}
+
+
+def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
+    """What a refused child's checkpoint records, so a replay raises the same error."""
+    from durable_flow.serialization import error_info
+
+    return {
+        "status": REFUSED,
+        "error": error_info(exc),
+        "quota": {"key": exc.key, "limit": exc.limit, "active": exc.active, "workflow": exc.workflow},
+    }
+
+
+def raise_if_refused(cp: StepCheckpoint) -> None:
+    """Inside the parent's `ctx.child`: re-raise a recorded refusal as `ConcurrencyLimitError`."""
+    error = cp.error if isinstance(cp.error, dict) else {}
+    if cp.status == "failed" and error.get("status") == REFUSED:
+        quota = error["quota"]
+        raise ConcurrencyLimitError(quota["key"], quota["limit"], quota["active"], quota["workflow"])
