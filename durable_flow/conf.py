@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.queues import QueueConfig
@@ -147,6 +148,19 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         max_payload_bytes=max_payload,
         redispatch_after_s=float(redispatch),
     )
+
+
+def build_backend(spec: BackendSpec) -> Any:
+    """Instantiate a backend class from its settings spec.
+
+    A class with a `from_options(options)` classmethod is built by it; otherwise its
+    constructor gets the options as lower-case keyword arguments.
+    """
+    cls = import_string(spec.path)
+    factory = getattr(cls, "from_options", None)
+    if factory is not None:
+        return factory(dict(spec.options))
+    return cls(**{key.lower(): value for key, value in spec.options.items()})
 
 
 @cache

@@ -109,7 +109,6 @@ class WorkerRuntime:
         self._handed_back: set[int] = set()
         #: Tasks handed back at shutdown whose threads were left running.
         self.abandoned = 0
-        engine.instance_id = self.worker_id
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
