@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 
 from durable_flow.admission.base import (
     DEFAULT_WAITER_TTL_MS,
+    AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
@@ -36,7 +35,7 @@ from durable_flow.models import AdmissionKeyServed, AdmissionMark, AdmissionSlot
 from durable_flow.queues import QueueConfig, queue_from_dict
 
 
-class DatabaseAdmissionBackend(FreedAnnouncer):
+class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
     """Admission state as rows, decided under the queue row's lock."""
 
     def __init__(
@@ -53,10 +52,6 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
         self._known_cache_s = known_queue_cache_s
         self._pending_write: set[str] = set()
         self._lock = threading.Lock()
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> DatabaseAdmissionBackend:
-        return cls(waiter_ttl_ms=int(options.get("WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS)))
 
     # -- registration ----------------------------------------------------------------------
     def register(self, config: QueueConfig) -> None:

@@ -12,6 +12,7 @@ import threading
 
 from durable_flow.admission.base import (
     DEFAULT_WAITER_TTL_MS,
+    AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
@@ -22,7 +23,7 @@ from durable_flow.admission.policy import QueueState, decide, rank
 from durable_flow.queues import QueueConfig
 
 
-class LocalAdmissionBackend(FreedAnnouncer):
+class LocalAdmissionBackend(FreedAnnouncer, AdmissionBackend):
     """Admission accounting in this process's memory."""
 
     def __init__(self, clock: Clock = system_clock_ms, waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS) -> None:

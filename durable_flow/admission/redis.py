@@ -85,17 +85,20 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.admission.base import (
     DEFAULT_WAITER_TTL_MS,
+    WAITER_TTL_OPTION,
+    AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
     FreedCallback,
 )
+from durable_flow.options import Option, non_empty_str, positive_int
 from durable_flow.queues import QueueConfig
 
 if TYPE_CHECKING:
@@ -124,22 +127,28 @@ _QUEUE_KEYS = (
     "meta",
     "marks",
 )
-_OPTIONS = {"CONNECTION", "URL", "INSTANCE_TTL_MS", "WAITER_TTL_MS", "KEY_PREFIX"}
 
 
 def _option_error(key: str, message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]["{key}"]: {message}')
 
 
-def _positive_int(options: Mapping[str, Any], key: str, default: int) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _option_error(key, f"must be a positive integer (milliseconds), got {value!r}")
-    return value
+def _redis_url(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        return f"must be a redis://, rediss:// or unix:// URL, got {value!r}"
+    return None
 
 
-class RedisAdmissionBackend:
+class RedisAdmissionBackend(AdmissionBackend):
     """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
+
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
+        "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
+        "URL": Option("A redis://, rediss:// or unix:// URL, instead of CONNECTION.", _redis_url),
+        "KEY_PREFIX": Option("Prefix of every key, so several deployments can share a Redis.", non_empty_str),
+        "WAITER_TTL_MS": WAITER_TTL_OPTION,
+        "INSTANCE_TTL_MS": Option("How long (ms) a silent process keeps its slots.", positive_int),
+    }
 
     def __init__(
         self,
@@ -185,25 +194,22 @@ class RedisAdmissionBackend:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RedisAdmissionBackend:
         """Build from `DURABLE_FLOW["ADMISSION"]`; every bad option names its key."""
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]: unknown option(s) {", ".join(unknown)}')
-        prefix = options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
-        if not isinstance(prefix, str) or not prefix:
-            raise _option_error("KEY_PREFIX", f"must be a non-empty string, got {prefix!r}")
+        cls.check_options(options)
         kwargs: dict[str, Any] = {
-            "waiter_ttl_ms": _positive_int(options, "WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS),
-            "instance_ttl_ms": _positive_int(options, "INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
-            "key_prefix": prefix,
+            "waiter_ttl_ms": options.get("WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS),
+            "instance_ttl_ms": options.get("INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
+            "key_prefix": options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX),
         }
         if "URL" in options:
-            if "CONNECTION" in options:
-                raise _option_error("URL", "give CONNECTION or URL, not both")
-            url = options["URL"]
-            if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-                raise _option_error("URL", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
-            return cls(url=url, **kwargs)
+            return cls(url=options["URL"], **kwargs)
         return cls(_named_connection(options.get("CONNECTION", "default")), **kwargs)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The declared checks, plus: CONNECTION and URL exclude each other."""
+        super().check_options(options)
+        if "URL" in options and "CONNECTION" in options:
+            raise _option_error("URL", "give CONNECTION or URL, not both")
 
     # -- keys ---------------------------------------------------------------------------------
     def queue_keys(self, queue: str) -> list[str]:

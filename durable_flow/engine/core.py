@@ -46,9 +46,7 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, ResultsMixin):
         self.clock = clock
         for config in self.settings.queues:
             self.admission.register(config)
-        on_freed = getattr(self.admission, "on_freed", None)
-        if on_freed is not None:
-            on_freed(self.wake_waiters)
+        self.admission.on_freed(self.wake_waiters)
         transport.bind(self)
 
     def register_queue(self, config: QueueConfig) -> QueueConfig:

@@ -161,14 +161,14 @@ class DispatchMixin(EngineBase):
         """Early wake: a slot freed on `queue`, so retry its rightful next blocked runs now
         instead of at their `retry_ms` tick.
 
-        A backend that can name its next waiters (`next_waiters`) is asked, so the run woken is
+        A backend that can name its next waiters (`next_waiters` not None) is asked, so the run woken is
         the one admission will pick; otherwise the best-placed by priority and age. One spare
         wake covers a waiter that has gone away; the rest keep their tick.
         """
-        next_waiters = getattr(self.admission, "next_waiters", None)
         with transaction.atomic():
-            if next_waiters is not None:
-                run_ids = [ticket.rsplit("/", 1)[0] for ticket in next_waiters(queue, limit)]
+            tickets = self.admission.next_waiters(queue, limit)
+            if tickets is not None:
+                run_ids = [ticket.rsplit("/", 1)[0] for ticket in tickets]
             else:
                 run_ids = list(
                     StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING)

@@ -31,8 +31,7 @@ class ResultsMixin(EngineBase):
         if cp.run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or cp.run.is_terminal:
             self.record_result(run_id, key, attempt, cancelled=True)
             return "skipped"
-        adopt = getattr(self.admission, "adopt", None)
-        if cp.holds_slot and cp.queue and adopt is not None and not adopt(cp.queue, cp.ticket):
+        if cp.holds_slot and cp.queue and not self.admission.adopt(cp.queue, cp.ticket):
             # The slot went with a dead process and may be someone else's now: running anyway
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
