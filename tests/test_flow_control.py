@@ -21,12 +21,13 @@ from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, WorkflowRun
 from durable_flow.poller import TimerPoller
+from durable_flow.transports.base import Transport
 from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
 from tests.conftest import MovableClock, local_engine
 
 
-class HeldTransport:
+class HeldTransport(Transport):
     """Turns run on commit; step attempts wait in `held` until `run_step` executes one."""
 
     name = "held"

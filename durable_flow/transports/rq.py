@@ -59,7 +59,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
@@ -70,8 +70,10 @@ from rq.registry import StartedJobRegistry
 from rq.utils import now as rq_now
 from rq.worker import SimpleWorker
 
+from durable_flow.options import Option, non_empty_str
+from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.worker.concurrency import build_controller
-from durable_flow.worker.runtime import ClaimedTask
+from durable_flow.worker.runtime import ClaimedTask, TaskSource
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -128,11 +130,16 @@ JOB_KINDS = {
 }
 
 
-class RQTransport:
+class RQTransport(Transport):
     """Producer side: one RQ job per workflow turn and per step attempt, enqueued on commit."""
 
     name = "rq"
-    OPTIONS = ("QUEUE", "CONCURRENCY", "RESULT_TTL", "FAILURE_TTL")
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
+        "QUEUE": Option("The RQ_QUEUES entry whose connection (and name prefix) the tiers use.", non_empty_str),
+        "CONCURRENCY": CONCURRENCY_OPTION,
+        "RESULT_TTL": Option("Seconds RQ keeps a finished job (-1: forever)."),
+        "FAILURE_TTL": Option("Seconds RQ keeps a failed job (-1: forever)."),
+    }
 
     def __init__(
         self,
@@ -161,22 +168,11 @@ class RQTransport:
         self._engine: Engine | None = None
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> RQTransport:
-        unknown = sorted(set(options) - set(cls.OPTIONS))
-        if unknown:
-            raise ImproperlyConfigured(
-                f"{SETTING}: unknown option(s) {', '.join(unknown)} for the rq backend "
-                f"(known: {', '.join(cls.OPTIONS)})"
-            )
-        return cls(
-            queue=options.get("QUEUE", "durable"),
-            concurrency=options.get("CONCURRENCY", 8),
-            result_ttl=options.get("RESULT_TTL"),
-            failure_ttl=options.get("FAILURE_TTL"),
-        )
-
-    def bind(self, engine: Engine) -> None:
-        self._engine = engine
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The declared checks, plus what the constructor checks (QUEUE names an RQ_QUEUES
+        entry, the TTLs); building opens no connection."""
+        super().check_options(options)
+        cls(**{key.lower(): value for key, value in options.items()})
 
     # -- queues ------------------------------------------------------------------------------
     @cached_property
@@ -251,7 +247,7 @@ class RQTransport:
         return RQTaskSource(self)
 
 
-class RQTaskSource:
+class RQTaskSource(TaskSource):
     """Consumer side: pop jobs high → normal → low, keep RQ's registries and worker record."""
 
     transport = "rq"
