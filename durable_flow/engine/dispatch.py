@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from durable_flow.admission.base import AdmissionRequest
-from durable_flow.context import StepOptions
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.exceptions import RunNotFound, StepNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.registry import StepDefinition, get_step
 from durable_flow.serialization import ensure_json
+from durable_flow.turn import StepOptions
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

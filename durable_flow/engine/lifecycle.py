@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 
-from durable_flow.context import _PENDING
 from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, RunNotFound
@@ -25,6 +24,7 @@ from durable_flow.models import (
 )
 from durable_flow.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import ensure_json
+from durable_flow.turn import PENDING
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
@@ -240,7 +240,7 @@ class LifecycleMixin(EngineBase):
         `PENDING` when none has arrived."""
         signal = Signal.objects.filter(run=run, name=name, consumed_by="").order_by("id").first()
         if signal is None:
-            return _PENDING
+            return PENDING
         signal.consumed_by = key
         signal.save(update_fields=["consumed_by"])
         return signal.payload

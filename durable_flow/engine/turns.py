@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
 
-from durable_flow.context import EngineUnavailable, Suspend, WorkflowContext
+from durable_flow.context import WorkflowContext
 from durable_flow.engine.base import WAKEABLE, EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
@@ -20,6 +20,7 @@ from durable_flow.models import (
 )
 from durable_flow.registry import get_workflow
 from durable_flow.serialization import ensure_json, error_info
+from durable_flow.turn import EngineUnavailable, Suspend
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

@@ -5,9 +5,7 @@ Configuration::
     RQ_QUEUES = {"durable": {"URL": "redis://127.0.0.1:6379/0"}}
     DURABLE_FLOW = {"TRANSPORT": {"BACKEND": "rq", "QUEUE": "durable", "CONCURRENCY": 8}}
 
-`QUEUE` names an entry of django-rq's `RQ_QUEUES` (its connection, serializer and job class
-are used); `CONCURRENCY` is a number or `"adaptive"` (see `durable_flow.worker.adaptive`);
-`RESULT_TTL`/`FAILURE_TTL` override how long finished/failed jobs stay in RQ's registries.
+The options are declared (and explained) in `RQTransport.OPTIONS`.
 
 Producing. The engine calls `enqueue_*` inside the transaction that records a dispatch, so a
 job is enqueued on `transaction.on_commit`: it never names a checkpoint that was rolled back.
@@ -24,11 +22,9 @@ one of three tiered queues next to the configured one::
 
 A worker pops with `LMPOP`/`BLMPOP` over `[high, normal, low]`, which takes from the first
 non-empty list in one atomic command: strict priority between tiers, FIFO within a tier.
-Three tiers rather than one list per priority value keep the set of queue names fixed (so
-operators can list them in `RQ_QUEUES` to see them in the django-rq dashboard) and cover how
-priority is used in practice: "urgent", "normal", "background". Ordering *within* a tier by
-the exact value is admission's job (higher priority is admitted first when a flow-control
-queue is contended); the broker only needs to let urgent work overtake the backlog.
+Three tiers keep the set of queue names fixed (operators can list them in `RQ_QUEUES` for the
+django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
+the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
 
 Consuming. `RQTransport.source()` is an `RQTaskSource` for the shared `WorkerRuntime`: the
 worker runs jobs on threads under the live concurrency limit, never forks (a fork costs more
@@ -135,10 +131,10 @@ class RQTransport(Transport):
 
     name = "rq"
     OPTIONS: ClassVar[Mapping[str, Option]] = {
-        "QUEUE": Option("The RQ_QUEUES entry whose connection (and name prefix) the tiers use.", non_empty_str),
+        "QUEUE": Option("The RQ_QUEUES entry whose connection, serializer and job class are used.", non_empty_str),
         "CONCURRENCY": CONCURRENCY_OPTION,
-        "RESULT_TTL": Option("Seconds RQ keeps a finished job (-1: forever)."),
-        "FAILURE_TTL": Option("Seconds RQ keeps a failed job (-1: forever)."),
+        "RESULT_TTL": Option("Seconds RQ keeps a finished job in its registry (-1: forever)."),
+        "FAILURE_TTL": Option("Seconds RQ keeps a failed job in its registry (-1: forever)."),
     }
 
     def __init__(
@@ -150,8 +146,6 @@ class RQTransport(Transport):
     ) -> None:
         from django_rq.settings import QUEUES
 
-        if not isinstance(queue, str) or not queue:
-            raise ImproperlyConfigured(f'{SETTING}["QUEUE"]: must be the name of an RQ_QUEUES entry, got {queue!r}')
         if queue not in QUEUES:
             known = ", ".join(sorted(QUEUES)) or "none"
             raise ImproperlyConfigured(
