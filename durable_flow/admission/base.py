@@ -109,6 +109,21 @@ class AdmissionBackend(Configurable, ABC):
         whose slots do not belong to a live process (`local`, `db`)."""
         return True
 
+    # -- read model (the dashboard and the admin ask these, whatever the backend) ----------
+    def in_flight(self, queue: str) -> int | None:
+        """Slots held on `queue` now; None (the default) when the backend cannot tell."""
+        return None
+
+    def waiting(self, queue: str) -> int | None:
+        """Blocked calls registered as waiters on `queue` (a waiter that gave up counts until
+        its TTL lapses); None (the default) when the backend cannot tell."""
+        return None
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions counted in `queue`'s current rate window; None when the queue has no
+        rate limit, is unknown, or (the default) the backend cannot tell."""
+        return None
+
     def next_waiters(self, queue: str, limit: int) -> list[str] | None:
         """The tickets admission would pick next on `queue`, best first, or None when the
         backend cannot tell (the engine then wakes the best-placed waiting checkpoints)."""

@@ -194,4 +194,17 @@ class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
         return list(waiters.values_list("ticket", flat=True)[:limit])
 
     def in_flight(self, queue: str) -> int:
+        """Slots held now, by any process."""
         return AdmissionSlot.objects.filter(queue=queue).count()
+
+    def waiting(self, queue: str) -> int:
+        """Waiters registered now, by any process."""
+        return AdmissionWaiter.objects.filter(queue=queue).count()
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions in the current rate window, by any process."""
+        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        rate = queue_from_dict(row).rate_limit if row is not None else None
+        if rate is None:
+            return None
+        return AdmissionMark.objects.filter(queue=queue, at_ms__gte=oldest_mark_needed(rate, self.clock())).count()

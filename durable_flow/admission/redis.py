@@ -1,14 +1,7 @@
 """Redis admission: one exact cap across every process of the fleet, decided by one Lua script.
 
-Selected with::
-
-    DURABLE_FLOW["ADMISSION"] = {
-        "BACKEND": "redis",
-        "CONNECTION": "default",   # a django-rq RQ_QUEUES entry; or "URL": "redis://host:6379/0"
-        "INSTANCE_TTL_MS": 15000,  # a dead process's slots are reclaimed within this
-        "WAITER_TTL_MS": 60000,    # a waiter that stopped retrying is forgotten after this
-        "KEY_PREFIX": "df:adm",
-    }
+Selected with `DURABLE_FLOW["ADMISSION"] = {"BACKEND": "redis", "CONNECTION": "default"}` (a
+django-rq `RQ_QUEUES` entry, or `"URL"`); every option is explained in `RedisAdmissionBackend.OPTIONS`.
 
 This module (and `redis` / `django_rq`) is imported only when this backend is selected.
 
@@ -98,8 +91,9 @@ from durable_flow.admission.base import (
     Clock,
     FreedCallback,
 )
+from durable_flow.admission.policy import oldest_mark_needed
 from durable_flow.options import Option, non_empty_str, positive_int
-from durable_flow.queues import QueueConfig
+from durable_flow.queues import QueueConfig, queue_from_dict
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -134,7 +128,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         "URL": Option("A redis://, rediss:// or unix:// URL, instead of CONNECTION.", _redis_url),
         "KEY_PREFIX": Option("Prefix of every key, so several deployments can share a Redis.", non_empty_str),
         "WAITER_TTL_MS": WAITER_TTL_OPTION,
-        "INSTANCE_TTL_MS": Option("How long (ms) a silent process keeps its slots.", positive_int),
+        "INSTANCE_TTL_MS": Option("A dead process's slots are reclaimed within this (ms).", positive_int),
     }
 
     def __init__(
@@ -277,6 +271,20 @@ class RedisAdmissionBackend(AdmissionBackend):
     def in_flight(self, queue: str) -> int:
         """Slots held now (including those of a dead instance not yet reclaimed)."""
         return int(self._run("inflight", queue))
+
+    def waiting(self, queue: str) -> int:
+        """Waiters registered now, by any process (pruned lazily, at the queue's next decision)."""
+        return int(self.redis.hlen(f"{self.prefix}:q:{queue}:waiters"))
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions in the current rate window, by any process, on the server's clock."""
+        raw = self.redis.hget(f"{self.prefix}:queues", queue)
+        rate = queue_from_dict(json.loads(raw)).rate_limit if raw else None
+        if rate is None:
+            return None
+        seconds, micros = self.redis.time() if self.clock is None else divmod(int(self.clock()) * 1000, 1_000_000)
+        start = oldest_mark_needed(rate, int(seconds) * 1000 + int(micros) // 1000)
+        return int(self.redis.zcount(f"{self.prefix}:q:{queue}:marks", start, "+inf"))
 
     # -- early wake ---------------------------------------------------------------------------
     def on_freed(self, callback: FreedCallback) -> None:
