@@ -37,9 +37,7 @@ def admission(request: pytest.FixtureRequest) -> Iterator[AdmissionBackend]:
         backend.close()
 
 
-def test_queue_row_counts_in_flight_waiting_and_window_use(
-    admission: AdmissionBackend, transactional_db: None
-) -> None:
+def test_queue_row_counts_in_flight_waiting_and_window_use(admission: AdmissionBackend, transactional_db: None) -> None:
     transport = ManualTransport()
     engine = Engine(admission=admission, transport=transport, settings=get_settings())
     set_engine(engine)
