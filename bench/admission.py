@@ -284,8 +284,9 @@ def engine_wake_lag(retry_ms: int, samples: int, early: bool) -> dict[str, float
     from durable_flow.models import StepCheckpoint, StepStatus
     from durable_flow.poller import TimerPoller
     from durable_flow.queues import QueueConfig
+    from durable_flow.transports.base import Transport
 
-    class HeldSteps:
+    class HeldSteps(Transport):
         """Turns run on commit in this process; step attempts wait until the bench runs them."""
 
         name = "held"

@@ -1,4 +1,5 @@
-"""What the dashboard shows, computed from the database (the only source of truth)."""
+"""What the dashboard shows: runs and workers from the database, queue numbers from the
+admission backend (the one place that knows them under every backend)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from durable_flow.conf import get_settings
+from durable_flow.engine import get_engine
 from durable_flow.models import (
-    AdmissionMark,
-    AdmissionSlot,
     FlowQueue,
     RunStatus,
     StepCheckpoint,
@@ -22,44 +22,34 @@ from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
 def queue_rows() -> list[dict[str, Any]]:
-    """One row per registered queue: waiting, in flight vs cap, window use vs limit."""
+    """One row per registered queue: waiting, in flight vs cap, window use vs limit.
+
+    The numbers come from the admission backend (`in_flight`, `waiting`, `window_usage`), which
+    holds them under every backend (`local`, `db`, `redis`); the checkpoints only give the age of
+    the oldest waiting call.
+    """
     now = timezone.now()
-    now_ms = int(now.timestamp() * 1000)
-    waiting = dict(
-        StepCheckpoint.objects.filter(status=StepStatus.WAITING)
-        .values_list("queue")
-        .annotate(n=Count("id"))
-        .values_list("queue", "n")
-    )
+    admission = get_engine().admission
     oldest = dict(
         StepCheckpoint.objects.filter(status=StepStatus.WAITING)
         .values_list("queue")
         .annotate(first=Min("created_at"))
         .values_list("queue", "first")
     )
-    in_flight = dict(
-        StepCheckpoint.objects.filter(status=StepStatus.DISPATCHED, holds_slot=True)
-        .values_list("queue")
-        .annotate(n=Count("id"))
-        .values_list("queue", "n")
-    )
     rows = []
     for queue in FlowQueue.objects.all():
         config = queue.config
-        rate = config.get("rate_limit") or None
-        window_used = None
-        if rate:
-            window_used = AdmissionMark.objects.filter(queue=queue.name, at_ms__gt=now_ms - rate["period_ms"]).count()
         first = oldest.get(queue.name)
+        in_flight = admission.in_flight(queue.name)
         rows.append(
             {
                 "name": queue.name,
-                "waiting": waiting.get(queue.name, 0),
-                "in_flight": in_flight.get(queue.name, 0),
-                "slots": AdmissionSlot.objects.filter(queue=queue.name).count(),
+                "waiting": admission.waiting(queue.name),
+                "in_flight": in_flight,
+                "slots": in_flight,
                 "concurrency": config.get("concurrency"),
-                "rate_limit": rate,
-                "window_used": window_used,
+                "rate_limit": config.get("rate_limit") or None,
+                "window_used": admission.window_usage(queue.name),
                 "oldest_wait_s": round((now - first).total_seconds(), 1) if first else None,
             }
         )

@@ -36,6 +36,6 @@ class DurableFlowConfig(AppConfig):
 
         from django.db.models.signals import post_migrate
 
-        from durable_flow.engine import persist_configured_queues
+        from durable_flow.queues import persist_configured_queues
 
         post_migrate.connect(persist_configured_queues, sender=self)

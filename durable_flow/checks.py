@@ -1,4 +1,10 @@
-"""System checks: a bad `DURABLE_FLOW` shows in `manage.py check` with a hint."""
+"""System checks: a bad `DURABLE_FLOW` shows in `manage.py check` with an id and a hint.
+
+- `durable_flow.E001`: the setting does not parse (a top-level key, QUEUES, POLLER, HEARTBEAT...);
+- `durable_flow.E002` / `E003`: the admission / transport backend's class cannot be imported;
+- `durable_flow.E004` / `E005`: the admission / transport backend refuses its options (an
+  unknown key, a bad value), checked by the backend class without building it.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,24 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from durable_flow.options import Configurable
+
+HINTS = {
+    "E001": "See the settings reference in README.md.",
+    "E002": "Install the backend's extra dependencies or fix the dotted path.",
+    "E003": "Install the backend's extra dependencies or fix the dotted path.",
+    "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
+    "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
+}
+
+
+def _error(message: str, check_id: str) -> checks.Error:
+    return checks.Error(message, hint=HINTS[check_id], id=f"durable_flow.{check_id}")
+
 
 @checks.register("durable_flow")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E001: the setting does not parse. E002/E003: a backend's class cannot be imported."""
+    """Parse `DURABLE_FLOW`, import both backends and have each check its options."""
     from django.conf import settings
 
     from durable_flow.conf import parse_settings
@@ -19,17 +39,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     try:
         config = parse_settings(getattr(settings, "DURABLE_FLOW", {}))
     except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="See the settings reference in README.md.", id="durable_flow.E001")]
+        return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []
-    for key, spec, check_id in (("ADMISSION", config.admission, "E002"), ("TRANSPORT", config.transport, "E003")):
+    for key, spec, import_id, options_id in (
+        ("ADMISSION", config.admission, "E002", "E004"),
+        ("TRANSPORT", config.transport, "E003", "E005"),
+    ):
         try:
-            import_string(spec.path)
+            cls = import_string(spec.path)
         except ImportError as exc:
-            errors.append(
-                checks.Error(
-                    f'DURABLE_FLOW["{key}"]: cannot import backend {spec.path!r}: {exc}',
-                    hint="Install the backend's extra dependencies or fix the dotted path.",
-                    id=f"durable_flow.{check_id}",
-                )
-            )
+            errors.append(_error(f'DURABLE_FLOW["{key}"]: cannot import backend {spec.path!r}: {exc}', import_id))
+            continue
+        if isinstance(cls, type) and issubclass(cls, Configurable):
+            try:
+                cls.check_options(spec.options)
+            except ImproperlyConfigured as exc:
+                errors.append(_error(str(exc), options_id))
     return errors

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.queues import QueueConfig
@@ -80,6 +81,19 @@ def _positive_number(raw: Mapping[str, Any], key: str, default: float, where: st
     return value
 
 
+def _positive_int(raw: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(where, f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _known_keys(raw: Mapping[str, Any], where: str, known: tuple[str, ...]) -> None:
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise _fail(where, f"unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
+
+
 def _backend(raw: object, key: str, aliases: Mapping[str, str], default: str) -> BackendSpec:
     if raw is None:
         raw = {"BACKEND": default}
@@ -133,6 +147,16 @@ def parse_settings(raw: object) -> DurableFlowSettings:
     for key, value in (("POLLER", poller), ("HEARTBEAT", heartbeat)):
         if not isinstance(value, Mapping):
             raise _fail(key, "must be a dict")
+    _known_keys(poller, "POLLER", ("INTERVAL_MS", "BATCH_SIZE"))
+    _known_keys(heartbeat, "HEARTBEAT", ("INTERVAL_S", "TTL_S"))
+    heartbeat_interval = _positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT")
+    heartbeat_ttl = _positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT")
+    if heartbeat_ttl <= heartbeat_interval:
+        # A worker would be declared dead between two of its own beats.
+        raise _fail("HEARTBEAT", f"TTL_S ({heartbeat_ttl}) must be greater than INTERVAL_S ({heartbeat_interval})")
+    poller_interval = _positive_number(poller, "INTERVAL_MS", 500, "POLLER")
+    if poller_interval < 1:
+        raise _fail("POLLER", f"INTERVAL_MS must be at least 1 (milliseconds), got {poller_interval!r}")
     max_payload = raw.get("MAX_PAYLOAD_BYTES", 1_000_000)
     if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
         raise _fail("MAX_PAYLOAD_BYTES", f"must be a positive integer, got {max_payload!r}")
@@ -155,16 +179,29 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         queues=tuple(queues),
         admission=_backend(raw.get("ADMISSION"), "ADMISSION", ADMISSION_BACKENDS, "local"),
         transport=_backend(raw.get("TRANSPORT"), "TRANSPORT", TRANSPORT_BACKENDS, "inline"),
-        poller_interval_ms=int(_positive_number(poller, "INTERVAL_MS", 500, "POLLER")),
-        poller_batch_size=int(_positive_number(poller, "BATCH_SIZE", 500, "POLLER")),
+        poller_interval_ms=int(poller_interval),
+        poller_batch_size=_positive_int(poller, "BATCH_SIZE", 500, "POLLER"),
         poller_maintenance_s=float(_positive_number(poller, "MAINTENANCE_S", 5.0, "POLLER")),
-        heartbeat_interval_s=_positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT"),
-        heartbeat_ttl_s=_positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT"),
+        heartbeat_interval_s=heartbeat_interval,
+        heartbeat_ttl_s=heartbeat_ttl,
         max_payload_bytes=max_payload,
         redispatch_after_s=float(redispatch),
         metrics_token=token,
         metrics_window_s=_positive_number(metrics, "WINDOW_S", 300.0, "METRICS"),
     )
+
+
+def build_backend(spec: BackendSpec) -> Any:
+    """Instantiate a backend class from its settings spec.
+
+    A class with a `from_options(options)` classmethod is built by it; otherwise its
+    constructor gets the options as lower-case keyword arguments.
+    """
+    cls = import_string(spec.path)
+    factory = getattr(cls, "from_options", None)
+    if factory is not None:
+        return factory(dict(spec.options))
+    return cls(**{key.lower(): value for key, value in spec.options.items()})
 
 
 @cache

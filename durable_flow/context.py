@@ -7,16 +7,13 @@ blocked admission) raises `Suspend`, which unwinds the function: no thread or pr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from durable_flow import quotas
 from durable_flow.exceptions import (
     ChildFailed,
-    DurableFlowError,
     NonDeterminismError,
     SignalTimeout,
     StepFailed,
@@ -29,55 +26,19 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.registry import StepDefinition, WorkflowDefinition, resolve_workflow
+from durable_flow.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
 from durable_flow.validation import storable_text
 
-if TYPE_CHECKING:
-    from durable_flow.engine import Engine
+__all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
 
 
-class Suspend(BaseException):
-    """Unwinds the workflow function when it must wait. A `BaseException` so a workflow's
-    `except Exception` cannot swallow it."""
-
-
-class EngineUnavailable(BaseException):
-    """The engine's own work inside a `ctx` call failed (database, admission backend, broker).
-
-    Not the workflow's fault, so it must neither fail the run nor be caught by the workflow's
-    `except Exception`: the turn is rolled back and retried. The original error is `__cause__`.
-    """
-
-
-@contextmanager
-def engine_call() -> Iterator[None]:
-    """Let the workflow's own errors through; turn the engine's failures into `EngineUnavailable`."""
-    try:
-        yield
-    except DurableFlowError:
-        raise
-    except Exception as exc:
-        raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from exc
-
-
-_PENDING = object()
 PRIORITY_LIMIT = 2**31 - 1  # the database's integer column
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """Per-call options of `ctx.step`."""
-
-    queue: str = ""
-    priority: int = 0
-    fairness_key: str = ""
-    retries: int | None = None
-    timeout: timedelta | None = None
 
 
 class WorkflowContext:
     """The `ctx` handed to a workflow function for one turn."""
 
-    def __init__(self, engine: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint]) -> None:
+    def __init__(self, engine: TurnEngine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint]) -> None:
         self._engine = engine
         self._run = run
         self._checkpoints = checkpoints
@@ -119,7 +80,7 @@ class WorkflowContext:
         key = self._next_key()
         with engine_call():
             result = self._drive_step(key, step, input, options, group="")
-        if result is _PENDING:
+        if result is PENDING:
             raise Suspend
         return result
 
@@ -179,7 +140,7 @@ class WorkflowContext:
         key = self._next_key()
         with engine_call():
             result = self._drive_child(key, definition, input, group="")
-        if result is _PENDING:
+        if result is PENDING:
             raise Suspend
         return result
 
@@ -218,7 +179,7 @@ class WorkflowContext:
         )
         if cp.status == StepStatus.DISPATCHED:
             payload = self._engine.consume_signal(self._run, name, key)
-            if payload is not _PENDING:
+            if payload is not PENDING:
                 self._engine.settle(cp, StepStatus.COMPLETED, output=payload)
             elif cp.wake_at is not None and cp.wake_at <= self.now:
                 self._engine.settle(cp, StepStatus.FAILED, error={"type": "SignalTimeout", "message": name})
@@ -323,24 +284,24 @@ class WorkflowContext:
         if status == StepStatus.RETRYING:
             if cp.wake_at is not None and cp.wake_at > self.now:
                 self._wait_until(cp.wake_at)
-                return _PENDING
+                return PENDING
             return self._admit(cp)
         # DISPATCHED: in flight. Past its deadline, re-dispatch (the slot stays held).
         if cp.wake_at is not None and cp.wake_at <= self.now:
             self._engine.dispatch(cp, timeout_redispatch=True)
         self.in_flight = True
         self._wait_until(cp.wake_at)
-        return _PENDING
+        return PENDING
 
     def _admit(self, cp: StepCheckpoint) -> Any:
         retry_at = self._engine.admit(cp)
         if retry_at is not None:
             self._wait_until(retry_at)
-            return _PENDING
+            return PENDING
         self._engine.dispatch(cp)
         self.in_flight = True
         self._wait_until(cp.wake_at)
-        return _PENDING
+        return PENDING
 
     def _new_wait(self, key: str, kind: str, name: str, wake_at: datetime | None) -> StepCheckpoint:
         """Checkpoint a sleep or a signal wait: pending until `wake_at` (or forever, if None)."""
@@ -379,7 +340,7 @@ class WorkflowContext:
             quotas.raise_if_refused(cp)
             error = cp.error or {}
             raise ChildFailed(cp.child_run_id, str(error.get("status", cp.status)), error.get("error"))
-        return _PENDING
+        return PENDING
 
     def _step_fan(
         self, base: str, step: StepDefinition[Any], inputs: list[Any], wave_size: int, options: StepOptions
@@ -395,7 +356,7 @@ class WorkflowContext:
                 except StepFailed as exc:
                     failure = failure or exc
                     wave.append(None)
-            if any(item is _PENDING for item in wave):
+            if any(item is PENDING for item in wave):
                 raise Suspend
             if failure is not None:
                 raise failure
@@ -419,7 +380,7 @@ class WorkflowContext:
             pending = False
             for index in wave:
                 value = self._drive_child(f"{base}.{index}", definition, inputs[index], group)
-                if value is _PENDING:
+                if value is PENDING:
                     pending = True
                 else:
                     results[index] = value

@@ -90,11 +90,9 @@ class TimerPoller:
         redriven = 0
         for run_id, keys in lost_by_run.items():
             redriven += self.engine.redispatch_pending(run_id, keys=keys)
-        reclaim = getattr(self.engine.transport, "reclaim_from", None)
-        if reclaim is not None:
-            # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
-            # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
-            reclaim(list(dead_workers.values_list("worker_id", flat=True)))
+        # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
+        # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
+        self.engine.transport.reclaim_from(list(dead_workers.values_list("worker_id", flat=True)))
         # A cancelled run waits for its executing steps' results; one past its deadline will not
         # be re-dispatched for a cancelled run, so it is settled as cancelled here instead.
         overdue = StepCheckpoint.objects.filter(

@@ -6,7 +6,8 @@ build the same `QueueConfig`. Invalid values raise `InvalidQueueConfig` naming t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -132,3 +133,23 @@ def queue_from_dict(data: Mapping[str, Any]) -> QueueConfig:
     data = dict(data)
     rate = data.pop("rate_limit", None)
     return QueueConfig.build(rate_limit=RateLimit(**rate) if rate else None, **data)
+
+
+def write_queues(queues: Iterable[QueueConfig], using: str = "default") -> None:
+    """Upsert queue configs into `FlowQueue`, where every process and the admin read them."""
+    from durable_flow.models import FlowQueue  # queues are parsed in settings, before the app registry
+
+    for config in queues:
+        FlowQueue.objects.using(using).update_or_create(name=config.name, defaults={"config": config.as_dict()})
+
+
+def persist_configured_queues(sender: Any = None, **kwargs: Any) -> None:
+    """post_migrate handler: make the settings' queues visible in the admin at once."""
+    from django.db import DatabaseError
+
+    from durable_flow.conf import get_settings
+
+    try:
+        write_queues(get_settings().queues, using=kwargs.get("using", "default"))
+    except DatabaseError:  # the table may not exist yet when migrating backwards
+        logging.getLogger("durable_flow.engine").debug("could not persist queues", exc_info=True)

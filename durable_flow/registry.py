@@ -19,6 +19,9 @@ R = TypeVar("R")
 
 WorkflowFn = Callable[[Any, Any], Any]
 
+DEFAULT_BACKOFF = timedelta(seconds=1)
+DEFAULT_MAX_BACKOFF = timedelta(minutes=5)
+
 
 @dataclass(frozen=True, eq=False)
 class StepDefinition(Generic[R]):
@@ -27,8 +30,8 @@ class StepDefinition(Generic[R]):
     name: str
     fn: Callable[[Any], R]
     retries: int = 0
-    backoff: timedelta = timedelta(seconds=1)
-    max_backoff: timedelta = timedelta(minutes=5)
+    backoff: timedelta = DEFAULT_BACKOFF
+    max_backoff: timedelta = DEFAULT_MAX_BACKOFF
     timeout: timedelta | None = None
 
     def __call__(self, input: Any) -> R:
@@ -37,8 +40,23 @@ class StepDefinition(Generic[R]):
 
     def backoff_for(self, attempt: int) -> timedelta:
         """Exponential backoff after failed attempt number `attempt` (1-based), capped."""
-        delay = self.backoff * (2 ** max(0, attempt - 1))
-        return min(delay, self.max_backoff)
+        return exponential_backoff(attempt, self.backoff, self.max_backoff)
+
+
+def exponential_backoff(
+    attempt: int, backoff: timedelta = DEFAULT_BACKOFF, max_backoff: timedelta = DEFAULT_MAX_BACKOFF
+) -> timedelta:
+    """`backoff` doubled after each failed attempt (1-based), capped at `max_backoff`."""
+    return min(backoff * (2 ** max(0, attempt - 1)), max_backoff)
+
+
+def step_backoff(name: str, attempt: int) -> timedelta:
+    """The wait before retrying step `name` after failed attempt `attempt`. A step no longer
+    registered in this process gets the `@step` defaults, so it backs off as it would have."""
+    try:
+        return get_step(name).backoff_for(attempt)
+    except StepNotFound:
+        return exponential_backoff(attempt)
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,8 +115,8 @@ def step(
     name: str,
     *,
     retries: int = 0,
-    backoff: timedelta = timedelta(seconds=1),
-    max_backoff: timedelta = timedelta(minutes=5),
+    backoff: timedelta = DEFAULT_BACKOFF,
+    max_backoff: timedelta = DEFAULT_MAX_BACKOFF,
     timeout: timedelta | None = None,
 ) -> Callable[[Callable[[Any], R]], StepDefinition[R]]:
     """Declare a plain function of one JSON input as the step `name`.

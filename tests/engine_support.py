@@ -16,6 +16,7 @@ from django.db import transaction
 
 from durable_flow.conf import DurableFlowSettings
 from durable_flow.engine import Engine
+from durable_flow.transports.base import Transport
 from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import MovableClock, local_engine
 
@@ -30,7 +31,7 @@ class StepJob:
     priority: int
 
 
-class ManualTransport:
+class ManualTransport(Transport):
     """Queues work on commit (like a real broker) and runs it only when the test says so."""
 
     name = "manual"

@@ -21,12 +21,13 @@ from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, WorkflowRun
 from durable_flow.poller import TimerPoller
+from durable_flow.transports.base import Transport
 from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
 from tests.conftest import MovableClock, local_engine
 
 
-class HeldTransport:
+class HeldTransport(Transport):
     """Turns run on commit; step attempts wait in `held` until `run_step` executes one."""
 
     name = "held"
@@ -143,7 +144,8 @@ def test_a_released_slot_wakes_a_parked_run_at_once(held: tuple[Engine, HeldTran
 
 def test_without_early_wake_the_poller_retries_admission_when_due(clock: MovableClock, transactional_db: None) -> None:
     class NoEarlyWake(LocalAdmissionBackend):
-        on_freed = None  # type: ignore[assignment]
+        def on_freed(self, callback: object) -> None:
+            pass  # no early wake: blocked runs wait for the poller
 
     transport = HeldTransport()
     engine = Engine(

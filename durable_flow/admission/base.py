@@ -8,10 +8,12 @@ result lands. A backend must pass `durable_flow.testing.admission_contract`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal
 
+from durable_flow.options import Configurable, Option, positive_int
 from durable_flow.queues import QueueConfig
 
 Clock = Callable[[], int]
@@ -61,16 +63,30 @@ class AdmissionDecision:
 FreedCallback = Callable[[str], None]
 
 
-@runtime_checkable
-class AdmissionBackend(Protocol):
-    """Where admission accounting happens. Implementations must be thread-safe."""
+DEFAULT_WAITER_TTL_MS = 60_000
 
+WAITER_TTL_OPTION = Option("How long (ms) a blocked call keeps its place in line without asking again.", positive_int)
+
+
+class AdmissionBackend(Configurable, ABC):
+    """Where admission accounting happens. Implementations must be thread-safe.
+
+    Subclasses implement the four core methods; the optional ones have working defaults
+    (documented on each), so the engine calls them unconditionally.
+    """
+
+    SETTING: ClassVar[str] = 'DURABLE_FLOW["ADMISSION"]'
+    OPTIONS: ClassVar[Mapping[str, Option]] = {"WAITER_TTL_MS": WAITER_TTL_OPTION}
+
+    @abstractmethod
     def register(self, config: QueueConfig) -> None:
         """Add or replace a queue's config."""
 
+    @abstractmethod
     def handles(self, queue: str) -> bool:
         """Whether calls naming `queue` are gated (a queue never registered is not)."""
 
+    @abstractmethod
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
         """Take a slot for `request.ticket`, or register it as a waiter and say when to retry.
 
@@ -78,29 +94,51 @@ class AdmissionBackend(Protocol):
         second slot, so an engine that crashed between admission and checkpoint is safe.
         """
 
+    @abstractmethod
     def release(self, queue: str, ticket: str) -> None:
         """Give back the ticket's slot (if held) and forget it as a waiter. Idempotent."""
 
+    # -- optional, with defaults -------------------------------------------------------------
     def on_freed(self, callback: FreedCallback) -> None:
-        """Call `callback(queue)` when a slot frees, so blocked runs retry early. Optional:
-        a backend without it leaves blocked runs to the poller's tick."""
+        """Call `callback(queue)` when a slot frees, so blocked runs retry early. Default:
+        never called, and blocked runs wait for the poller's tick."""
 
-    # Optional, for backends whose slots belong to a live process (`redis`):
-    #   adopt(queue, ticket) -> bool: the executing process takes the slot over; False if the
-    #   slot was reclaimed meanwhile (the step is then sent back through admission).
-    #   next_waiters(queue, limit) -> list[str]: the tickets admission would pick next.
+    def adopt(self, queue: str, ticket: str) -> bool:
+        """The executing process takes over the ticket's slot; False if the slot was reclaimed
+        meanwhile (the step then goes back through admission). Default: True, for backends
+        whose slots do not belong to a live process (`local`, `db`)."""
+        return True
 
+    # -- read model (the dashboard and the admin ask these, whatever the backend) ----------
+    def in_flight(self, queue: str) -> int | None:
+        """Slots held on `queue` now; None (the default) when the backend cannot tell."""
+        return None
 
-DEFAULT_WAITER_TTL_MS = 60_000
+    def waiting(self, queue: str) -> int | None:
+        """Blocked calls registered as waiters on `queue` (a waiter that gave up counts until
+        its TTL lapses); None (the default) when the backend cannot tell."""
+        return None
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions counted in `queue`'s current rate window; None when the queue has no
+        rate limit, is unknown, or (the default) the backend cannot tell."""
+        return None
+
+    def next_waiters(self, queue: str, limit: int) -> list[str] | None:
+        """The tickets admission would pick next on `queue`, best first, or None when the
+        backend cannot tell (the engine then wakes the best-placed waiting checkpoints)."""
+        return None
 
 
 class FreedAnnouncer:
-    """`on_freed` for backends that learn of a release in-process (`local`, `db`)."""
+    """`on_freed` for backends that learn of a release in-process (`local`, `db`); put it
+    before `AdmissionBackend` in the bases so its `on_freed` wins."""
 
     def __init__(self) -> None:
         self._freed_callbacks: list[FreedCallback] = []
 
     def on_freed(self, callback: FreedCallback) -> None:
+        """Call `callback(queue)` after each release on this instance."""
         self._freed_callbacks.append(callback)
 
     def announce_freed(self, queue: str) -> None:

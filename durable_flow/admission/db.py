@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q
 
 from durable_flow.admission.base import (
     DEFAULT_WAITER_TTL_MS,
+    AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
@@ -36,7 +35,7 @@ from durable_flow.models import AdmissionKeyServed, AdmissionMark, AdmissionSlot
 from durable_flow.queues import QueueConfig, queue_from_dict
 
 
-class DatabaseAdmissionBackend(FreedAnnouncer):
+class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
     """Admission state as rows, decided under the queue row's lock."""
 
     def __init__(
@@ -53,10 +52,6 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
         self._known_cache_s = known_queue_cache_s
         self._pending_write: set[str] = set()
         self._lock = threading.Lock()
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> DatabaseAdmissionBackend:
-        return cls(waiter_ttl_ms=int(options.get("WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS)))
 
     # -- registration ----------------------------------------------------------------------
     def register(self, config: QueueConfig) -> None:
@@ -211,4 +206,17 @@ class DatabaseAdmissionBackend(FreedAnnouncer):
         return list(waiters.values_list("ticket", flat=True)[:limit])
 
     def in_flight(self, queue: str) -> int:
+        """Slots held now, by any process."""
         return AdmissionSlot.objects.filter(queue=queue).count()
+
+    def waiting(self, queue: str) -> int:
+        """Waiters registered now, by any process."""
+        return AdmissionWaiter.objects.filter(queue=queue).count()
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions in the current rate window, by any process."""
+        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        rate = queue_from_dict(row).rate_limit if row is not None else None
+        if rate is None:
+            return None
+        return AdmissionMark.objects.filter(queue=queue, at_ms__gte=oldest_mark_needed(rate, self.clock())).count()

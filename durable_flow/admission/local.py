@@ -12,17 +12,18 @@ import threading
 
 from durable_flow.admission.base import (
     DEFAULT_WAITER_TTL_MS,
+    AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
     FreedAnnouncer,
     system_clock_ms,
 )
-from durable_flow.admission.policy import QueueState, decide, rank
+from durable_flow.admission.policy import QueueState, decide, rank, window_used
 from durable_flow.queues import QueueConfig
 
 
-class LocalAdmissionBackend(FreedAnnouncer):
+class LocalAdmissionBackend(FreedAnnouncer, AdmissionBackend):
     """Admission accounting in this process's memory."""
 
     def __init__(self, clock: Clock = system_clock_ms, waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS) -> None:
@@ -71,3 +72,17 @@ class LocalAdmissionBackend(FreedAnnouncer):
         with self._lock:
             state = self._queues.get(queue)
             return len(state.slots) if state else 0
+
+    def waiting(self, queue: str) -> int:
+        """Waiters registered now (in this process)."""
+        with self._lock:
+            state = self._queues.get(queue)
+            return len(state.waiters) if state else 0
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions in the current rate window (in this process)."""
+        with self._lock:
+            state = self._queues.get(queue)
+            if state is None or state.config.rate_limit is None:
+                return None
+            return window_used(state.config.rate_limit, state.marks, self.clock())

@@ -68,6 +68,11 @@ def window_room(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int:
     return max(0, rate.limit - (len(marks) - bisect.bisect_left(marks, start)))
 
 
+def window_used(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int:
+    """How many admissions the current window has counted (`marks` ascending)."""
+    return len(marks) - bisect.bisect_left(marks, oldest_mark_needed(rate, now_ms))
+
+
 def oldest_mark_needed(rate: RateLimit, now_ms: int) -> int:
     """Marks older than this can be forgotten."""
     if rate.algorithm == "fixed":

@@ -1,14 +1,7 @@
 """Redis admission: one exact cap across every process of the fleet, decided by one Lua script.
 
-Selected with::
-
-    DURABLE_FLOW["ADMISSION"] = {
-        "BACKEND": "redis",
-        "CONNECTION": "default",   # a django-rq RQ_QUEUES entry; or "URL": "redis://host:6379/0"
-        "INSTANCE_TTL_MS": 15000,  # a dead process's slots are reclaimed within this
-        "WAITER_TTL_MS": 60000,    # a waiter that stopped retrying is forgotten after this
-        "KEY_PREFIX": "df:adm",
-    }
+Selected with `DURABLE_FLOW["ADMISSION"] = {"BACKEND": "redis", "CONNECTION": "default"}` (a
+django-rq `RQ_QUEUES` entry, or `"URL"`); every option is explained in `RedisAdmissionBackend.OPTIONS`.
 
 This module (and `redis` / `django_rq`) is imported only when this backend is selected.
 
@@ -85,18 +78,22 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.admission.base import (
     DEFAULT_WAITER_TTL_MS,
+    WAITER_TTL_OPTION,
+    AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
     FreedCallback,
 )
-from durable_flow.queues import QueueConfig
+from durable_flow.admission.policy import oldest_mark_needed
+from durable_flow.options import Option, non_empty_str, positive_int
+from durable_flow.queues import QueueConfig, queue_from_dict
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -110,36 +107,29 @@ PRIORITY_BOUND = 10**15
 """Priorities are clamped to +-1e15 so the script's fixed-width encoding stays exact."""
 
 SCRIPT_PATH = Path(__file__).with_name("admission.lua")
-_QUEUE_KEYS = (
-    "slots",
-    "owners",
-    "waiters",
-    "seen",
-    "fresh",
-    "grp",
-    "gidx",
-    "kprio",
-    "fkey",
-    "served",
-    "meta",
-    "marks",
-)
-_OPTIONS = {"CONNECTION", "URL", "INSTANCE_TTL_MS", "WAITER_TTL_MS", "KEY_PREFIX"}
+_QUEUE_KEYS = ("slots", "owners", "waiters", "seen", "fresh", "grp", "gidx", "kprio", "fkey", "served", "meta", "marks")
 
 
 def _option_error(key: str, message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]["{key}"]: {message}')
 
 
-def _positive_int(options: Mapping[str, Any], key: str, default: int) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _option_error(key, f"must be a positive integer (milliseconds), got {value!r}")
-    return value
+def _redis_url(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        return f"must be a redis://, rediss:// or unix:// URL, got {value!r}"
+    return None
 
 
-class RedisAdmissionBackend:
+class RedisAdmissionBackend(AdmissionBackend):
     """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
+
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
+        "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
+        "URL": Option("A redis://, rediss:// or unix:// URL, instead of CONNECTION.", _redis_url),
+        "KEY_PREFIX": Option("Prefix of every key, so several deployments can share a Redis.", non_empty_str),
+        "WAITER_TTL_MS": WAITER_TTL_OPTION,
+        "INSTANCE_TTL_MS": Option("A dead process's slots are reclaimed within this (ms).", positive_int),
+    }
 
     def __init__(
         self,
@@ -185,25 +175,22 @@ class RedisAdmissionBackend:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RedisAdmissionBackend:
         """Build from `DURABLE_FLOW["ADMISSION"]`; every bad option names its key."""
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]: unknown option(s) {", ".join(unknown)}')
-        prefix = options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
-        if not isinstance(prefix, str) or not prefix:
-            raise _option_error("KEY_PREFIX", f"must be a non-empty string, got {prefix!r}")
+        cls.check_options(options)
         kwargs: dict[str, Any] = {
-            "waiter_ttl_ms": _positive_int(options, "WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS),
-            "instance_ttl_ms": _positive_int(options, "INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
-            "key_prefix": prefix,
+            "waiter_ttl_ms": options.get("WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS),
+            "instance_ttl_ms": options.get("INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
+            "key_prefix": options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX),
         }
         if "URL" in options:
-            if "CONNECTION" in options:
-                raise _option_error("URL", "give CONNECTION or URL, not both")
-            url = options["URL"]
-            if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-                raise _option_error("URL", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
-            return cls(url=url, **kwargs)
+            return cls(url=options["URL"], **kwargs)
         return cls(_named_connection(options.get("CONNECTION", "default")), **kwargs)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The declared checks, plus: CONNECTION and URL exclude each other."""
+        super().check_options(options)
+        if "URL" in options and "CONNECTION" in options:
+            raise _option_error("URL", "give CONNECTION or URL, not both")
 
     # -- keys ---------------------------------------------------------------------------------
     def queue_keys(self, queue: str) -> list[str]:
@@ -284,6 +271,20 @@ class RedisAdmissionBackend:
     def in_flight(self, queue: str) -> int:
         """Slots held now (including those of a dead instance not yet reclaimed)."""
         return int(self._run("inflight", queue))
+
+    def waiting(self, queue: str) -> int:
+        """Waiters registered now, by any process (pruned lazily, at the queue's next decision)."""
+        return int(self.redis.hlen(f"{self.prefix}:q:{queue}:waiters"))
+
+    def window_usage(self, queue: str) -> int | None:
+        """Admissions in the current rate window, by any process, on the server's clock."""
+        raw = self.redis.hget(f"{self.prefix}:queues", queue)
+        rate = queue_from_dict(json.loads(raw)).rate_limit if raw else None
+        if rate is None:
+            return None
+        seconds, micros = self.redis.time() if self.clock is None else divmod(int(self.clock()) * 1000, 1_000_000)
+        start = oldest_mark_needed(rate, int(seconds) * 1000 + int(micros) // 1000)
+        return int(self.redis.zcount(f"{self.prefix}:q:{queue}:marks", start, "+inf"))
 
     # -- early wake ---------------------------------------------------------------------------
     def on_freed(self, callback: FreedCallback) -> None:

@@ -9,24 +9,67 @@ the engine asks the admission backend before it dispatches to any transport.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from durable_flow.options import Configurable, Option
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
+    from durable_flow.worker.runtime import TaskSource
+
+CONCURRENCY_OPTION = Option("Worker threads: a positive integer, 'adaptive' or an adaptive spec dict.")
 
 
-@runtime_checkable
-class Transport(Protocol):
-    """Where turns and step attempts are sent to run."""
+class Transport(Configurable, ABC):
+    """Where turns and step attempts are sent to run.
 
-    name: str
+    Subclasses implement `enqueue_turn` and `enqueue_step`; the optional methods have working
+    defaults for a transport that runs work in-process (`inline`).
+    """
+
+    SETTING: ClassVar[str] = 'DURABLE_FLOW["TRANSPORT"]'
+    name: ClassVar[str] = ""
+    #: The CONCURRENCY spec `durable_worker` uses when not given `--concurrency`.
+    concurrency: object = 1
+    _engine: Engine | None = None
 
     def bind(self, engine: Engine) -> None:
         """Called once by the engine that owns this transport."""
+        self._engine = engine
 
+    @abstractmethod
     def enqueue_turn(self, run_id: str) -> None:
         """Run the workflow's next turn (`engine.run_turn(run_id)`) somewhere."""
 
+    @abstractmethod
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         """Run attempt `attempt` of a step (`engine.execute_step(...)`) somewhere;
         higher `priority` first where the broker can order work."""
+
+    # -- optional, with defaults -------------------------------------------------------------
+    def source(self) -> TaskSource | None:
+        """The consuming side `durable_worker` serves, or None (the default) for a transport
+        that runs its work in-process."""
+        return None
+
+    def reclaim_from(self, dead_workers: list[str]) -> int:
+        """Make tasks claimed by these dead workers claimable now (poller upkeep); returns how
+        many. Default: nothing to do (a broker without leases, or in-process work)."""
+        return 0
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The declared checks, plus CONCURRENCY's forms (validated here, not at worker start)."""
+        super().check_options(options)
+        if "CONCURRENCY" in options:
+            from durable_flow.worker.concurrency import build_controller
+
+            build_controller(options["CONCURRENCY"], setting=f'{cls.SETTING}["CONCURRENCY"]')
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Any:
+        """Check every option (CONCURRENCY included), then build."""
+        cls.check_options(options)
+        return super().from_options(options)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
@@ -20,16 +20,25 @@ from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
-from durable_flow.worker.runtime import ClaimedTask
+from durable_flow.options import Option, positive_number
+from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
+from durable_flow.worker.runtime import ClaimedTask, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
 
 
-class DatabaseTransport:
+class DatabaseTransport(Transport):
     """Producer side: task rows."""
 
     name = "db"
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
+        "CONCURRENCY": CONCURRENCY_OPTION,
+        "VISIBILITY_TIMEOUT_S": Option(
+            "Lease (s) on a claimed task; renewed by the worker's heartbeat.", positive_number
+        ),
+        "POLL_INTERVAL_S": Option("Pause (s) between claims when the table is empty.", positive_number),
+    }
 
     def __init__(
         self, concurrency: object = 4, visibility_timeout_s: float = 60.0, poll_interval_s: float = 0.1
@@ -46,21 +55,6 @@ class DatabaseTransport:
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self._engine: Engine | None = None
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> DatabaseTransport:
-        known = {"CONCURRENCY", "VISIBILITY_TIMEOUT_S", "POLL_INTERVAL_S"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ImproperlyConfigured(f'DURABLE_FLOW["TRANSPORT"]: unknown option(s) {", ".join(unknown)}')
-        return cls(
-            concurrency=options.get("CONCURRENCY", 4),
-            visibility_timeout_s=options.get("VISIBILITY_TIMEOUT_S", 60.0),
-            poll_interval_s=options.get("POLL_INTERVAL_S", 0.1),
-        )
-
-    def bind(self, engine: Engine) -> None:
-        self._engine = engine
 
     def enqueue_turn(self, run_id: str) -> None:
         # The partial unique index keeps one queued turn per run; a second wake is a no-op.
@@ -90,7 +84,7 @@ class DatabaseTransport:
         return DatabaseTaskSource(self.visibility_timeout_s, self.poll_interval_s)
 
 
-class DatabaseTaskSource:
+class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
     transport = "db"

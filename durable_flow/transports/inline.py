@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
+from durable_flow.transports.base import Transport
+
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
 
 
-class InlineTransport:
+class InlineTransport(Transport):
     """Work queued on a per-thread deque and drained on commit, depth-first free (no recursion)."""
 
     name = "inline"

@@ -5,9 +5,7 @@ Configuration::
     RQ_QUEUES = {"durable": {"URL": "redis://127.0.0.1:6379/0"}}
     DURABLE_FLOW = {"TRANSPORT": {"BACKEND": "rq", "QUEUE": "durable", "CONCURRENCY": 8}}
 
-`QUEUE` names an entry of django-rq's `RQ_QUEUES` (its connection, serializer and job class
-are used); `CONCURRENCY` is a number or `"adaptive"` (see `durable_flow.worker.adaptive`);
-`RESULT_TTL`/`FAILURE_TTL` override how long finished/failed jobs stay in RQ's registries.
+The options are declared (and explained) in `RQTransport.OPTIONS`.
 
 Producing. The engine calls `enqueue_*` inside the transaction that records a dispatch, so a
 job is enqueued on `transaction.on_commit`: it never names a checkpoint that was rolled back.
@@ -24,11 +22,9 @@ one of three tiered queues next to the configured one::
 
 A worker pops with `LMPOP`/`BLMPOP` over `[high, normal, low]`, which takes from the first
 non-empty list in one atomic command: strict priority between tiers, FIFO within a tier.
-Three tiers rather than one list per priority value keep the set of queue names fixed (so
-operators can list them in `RQ_QUEUES` to see them in the django-rq dashboard) and cover how
-priority is used in practice: "urgent", "normal", "background". Ordering *within* a tier by
-the exact value is admission's job (higher priority is admitted first when a flow-control
-queue is contended); the broker only needs to let urgent work overtake the backlog.
+Three tiers keep the set of queue names fixed (operators can list them in `RQ_QUEUES` for the
+django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
+the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
 
 Consuming. `RQTransport.source()` is an `RQTaskSource` for the shared `WorkerRuntime`: the
 worker runs jobs on threads under the live concurrency limit, never forks (a fork costs more
@@ -59,7 +55,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
@@ -70,8 +66,10 @@ from rq.registry import StartedJobRegistry
 from rq.utils import now as rq_now
 from rq.worker import SimpleWorker
 
+from durable_flow.options import Option, non_empty_str
+from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.worker.concurrency import build_controller
-from durable_flow.worker.runtime import ClaimedTask
+from durable_flow.worker.runtime import ClaimedTask, TaskSource
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -128,11 +126,16 @@ JOB_KINDS = {
 }
 
 
-class RQTransport:
+class RQTransport(Transport):
     """Producer side: one RQ job per workflow turn and per step attempt, enqueued on commit."""
 
     name = "rq"
-    OPTIONS = ("QUEUE", "CONCURRENCY", "RESULT_TTL", "FAILURE_TTL")
+    OPTIONS: ClassVar[Mapping[str, Option]] = {
+        "QUEUE": Option("The RQ_QUEUES entry whose connection, serializer and job class are used.", non_empty_str),
+        "CONCURRENCY": CONCURRENCY_OPTION,
+        "RESULT_TTL": Option("Seconds RQ keeps a finished job in its registry (-1: forever)."),
+        "FAILURE_TTL": Option("Seconds RQ keeps a failed job in its registry (-1: forever)."),
+    }
 
     def __init__(
         self,
@@ -143,8 +146,6 @@ class RQTransport:
     ) -> None:
         from django_rq.settings import QUEUES
 
-        if not isinstance(queue, str) or not queue:
-            raise ImproperlyConfigured(f'{SETTING}["QUEUE"]: must be the name of an RQ_QUEUES entry, got {queue!r}')
         if queue not in QUEUES:
             known = ", ".join(sorted(QUEUES)) or "none"
             raise ImproperlyConfigured(
@@ -161,22 +162,11 @@ class RQTransport:
         self._engine: Engine | None = None
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> RQTransport:
-        unknown = sorted(set(options) - set(cls.OPTIONS))
-        if unknown:
-            raise ImproperlyConfigured(
-                f"{SETTING}: unknown option(s) {', '.join(unknown)} for the rq backend "
-                f"(known: {', '.join(cls.OPTIONS)})"
-            )
-        return cls(
-            queue=options.get("QUEUE", "durable"),
-            concurrency=options.get("CONCURRENCY", 8),
-            result_ttl=options.get("RESULT_TTL"),
-            failure_ttl=options.get("FAILURE_TTL"),
-        )
-
-    def bind(self, engine: Engine) -> None:
-        self._engine = engine
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The declared checks, plus what the constructor checks (QUEUE names an RQ_QUEUES
+        entry, the TTLs); building opens no connection."""
+        super().check_options(options)
+        cls(**{key.lower(): value for key, value in options.items()})
 
     # -- queues ------------------------------------------------------------------------------
     @cached_property
@@ -293,7 +283,7 @@ class RQTransport:
         return RQTaskSource(self)
 
 
-class RQTaskSource:
+class RQTaskSource(TaskSource):
     """Consumer side: pop jobs high → normal → low, keep RQ's registries and worker record."""
 
     transport = "rq"

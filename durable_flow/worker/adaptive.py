@@ -47,7 +47,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from durable_flow.worker.concurrency import Adjustment, ResourceSample
+from durable_flow.worker.concurrency import MAX_CONCURRENCY, Adjustment, ResourceSample
 
 FIELDS = ("mode", "min", "max", "start", "tick_ms", "ram_ceiling_pct", "cpu_ceiling_pct")
 
@@ -116,10 +116,12 @@ class AdaptiveConcurrency:
         if options.get("mode", "adaptive") != "adaptive":
             raise ImproperlyConfigured(f'{setting}["mode"]: must be "adaptive", got {options.get("mode")!r}')
 
-        def integer(name: str, default: int, low: int) -> int:
+        def integer(name: str, default: int, low: int, high: int | None = None) -> int:
             value = options.get(name, default)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ImproperlyConfigured(f'{setting}["{name}"]: must be an integer ≥ {low}, got {value!r}')
+            if high is not None and value > high:
+                raise ImproperlyConfigured(f'{setting}["{name}"]: must be at most {high}, got {value!r}')
             return value
 
         def percent(name: str, default: float | None) -> float | None:
@@ -130,8 +132,8 @@ class AdaptiveConcurrency:
                 raise ImproperlyConfigured(f'{setting}["{name}"]: must be a percentage in (0, 100], got {value!r}')
             return float(value)
 
-        min_limit = integer("min", 1, 1)
-        max_limit = integer("max", max(32, min_limit), 1)
+        min_limit = integer("min", 1, 1, MAX_CONCURRENCY)
+        max_limit = integer("max", max(32, min_limit), 1, MAX_CONCURRENCY)
         if max_limit < min_limit:
             raise ImproperlyConfigured(f'{setting}["max"]: must be ≥ min ({min_limit}), got {max_limit}')
         start = integer("start", min_limit, 1)

@@ -68,13 +68,18 @@ class FixedConcurrency:
         return None
 
 
+MAX_CONCURRENCY = 1024
+"""Most threads one worker may run: each holds a database connection, and a typo such as
+`10**30` should fail `manage.py check`, not the thread pool at worker start."""
+
+
 def build_controller(spec: object, setting: str = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]') -> ConcurrencyController:
     """Parse a CONCURRENCY setting into its controller; `ImproperlyConfigured` names the setting."""
     if isinstance(spec, bool):
         raise ImproperlyConfigured(f"{setting}: expected a positive integer, 'adaptive' or a dict, got {spec!r}")
     if isinstance(spec, int):
-        if spec < 1:
-            raise ImproperlyConfigured(f"{setting}: must be at least 1, got {spec}")
+        if not 1 <= spec <= MAX_CONCURRENCY:
+            raise ImproperlyConfigured(f"{setting}: must be between 1 and {MAX_CONCURRENCY}, got {spec}")
         return FixedConcurrency(spec)
     if spec == "adaptive" or (isinstance(spec, Mapping) and spec.get("mode") == "adaptive"):
         from durable_flow.worker.adaptive import AdaptiveConcurrency

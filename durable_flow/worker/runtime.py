@@ -24,9 +24,10 @@ import logging
 import signal
 import threading
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections
 
@@ -53,23 +54,49 @@ class ClaimedTask:
     outcome: str = ""
 
 
-class TaskSource(Protocol):
-    """The consuming side of a transport."""
+class TaskSource(ABC):
+    """The consuming side of a transport, served by `WorkerRuntime`.
 
-    transport: str
-    queues: list[str]
+    Subclasses implement `claim`, `done`, `hand_back` and `renew`; `open`, `close`, `execute`
+    and `failed` have defaults that suit a source with nothing to register or report.
+    """
 
+    transport: str = ""
+    queues: list[str] = []
+
+    @abstractmethod
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         """Take up to `limit` tasks, waiting up to `wait_s` for the first one."""
 
+    @abstractmethod
     def done(self, worker_id: str, task: ClaimedTask) -> None:
         """The task ran to completion: forget it."""
 
+    @abstractmethod
     def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         """Return unfinished tasks so another worker can take them now."""
 
+    @abstractmethod
     def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         """Extend this worker's hold on the tasks it is running (called every heartbeat)."""
+
+    # -- optional, with defaults -------------------------------------------------------------
+    def open(self, worker_id: str, engine: Engine) -> None:
+        """The worker starts (e.g. register it with the broker). Default: nothing."""
+        return None
+
+    def close(self, worker_id: str) -> None:
+        """The worker stops. Default: nothing."""
+        return None
+
+    def execute(self, engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
+        """Run one claimed task; True unless the step failed. Default: through the engine."""
+        return run_task(engine, task, worker_id)
+
+    def failed(self, worker_id: str, task: ClaimedTask, exc: BaseException) -> None:
+        """The engine could not record the task's outcome. Default: nothing, so the task stays
+        leased and is claimed again when its lease lapses (the step's result is idempotent)."""
+        return None
 
 
 def run_task(engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
@@ -111,7 +138,6 @@ class WorkerRuntime:
         #: Tasks handed back at shutdown whose threads were left running.
         self.abandoned = 0
         self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
-        engine.instance_id = self.worker_id
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, signum: int | None = None, *_: object) -> None:
@@ -137,11 +163,9 @@ class WorkerRuntime:
         next_tick = time.monotonic() + self.controller.tick_ms / 1000
         outage = Outage(f"worker {self.worker_id} ({self.source.transport})", logger)
         transient = transient_errors()
-        opener = getattr(self.source, "open", None)
         while not self._stop.is_set():  # Redis or the database may be down at start-up too
             try:
-                if opener is not None:
-                    opener(self.worker_id, self.engine)
+                self.source.open(self.worker_id, self.engine)
                 self.heartbeat.beat()
             except transient as exc:
                 close_old_connections()
@@ -197,10 +221,8 @@ class WorkerRuntime:
                 self.heartbeat.beat(stopped=True)
             except Exception:  # the database is down at exit: the row's last_seen lapses instead
                 logger.warning("could not record the stop in the heartbeat row", exc_info=True)
-            closer = getattr(self.source, "close", None)
             try:
-                if closer is not None:
-                    closer(self.worker_id)
+                self.source.close(self.worker_id)
             except Exception:  # the broker is down at exit: its record lapses on its own
                 logger.warning("could not unregister from the %s transport", self.source.transport, exc_info=True)
             connections.close_all()
@@ -232,19 +254,14 @@ class WorkerRuntime:
         ok = False
         try:
             close_old_connections()
-            executor = getattr(self.source, "execute", None)
-            if executor is not None:
-                ok = executor(self.engine, task, self.worker_id)
-            else:
-                ok = run_task(self.engine, task, self.worker_id)
+            ok = self.source.execute(self.engine, task, self.worker_id)
         except Exception as exc:
-            # The engine could not record the outcome (database down?). Without a `failed`
-            # hook the task stays leased and is re-claimed when its lease lapses; either way
-            # the step's result is idempotent.
+            # The engine could not record the outcome (database down?). The source decides
+            # (`failed`); by default the task stays leased and is re-claimed when its lease
+            # lapses. Either way the step's result is idempotent.
             logger.exception("task %s failed in the engine", task)
-            failed = getattr(self.source, "failed", None)
-            if failed is not None and id(task) not in self._handed_back:
-                self._report(failed, task, exc)
+            if id(task) not in self._handed_back:
+                self._report(self.source.failed, task, exc)
         else:
             if id(task) not in self._handed_back:
                 self._report(self.source.done, task)

@@ -57,15 +57,15 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         log_startup_signals()
         engine = get_engine()
-        make_source = getattr(engine.transport, "source", None)
-        if make_source is None:
+        source = engine.transport.source()
+        if source is None:
             raise CommandError(
                 f"the {engine.transport.name!r} transport runs work in-process; durable_worker serves db and rq"
             )
         spec: object = options["concurrency"]
         setting = "--concurrency"
         if spec is None:
-            spec = getattr(engine.transport, "concurrency", 1)
+            spec = engine.transport.concurrency
             setting = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]'
         elif isinstance(spec, str) and spec.isdigit():
             spec = int(spec)
@@ -87,9 +87,7 @@ class Command(BaseCommand):
                 continue
             outage.recovered()
             break
-        runtime = WorkerRuntime(
-            engine, make_source(), controller, worker_id=options["worker_id"], grace_s=options["grace"]
-        )
+        runtime = WorkerRuntime(engine, source, controller, worker_id=options["worker_id"], grace_s=options["grace"])
         runtime.install_signal_handlers()
         self.stdout.write(
             f"durable_worker {runtime.worker_id}: transport={engine.transport.name} "

@@ -1,0 +1,27 @@
+"""The engine: starts runs, replays turns, admits and dispatches steps, records results.
+
+`Engine` (in `core`) is the facade; its parts are one module per responsibility:
+
+- `locking`: `retry_on_conflict`, `one`, `locked_run` (lock the run row, then a checkpoint);
+- `lifecycle`: start, child start, finish, cancel, signals;
+- `turns`: replay, the inline continuation, wake;
+- `dispatch`: step checkpoint creation, admission, dispatch, re-admission, early wake;
+- `results`: executing a step attempt and recording its result exactly once.
+"""
+
+from durable_flow.conf import build_backend
+from durable_flow.engine.core import Engine, get_engine, set_engine
+from durable_flow.engine.locking import locked_run, one, retry_on_conflict
+from durable_flow.queues import persist_configured_queues, write_queues
+
+__all__ = [
+    "Engine",
+    "build_backend",
+    "get_engine",
+    "locked_run",
+    "one",
+    "persist_configured_queues",
+    "retry_on_conflict",
+    "set_engine",
+    "write_queues",
+]

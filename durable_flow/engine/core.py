@@ -1,0 +1,85 @@
+"""`Engine`, the facade over the engine's parts, and this process's engine.
+
+Every state change happens in a database transaction that first locks the run's row
+(`locking`), so a turn and a result landing for the same run never interleave. Transports are
+told what to run inside that transaction (the `db` transport writes its task rows there; the
+others enqueue on commit), so a crash can never leave a checkpoint that says "dispatched" with
+no task, or a task whose checkpoint was rolled back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from django.utils import timezone
+
+from durable_flow.admission.base import AdmissionBackend
+from durable_flow.conf import DurableFlowSettings, build_backend, get_settings
+from durable_flow.engine.dispatch import DispatchMixin
+from durable_flow.engine.lifecycle import LifecycleMixin
+from durable_flow.engine.results import ResultsMixin
+from durable_flow.engine.turns import TurnsMixin
+from durable_flow.queues import QueueConfig, write_queues
+from durable_flow.transports.base import Transport
+
+
+class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, ResultsMixin):
+    """One process's engine: settings, the admission backend and the transport.
+
+    Its operations live in the mixins, one module per responsibility: `lifecycle` (start,
+    finish, cancel, signals), `turns` (replay, inline continuation, wake), `dispatch`
+    (checkpoints, admission, dispatch, early wake) and `results` (step attempts and results).
+    """
+
+    def __init__(
+        self,
+        admission: AdmissionBackend,
+        transport: Transport,
+        settings: DurableFlowSettings | None = None,
+        clock: Callable[[], datetime] = timezone.now,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.admission = admission
+        self.transport = transport
+        self.clock = clock
+        for config in self.settings.queues:
+            self.admission.register(config)
+        self.admission.on_freed(self.wake_waiters)
+        transport.bind(self)
+
+    def register_queue(self, config: QueueConfig) -> QueueConfig:
+        """Add or replace a queue on this process's backend and persist it for the others."""
+        self.admission.register(config)
+        write_queues([config])
+        return config
+
+    def persist_queues(self) -> None:
+        """Write the settings' queues to `FlowQueue` (at migrate and at worker/poller start)."""
+        write_queues(self.settings.queues)
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def get_engine() -> Engine:
+    """This process's engine, built from settings on first use."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                settings = get_settings()
+                _engine = Engine(
+                    admission=build_backend(settings.admission),
+                    transport=build_backend(settings.transport),
+                    settings=settings,
+                )
+    return _engine
+
+
+def set_engine(engine: Engine | None) -> None:
+    """Replace (or with None, forget) this process's engine; used by tests."""
+    global _engine
+    _engine = engine

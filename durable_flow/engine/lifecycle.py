@@ -1,0 +1,281 @@
+"""A run's life: start (and child start), finish, cancel, and signals."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+
+from durable_flow import quotas
+from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
+from durable_flow.engine.locking import locked_run, one, retry_on_conflict
+from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, RunNotFound
+from durable_flow.models import (
+    SETTLED_STEP_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+    Signal,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+)
+from durable_flow.quotas import QuotaSpec
+from durable_flow.registry import WorkflowDefinition, resolve_workflow
+from durable_flow.serialization import ensure_json
+from durable_flow.turn import PENDING
+
+if TYPE_CHECKING:
+    from durable_flow.engine.core import Engine
+
+logger = logging.getLogger("durable_flow.engine")
+
+MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
+MAX_SIGNAL_NAME = Signal._meta.get_field("name").max_length or 200
+
+
+class LifecycleMixin(EngineBase):
+    """Starting, finishing and cancelling runs; delivering signals."""
+
+    @retry_on_conflict
+    def start(
+        self: Engine,
+        workflow: WorkflowDefinition | str,
+        input: Any = None,
+        run_id: str | None = None,
+        tags: Iterable[str] = (),
+        quota: QuotaSpec | Mapping[str, Any] | None = None,
+    ) -> WorkflowRun:
+        """Create a run and queue its first turn. Idempotent on `run_id`.
+
+        Over its start quota (`quota`, else the workflow's) it raises `ConcurrencyLimitError`
+        and creates nothing; an existing `run_id` is returned without a quota check."""
+        definition = resolve_workflow(workflow)
+        ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
+        tag_list = [str(tag) for tag in tags]
+        if run_id is not None:
+            if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID:
+                raise DurableFlowError(f"run_id must be a non-empty string of at most {MAX_RUN_ID} characters")
+            existing = one(WorkflowRun.objects.filter(pk=run_id))
+            if existing is not None:
+                return existing
+        check = quotas.plan(definition.name, definition.quota, quota, input)
+        fields: dict[str, Any] = {
+            "workflow": definition.name,
+            "version": definition.version,
+            "input": input,
+            "status": RunStatus.PENDING,
+            **quotas.run_fields(check, tag_list),
+        }
+        if run_id is not None:
+            fields["id"] = run_id
+        try:
+            with transaction.atomic():
+                if check is not None:
+                    # Under the key's lock: a same-id start that won meanwhile is returned, not refused.
+                    if run_id is not None and (existing := one(WorkflowRun.objects.filter(pk=run_id))):
+                        return existing
+                    check.enforce()
+                run = WorkflowRun.objects.create(**fields)
+                self.transport.enqueue_turn(run.id)
+        except IntegrityError:
+            if run_id is None:
+                raise
+            # A concurrent start with the same run_id won: return its run.
+            return WorkflowRun.objects.get(pk=run_id)
+        return run
+
+    def start_child(
+        self: Engine,
+        parent: WorkflowRun,
+        *,
+        key: str,
+        sequence: int,
+        definition: WorkflowDefinition,
+        input: Any,
+        group: str,
+    ) -> StepCheckpoint:
+        """Create a child run (inside the parent's turn) and the parent's checkpoint for it."""
+        ensure_json(input, f"input of child workflow {definition.name!r}", self.settings.max_payload_bytes)
+        child_id = f"{parent.id}:{key}"
+        if len(child_id) > MAX_RUN_ID:
+            # Deep or long ids: stay deterministic (a replay must find the same child) and short.
+            child_id = f"{hashlib.sha256(parent.id.encode()).hexdigest()[:40]}:{key}"
+        check = None
+        if definition.quota is not None and not WorkflowRun.objects.filter(pk=child_id).exists():
+            try:
+                check = quotas.plan(definition.name, definition.quota, None, input)
+                if check is not None:
+                    check.enforce()
+            except ConcurrencyLimitError as exc:
+                # Recorded on the parent's checkpoint: a replay raises the same refusal at
+                # `ctx.child` instead of starting the child later.
+                return self.create_checkpoint(
+                    parent,
+                    key=key,
+                    sequence=sequence,
+                    kind=StepKind.CHILD,
+                    name=definition.name,
+                    status=StepStatus.FAILED,
+                    input=input,
+                    group=group,
+                    child_run_id=child_id,
+                    error=quotas.refusal_error(exc),
+                    dispatched_at=self.now(),
+                    finished_at=self.now(),
+                )
+        child, created = WorkflowRun.objects.get_or_create(
+            pk=child_id,
+            defaults={
+                "workflow": definition.name,
+                "version": definition.version,
+                "input": input,
+                "status": RunStatus.PENDING,
+                "parent": parent,
+                "parent_step_key": key,
+                **quotas.run_fields(check, list(parent.tags)),
+            },
+        )
+        if not created and (child.parent_id != parent.id or child.parent_step_key != key):
+            # A run started by someone else under the id this child would take: adopting it would
+            # hand the parent a stranger's output, or leave it waiting for a run that never reports.
+            raise DurableFlowError(
+                f"cannot start child {child_id!r} of run {parent.id!r}: a run with that id already exists "
+                f"and is not this run's child (run ids of the form '<parent>:<n>' are reserved for children)"
+            )
+        cp = self.create_checkpoint(
+            parent,
+            key=key,
+            sequence=sequence,
+            kind=StepKind.CHILD,
+            name=definition.name,
+            status=StepStatus.DISPATCHED,
+            input=input,
+            group=group,
+            child_run_id=child_id,
+            dispatched_at=self.now(),
+        )
+        if created:
+            self.transport.enqueue_turn(child_id)
+        elif child.is_terminal:
+            self._record_child_outcome(cp, child)
+        return cp
+
+    def _finish(
+        self: Engine,
+        run: WorkflowRun,
+        status: str,
+        output: Any = None,
+        error: Any = None,
+        *,
+        checkpoints: dict[str, StepCheckpoint] | None = None,
+    ) -> None:
+        """Settle the run; withdraw its parked calls from their queues and cancel its unfinished
+        children; report to its parent. `checkpoints`, when the caller has them (a turn), spares
+        the queries."""
+        run.status = status
+        run.output = output
+        run.error = error
+        run.wake_at = None
+        run.finished_at = self.now()
+        run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
+        # A run that ends (say, failing on one child of a fan) takes its unfinished children
+        # with it, rather than leave them running for nobody.
+        if checkpoints is None:
+            parked = list(run.checkpoints.filter(kind=StepKind.STEP, status__in=PARKED_STEP_STATUSES))
+            children = True
+        else:
+            parked = [cp for cp in checkpoints.values() if cp.kind == StepKind.STEP and cp.status in PARKED]
+            children = any(cp.kind == StepKind.CHILD for cp in checkpoints.values())
+        for cp in parked:
+            # A step waiting for a slot or its backoff will never run now: leave no waiter behind
+            # to stand in front of live callers until its TTL.
+            if cp.queue:
+                self.admission.release(cp.queue, cp.ticket)
+            cp.holds_slot = False
+            cp.save(update_fields=["holds_slot"])
+            self.settle(cp, StepStatus.CANCELLED)
+        if children:
+            for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
+                self.cancel(child_id)
+        if run.parent_id:
+            # Lock the parent's row first, as a step result does: siblings finishing at once then
+            # take turns, and the last one sees every sibling settled and wakes the parent.
+            _, parent_cp = locked_run(run.parent_id, run.parent_step_key)
+            if parent_cp is not None:
+                self._record_child_outcome(parent_cp, run)
+                self._wake_if_group_settled(parent_cp)
+
+    def _record_child_outcome(self: Engine, cp: StepCheckpoint, child: WorkflowRun) -> None:
+        if cp.status in SETTLED_STEP_STATUSES:
+            return
+        if child.status == RunStatus.COMPLETED:
+            self.settle(cp, StepStatus.COMPLETED, output=child.output)
+        else:
+            self.settle(cp, StepStatus.FAILED, error={"status": child.status, "error": child.error})
+
+    @retry_on_conflict
+    def cancel(self: Engine, run_id: str) -> WorkflowRun:
+        """Cancel a run and its children. A run with a step executing goes to `cancelling`
+        and becomes `cancelled` when that step's (ignored) result lands."""
+        with transaction.atomic():
+            run, _ = locked_run(run_id)
+            if run is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            if run.is_terminal:
+                return run
+            in_flight = False
+            for cp in run.checkpoints.exclude(status__in=SETTLED_STEP_STATUSES).select_for_update():
+                if cp.kind == StepKind.STEP and cp.status == StepStatus.DISPATCHED:
+                    in_flight = True
+                    continue
+                if cp.kind == StepKind.STEP and cp.queue:
+                    self.admission.release(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
+                    cp.holds_slot = False
+                    cp.save(update_fields=["holds_slot"])
+                self.settle(cp, StepStatus.CANCELLED)
+            for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
+                self.cancel(child_id)
+            if in_flight:
+                run.status = RunStatus.CANCELLING
+                run.wake_at = None
+                run.save(update_fields=["status", "wake_at", "updated_at"])
+            else:
+                self._finish(run, RunStatus.CANCELLED, error={"type": "Cancelled", "message": "cancelled"})
+            return run
+
+    def _finish_cancelling(self: Engine, run: WorkflowRun) -> None:
+        if run.status != RunStatus.CANCELLING:
+            return
+        if not run.checkpoints.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED).exists():
+            self._finish(run, RunStatus.CANCELLED, error={"type": "Cancelled", "message": "cancelled"})
+
+    @retry_on_conflict
+    def send_signal(self: Engine, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver a signal; kept until the run waits for it, so one sent early is not lost."""
+        if not isinstance(name, str) or not name or len(name) > MAX_SIGNAL_NAME:
+            raise DurableFlowError(f"a signal name must be a non-empty string of at most {MAX_SIGNAL_NAME} characters")
+        ensure_json(payload, f"payload of signal {name!r}", self.settings.max_payload_bytes)
+        with transaction.atomic():
+            run, _ = locked_run(run_id)
+            if run is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            if run.is_terminal:
+                raise DurableFlowError(f"run {run_id!r} is {run.status}; it takes no more signals")
+            Signal.objects.create(run=run, name=name, payload=payload)
+            waiting = run.checkpoints.filter(kind=StepKind.SIGNAL, name=name, status=StepStatus.DISPATCHED)
+            if waiting.exists():
+                self.wake(run)
+
+    def consume_signal(self: Engine, run: WorkflowRun, name: str, key: str) -> Any:
+        """The oldest unconsumed signal `name` for the run, marked as taken by call `key`;
+        `PENDING` when none has arrived."""
+        signal = Signal.objects.filter(run=run, name=name, consumed_by="").order_by("id").first()
+        if signal is None:
+            return PENDING
+        signal.consumed_by = key
+        signal.save(update_fields=["consumed_by"])
+        return signal.payload

@@ -1,0 +1,62 @@
+"""The dashboard's queue numbers come from the admission backend, so they are right under
+`local`, `db` and `redis` alike: the same scenario, three backends."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from dashboard.snapshot import queue_rows
+from durable_flow import start
+from durable_flow.admission.base import AdmissionBackend
+from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.conf import get_settings
+from durable_flow.engine import Engine, set_engine
+from durable_flow.queues import QueueConfig, RateLimit
+from tests.engine_support import ManualTransport
+from tests.test_admission_contract import REDIS_URL
+
+
+@pytest.fixture(params=["local", "db", "redis"])
+def admission(request: pytest.FixtureRequest) -> Iterator[AdmissionBackend]:
+    if request.param == "local":
+        yield LocalAdmissionBackend()
+    elif request.param == "db":
+        yield DatabaseAdmissionBackend()
+    else:
+        from durable_flow.admission.redis import RedisAdmissionBackend
+
+        prefix = f"df:t:{uuid.uuid4().hex[:8]}"
+        backend = RedisAdmissionBackend.from_options({"URL": REDIS_URL, "KEY_PREFIX": prefix})
+        yield backend
+        for key in backend.redis.scan_iter(f"{prefix}:*"):
+            backend.redis.delete(key)
+        backend.close()
+
+
+def test_queue_row_counts_in_flight_waiting_and_window_use(admission: AdmissionBackend, transactional_db: None) -> None:
+    transport = ManualTransport()
+    engine = Engine(admission=admission, transport=transport, settings=get_settings())
+    set_engine(engine)
+    engine.register_queue(
+        QueueConfig.build(name="render", concurrency=1, rate_limit=RateLimit(limit=10, period_ms=3_600_000))
+    )
+    engine.register_queue(QueueConfig.build(name="idle", concurrency=2))
+    for value in range(3):
+        start("tests.queued", {"queue": "render", "value": value})
+    transport.run_turns()
+    assert len(transport.steps) == 1  # one admitted; two blocked behind the cap
+
+    rows = {row["name"]: row for row in queue_rows()}
+    render, idle = rows["render"], rows["idle"]
+    assert (render["in_flight"], render["waiting"], render["window_used"]) == (1, 2, 1)
+    assert (idle["in_flight"], idle["waiting"], idle["window_used"]) == (0, 0, None)
+
+    # The admitted step finishes: its slot is free; the two waiters stay registered until their
+    # runs' next turns ask again (early wake only queues those turns).
+    transport.execute(transport.take())
+    render = {row["name"]: row for row in queue_rows()}["render"]
+    assert (render["in_flight"], render["waiting"], render["window_used"]) == (0, 2, 1)
