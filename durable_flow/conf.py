@@ -147,7 +147,7 @@ def parse_settings(raw: object) -> DurableFlowSettings:
     for key, value in (("POLLER", poller), ("HEARTBEAT", heartbeat)):
         if not isinstance(value, Mapping):
             raise _fail(key, "must be a dict")
-    _known_keys(poller, "POLLER", ("INTERVAL_MS", "BATCH_SIZE"))
+    _known_keys(poller, "POLLER", ("INTERVAL_MS", "BATCH_SIZE", "MAINTENANCE_S"))
     _known_keys(heartbeat, "HEARTBEAT", ("INTERVAL_S", "TTL_S"))
     heartbeat_interval = _positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT")
     heartbeat_ttl = _positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT")

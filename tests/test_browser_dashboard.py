@@ -46,7 +46,17 @@ def server(transactional_db: None, spawn: Callable[..., ManagedProcess]) -> str:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     port = free_port()
-    spawn("-b", "127.0.0.1", "-p", str(port), "settings.asgi:application", module="daphne")
+    # The web process asks its admission backend for the queue numbers: the same `db` backend
+    # the workers decide on, as in the embedded default.
+    spawn(
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "settings.asgi:application",
+        module="daphne",
+        env={"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"},
+    )
 
     def up() -> bool:
         with socket.socket() as sock:
