@@ -279,7 +279,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
 @admin.register(FlowQueue)
 class FlowQueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "config_summary", "waiting", "updated_at"]
+    list_display = ["name", "config_summary", "paused", "waiting", "updated_at"]
     readonly_fields = ["name", "config", "updated_at"]
     exclude = ["next_arrival", "next_serve"]
 
@@ -291,6 +291,27 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a queue row holds the db backend's counters; it goes with its config
+
+    actions = ["pause_selected", "resume_selected"]
+
+    def has_steer_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durable_flow.change_flowqueue")
+
+    @admin.action(description="Pause selected queues", permissions=["steer"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[FlowQueue]) -> None:
+        from durable_flow.api import pause_queue
+
+        for queue in queryset:
+            record_operation(request.user, pause_queue(queue.name), "Paused")
+        self.message_user(request, f"Paused {queryset.count()} queue(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume selected queues", permissions=["steer"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[FlowQueue]) -> None:
+        from durable_flow.api import resume_queue
+
+        for queue in queryset:
+            record_operation(request.user, resume_queue(queue.name), "Resumed")
+        self.message_user(request, f"Resumed {queryset.count()} queue(s).", messages.SUCCESS)
 
     @admin.display(description="Config")
     def config_summary(self, obj: FlowQueue) -> str:

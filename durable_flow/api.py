@@ -127,3 +127,29 @@ def register_queue(
         name=name, concurrency=concurrency, rate_limit=rate_limit, retry_ms=retry_ms, fairness=fairness, order=order
     )
     return get_engine().register_queue(config)
+
+
+def pause_queue(name: str) -> Any:
+    """Pause a queue: every process stops admitting to it within one poll; running steps finish
+    and waiting calls keep waiting. `QueueNotFound` for an unknown name."""
+    from durable_flow.operations import pause_queue as pause
+
+    return pause(name)
+
+
+def resume_queue(name: str) -> Any:
+    """Resume a paused queue; its waiters are handed free slots within one poll."""
+    from durable_flow.operations import resume_queue as resume
+
+    return resume(name)
+
+
+def update_queue(name: str, **changes: Any) -> QueueConfig:
+    """Resize a queue live: `concurrency=` and/or `rate_limit=` (None removes one).
+    Shrinking never revokes running steps; growing admits waiters at once."""
+    from durable_flow.operations import update_queue as update
+
+    unknown = sorted(set(changes) - {"concurrency", "rate_limit"})
+    if unknown:
+        raise InvalidInput(f"update_queue: unknown option(s) {', '.join(unknown)}; give concurrency or rate_limit")
+    return update(name, **changes)

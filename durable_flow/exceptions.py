@@ -27,6 +27,10 @@ class InvalidInput(DurableFlowError, ValueError):
     """Input or output that cannot be stored: not JSON, or too large."""
 
 
+class QueueNotFound(DurableFlowError, LookupError):
+    """No queue has that name."""
+
+
 class InvalidQueueConfig(DurableFlowError, ValueError):
     """A queue's configuration is invalid; the message names the field."""
 

@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from durable_flow.exceptions import (
     ConcurrencyLimitError,
     DurableFlowError,
+    QueueNotFound,
     RunNotFound,
     StepNotFound,
     WorkflowNotFound,
@@ -32,7 +33,7 @@ RETRY_AFTER_S = 1
 def error_response(exc: DurableFlowError) -> JsonResponse:
     """The JSON response for a typed error."""
     body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc)}
-    if isinstance(exc, WorkflowNotFound | RunNotFound | StepNotFound):
+    if isinstance(exc, WorkflowNotFound | RunNotFound | StepNotFound | QueueNotFound):
         return JsonResponse(body, status=404)
     if isinstance(exc, ConcurrencyLimitError):
         body.update(key=exc.key, limit=exc.limit, active=exc.active, workflow=exc.workflow)

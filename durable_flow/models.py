@@ -194,6 +194,9 @@ class FlowQueue(models.Model):
 
     name = models.CharField(primary_key=True, max_length=100)
     config = models.JSONField()
+    paused = models.BooleanField(
+        default=False, help_text="A paused queue admits nothing; its waiters keep waiting until it is resumed."
+    )
     # Counters of the `db` admission backend, advanced under this row's lock.
     next_arrival = models.BigIntegerField(default=0)
     next_serve = models.BigIntegerField(default=0)

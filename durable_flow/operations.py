@@ -1,4 +1,5 @@
-"""Operations people perform on finished runs: retry from where a run failed.
+"""Operations people perform: retry a finished run from where it failed; pause, resume and
+resize a queue live.
 
 `retry` works on the durable record only (locks, checkpoints, one queued turn), so it needs
 nothing of the engine beyond its transport: the replay that follows re-admits and re-dispatches
@@ -7,14 +8,30 @@ the reset calls exactly as a first attempt would.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
 from django.db import transaction
 
 from durable_flow.engine import get_engine, one, retry_on_conflict
-from durable_flow.exceptions import DurableFlowError, RunNotFound, StepNotFound, WorkflowNotFound
-from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
+from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.queues import QueueConfig, RateLimit, queue_from_dict
 from durable_flow.registry import get_step, get_workflow
+from durable_flow.validation import storable_text
+
+if TYPE_CHECKING:
+    from durable_flow.engine import Engine
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class _Unset:
+    """Marks an option `update_queue` leaves as it is (None means "remove")."""
+
+
+UNSET = _Unset()
 
 
 class RetryRefused(DurableFlowError):
@@ -86,3 +103,68 @@ def _attempt_budget(step_name: str) -> int:
         return get_step(step_name).retries + 1
     except StepNotFound:
         return 1
+
+
+# -- queues ------------------------------------------------------------------------------------
+def pause_queue(name: str) -> FlowQueue:
+    """Pause a queue: from the next poll of every process on, it admits nothing. Steps already
+    admitted run to completion; waiting calls keep waiting."""
+    queue = _queue_row(name)
+    FlowQueue.objects.filter(pk=name).update(paused=True)
+    get_engine().paused_queues.forget()
+    queue.paused = True
+    return queue
+
+
+def resume_queue(name: str) -> FlowQueue:
+    """Resume a paused queue and hand its free slots out at once."""
+    queue = _queue_row(name)
+    FlowQueue.objects.filter(pk=name).update(paused=False)
+    engine = get_engine()
+    engine.paused_queues.forget()
+    _wake_waiting(engine, name)
+    queue.paused = False
+    return queue
+
+
+def update_queue(
+    name: str,
+    *,
+    concurrency: int | _Unset | None = UNSET,
+    rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
+) -> QueueConfig:
+    """Resize a queue live from any process: a new `concurrency` and/or `rate_limit` (None
+    removes it). Shrinking revokes no running step (the excess drains as results land);
+    growing admits waiters at once. Exact across processes on the `db` and `redis` backends,
+    which read the shared config at each decision; `local` applies it to this process only."""
+    current = queue_from_dict(_queue_row(name).config)
+    config = QueueConfig.build(
+        name=name,
+        concurrency=current.concurrency if isinstance(concurrency, _Unset) else concurrency,
+        rate_limit=current.rate_limit if isinstance(rate_limit, _Unset) else rate_limit,
+        retry_ms=current.retry_ms,
+        fairness=current.fairness,
+        order=current.order,
+    )
+    engine = get_engine()
+    engine.register_queue(config)
+    _wake_waiting(engine, name)
+    return config
+
+
+def _queue_row(name: str) -> FlowQueue:
+    storable_text(name, "queue name", 100)
+    queue = FlowQueue.objects.filter(pk=name).first()
+    if queue is None:
+        raise QueueNotFound(f"no queue named {name!r}")
+    return queue
+
+
+def _wake_waiting(engine: Engine, queue: str) -> int:
+    """Bring the runs waiting on `queue` due within one poll, so every process has seen the
+    change (its paused-queue cache lives that long) before they ask admission again."""
+    due = engine.now() + timedelta(milliseconds=engine.settings.poller_interval_ms)
+    waiting = StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING).values("run_id")
+    return WorkflowRun.objects.filter(
+        pk__in=waiting, status__in=(RunStatus.SUSPENDED, RunStatus.RUNNING)
+    ).update(wake_at=due)

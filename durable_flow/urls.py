@@ -1,6 +1,6 @@
 """Include under a prefix: `path("api/", include("durable_flow.urls"))`."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from durable_flow import views
 
@@ -12,4 +12,5 @@ urlpatterns = [
     path("runs/<path:run_id>/rerun/", views.rerun_run, name="rerun"),
     path("runs/<path:run_id>/signals/", views.send_signal, name="signal"),
     path("runs/<path:run_id>/", views.run_detail, name="detail"),
+    re_path(r"^queues/(?P<name>[^/]+)/(?P<operation>pause|resume|update)/$", views.steer_queue, name="steer_queue"),
 ]

@@ -6,6 +6,7 @@ POST /api/runs/<run_id>/cancel/  → the run after cancel
 POST /api/runs/<run_id>/retry/   → the run, resumed from where it failed
 POST /api/runs/<run_id>/rerun/   {"run_id": "..."?} → 201, the new run (linked by `rerun_of`)
 POST /api/runs/<run_id>/signals/ {"name": "...", "payload": ...} → 202
+POST /api/queues/<name>/pause/ | resume/ | update/ {"concurrency"?, "rate_limit"?} → the queue
 
 Operations need a model permission besides staff status (`durable_flow.start_workflowrun`,
 `cancel_workflowrun`, `retry_workflowrun`, `signal_workflowrun`): 403 without it. Each one is logged as an admin
@@ -26,7 +27,7 @@ from durable_flow import api
 from durable_flow.api import MAX_NAME
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
-from durable_flow.models import WorkflowRun
+from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.validation import storable_text
 
 MAX_BODY_BYTES = 2_000_000
@@ -172,3 +173,21 @@ def send_signal(request: HttpRequest, run_id: str) -> HttpResponse:
     run = api.get_run(run_id)
     record_operation(request.user, run, f"Sent signal {name!r} from the JSON API")
     return JsonResponse({"run_id": run.id, "signal": name, "status": run.status}, status=202)
+
+
+@require_POST
+@staff_api
+@requires("change_flowqueue")
+def steer_queue(request: HttpRequest, name: str, operation: str) -> HttpResponse:
+    """`pause`, `resume`, or `update` (`{"concurrency": 5, "rate_limit": {...} | null}`)."""
+    if operation == "pause":
+        queue = api.pause_queue(name)
+    elif operation == "resume":
+        queue = api.resume_queue(name)
+    else:
+        body = _body(request)
+        api.update_queue(name, **body)
+        queue = FlowQueue.objects.get(pk=name)
+    queue.refresh_from_db()
+    record_operation(request.user, queue, f"{operation.capitalize()}d from the JSON API: {queue.config}")
+    return JsonResponse({"name": queue.name, "paused": queue.paused, "config": queue.config})

@@ -16,6 +16,7 @@ from durable_flow.models import RunStatus, StepStatus
 if TYPE_CHECKING:
     from durable_flow.admission.base import AdmissionBackend
     from durable_flow.conf import DurableFlowSettings
+    from durable_flow.pausing import PausedQueues
     from durable_flow.transports.base import Transport
 
 WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)
@@ -30,6 +31,7 @@ class EngineBase:
     admission: AdmissionBackend
     transport: Transport
     clock: Callable[[], datetime]
+    paused_queues: PausedQueues
 
     def now(self) -> datetime:
         """The engine's clock (injectable for tests)."""

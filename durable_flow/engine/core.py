@@ -21,6 +21,7 @@ from durable_flow.engine.dispatch import DispatchMixin
 from durable_flow.engine.lifecycle import LifecycleMixin
 from durable_flow.engine.results import ResultsMixin
 from durable_flow.engine.turns import TurnsMixin
+from durable_flow.pausing import PausedQueues
 from durable_flow.queues import QueueConfig, write_queues
 from durable_flow.transports.base import Transport
 
@@ -44,6 +45,7 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, ResultsMixin):
         self.admission = admission
         self.transport = transport
         self.clock = clock
+        self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
         for config in self.settings.queues:
             self.admission.register(config)
         self.admission.on_freed(self.wake_waiters)

@@ -18,6 +18,10 @@ from durable_flow.registry import StepDefinition, get_step
 from durable_flow.serialization import ensure_json
 from durable_flow.turn import StepOptions
 
+#: How long a call that found its queue paused parks before it looks again, should this process
+#: see a resume late; `resume_queue` wakes the waiters itself.
+PAUSED_RECHECK = timedelta(seconds=60)
+
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
 
@@ -70,19 +74,27 @@ class DispatchMixin(EngineBase):
         """Ask the queue for a slot; None when admitted, else when to retry."""
         if not cp.queue or cp.holds_slot or not self.admission.handles(cp.queue):
             return None
+        if self.paused_queues.is_paused(cp.queue):
+            # Admits nothing and asks the backend nothing; `resume_queue` wakes the waiters, and
+            # the long retry is only a safety net for a resume this process saw late.
+            return self._park(cp, self.now() + PAUSED_RECHECK)
         decision = self.admission.try_admit(
             AdmissionRequest(queue=cp.queue, ticket=cp.ticket, priority=cp.priority, fairness_key=cp.fairness_key)
         )
         if decision.admitted:
             cp.holds_slot = True
             return None
+        assert decision.retry_at_ms is not None
+        return self._park(cp, ms_to_datetime(decision.retry_at_ms))
+
+    def _park(self, cp: StepCheckpoint, retry_at: datetime) -> datetime:
+        """Record the call as waiting for admission; the run's turn parks until `retry_at`."""
         if cp.pk is None:
             cp.save()
         elif cp.status != StepStatus.WAITING:
             cp.status = StepStatus.WAITING
             cp.save(update_fields=["status"])
-        assert decision.retry_at_ms is not None
-        return ms_to_datetime(decision.retry_at_ms)
+        return retry_at
 
     def step_timeout(self, cp: StepCheckpoint) -> float | None:
         """Seconds an attempt may run before it is re-dispatched, or None for no limit."""
