@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -157,51 +157,29 @@ class DurableFlowCollector(Collector):
 
     @staticmethod
     def _queue_wait(since: datetime) -> Metric:
-        rows = (
-            StepCheckpoint.objects.filter(kind=StepKind.STEP, dispatched_at__gte=since)
-            .values_list("queue", "created_at", "dispatched_at")
-            .order_by()[:MAX_SAMPLED_STEPS]
+        rows = StepCheckpoint.objects.filter(kind=StepKind.STEP, dispatched_at__gte=since).values_list(
+            "queue", "created_at", "dispatched_at"
         )
-        by_queue: dict[str, list[float]] = defaultdict(list)
-        for queue, created, dispatched in rows:
-            wait = _seconds(created, dispatched)
-            if wait is not None:
-                by_queue[queue].append(wait)
-        family = GaugeHistogramMetricFamily(
+        return _histogram(
             "durable_flow_queue_wait_seconds",
             "Time from a step call to its (latest) dispatch, for steps dispatched within METRICS.WINDOW_S.",
-            labels=["queue"],
+            "queue",
+            rows,
+            WAIT_BUCKETS_S,
         )
-        for queue, waits in sorted(by_queue.items()):
-            buckets, total = bucketize(waits, WAIT_BUCKETS_S)
-            family.add_metric([queue], buckets, total)
-        return family
 
     @staticmethod
     def _step_duration(since: datetime) -> Metric:
-        rows = (
-            StepCheckpoint.objects.filter(
-                kind=StepKind.STEP,
-                finished_at__gte=since,
-                status__in=[StepStatus.COMPLETED, StepStatus.FAILED],
-            )
-            .values_list("name", "dispatched_at", "finished_at")
-            .order_by()[:MAX_SAMPLED_STEPS]
-        )
-        by_step: dict[str, list[float]] = defaultdict(list)
-        for name, dispatched, finished in rows:
-            duration = _seconds(dispatched, finished)
-            if duration is not None:
-                by_step[name].append(duration)
-        family = GaugeHistogramMetricFamily(
+        rows = StepCheckpoint.objects.filter(
+            kind=StepKind.STEP, finished_at__gte=since, status__in=[StepStatus.COMPLETED, StepStatus.FAILED]
+        ).values_list("name", "dispatched_at", "finished_at")
+        return _histogram(
             "durable_flow_step_duration_seconds",
             "Time from a step's last dispatch to its result, for steps settled within METRICS.WINDOW_S.",
-            labels=["step"],
+            "step",
+            rows,
+            DURATION_BUCKETS_S,
         )
-        for name, durations in sorted(by_step.items()):
-            buckets, total = bucketize(durations, DURATION_BUCKETS_S)
-            family.add_metric([name], buckets, total)
-        return family
 
     @staticmethod
     def _workers(now: datetime, ttl_s: float) -> Iterator[Metric]:
@@ -252,3 +230,20 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         if not user.is_staff:
             return HttpResponse("staff only\n", status=403, content_type="text/plain")
     return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _histogram(
+    name: str, documentation: str, label: str, rows: QuerySet[Any], bounds: Sequence[float]
+) -> GaugeHistogramMetricFamily:
+    """A gauge histogram of the seconds between each row's two datetimes, per label value
+    (at most `MAX_SAMPLED_STEPS` rows are read)."""
+    by_label: dict[str, list[float]] = defaultdict(list)
+    for value, begin, end in rows.order_by()[:MAX_SAMPLED_STEPS]:
+        seconds = _seconds(begin, end)
+        if seconds is not None:
+            by_label[value].append(seconds)
+    family = GaugeHistogramMetricFamily(name, documentation, labels=[label])
+    for value, samples in sorted(by_label.items()):
+        buckets, total = bucketize(samples, bounds)
+        family.add_metric([value], buckets, total)
+    return family

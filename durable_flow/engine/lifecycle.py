@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
@@ -104,6 +105,18 @@ class LifecycleMixin(EngineBase):
         if len(child_id) > MAX_RUN_ID:
             # Deep or long ids: stay deterministic (a replay must find the same child) and short.
             child_id = f"{hashlib.sha256(parent.id.encode()).hexdigest()[:40]}:{key}"
+        child_checkpoint = partial(
+            self.create_checkpoint,
+            parent,
+            key=key,
+            sequence=sequence,
+            kind=StepKind.CHILD,
+            name=definition.name,
+            input=input,
+            group=group,
+            child_run_id=child_id,
+            dispatched_at=self.now(),
+        )
         check = None
         if definition.quota is not None and not WorkflowRun.objects.filter(pk=child_id).exists():
             try:
@@ -113,19 +126,8 @@ class LifecycleMixin(EngineBase):
             except ConcurrencyLimitError as exc:
                 # Recorded on the parent's checkpoint: a replay raises the same refusal at
                 # `ctx.child` instead of starting the child later.
-                return self.create_checkpoint(
-                    parent,
-                    key=key,
-                    sequence=sequence,
-                    kind=StepKind.CHILD,
-                    name=definition.name,
-                    status=StepStatus.FAILED,
-                    input=input,
-                    group=group,
-                    child_run_id=child_id,
-                    error=quotas.refusal_error(exc),
-                    dispatched_at=self.now(),
-                    finished_at=self.now(),
+                return child_checkpoint(
+                    status=StepStatus.FAILED, error=quotas.refusal_error(exc), finished_at=self.now()
                 )
         child, created = WorkflowRun.objects.get_or_create(
             pk=child_id,
@@ -146,18 +148,7 @@ class LifecycleMixin(EngineBase):
                 f"cannot start child {child_id!r} of run {parent.id!r}: a run with that id already exists "
                 f"and is not this run's child (run ids of the form '<parent>:<n>' are reserved for children)"
             )
-        cp = self.create_checkpoint(
-            parent,
-            key=key,
-            sequence=sequence,
-            kind=StepKind.CHILD,
-            name=definition.name,
-            status=StepStatus.DISPATCHED,
-            input=input,
-            group=group,
-            child_run_id=child_id,
-            dispatched_at=self.now(),
-        )
+        cp = child_checkpoint(status=StepStatus.DISPATCHED)
         if created:
             self.transport.enqueue_turn(child_id)
         elif child.is_terminal:
