@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from durable_flow import quotas
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.models import (
@@ -89,4 +90,10 @@ def run_counts() -> dict[str, int]:
 
 
 def snapshot() -> dict[str, Any]:
-    return {"queues": queue_rows(), "workers": worker_cards(), "runs": run_counts(), "at": timezone.now().isoformat()}
+    return {
+        "queues": queue_rows(),
+        "workers": worker_cards(),
+        "runs": run_counts(),
+        "quotas": quotas.usage(),
+        "at": timezone.now().isoformat(),
+    }

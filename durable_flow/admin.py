@@ -19,7 +19,7 @@ from django.utils import timezone
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
-from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import FlowQueue, QuotaRefusal, RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import workflows
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
@@ -352,3 +352,31 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
         return obj.stopped_at is None and obj.last_seen >= dead_worker_cutoff(
             get_settings().heartbeat_ttl_s, timezone.now()
         )
+
+
+@admin.register(QuotaRefusal)
+class QuotaRefusalAdmin(admin.ModelAdmin):
+    """Start-quota refusals per key and minute, beside the key's active runs and limit now."""
+
+    list_display = ["key", "minute", "refusals", "active_now", "limit_now"]
+    list_filter = ["minute"]
+    search_fields = ["=key"]
+    date_hierarchy = "minute"
+    ordering = ["-minute", "-refusals"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="Active now")
+    def active_now(self, obj: QuotaRefusal) -> int:
+        from durable_flow.quotas import ACTIVE_STATUSES
+
+        return WorkflowRun.objects.filter(concurrency_key=obj.key, status__in=ACTIVE_STATUSES).count()
+
+    @admin.display(description="Limit (latest start)")
+    def limit_now(self, obj: QuotaRefusal) -> int | None:
+        runs = WorkflowRun.objects.filter(concurrency_key=obj.key).exclude(concurrency_limit=None)
+        return runs.order_by("-created_at").values_list("concurrency_limit", flat=True).first()

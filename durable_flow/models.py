@@ -44,6 +44,9 @@ class WorkflowRun(models.Model):
     concurrency_key = models.CharField(
         max_length=200, null=True, blank=True, default=None, help_text="The start quota this run draws on."
     )
+    concurrency_limit = models.IntegerField(
+        null=True, blank=True, help_text="The start quota's limit for its key when this run started."
+    )
     turns = models.PositiveIntegerField(default=0, help_text="How many times the workflow function was replayed.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -289,3 +292,15 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class QuotaRefusal(models.Model):
+    """Starts a quota refused, counted per key and minute (for the dashboard and the admin)."""
+
+    key = models.CharField(max_length=200)
+    minute = models.DateTimeField()
+    refusals = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "minute"], name="df_refusal_key_minute")]
+        indexes = [models.Index(fields=["minute"], name="df_refusal_minute")]

@@ -232,7 +232,7 @@ def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
     """The run's quota columns: its key and the `concurrency:<key>` tag."""
     if check is None:
         return {"tags": tags}
-    return {"concurrency_key": check.key, "tags": [*tags, check.tag]}
+    return {"concurrency_key": check.key, "concurrency_limit": check.limit, "tags": [*tags, check.tag]}
 
 
 def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
@@ -252,3 +252,55 @@ def raise_if_refused(cp: StepCheckpoint) -> None:
     if cp.status == "failed" and error.get("status") == REFUSED:
         quota = error["quota"]
         raise ConcurrencyLimitError(quota["key"], quota["limit"], quota["active"], quota["workflow"])
+
+
+def record_refusal(exc: ConcurrencyLimitError) -> None:
+    """Count a refused start against its key's current minute (outside the refused start's
+    transaction, which rolled back)."""
+    from django.db.models import F
+    from django.utils import timezone
+
+    from durable_flow.models import QuotaRefusal
+
+    minute = timezone.now().replace(second=0, microsecond=0)
+    QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
+    QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)
+
+
+def usage(top: int = 20) -> list[dict[str, Any]]:
+    """The busiest quota keys: active runs (every non-terminal status), the limit the latest of
+    them started under, and refusals in the last minute. Keys refused lately but with nothing
+    active are listed too."""
+    from datetime import timedelta
+
+    from django.db.models import Count, Max, Sum
+    from django.utils import timezone
+
+    from durable_flow.models import QuotaRefusal, WorkflowRun
+
+    active = (
+        WorkflowRun.objects.filter(concurrency_key__isnull=False, status__in=ACTIVE_STATUSES)
+        .values("concurrency_key")
+        .annotate(active=Count("id"), limit=Max("concurrency_limit"))
+        .order_by("-active", "concurrency_key")[:top]
+    )
+    since = timezone.now() - timedelta(minutes=1)
+    refused = dict(
+        QuotaRefusal.objects.filter(minute__gte=since.replace(second=0, microsecond=0))
+        .values("key")
+        .annotate(total=Sum("refusals"))
+        .values_list("key", "total")
+    )
+    rows = {
+        row["concurrency_key"]: {
+            "key": row["concurrency_key"],
+            "active": row["active"],
+            "limit": row["limit"],
+            "refused_per_min": refused.get(row["concurrency_key"], 0),
+        }
+        for row in active
+    }
+    for key, total in sorted(refused.items(), key=lambda item: -item[1]):
+        if key not in rows and len(rows) < top:
+            rows[key] = {"key": key, "active": 0, "limit": None, "refused_per_min": total}
+    return list(rows.values())

@@ -409,3 +409,27 @@ def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
     wait_for(lambda: status(run.pk) == RunStatus.COMPLETED, timeout=60, what="run to complete")
     assert count_active("solo") == 0
     assert api.start("tests.slow_one", {"id": "next", "seconds": 0}, quota=solo).concurrency_key == "solo"
+
+
+def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: Engine) -> None:
+    from dashboard.snapshot import snapshot
+    from durable_flow.quotas import usage
+
+    start("quota.turn", "acme")
+    start("quota.turn", "acme")
+    start("quota.turn", "globex")
+    refused("quota.turn", "acme")
+    refused("quota.turn", "acme")
+    refused("quota.unlimited", None, quota={"key": "tenant:initech", "limit": 0})
+    rows = {row["key"]: row for row in usage()}
+    assert rows["tenant:acme"] == {"key": "tenant:acme", "active": 2, "limit": 2, "refused_per_min": 2}
+    assert rows["tenant:globex"]["active"] == 1 and rows["tenant:globex"]["refused_per_min"] == 0
+    assert rows["tenant:initech"] == {"key": "tenant:initech", "active": 0, "limit": None, "refused_per_min": 1}
+    assert snapshot()["quotas"] == usage()
+
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("quota-admin", password="pw"))
+    page = admin.get("/admin/durable_flow/quotarefusal/").content.decode()
+    assert "tenant:acme" in page and "tenant:initech" in page
+    dashboard = admin.get("/").content.decode()
+    assert 'data-quota="tenant:acme"' in dashboard and "2 / 2" in dashboard

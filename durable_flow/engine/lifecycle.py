@@ -82,6 +82,9 @@ class LifecycleMixin(EngineBase):
                     check.enforce()
                 run = WorkflowRun.objects.create(**fields)
                 self.transport.enqueue_turn(run.id)
+        except ConcurrencyLimitError as exc:
+            quotas.record_refusal(exc)
+            raise
         except IntegrityError:
             if run_id is None:
                 raise
@@ -124,6 +127,7 @@ class LifecycleMixin(EngineBase):
                 if check is not None:
                     check.enforce()
             except ConcurrencyLimitError as exc:
+                quotas.record_refusal(exc)
                 # Recorded on the parent's checkpoint: a replay raises the same refusal at
                 # `ctx.child` instead of starting the child later.
                 return child_checkpoint(
