@@ -21,7 +21,9 @@ from tests.test_admission_contract import REDIS_URL
 
 
 @pytest.fixture(params=["local", "db", "redis"])
-def admission(request: pytest.FixtureRequest) -> Iterator[AdmissionBackend]:
+def admission(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[AdmissionBackend]:
+    """Depends on the database so that it is torn down first: the redis backend's freed-slot
+    listener must stop before the test database is flushed, or its wake-up races the TRUNCATE."""
     if request.param == "local":
         yield LocalAdmissionBackend()
     elif request.param == "db":
