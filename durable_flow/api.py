@@ -41,13 +41,7 @@ def start(
     """
     from durable_flow.engine import get_engine
 
-    if isinstance(workflow, str):
-        storable_text(workflow, "workflow name", MAX_NAME)
-    if run_id is not None:
-        storable_text(run_id, "run_id", MAX_NAME)
-    if isinstance(tags, str):
-        raise InvalidInput("tags must be a list of strings, not a string")
-    tags = [storable_text(tag, "tag", MAX_NAME) for tag in tags]
+    # Run id and tags are checked by the engine, which every start path goes through.
     return get_engine().start(workflow, input, run_id=run_id, tags=tags, quota=quota)
 
 
@@ -74,7 +68,6 @@ def send_signal(run_id: str, name: str, payload: Any = None) -> None:
     """Deliver signal `name` to a run; a signal sent before the run waits for it is kept."""
     from durable_flow.engine import get_engine
 
-    storable_text(name, "signal name", MAX_NAME)
     get_engine().send_signal(_run_id(run_id), name, payload)
 
 
@@ -94,8 +87,6 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     from durable_flow.models import WorkflowRun
 
     original = get_run(run_id)
-    if new_run_id is not None:
-        storable_text(new_run_id, "new_run_id", MAX_NAME)
     run = get_engine().start(original.workflow, original.input, run_id=new_run_id, tags=original.tags)
     if not run.rerun_of and run.pk != original.pk:
         WorkflowRun.objects.filter(pk=run.pk, rerun_of="").update(rerun_of=original.pk)

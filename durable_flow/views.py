@@ -181,13 +181,11 @@ def send_signal(request: HttpRequest, run_id: str) -> HttpResponse:
 def steer_queue(request: HttpRequest, name: str, operation: str) -> HttpResponse:
     """`pause`, `resume`, or `update` (`{"concurrency": 5, "rate_limit": {...} | null}`)."""
     if operation == "pause":
-        queue = api.pause_queue(name)
+        api.pause_queue(name)
     elif operation == "resume":
-        queue = api.resume_queue(name)
+        api.resume_queue(name)
     else:
-        body = _body(request)
-        api.update_queue(name, **body)
-        queue = FlowQueue.objects.get(pk=name)
-    queue.refresh_from_db()
+        api.update_queue(name, **_body(request))
+    queue = FlowQueue.objects.get(pk=name)  # as stored, whichever operation ran
     record_operation(request.user, queue, f"{operation.capitalize()}d from the JSON API: {queue.config}")
     return JsonResponse({"name": queue.name, "paused": queue.paused, "config": queue.config})

@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from durable_flow import quotas
 from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
-from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, RunNotFound
+from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -28,6 +28,7 @@ from durable_flow.quotas import QuotaSpec
 from durable_flow.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import ensure_json
 from durable_flow.turn import PENDING
+from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
@@ -36,6 +37,7 @@ logger = logging.getLogger("durable_flow.engine")
 
 MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
 MAX_SIGNAL_NAME = Signal._meta.get_field("name").max_length or 200
+MAX_TAG = 200  # tags live in a JSON list; the bound keeps a `concurrency:<key>` tag storable anywhere
 
 
 class LifecycleMixin(EngineBase):
@@ -56,10 +58,11 @@ class LifecycleMixin(EngineBase):
         and creates nothing; an existing `run_id` is returned without a quota check."""
         definition = resolve_workflow(workflow)
         ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
-        tag_list = [str(tag) for tag in tags]
+        if isinstance(tags, str):
+            raise InvalidInput("tags must be a list of strings, not a string")
+        tag_list = [storable_text(tag, "tag", MAX_TAG) for tag in tags]
         if run_id is not None:
-            if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID:
-                raise DurableFlowError(f"run_id must be a non-empty string of at most {MAX_RUN_ID} characters")
+            storable_text(run_id, "run_id", MAX_RUN_ID)
             existing = one(WorkflowRun.objects.filter(pk=run_id))
             if existing is not None:
                 return existing
@@ -251,8 +254,7 @@ class LifecycleMixin(EngineBase):
     @retry_on_conflict
     def send_signal(self: Engine, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; kept until the run waits for it, so one sent early is not lost."""
-        if not isinstance(name, str) or not name or len(name) > MAX_SIGNAL_NAME:
-            raise DurableFlowError(f"a signal name must be a non-empty string of at most {MAX_SIGNAL_NAME} characters")
+        storable_text(name, "signal name", MAX_SIGNAL_NAME)
         ensure_json(payload, f"payload of signal {name!r}", self.settings.max_payload_bytes)
         with transaction.atomic():
             run, _ = locked_run(run_id)
