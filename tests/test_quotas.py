@@ -429,7 +429,10 @@ def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: E
 
     admin = Client()
     admin.force_login(get_user_model().objects.create_superuser("quota-admin", password="pw"))
-    page = admin.get("/admin/durable_flow/quotarefusal/").content.decode()
+    response = admin.get("/admin/durable_flow/quotarefusal/")
+    page = response.content.decode()
     assert "tenant:acme" in page and "tenant:initech" in page
+    listed = {row.key: (row.active_runs, row.latest_limit) for row in response.context["cl"].result_list}
+    assert listed == {"tenant:acme": (2, 2), "tenant:initech": (0, None)}
     dashboard = admin.get("/").content.decode()
     assert 'data-quota="tenant:acme"' in dashboard and "2 / 2" in dashboard
