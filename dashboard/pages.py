@@ -15,6 +15,7 @@ from django.utils.dateparse import parse_datetime
 
 from dashboard import charts
 from dashboard.history import SPAN, History, Sample, history
+from durable_flow.conf import get_settings
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "suspended", "cancelling", "completed", "cancelled"]
@@ -56,19 +57,32 @@ def _gauge(samples: list[Sample], field: str) -> list[tuple[datetime, float]]:
     return [(s.at, float(getattr(s, field))) for s in samples]
 
 
-def overview_chart(past: History, now: datetime) -> Any:
+def _every(samples: list[Sample]) -> float:
+    return samples[-1].interval_s if samples else get_settings().sample_interval_s
+
+
+def overview_charts(past: History, now: datetime) -> list[Any]:
+    """Throughput and failures per minute; and the backlog, on its own scale."""
     totals = past.totals()
-    return charts.line_chart(
-        "Throughput, failures and backlog over the last hour",
-        {
-            "throughput": _rate(totals, "completions"),
-            "failures": _rate(totals, "failures"),
-            "backlog": _gauge(totals, "waiting"),
-        },
-        {"throughput": "steps completed / min", "failures": "steps failed / min", "backlog": "calls waiting"},
-        now,
-        SPAN,
-    )
+    every = _every(totals)
+    return [
+        charts.line_chart(
+            "Steps completed and failed per minute",
+            {"throughput": _rate(totals, "completions"), "failures": _rate(totals, "failures")},
+            {"throughput": "completed / min", "failures": "failed / min"},
+            now,
+            SPAN,
+            every,
+        ),
+        charts.line_chart(
+            "Backlog: calls waiting for admission, and steps in flight",
+            {"backlog": _gauge(totals, "waiting"), "in_flight": _gauge(totals, "in_flight")},
+            {"backlog": "waiting", "in_flight": "in flight"},
+            now,
+            SPAN,
+            every,
+        ),
+    ]
 
 
 def _queue_table(snap: Mapping[str, Any], past: History) -> list[dict[str, Any]]:
@@ -125,7 +139,7 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
             for s in RUN_STATUS_ORDER
             if s in snap["runs"]
         ],
-        "chart": overview_chart(past, now),
+        "charts": overview_charts(past, now),
         "queue_table": _queue_table(snap, past),
         "workers": _worker_cards(snap, past),
         "workers_alive": sum(1 for w in snap["workers"] if w["alive"]),
@@ -182,6 +196,7 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
             {"backlog": "waiting", "in_flight": "in flight"},
             now,
             SPAN,
+            _every(samples),
         ),
         "rate_chart": charts.line_chart(
             f"{name}: admissions, completions and failures per minute over the last hour",
@@ -193,6 +208,7 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
             {"admissions": "admitted / min", "throughput": "completed / min", "failures": "failed / min"},
             now,
             SPAN,
+            _every(samples),
         ),
     }
 

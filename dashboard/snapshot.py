@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count
 from django.utils import timezone
 
 from dashboard import history as hist
@@ -18,11 +18,10 @@ from durable_flow.engine import get_engine
 from durable_flow.models import (
     FlowQueue,
     RunStatus,
-    StepCheckpoint,
-    StepStatus,
     WorkerHeartbeat,
     WorkflowRun,
 )
+from durable_flow.sampling import parked_calls, waiting_now
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 #: A queue whose oldest waiter has waited this long is listed among the problems.
@@ -92,28 +91,23 @@ def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
     why waiters are blocked.
 
     The numbers come from the admission backend (`in_flight`, `waiting`, `window_usage`), which
-    holds them under every backend (`local`, `db`, `redis`); the checkpoints only give the age of
-    the oldest waiting call.
+    holds them under every backend (`local`, `db`, `redis`); the checkpoints give the age of the
+    oldest waiting call, and the calls parked on a paused queue (not in the backend's line).
     """
     now = now or timezone.now()
     admission = get_engine().admission
-    oldest = dict(
-        StepCheckpoint.objects.filter(status=StepStatus.WAITING)
-        .values_list("queue")
-        .annotate(first=Min("created_at"))
-        .values_list("queue", "first")
-    )
+    parked = parked_calls()
     rows = []
     for queue in FlowQueue.objects.all():
         config = queue.config
-        first = oldest.get(queue.name)
+        parked_n, first = parked.get(queue.name, (0, None))
         in_flight = admission.in_flight(queue.name)
         rate = config.get("rate_limit") or None
         window_used = admission.window_usage(queue.name)
         row: dict[str, Any] = {
             "name": queue.name,
             "paused": queue.paused,
-            "waiting": admission.waiting(queue.name),
+            "waiting": waiting_now(admission, queue.name, parked_n),
             "in_flight": in_flight,
             "slots": in_flight,
             "concurrency": config.get("concurrency"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 
 from durable_flow.models import (
     FlowQueue,
@@ -61,6 +61,24 @@ def _step_counts(start: datetime, end: datetime) -> dict[str, dict[str, int]]:
     return counts
 
 
+def parked_calls() -> dict[str, tuple[int, datetime]]:
+    """Per queue: the step calls parked waiting for admission, and when the oldest asked."""
+    return {
+        queue: (n, first)
+        for queue, n, first in StepCheckpoint.objects.filter(status=StepStatus.WAITING)
+        .values_list("queue")
+        .annotate(n=Count("id"), first=Min("created_at"))
+        .values_list("queue", "n", "first")
+    }
+
+
+def waiting_now(admission: Any, queue: str, parked: int) -> int:
+    """Calls waiting on `queue`: the backend's line, or the parked checkpoints when more (a call
+    that finds its queue paused parks without joining the line until resume)."""
+    waiting = admission.waiting(queue)
+    return parked if waiting is None else max(waiting, parked)
+
+
 def _ungated_in_flight() -> int:
     return StepCheckpoint.objects.filter(kind=StepKind.STEP, queue="", status=StepStatus.DISPATCHED).count()
 
@@ -72,11 +90,13 @@ def take_samples(engine: Any, now: datetime | None = None) -> datetime:
     at = aligned(now or engine.now(), interval)
     counts = _step_counts(at - timedelta(seconds=interval), at)
     admission = engine.admission
+    parked = parked_calls()
     rows = []
     for name in [*FlowQueue.objects.values_list("name", flat=True), ""]:
         numbers = counts.get(name, {})
         if name:
-            waiting, in_flight = admission.waiting(name), admission.in_flight(name)
+            waiting = waiting_now(admission, name, parked.get(name, (0, None))[0])
+            in_flight = admission.in_flight(name)
         else:
             waiting, in_flight = 0, _ungated_in_flight()
         rows.append(
