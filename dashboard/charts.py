@@ -129,8 +129,8 @@ def sparkline(label: str, values: Sequence[float], css: str) -> SafeString:
     top = max(values) or 1
     step = w / max(1, len(values) - 1)
     points = " ".join(f"{i * step:.1f},{h - 2 - (h - 4) * v / top:.1f}" for i, v in enumerate(values))
-    if len(values) == 1:
-        points = f"0,{h / 2} {w},{h / 2}"
+    if len(values) == 1 or (min(values) == max(values) and values[0]):
+        points = f"0,{h / 2} {w},{h / 2}"  # a steady non-zero value: a level line mid-height
     return format_html(
         '<svg class="spark" viewBox="0 0 {} {}" role="img" aria-label="{}: latest {}, peak {}">'
         '<polyline class="s-{}" points="{}"/></svg>',

@@ -30,6 +30,9 @@ BLOCKED_AFTER_S = 60
 DEAD_WORKER_NOTICE = timedelta(hours=24)
 
 
+BLOCKED_LABELS = {"paused": "paused", "rate": "rate window full", "concurrency": "at its cap"}
+
+
 def human_period(ms: int) -> str:
     """`10000` → `10 s`, `60000` → `1 min`, `3600000` → `1 h`, `500` → `500 ms`."""
     for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
@@ -125,6 +128,7 @@ def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
         }
         row["oldest_wait"] = human_duration(row["oldest_wait_s"])
         row["blocked"] = blocked_reasons(row)
+        row["blocked_by"] = ", ".join(BLOCKED_LABELS[r["kind"]] for r in row["blocked"] if r["kind"] in BLOCKED_LABELS)
         rows.append(row)
     return rows
 

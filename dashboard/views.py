@@ -41,7 +41,7 @@ def staff_required(view: View) -> View:
 
 @staff_required
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/index.html", pages.overview_context(snapshot()) | {"section": "overview"})
+    return render(request, "dashboard/index.html", pages.overview_context(snapshot()))
 
 
 @staff_required
@@ -59,7 +59,7 @@ def session_check(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def queues(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/queues.html", pages.queues_context(snapshot()) | {"section": "queues"})
+    return render(request, "dashboard/queues.html", pages.queues_context(snapshot()))
 
 
 @staff_required
@@ -67,13 +67,13 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
     context = pages.queue_context(snapshot(), name)
     if context is None:
         raise Http404(f"no queue named {name!r}")
-    context |= {"section": "queues", "can_change": request.user.has_perm(QUEUE_PERMISSION)}
+    context |= {"can_change": request.user.has_perm(QUEUE_PERMISSION)}
     return render(request, "dashboard/queue.html", context)
 
 
 @staff_required
 def workers(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/workers.html", pages.workers_context(snapshot()) | {"section": "workers"})
+    return render(request, "dashboard/workers.html", pages.workers_context(snapshot()))
 
 
 def _steer(request: HttpRequest, name: str, operation: Callable[[], Any], message: str) -> HttpResponse:

@@ -177,7 +177,7 @@ def test_the_charts_get_points_from_the_poller_samples(
     shoot(page, "dashboard-queue")
     page.goto(f"{server.url}/dashboard/queues/")
     live(page)
-    shoot(page, "dashboard-queues")
+    shoot(page, "dashboard-queue-list")
     adaptive.kill()  # SIGKILL: its heartbeat lapses, its card is dimmed and listed as a problem
     page.goto(f"{server.url}/dashboard/workers/")
     live(page)
