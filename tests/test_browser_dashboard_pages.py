@@ -193,6 +193,11 @@ def test_the_charts_get_points_from_the_poller_samples(
 
 def test_reconnects_after_a_server_restart_and_says_when_the_session_expired(server: Server, page: Any) -> None:
     live(page)
+    page.keyboard.press("Tab")  # keyboard first: the skip link, then the nav
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Overview"
     server.stop()
     page.wait_for_function("document.getElementById('live-status').dataset.state === 'disconnected'", timeout=15000)
     assert "disconnected" in page.inner_text("#live-status")

@@ -100,6 +100,18 @@ def test_every_page_renders_without_javascript(staff_client: Client, engine: Eng
     assert "0 / 5" in html
 
 
+def test_pages_are_for_staff_only(engine: Engine) -> None:
+    api.register_queue("private", concurrency=1)
+    urls = [reverse("dashboard:queues"), reverse("dashboard:queue", args=["private"]), reverse("dashboard:workers")]
+    for url in urls:
+        response = Client().get(url)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    plain = Client()
+    plain.force_login(get_user_model().objects.create_user("plain", password="pw"))
+    for url in urls:
+        assert plain.get(url).status_code == 403
+
+
 def test_run_counts_link_to_the_filtered_run_list(staff_client: Client, engine: Engine) -> None:
     start("tests.three_steps", 1)
     html = staff_client.get(reverse("dashboard:index")).content.decode()
