@@ -82,8 +82,8 @@ def blocked_reasons(row: dict[str, Any]) -> list[dict[str, str]]:
         reasons.append(
             {
                 "kind": "turn",
-                "text": "Nothing blocks now: parked calls are admitted at their next check "
-                f"(within {row['retry_ms']} ms or one poll).",
+                "text": "Nothing blocks now: parked calls get a slot as the backend hands one over, "
+                f"or at their next check (within {row['retry_ms']} ms or one poll).",
             }
         )
     return reasons
