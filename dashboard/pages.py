@@ -129,6 +129,7 @@ def _run_href(run_id: str) -> str:
 
 
 def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The overview page: problems with links, run counts with links, charts, queues, workers."""
     now = _at(snap)
     past = history(now)
     return {
@@ -147,10 +148,12 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The queues page: the queue table with backlog sparklines."""
     return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap)))}
 
 
 def workers_context(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The workers page: cards with sparklines and the steps each runs."""
     return {"snap": snap, "workers": _worker_cards(snap, history(_at(snap)))}
 
 

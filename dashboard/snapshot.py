@@ -42,6 +42,7 @@ def human_period(ms: int) -> str:
 
 
 def human_duration(seconds: float | None) -> str:
+    """`12.3` → `12.3 s`, `75` → `1 min 15 s`, `3700` → `1 h 1 min`; None → `—`."""
     if seconds is None:
         return "—"
     if seconds < 60:
@@ -177,6 +178,7 @@ def _running_step(item: str) -> dict[str, str]:
 
 
 def run_counts() -> dict[str, int]:
+    """Runs per status, every status present (zero when none)."""
     counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
     return {status: counts.get(status, 0) for status in RunStatus.values}
 

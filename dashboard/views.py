@@ -20,6 +20,7 @@ from dashboard.snapshot import snapshot
 from durable_flow import api
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import DurableFlowError, QueueNotFound
+from durable_flow.models import FlowQueue
 
 View = Callable[..., HttpResponse]
 QUEUE_PERMISSION = "durable_flow.change_flowqueue"
@@ -41,11 +42,13 @@ def staff_required(view: View) -> View:
 
 @staff_required
 def index(request: HttpRequest) -> HttpResponse:
+    """The overview: problems, run counts, charts, queues, quotas and workers."""
     return render(request, "dashboard/index.html", pages.overview_context(snapshot()))
 
 
 @staff_required
 def snapshot_json(request: HttpRequest) -> HttpResponse:
+    """The whole snapshot as JSON (what every live tick is computed from)."""
     return JsonResponse(snapshot())
 
 
@@ -59,11 +62,13 @@ def session_check(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def queues(request: HttpRequest) -> HttpResponse:
+    """Every queue's numbers and what blocks it."""
     return render(request, "dashboard/queues.html", pages.queues_context(snapshot()))
 
 
 @staff_required
 def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """One queue: its numbers, why calls wait, its keys and charts, and the steering forms."""
     context = pages.queue_context(snapshot(), name)
     if context is None:
         raise Http404(f"no queue named {name!r}")
@@ -73,13 +78,18 @@ def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
 
 @staff_required
 def workers(request: HttpRequest) -> HttpResponse:
+    """A card per worker, in a stable order."""
     return render(request, "dashboard/workers.html", pages.workers_context(snapshot()))
+
+
+def _require_queue_permission(request: HttpRequest) -> None:
+    if not request.user.has_perm(QUEUE_PERMISSION):
+        raise PermissionDenied(f"needs the {QUEUE_PERMISSION} permission")
 
 
 def _steer(request: HttpRequest, name: str, operation: Callable[[], Any], message: str) -> HttpResponse:
     """Run a queue operation for a permitted user, audit it, and go back to the queue's page."""
-    if not request.user.has_perm(QUEUE_PERMISSION):
-        raise PermissionDenied(f"needs the {QUEUE_PERMISSION} permission")
+    _require_queue_permission(request)
     try:
         operation()
     except QueueNotFound as exc:
@@ -87,8 +97,6 @@ def _steer(request: HttpRequest, name: str, operation: Callable[[], Any], messag
     except DurableFlowError as exc:
         messages.error(request, str(exc))
         return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)
-    from durable_flow.models import FlowQueue
-
     queue = FlowQueue.objects.get(pk=name)
     record_operation(request.user, queue, f"{message} from the dashboard: {queue.config}")
     messages.success(request, f"{message}: {name}")
@@ -111,11 +119,10 @@ def queue_resume(request: HttpRequest, name: str) -> HttpResponse:
 @staff_required
 def queue_resize(request: HttpRequest, name: str) -> HttpResponse:
     """The resize form: a concurrency cap and a rate limit; a blank field removes that option."""
+    _require_queue_permission(request)
     try:
         changes = pages.parse_resize_form(request.POST)
     except ValueError as exc:
-        if not request.user.has_perm(QUEUE_PERMISSION):
-            raise PermissionDenied(f"needs the {QUEUE_PERMISSION} permission") from None
         messages.error(request, f"Not resized: {exc}")
         return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)
     return _steer(request, name, lambda: api.update_queue(name, **changes), "Resized")

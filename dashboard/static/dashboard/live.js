@@ -11,6 +11,7 @@
   const proto = location.protocol === "https:" ? "wss" : "ws";
   const url = `${proto}://${location.host}/ws/live/?topic=${encodeURIComponent(topic)}`;
   const minDelay = 500, maxDelay = 10000;
+  const shown = new WeakMap();  // each live box's last fragment, so unchanged ones are left alone
   let delay = minDelay, lastTick = null, retryTimer = null;
 
   function setStatus(state, text, link) {
@@ -34,11 +35,11 @@
   function apply(fragments) {
     for (const [name, html] of Object.entries(fragments || {})) {
       const box = document.querySelector(`[data-live="${CSS.escape(name)}"]`);
-      if (!box || box.dataset.html === html) continue;
+      if (!box || shown.get(box) === html) continue;
       // Keep keyboard focus on the same link or control across the swap.
       const active = box.contains(document.activeElement) ? focusKey(document.activeElement) : null;
       box.innerHTML = html;
-      box.dataset.html = html;
+      shown.set(box, html);
       if (active) box.querySelector(active)?.focus();
     }
   }
