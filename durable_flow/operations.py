@@ -67,9 +67,13 @@ def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
             f"run {run_id!r} ran version {run.version!r} of {run.workflow!r}; this process has "
             f"{definition.version!r}, so its history would not replay (re-run it instead)"
         )
-    if top_level and run.parent_id and WorkflowRun.objects.filter(pk=run.parent_id).exclude(
-        status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
-    ).exists():
+    if (
+        top_level
+        and run.parent_id
+        and WorkflowRun.objects.filter(pk=run.parent_id)
+        .exclude(status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED))
+        .exists()
+    ):
         raise RetryRefused(f"run {run_id!r} is a child of finished run {run.parent_id!r}; retry the parent")
     unsettled = StepCheckpoint.objects.select_for_update().filter(
         run=run, status__in=(StepStatus.FAILED, StepStatus.CANCELLED)
