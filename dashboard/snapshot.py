@@ -64,11 +64,7 @@ def blocked_reasons(row: dict[str, Any]) -> list[dict[str, str]]:
             {
                 "kind": "rate",
                 "text": f"Rate limit: the window is full ({row['window_text']}); the next call goes in "
-                + (
-                    "when the oldest admission ages out."
-                    if rate["algorithm"] == "sliding"
-                    else "when the window resets."
-                ),
+                + ("when the oldest start ages out." if rate["algorithm"] == "sliding" else "when the window resets."),
             }
         )
     cap = row["concurrency"]
@@ -83,8 +79,8 @@ def blocked_reasons(row: dict[str, Any]) -> list[dict[str, str]]:
         reasons.append(
             {
                 "kind": "turn",
-                "text": "Nothing blocks now: parked calls get a slot as the backend hands one over, "
-                f"or at their next check (within {row['retry_ms']} ms or one poll).",
+                "text": "Nothing blocks now: the backend grants parked calls a slot as room frees "
+                "(the poller's tick grants any room left over).",
             }
         )
     return reasons
@@ -96,7 +92,7 @@ def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
 
     The numbers come from the admission backend (`in_flight`, `waiting`, `window_usage`), which
     holds them under every backend (`local`, `db`, `redis`); the checkpoints give the age of the
-    oldest waiting call, and the calls parked on a paused queue (not in the backend's line).
+    oldest waiting call, and parked calls the backend lost track of (`waiting_now`).
     """
     now = now or timezone.now()
     admission = get_engine().admission

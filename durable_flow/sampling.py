@@ -73,8 +73,8 @@ def parked_calls() -> dict[str, tuple[int, datetime]]:
 
 
 def waiting_now(admission: Any, queue: str, parked: int) -> int:
-    """Calls waiting on `queue`: the backend's line, or the parked checkpoints when more (a call
-    that finds its queue paused parks without joining the line until resume)."""
+    """Calls waiting on `queue`: the backend's line, or the parked checkpoints when more (a parked
+    call the backend lost, e.g. with a crashed process, waits until the poller re-offers it)."""
     waiting = admission.waiting(queue)
     return parked if waiting is None else max(waiting, parked)
 
