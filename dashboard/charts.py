@@ -33,6 +33,11 @@ def _n(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _dot(x: float, y: float) -> str:
+    """A lone sample: a zero-length segment, drawn as a dot by its round cap."""
+    return f"{x:.1f},{y:.1f} {x + 0.1:.1f},{y:.1f}"
+
+
 def _fmt(value: float) -> str:
     return f"{value:g}" if value < 1000 else f"{value / 1000:g}k"
 
@@ -76,12 +81,11 @@ def line_chart(
     )
     lines = format_html_join(
         "",
-        '<polyline class="s-{}" points="{}"/>',
+        '<polyline class="s-{}{}" points="{}"/>',
         (
-            # A lone sample is drawn as a dot: a zero-length segment with a round cap.
-            (key, " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in points) + (" " if len(points) > 1 else ""))
+            (key, "", " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in points))
             if len(points) > 1
-            else (key, f"{x(points[0][0]):.1f},{y(points[0][1]):.1f} {x(points[0][0]) + 0.1:.1f},{y(points[0][1]):.1f}")
+            else (key, " dot", _dot(x(points[0][0]), y(points[0][1])))
             for key, points in series.items()
             if points
         ),
