@@ -23,6 +23,7 @@ from durable_flow.api import (
     send_signal,
     start,
 )
+from durable_flow.current import NotInStep, StepInfo, current_step
 from durable_flow.exceptions import (
     ChildFailed,
     ConcurrencyLimitError,
@@ -46,13 +47,16 @@ __all__ = [
     "InvalidInput",
     "InvalidQueueConfig",
     "NonDeterminismError",
+    "NotInStep",
     "RegistrationError",
     "RunNotFound",
     "SignalTimeout",
     "StepFailed",
+    "StepInfo",
     "StepNotFound",
     "WorkflowNotFound",
     "cancel",
+    "current_step",
     "get_run",
     "redispatch_pending",
     "register_queue",

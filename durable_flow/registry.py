@@ -6,10 +6,14 @@ process (web, worker, poller) knows the same workflows and steps.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
+
+from asgiref.sync import async_to_sync
 
 from durable_flow.exceptions import RegistrationError, StepNotFound, WorkflowNotFound
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
@@ -76,6 +80,20 @@ _workflows: dict[str, WorkflowDefinition] = {}
 _steps: dict[str, StepDefinition[Any]] = {}
 
 
+def _sync(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """An `async def` step, callable from a worker thread: asgiref's `async_to_sync` runs it
+    to completion (and carries the caller's context variables, so `current_step()` works)."""
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+    runner = async_to_sync(fn)
+
+    @functools.wraps(fn)
+    def call(input: Any) -> Any:
+        return runner(input)
+
+    return call
+
+
 def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     # A module imported twice under the same name (autoreload, test re-import) is not a clash.
     return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
@@ -119,7 +137,7 @@ def step(
     max_backoff: timedelta = DEFAULT_MAX_BACKOFF,
     timeout: timedelta | None = None,
 ) -> Callable[[Callable[[Any], R]], StepDefinition[R]]:
-    """Declare a plain function of one JSON input as the step `name`.
+    """Declare a plain (or `async def`) function of one JSON input as the step `name`.
 
     `retries` failed attempts are retried after `backoff`, doubling each time (up to
     `max_backoff`); `timeout` re-dispatches an attempt whose result has not landed in time.
@@ -135,7 +153,7 @@ def step(
         if existing is not None and not _same_function(existing.fn, fn):
             raise RegistrationError(f"step {name!r} is already registered by {existing.fn.__module__}")
         definition = StepDefinition(
-            name=name, fn=fn, retries=retries, backoff=backoff, max_backoff=max_backoff, timeout=timeout
+            name=name, fn=_sync(fn), retries=retries, backoff=backoff, max_backoff=max_backoff, timeout=timeout
         )
         _steps[name] = definition
         return definition

@@ -340,3 +340,34 @@ def file_gate(payload: dict[str, Any]) -> str:
 @workflow("tests.file_gated")
 def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(file_gate, payload, queue=payload.get("queue"))
+
+
+@step("tests.whereami")
+def whereami(fail_key: str) -> dict[str, Any]:
+    """Returns `current_step()`; fails while FAILURES_LEFT[fail_key] > 0 (no retries of its own)."""
+    from dataclasses import asdict
+
+    from durable_flow import current_step
+
+    info = asdict(current_step())
+    left = FAILURES_LEFT.get(fail_key, 0)
+    if left > 0:
+        FAILURES_LEFT[fail_key] = left - 1
+        raise RuntimeError(f"whereami {fail_key} failing at attempt {info['attempt']}")
+    return info
+
+
+@step("tests.whereami_async")
+async def whereami_async(_: Any) -> dict[str, Any]:
+    import asyncio
+    from dataclasses import asdict
+
+    from durable_flow import current_step
+
+    await asyncio.sleep(0)
+    return asdict(current_step())
+
+
+@workflow("tests.whereami")
+def whereami_flow(ctx: Any, fail_key: str) -> list[Any]:
+    return [ctx.step(whereami, fail_key), ctx.step(whereami_async, None)]

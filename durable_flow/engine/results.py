@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DataError, transaction
 
+from durable_flow.current import running_step
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus
@@ -42,7 +43,8 @@ class ResultsMixin(EngineBase):
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
                 self.await_start(cp)  # the rate window counts the step's start: here, right before the call
-            output = definition.fn(cp.input)
+            with running_step(run_id, key, attempt):  # for durable_flow.current_step()
+                output = definition.fn(cp.input)
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
             self.record_result(run_id, key, attempt, error=error_info(exc))
