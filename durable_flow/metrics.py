@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -87,6 +87,7 @@ class DurableFlowCollector(Collector):
         window = timedelta(seconds=settings.metrics_window_s)
         yield self._runs()
         yield from self._queues()
+        yield self._admissions()
         yield self._queue_wait(now - window)
         yield self._step_duration(now - window)
         yield from self._workers(now, settings.heartbeat_ttl_s)
@@ -154,6 +155,23 @@ class DurableFlowCollector(Collector):
                 limit.add_metric([queue.name, "rate"], rate["limit"])
                 period.add_metric([queue.name], rate["period_ms"] / 1000)
         yield from (waiting, in_flight, limit, period)
+
+    @staticmethod
+    def _admissions() -> Metric:
+        """Step attempts admitted per queue, ever: the persisted `QueueCounter` rows (every
+        process adds to them), 0 for a registered queue that admitted nothing yet."""
+        from durable_flow.counters import admissions
+
+        family = CounterMetricFamily(
+            "durable_flow_admissions",
+            "Step attempts admitted through a queue (a direct admission or a grant to a waiter).",
+            labels=["queue", "decision"],
+        )
+        counts = dict.fromkeys(FlowQueue.objects.values_list("name", flat=True), 0)
+        counts.update(admissions())
+        for queue, count in sorted(counts.items()):
+            family.add_metric([queue, "admitted"], count)
+        return family
 
     @staticmethod
     def _queue_wait(since: datetime) -> Metric:

@@ -214,6 +214,21 @@ class FlowQueue(models.Model):
         return self.name
 
 
+class QueueCounter(models.Model):
+    """Monotonic per-queue counters for Prometheus (`durable_flow_admissions_total`), shared by
+    every process. Advanced after each admitting transaction commits (`durable_flow.counters`),
+    in a row of its own, so it never contends with the `db` backend's lock on `FlowQueue`."""
+
+    queue = models.CharField(primary_key=True, max_length=100)
+    admissions = models.BigIntegerField(default=0, help_text="Step attempts admitted through the queue, ever.")
+
+    class Meta:
+        ordering = ["queue"]
+
+    def __str__(self) -> str:
+        return self.queue
+
+
 class AdmissionSlot(models.Model):
     """A slot held in a queue by a ticket (`run_id/step_key`) from admission until its result lands."""
 

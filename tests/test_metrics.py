@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
@@ -19,6 +20,7 @@ from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.conf import get_settings, parse_settings, reset_settings
+from durable_flow.counters import admissions, count_admission
 from durable_flow.engine import Engine, set_engine
 from durable_flow.metrics import bucketize
 from durable_flow.models import RunStatus, WorkflowRun
@@ -115,6 +117,8 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert before[("durable_flow_queue_limit", (("kind", "rate"), ("queue", "metered")))] == 100
     assert before[("durable_flow_queue_rate_period_seconds", (("queue", "metered"),))] == 60
     assert before[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
+    admitted = ("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "metered")))
+    assert before[admitted] == 0
 
     spawn("durable_poller", env=PROCESS_ENV)
     spawn("durable_worker", "--concurrency", "2", env=PROCESS_ENV)
@@ -135,6 +139,7 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert up == 1
     assert during[("durable_flow_runs", (("status", "running"), ("workflow", "tests.file_gated")))] == 1
     assert during[("durable_flow_runs", (("status", "suspended"), ("workflow", "tests.file_gated")))] == 2
+    assert during[admitted] == 1  # counted by the worker process, read by this one
 
     gate.touch()
     wait_for(
@@ -146,6 +151,7 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert after[("durable_flow_runs", (("status", "completed"), ("workflow", "tests.file_gated")))] == 3
     assert after[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
     assert after[("durable_flow_queue_waiting", (("queue", "metered"),))] == 0
+    assert after[admitted] == 3  # one direct admission, two grants to waiters
     assert after[("durable_flow_queue_wait_seconds_gcount", (("queue", "metered"),))] == 3
     assert after[("durable_flow_queue_wait_seconds_bucket", (("le", "+Inf"), ("queue", "metered")))] == 3
     assert after[("durable_flow_step_duration_seconds_gcount", (("step", "tests.file_gate"),))] == 3
@@ -188,3 +194,27 @@ def test_an_unreachable_admission_backend_does_not_fail_the_scrape(
         # Falls back to the checkpoints holding a slot (none here), instead of answering 500.
         assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 0
     assert "in_flight('remote') failed" in caplog.text
+
+
+def test_admissions_total_counts_direct_admissions_and_grants_once_each(manual: Engine, staff_client: Client) -> None:
+    from tests.engine_support import transport_of
+
+    register_queue("render", concurrency=2)
+    runs = [start("tests.queued", {"queue": "render", "value": i}) for i in range(5)]
+    transport = transport_of(manual)
+    transport.run_turns()
+    assert len(transport.steps) == 2 and admissions() == {"render": 2}  # three wait for a slot
+    transport.run_all()  # each result grants its slot to the next waiter
+    assert WorkflowRun.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.COMPLETED).count() == 5
+    assert admissions() == {"render": 5}
+    assert scrape(staff_client)[("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "render")))] == 5
+
+
+def test_an_admission_in_a_rolled_back_transaction_is_not_counted(transactional_db: None) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        count_admission("q")
+        raise RuntimeError("the turn failed")
+    assert admissions() == {}
+    count_admission("q")
+    count_admission("q")
+    assert admissions() == {"q": 2}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant
+from durable_flow.counters import count_admission
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.exceptions import RunNotFound, StepNotFound
@@ -120,6 +121,8 @@ class DispatchMixin(EngineBase):
             cp.save(
                 update_fields=["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"]
             )
+        if cp.holds_slot and not timeout_redispatch:
+            count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
         self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
 
     @retry_on_conflict

@@ -1,0 +1,44 @@
+"""Persisted counters behind the Prometheus counters: a metric scraped from one web process must
+count what every worker process did, so the count lives in the database (`QueueCounter`), not
+in process memory.
+
+The engine calls `count_admission(queue)` once per admitted step attempt (`engine/dispatch.py`,
+where an attempt holding a slot is dispatched: a direct admission and a grant to a waiter both
+pass there). The increment runs after the admitting transaction commits, in its own short
+autocommit UPDATE: a turn that rolls back counts nothing, and the counter row is locked for one
+statement only, never for the length of a turn. A process killed between the commit and the
+increment loses that one count (an undercount, never a double count).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from django.db import transaction
+from django.db.models import F
+
+logger = logging.getLogger(__name__)
+
+
+def count_admission(queue: str) -> None:
+    """Count one admission to `queue` once the current transaction commits (at once outside one)."""
+    transaction.on_commit(partial(add_admissions, queue, 1), robust=True)
+
+
+def add_admissions(queue: str, count: int) -> None:
+    """Add `count` to `queue`'s admissions: one UPDATE, plus an INSERT the first time."""
+    from durable_flow.models import QueueCounter
+
+    rows = QueueCounter.objects.filter(queue=queue)
+    if rows.update(admissions=F("admissions") + count):
+        return
+    QueueCounter.objects.bulk_create([QueueCounter(queue=queue)], ignore_conflicts=True)
+    rows.update(admissions=F("admissions") + count)
+
+
+def admissions() -> dict[str, int]:
+    """Every queue's admissions so far."""
+    from durable_flow.models import QueueCounter
+
+    return dict(QueueCounter.objects.values_list("queue", "admissions"))
