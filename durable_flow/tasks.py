@@ -14,14 +14,15 @@ Written against the `django-tasks` backport (Django 5.2); on Django 6 the same c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import transaction
 from django.utils.crypto import get_random_string
 
 from durable_flow import api
-from durable_flow.exceptions import RunNotFound
+from durable_flow.exceptions import ConcurrencyLimitError, RunNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
+from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
 
 if TYPE_CHECKING:
@@ -43,7 +44,57 @@ except ImportError:  # Django 5.2: the `django-tasks` backport.
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
-__all__ = ["DurableFlowBackend", "InvalidTaskError", "TaskResultDoesNotExist", "task_context"]
+__all__ = ["DurableFlowBackend", "InvalidTaskError", "TaskResultDoesNotExist", "quota", "task_context"]
+
+F = TypeVar("F")
+QUOTA_ATTRIBUTE = "__durable_flow_quota__"
+
+
+def quota(
+    *,
+    key: Callable[..., str | None] | str,
+    limit: int | Callable[[str], Any],
+    count_statuses: Iterable[str] = ACTIVE_STATUSES,
+) -> Callable[[F], F]:
+    """Declare a start quota on a task: over it, `enqueue` raises `ConcurrencyLimitError` at once
+    and stores nothing, exactly as `start` does for a workflow's quota (see "Start quotas").
+
+        @task(queue_name="reports")
+        @quota(key=lambda tenant, **_: f"tenant:{tenant}", limit=2)
+        def build_report(tenant, month): ...
+
+    `key` is called like the task (with the enqueued, JSON-normalised args and kwargs), or is a
+    CEL expression over `input`, the mapping `{"args": [...], "kwargs": {...}}`; None/null leaves
+    that call unlimited. `limit` and `count_statuses` are those of a workflow quota. The quota is
+    parsed here, at import: a bad one raises `InvalidQuota` naming the field. Stack it under or
+    over `@task`.
+    """
+    by_call: Any = key
+    if callable(key):
+
+        def by_call(call: dict[str, Any]) -> str | None:
+            return key(*call["args"], **call["kwargs"])
+
+    spec = QuotaSpec.build({"key": by_call, "limit": limit, "count_statuses": count_statuses}, per_start=False)
+
+    def declare(target: F) -> F:
+        # `@task` keeps the function on `.func`; the `Task` itself is a frozen dataclass.
+        setattr(getattr(target, "func", target), QUOTA_ATTRIBUTE, spec)
+        return target
+
+    return declare
+
+
+def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
+    """The per-start quota of this call (its key resolved), or None when it is unlimited."""
+    spec: QuotaSpec | None = getattr(task.func, QUOTA_ATTRIBUTE, None)
+    if spec is None:
+        return None
+    key = spec.resolve_key({"args": list(args), "kwargs": dict(kwargs)})
+    if key is None:
+        return None
+    return QuotaSpec(key=key, limit=spec.limit, count_statuses=spec.count_statuses)
+
 
 STATUS_MAP: Mapping[str, Any] = {
     # Parked (admission, run_after sleep, backoff) or waiting for a worker: ready to run.
@@ -69,7 +120,8 @@ class DurableFlowBackend(BaseTaskBackend):
         """Start a `durable_flow.task` run for this call; the result id is the run id.
 
         Non-JSON args raise `TypeError`/`ValueError` from the framework's own normalisation,
-        before anything is stored.
+        before anything is stored. A task declared with `@quota` refuses the call with
+        `ConcurrencyLimitError` (naming the task) when its key is full; nothing is stored then.
         """
         self.validate_task(task)
         result_id = get_random_string(32)  # the framework's own id length
@@ -98,8 +150,18 @@ class DurableFlowBackend(BaseTaskBackend):
             "backend": self.alias,
             "result_id": result_id,
         }
-        with transaction.atomic():
-            run = api.start(TASK_WORKFLOW, payload, run_id=result_id, tags=[f"task:{task.module_path}"])
+        try:
+            # `start` is atomic on its own (run + first turn), and outside the caller's
+            # transaction a refusal is counted in `QuotaRefusal` like any other.
+            run = api.start(
+                TASK_WORKFLOW,
+                payload,
+                run_id=result_id,
+                tags=[f"task:{task.module_path}"],
+                quota=_start_quota(task, result.args, result.kwargs),
+            )
+        except ConcurrencyLimitError as exc:
+            raise ConcurrencyLimitError(exc.key, exc.limit, exc.active, task.module_path) from None
         object.__setattr__(result, "enqueued_at", run.created_at)
         return result
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from django_tasks import TaskContext, task
 
+from durable_flow.tasks import quota
+
 CALLS: list[Any] = []
 
 
@@ -45,3 +47,15 @@ def with_context(context: TaskContext, n: int) -> dict[str, Any]:
 @task(backend="other")
 def on_other(value: int) -> int:
     return value
+
+
+@task
+@quota(key=lambda tenant, n: f"tenant:{tenant}", limit=1)
+def per_tenant(tenant: str, n: int) -> int:
+    return n
+
+
+@quota(key='has(input.kwargs.team) ? "team:" + input.kwargs.team : null', limit=lambda key: 1)
+@task
+def per_team(team: str | None = None) -> str | None:
+    return team

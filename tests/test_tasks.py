@@ -19,9 +19,10 @@ from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
+from durable_flow.models import QuotaRefusal, RunStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
-from durable_flow.tasks import DurableFlowBackend
+from durable_flow.tasks import DurableFlowBackend, quota
 from durable_flow.transports.db import DatabaseTransport
 from tests import task_functions
 from tests.conftest import ManagedProcess, MovableClock, wait_for
@@ -213,3 +214,33 @@ def test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport(
     assert [task_functions.record.get_result(r.id).return_value for r in results] == ["first", "low", "high", "mid"]
     # "first" took the only slot before the others arrived; the rest follow their priority.
     assert marker.read_text().split() == ["first", "high", "mid", "low"]
+
+
+def test_a_task_declared_with_a_quota_refuses_enqueue_when_its_key_is_full(manual: Engine) -> None:
+    first = task_functions.per_tenant.enqueue("acme", 1)
+    with pytest.raises(ConcurrencyLimitError) as refused:
+        task_functions.per_tenant.enqueue("acme", 2)
+    assert (refused.value.key, refused.value.limit, refused.value.active) == ("tenant:acme", 1, 1)
+    assert refused.value.workflow == "tests.task_functions.per_tenant"
+    assert WorkflowRun.objects.count() == 1  # nothing stored for the refused call
+    assert QuotaRefusal.objects.get(key="tenant:acme").refusals == 1
+    task_functions.per_tenant.enqueue("globex", 3)  # another key has its own quota
+    transport_of(manual).run_all()
+    assert default_task_backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    assert task_functions.per_tenant.enqueue("acme", 4).status == TaskResultStatus.READY  # a slot freed
+
+
+def test_a_cel_quota_key_sees_args_and_kwargs_and_null_is_unlimited(manual: Engine) -> None:
+    task_functions.per_team.enqueue()
+    task_functions.per_team.enqueue()  # no team: no key, no limit
+    task_functions.per_team.enqueue(team="red")
+    with pytest.raises(ConcurrencyLimitError):
+        task_functions.per_team.enqueue(team="red")
+    assert WorkflowRun.objects.count() == 3
+
+
+def test_a_bad_task_quota_fails_at_declaration() -> None:
+    with pytest.raises(InvalidQuota, match="limit"):
+        quota(key=lambda: "k", limit="eight")
+    with pytest.raises(InvalidQuota, match="CEL"):
+        quota(key="input.args[", limit=1)
