@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django_tasks import TaskContext, task
-
 from durable_flow.tasks import quota
+from tests.tasks_framework import TaskContext, task
 
 CALLS: list[Any] = []
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
-from django_tasks import TaskResultStatus, default_task_backend, task_backends
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
 from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
@@ -27,6 +25,13 @@ from durable_flow.transports.db import DatabaseTransport
 from tests import task_functions
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import transport_of
+from tests.tasks_framework import (
+    InvalidTaskError,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+)
 
 
 @pytest.fixture(autouse=True)
