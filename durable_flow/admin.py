@@ -17,10 +17,12 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from durable_flow import bulk
+from durable_flow.admin_bulk import BulkByFilterMixin
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
-from durable_flow.models import FlowQueue, QuotaRefusal, RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import workflows
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
@@ -72,7 +74,7 @@ class CheckpointInline(admin.TabularInline):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(admin.ModelAdmin):
+class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
     list_display = ["id", "workflow", "status", "concurrency_key", "created_at", "updated_at", "wake_at", "turns"]
     list_filter = ["status", "workflow", "checkpoints__queue"]
     search_fields = ["id", "workflow", "=concurrency_key"]
@@ -131,33 +133,30 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def has_start_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_flow.start_workflowrun")
 
+    # Ticked rows (at most a page, `list_max_show_all`) are processed in batches like a filter;
+    # "Select all N runs" goes to the by-filter confirmation page (`admin_bulk`).
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        from durable_flow.api import cancel
-
-        count = 0
-        for run in queryset:
-            if not run.is_terminal:
-                record_operation(request.user, cancel(run.id), "Cancelled (admin action)")
-                count += 1
-        self.message_user(request, f"Cancelled {count} run(s).", messages.SUCCESS)
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        if request.POST.get("select_across") == "1":
+            return self.bulk_redirect(request, "cancel")
+        result = bulk.cancel_matching(queryset, request.user, "Cancelled (admin action)")
+        self.message_user(request, f"Cancelled {result.done} run(s).", messages.SUCCESS)
+        return None
 
     @admin.action(description="Retry selected failed or cancelled runs", permissions=["retry"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        from durable_flow.api import retry
-
-        count = 0
-        for run in queryset.filter(status__in=(RunStatus.FAILED, RunStatus.CANCELLED)):
-            try:
-                record_operation(request.user, retry(run.id), "Retried (admin action)")
-                count += 1
-            except DurableFlowError as exc:
-                self.message_user(request, str(exc), messages.WARNING)
-        self.message_user(request, f"Retried {count} run(s).", messages.SUCCESS)
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        if request.POST.get("select_across") == "1":
+            return self.bulk_redirect(request, "retry")
+        result = bulk.retry_matching(queryset, request.user, "Retried (admin action)")
+        for reason in result.refused:
+            self.message_user(request, reason, messages.WARNING)
+        self.message_user(request, f"Retried {result.done} run(s).", messages.SUCCESS)
+        return None
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
         return [
+            *self.bulk_urls(),  # before `<path:object_id>/cancel/`, which would take "bulk/cancel/"
             path("start/", view(self.start_view), name="durable_flow_workflowrun_start"),
             path("<path:object_id>/cancel/", view(self.cancel_view), name="durable_flow_workflowrun_cancel"),
             path("<path:object_id>/rerun/", view(self.rerun_view), name="durable_flow_workflowrun_rerun"),
@@ -179,7 +178,11 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        extra_context = {**(extra_context or {}), "can_start": self.has_start_permission(request)}
+        extra_context = {
+            **(extra_context or {}),
+            "can_start": self.has_start_permission(request),
+            **self.bulk_context(request),
+        }
         return super().changelist_view(request, extra_context)
 
     def _page(self, request: HttpRequest, template: str, title: str, **context: Any) -> HttpResponse:

@@ -10,7 +10,7 @@ the engine asks the admission backend before it dispatches to any transport.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from durable_flow.options import Configurable, Option
@@ -49,6 +49,11 @@ class Transport(Configurable, ABC):
         higher `priority` first where the broker can order work."""
 
     # -- optional, with defaults -------------------------------------------------------------
+    def enqueue_turns(self, run_ids: Sequence[str]) -> None:
+        """Queue a turn for each run (bulk operations); a transport that can batch overrides it."""
+        for run_id in run_ids:
+            self.enqueue_turn(run_id)
+
     def source(self) -> TaskSource | None:
         """The consuming side `durable_worker` serves, or None (the default) for a transport
         that runs its work in-process."""

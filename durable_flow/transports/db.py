@@ -10,7 +10,7 @@ done; a worker that dies leaves its lease to lapse, and the task is claimed agai
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
@@ -60,6 +60,13 @@ class DatabaseTransport(Transport):
         # The partial unique index keeps one queued turn per run; a second wake is a no-op.
         Task.objects.bulk_create(
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
+        )
+
+    def enqueue_turns(self, run_ids: Sequence[str]) -> None:
+        """One INSERT for many runs' turns (bulk retry)."""
+        now = timezone.now()
+        Task.objects.bulk_create(
+            [Task(kind=TaskKind.TURN, run_id=run_id, available_at=now) for run_id in run_ids], ignore_conflicts=True
         )
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
