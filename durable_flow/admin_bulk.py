@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
+from django.db import DataError, NotSupportedError
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -84,7 +85,7 @@ class BulkByFilterMixin:
             runs = self._matching(request)
             affected = bulk.cancellable(runs) if operation == "cancel" else bulk.retryable(runs)
             count = affected.count()
-        except IncorrectLookupParameters as exc:
+        except (IncorrectLookupParameters, DataError, NotSupportedError, OverflowError, ValueError) as exc:
             return self._confirmation(request, op, status=400, error=f"These filters are not valid: {exc}", back=back)
         if request.method != "POST":
             return self._confirmation(request, op, count=count, total=runs.count(), back=back)
