@@ -91,6 +91,9 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 
+# Django 6's `check` runs the database-dependent model checks too (JSONField support), hence
+# the database mark on both `manage.py check` tests.
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("durable_flow", "check_id", "message"),
     [pytest.param(setting, check_id, message, id=name) for name, setting, check_id, message in MALFORMED],
@@ -104,6 +107,7 @@ def test_malformed_setting_fails_manage_py_check(durable_flow: dict[str, Any], c
     assert "HINT:" in report
 
 
+@pytest.mark.django_db
 def test_well_formed_settings_pass_manage_py_check() -> None:
     setting = {
         "ADMISSION": {"BACKEND": "db"},
