@@ -2,7 +2,7 @@
 """Flow control under contention (issue 9): handoff throughput, turns per parked run, rate limits
 at step start, and what 10,000 parked waiters cost, with real worker and poller processes.
 
-    .venv/bin/python bench/contention.py                        # all three stacks (~6 min)
+    .venv/bin/python bench/contention.py                        # all three stacks (~9 min; 14 under heavy load)
     .venv/bin/python bench/contention.py --quick                # CI smoke (~3 min)
     .venv/bin/python bench/contention.py --stacks db-sqlite,rq-redis
 
