@@ -5,20 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Min
 from django.utils import timezone
 
-from durable_flow import quotas
+from durable_flow import queries, quotas
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
-from durable_flow.models import (
-    FlowQueue,
-    RunStatus,
-    StepCheckpoint,
-    StepStatus,
-    WorkerHeartbeat,
-    WorkflowRun,
-)
+from durable_flow.models import FlowQueue, WorkerHeartbeat
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
@@ -31,12 +23,7 @@ def queue_rows() -> list[dict[str, Any]]:
     """
     now = timezone.now()
     admission = get_engine().admission
-    oldest = dict(
-        StepCheckpoint.objects.filter(status=StepStatus.WAITING)
-        .values_list("queue")
-        .annotate(first=Min("created_at"))
-        .values_list("queue", "first")
-    )
+    oldest = queries.oldest_waiting_by_queue()
     rows = []
     for queue in FlowQueue.objects.all():
         config = queue.config
@@ -67,7 +54,7 @@ def worker_cards() -> list[dict[str, Any]]:
                 "worker_id": beat.worker_id,
                 "host": beat.host,
                 "pid": beat.pid,
-                "alive": beat.stopped_at is None and beat.last_seen >= cutoff,
+                "alive": queries.is_alive(beat, cutoff),
                 "transport": beat.transport,
                 "mode": beat.mode,
                 "live_limit": beat.live_limit,
@@ -84,16 +71,11 @@ def worker_cards() -> list[dict[str, Any]]:
     return cards
 
 
-def run_counts() -> dict[str, int]:
-    counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {status: counts.get(status, 0) for status in RunStatus.values}
-
-
 def snapshot() -> dict[str, Any]:
     return {
         "queues": queue_rows(),
         "workers": worker_cards(),
-        "runs": run_counts(),
+        "runs": queries.run_counts(),
         "quotas": quotas.usage(),
         "at": timezone.now().isoformat(),
     }

@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from durable_flow import queries
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
@@ -29,7 +30,7 @@ class StartForm(forms.Form):
     """Start a run of a registered workflow."""
 
     workflow = forms.ChoiceField(choices=())
-    input = forms.JSONField(required=False, help_text="JSON, e.g. {\"account\": 42}")
+    input = forms.JSONField(required=False, help_text='JSON, e.g. {"account": 42}')
     run_id = forms.CharField(required=False, max_length=200, help_text="Optional; makes the start idempotent.")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -320,7 +321,7 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="Waiting now")
     def waiting(self, obj: FlowQueue) -> int:
-        return StepCheckpoint.objects.filter(queue=obj.name, status="waiting").count()
+        return queries.waiting_calls(obj.name).count()
 
 
 @admin.register(WorkerHeartbeat)
@@ -350,9 +351,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True)
     def alive(self, obj: WorkerHeartbeat) -> bool:
-        return obj.stopped_at is None and obj.last_seen >= dead_worker_cutoff(
-            get_settings().heartbeat_ttl_s, timezone.now()
-        )
+        return queries.is_alive(obj, dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now()))
 
 
 @admin.register(QuotaRefusal)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
+from durable_flow import queries
 from durable_flow.engine import get_engine, one, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
@@ -68,9 +69,13 @@ def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
             f"run {run_id!r} ran version {run.version!r} of {run.workflow!r}; this process has "
             f"{definition.version!r}, so its history would not replay (re-run it instead)"
         )
-    if top_level and run.parent_id and WorkflowRun.objects.filter(pk=run.parent_id).exclude(
-        status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
-    ).exists():
+    if (
+        top_level
+        and run.parent_id
+        and WorkflowRun.objects.filter(pk=run.parent_id)
+        .exclude(status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED))
+        .exists()
+    ):
         raise RetryRefused(f"run {run_id!r} is a child of finished run {run.parent_id!r}; retry the parent")
     unsettled = StepCheckpoint.objects.select_for_update().filter(
         run=run, status__in=(StepStatus.FAILED, StepStatus.CANCELLED)
@@ -164,7 +169,4 @@ def _wake_waiting(engine: Engine, queue: str) -> int:
     """Bring the runs waiting on `queue` due within one poll, so every process has seen the
     change (its paused-queue cache lives that long) before they ask admission again."""
     due = engine.now() + timedelta(milliseconds=engine.settings.poller_interval_ms)
-    waiting = StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING).values("run_id")
-    return WorkflowRun.objects.filter(
-        pk__in=waiting, status__in=(RunStatus.SUSPENDED, RunStatus.RUNNING)
-    ).update(wake_at=due)
+    return queries.runs_waiting_on(queue).update(wake_at=due)
