@@ -68,13 +68,10 @@ from rq.worker import SimpleWorker
 
 from durable_flow.options import Option, non_empty_str
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.worker.concurrency import build_controller
-from durable_flow.worker.runtime import ClaimedTask, TaskSource
+from durable_flow.transports.runner import ClaimedTask, EngineRunner, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
     from redis import Redis
-
-    from durable_flow.engine import Engine
 
 logger = logging.getLogger("durable_flow.transports.rq")
 
@@ -95,19 +92,20 @@ def tier_for(priority: int) -> str:
     return NORMAL
 
 
-def _engine() -> Engine:
-    engine = getattr(_current, "engine", None)
-    if engine is None:
+def _runner() -> TaskRunner:
+    """The worker running this job: `durable_worker`'s, else (a plain `rqworker`) this
+    process's engine with no worker id."""
+    runner: TaskRunner | None = getattr(_current, "runner", None)
+    if runner is None:
         from durable_flow.engine import get_engine
 
-        engine = get_engine()
-    return engine
+        runner = EngineRunner(get_engine())
+    return runner
 
 
 def run_turn_job(run_id: str) -> str:
     """RQ job: replay the run's next turn. Returns the run's status afterwards."""
-    run = _engine().run_turn(run_id)
-    return run.status if run is not None else "missing"
+    return _runner().run_turn(run_id)
 
 
 def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
@@ -117,7 +115,7 @@ def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
     step if the worker dies. Under a foreign RQ worker it is empty, so a lost step is
     re-driven after `REDISPATCH_AFTER_S` instead.
     """
-    return _engine().execute_step(run_id, step_key, attempt, worker_id=getattr(_current, "worker_id", ""))
+    return _runner().run_step(run_id, step_key, attempt)
 
 
 JOB_KINDS = {
@@ -154,12 +152,11 @@ class RQTransport(Transport):
         for key, ttl in (("RESULT_TTL", result_ttl), ("FAILURE_TTL", failure_ttl)):
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < -1):
                 raise ImproperlyConfigured(f'{SETTING}["{key}"]: must be an integer number of seconds, got {ttl!r}')
-        build_controller(concurrency, setting=f'{SETTING}["CONCURRENCY"]')  # validate now, not at worker start
+        self.check_concurrency(concurrency)  # validate now, not at worker start
         self.queue_name = queue
         self.concurrency = concurrency
         self.result_ttl = result_ttl
         self.failure_ttl = failure_ttl
-        self._engine: Engine | None = None
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -299,15 +296,15 @@ class RQTaskSource(TaskSource):
         self._next_cleanup = 0.0
 
     # -- lifecycle (optional hooks of the runtime) ---------------------------------------------
-    def open(self, worker_id: str, engine: Engine) -> None:
+    def open(self, runner: TaskRunner) -> None:
         """Register this process as an RQ worker, so `rqinfo` and django-rq list it."""
         if self.execution_ttl_s is None:
             # Like RQ's job_monitoring_interval + 60: an abandoned execution expires this
             # long after its worker's last heartbeat.
-            self.execution_ttl_s = math.ceil(engine.settings.heartbeat_ttl_s) + 60
+            self.execution_ttl_s = math.ceil(runner.heartbeat_ttl_s) + 60
         self.worker = SimpleWorker(
             self.ordered,
-            name=worker_id,
+            name=runner.worker_id,
             connection=self.connection,
             job_class=self.ordered[1].job_class,
             serializer=self.ordered[1].serializer,
@@ -357,15 +354,15 @@ class RQTaskSource(TaskSource):
         return ClaimedTask(kind="rq", run_id="", handle=handle)
 
     # -- running -------------------------------------------------------------------------------
-    def execute(self, engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
+    def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:
         """Run the job through RQ's `Job.perform` (so `rq.get_current_job()` works in a step),
-        with this worker's engine and id in scope for the job function."""
+        with this worker as the runner in scope for the job function."""
         job: Job = task.handle[0]
-        _current.engine, _current.worker_id = engine, worker_id
+        _current.runner = runner
         try:
             outcome = job.perform()
         finally:
-            _current.engine = _current.worker_id = None
+            _current.runner = None
         task.outcome = str(outcome) if task.kind != "rq" else "completed"
         return task.outcome not in ("failed",)
 
