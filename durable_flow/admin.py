@@ -23,6 +23,7 @@ from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, QuotaRefusal, RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import workflows
+from durable_flow.validation import max_length
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
@@ -31,7 +32,9 @@ class StartForm(forms.Form):
 
     workflow = forms.ChoiceField(choices=())
     input = forms.JSONField(required=False, help_text='JSON, e.g. {"account": 42}')
-    run_id = forms.CharField(required=False, max_length=200, help_text="Optional; makes the start idempotent.")
+    run_id = forms.CharField(
+        required=False, max_length=max_length("WorkflowRun", "id"), help_text="Optional; makes the start idempotent."
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -41,7 +44,7 @@ class StartForm(forms.Form):
 class SignalForm(forms.Form):
     """Send a named signal with a JSON payload."""
 
-    name = forms.CharField(max_length=200)
+    name = forms.CharField(max_length=max_length("Signal", "name"))
     payload = forms.JSONField(required=False)
 
 
