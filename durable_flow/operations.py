@@ -9,12 +9,10 @@ the reset calls exactly as a first attempt would.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from durable_flow import queries
 from durable_flow.engine import get_engine, one, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
@@ -23,7 +21,7 @@ from durable_flow.registry import get_step, get_workflow
 from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
-    from durable_flow.engine import Engine
+    pass
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -127,7 +125,7 @@ def resume_queue(name: str) -> FlowQueue:
     FlowQueue.objects.filter(pk=name).update(paused=False)
     engine = get_engine()
     engine.paused_queues.forget()
-    _wake_waiting(engine, name)
+    engine.grant(name)
     queue.paused = False
     return queue
 
@@ -153,7 +151,7 @@ def update_queue(
     )
     engine = get_engine()
     engine.register_queue(config)
-    _wake_waiting(engine, name)
+    engine.grant(name)
     return config
 
 
@@ -163,10 +161,3 @@ def _queue_row(name: str) -> FlowQueue:
     if queue is None:
         raise QueueNotFound(f"no queue named {name!r}")
     return queue
-
-
-def _wake_waiting(engine: Engine, queue: str) -> int:
-    """Bring the runs waiting on `queue` due within one poll, so every process has seen the
-    change (its paused-queue cache lives that long) before they ask admission again."""
-    due = engine.now() + timedelta(milliseconds=engine.settings.poller_interval_ms)
-    return queries.runs_waiting_on(queue).update(wake_at=due)

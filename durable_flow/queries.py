@@ -35,11 +35,6 @@ def stale_pending_runs(lost_after: datetime) -> QuerySet[WorkflowRun]:
     return WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after)
 
 
-def runs_waiting_on(queue: str) -> QuerySet[WorkflowRun]:
-    """Parked runs with a call waiting for admission on `queue`."""
-    return WorkflowRun.objects.filter(pk__in=waiting_calls(queue).values("run_id"), status__in=WAKEABLE)
-
-
 def run_counts() -> dict[str, int]:
     """Runs per status, every status present (0 where there are none)."""
     counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))

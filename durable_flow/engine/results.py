@@ -36,6 +36,8 @@ class ResultsMixin(EngineBase):
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
             return "skipped"
+        if cp.holds_slot and cp.queue:
+            self.await_start(cp)  # the rate window counts the step's start, here
         if worker_id:
             StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
         try:
@@ -99,8 +101,9 @@ class ResultsMixin(EngineBase):
             if self._group_settled(cp):
                 self._continue(run)
 
-    def _release(self, cp: StepCheckpoint) -> None:
+    def _release(self: Engine, cp: StepCheckpoint) -> None:
+        """Give the slot back; the backend grants it on with this transaction."""
         if cp.holds_slot:
             cp.holds_slot = False
             cp.save(update_fields=["holds_slot"])
-            self.admission.release(cp.queue, cp.ticket)
+            self.release_ticket(cp.queue, cp.ticket)
