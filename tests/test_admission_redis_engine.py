@@ -77,7 +77,7 @@ def test_a_step_whose_slot_was_reclaimed_goes_back_through_admission(
         # dispatched from its checkpoint as a new attempt, with no turn.
         turns = WorkflowRun.objects.get(pk=run.id).turns
         engine.release_ticket("render", "someone-else/1")
-        assert transport.held_runs() == []
+        assert transport.held_runs() == [run.id]  # re-admitted, as a new attempt
         transport.run_step()
         assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
         assert StepCheckpoint.objects.get(run=run).attempt == 2

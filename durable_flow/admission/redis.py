@@ -106,7 +106,20 @@ PRIORITY_BOUND = 10**15
 """Priorities are clamped to +-1e15 so the script's fixed-width encoding stays exact."""
 
 SCRIPT_PATH = Path(__file__).with_name("admission.lua")
-_QUEUE_KEYS = ("slots", "owners", "waiters", "starts", "fresh", "grp", "gidx", "kprio", "fkey", "served", "meta", "marks")
+_QUEUE_KEYS = (
+    "slots",
+    "owners",
+    "waiters",
+    "starts",
+    "fresh",
+    "grp",
+    "gidx",
+    "kprio",
+    "fkey",
+    "served",
+    "meta",
+    "marks",
+)
 
 
 def _option_error(key: str, message: str) -> ImproperlyConfigured:

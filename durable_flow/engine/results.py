@@ -36,12 +36,12 @@ class ResultsMixin(EngineBase):
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
             return "skipped"
-        if cp.holds_slot and cp.queue:
-            self.await_start(cp)  # the rate window counts the step's start, here
         if worker_id:
             StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
         try:
             definition = get_step(cp.name)
+            if cp.holds_slot and cp.queue:
+                self.await_start(cp)  # the rate window counts the step's start: here, right before the call
             output = definition.fn(cp.input)
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably

@@ -280,9 +280,7 @@ class AdmissionBackendContract:
         assert backend.waiting(name) in (0, None)
         assert backend.release(name, "w1/1") == Grant()  # nobody left to grant
 
-    def test_a_decision_grants_the_waiters_ahead_of_the_caller(
-        self, backend: AdmissionBackend, name: str
-    ) -> None:
+    def test_a_decision_grants_the_waiters_ahead_of_the_caller(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, concurrency=1))
         assert self.ask(backend, name, "holder/1").admitted
         assert not self.ask(backend, name, "first/1").admitted
@@ -321,17 +319,13 @@ class AdmissionBackendContract:
         opened = backend.grant(name)
         assert opened.tickets == ("w0/1", "w1/1") and opened.retry_at_ms == boundary + 1000
 
-    def test_no_reopening_instant_while_the_cap_is_what_blocks(
-        self, backend: AdmissionBackend, name: str
-    ) -> None:
+    def test_no_reopening_instant_while_the_cap_is_what_blocks(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, concurrency=1, rate_limit=RateLimit(limit=5, period_ms=1000)))
         assert self.ask(backend, name, "a/1").admitted
         assert self.ask(backend, name, "w/1").reason == "concurrency"
         assert backend.grant(name) == Grant()  # a release grants it, not a timer
 
-    def test_reoffer_reports_held_slots_and_restores_lost_waiters(
-        self, backend: AdmissionBackend, name: str
-    ) -> None:
+    def test_reoffer_reports_held_slots_and_restores_lost_waiters(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, concurrency=1))
         assert self.ask(backend, name, "holder/1").admitted
         assert not self.ask(backend, name, "first/1").admitted
