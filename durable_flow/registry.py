@@ -13,6 +13,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from durable_flow.exceptions import RegistrationError, StepNotFound, WorkflowNotFound
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
+from durable_flow.validation import max_length
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,9 +82,16 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
+#: Where each kind of registered name is stored, so its length limit is that column's.
+NAME_FIELDS = {"workflow": ("WorkflowRun", "workflow"), "step": ("StepCheckpoint", "name")}
+
+
 def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise RegistrationError(f"a {what} name must be a non-empty string of at most 200 characters, got {name!r}")
+    longest = max_length(*NAME_FIELDS[what])
+    if not isinstance(name, str) or not name.strip() or len(name) > longest:
+        raise RegistrationError(
+            f"a {what} name must be a non-empty string of at most {longest} characters, got {name!r}"
+        )
     return name
 
 

@@ -28,15 +28,15 @@ from durable_flow.quotas import QuotaSpec
 from durable_flow.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import ensure_json
 from durable_flow.turn import PENDING
-from durable_flow.validation import storable_text
+from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
 
 logger = logging.getLogger("durable_flow.engine")
 
-MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
-MAX_SIGNAL_NAME = Signal._meta.get_field("name").max_length or 200
+MAX_RUN_ID = max_length("WorkflowRun", "id")
+MAX_SIGNAL_NAME = max_length("Signal", "name")
 MAX_TAG = 200  # tags live in a JSON list; the bound keeps a `concurrency:<key>` tag storable anywhere
 
 
