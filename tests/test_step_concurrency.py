@@ -209,3 +209,23 @@ def test_a_changed_key_expression_leaves_queued_runs_on_their_old_key(manual_sc:
     assert executing() == 2  # the new key has its own slot
     transport.run_all()
     assert WorkflowRun.objects.filter(pk__in=[first.id, second.id, third.id], status=RunStatus.COMPLETED).count() == 3
+
+
+def test_the_admin_run_page_shows_the_evaluated_constraints(engine: Engine, admin_client: Any) -> None:
+    run = start("sc.two", {"account": "acme", "seconds": 0})
+    page = admin_client.get(f"/admin/durable_flow/workflowrun/{run.id}/change/")
+    assert page.status_code == 200
+    assert "sc:acct:openai" in page.content.decode() and "sc:fn:sc.two:acme" in page.content.decode()
+
+
+def test_check_warns_when_the_backend_cannot_enforce_step_concurrency(settings: Any) -> None:
+    from durable_flow.checks import check_settings
+    from durable_flow.conf import reset_settings
+
+    settings.DURABLE_FLOW = {**settings.DURABLE_FLOW, "ADMISSION": {"BACKEND": "redis"}}
+    reset_settings()
+    try:
+        warnings = [m for m in check_settings() if m.id == "durable_flow.W001"]
+    finally:
+        reset_settings()
+    assert warnings and "sc.per_account" in warnings[0].msg
