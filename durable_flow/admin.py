@@ -92,6 +92,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "wake_at",
         "tags",
         "concurrency_key",
+        "step_concurrency",
         "parent",
         "parent_step_key",
         "rerun_of",

@@ -24,6 +24,7 @@ from durable_flow import queries
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
 from durable_flow.sampling import Sampler
+from durable_flow.step_concurrency import declared_anywhere
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from durable_flow.worker.outage import Outage, transient_errors
 
@@ -73,6 +74,8 @@ class TimerPoller:
         for name in FlowQueue.objects.filter(paused=False).values_list("name", flat=True):
             if self.engine.admission.handles(name):
                 granted += self.engine.grant(name)
+        if declared_anywhere():
+            granted += self.engine.grant("")  # calls gated by step concurrency alone
         return granted
 
     def drain(self) -> int:
@@ -103,6 +106,8 @@ class TimerPoller:
         for name in FlowQueue.objects.values_list("name", flat=True):
             if self.engine.admission.handles(name):
                 redriven += self.engine.reoffer_waiting(name)
+        if declared_anywhere():
+            redriven += self.engine.reoffer_waiting("")  # calls gated by step concurrency alone
         # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
         # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
         self.engine.transport.reclaim_from(list(dead_workers.values_list("worker_id", flat=True)))
