@@ -3,7 +3,9 @@
 - `durable_flow.E001`: the setting does not parse (a top-level key, QUEUES, POLLER, HEARTBEAT...);
 - `durable_flow.E002` / `E003`: the admission / transport backend's class cannot be imported;
 - `durable_flow.E004` / `E005`: the admission / transport backend refuses its options (an
-  unknown key, a bad value), checked by the backend class without building it.
+  unknown key, a bad value), checked by the backend class without building it;
+- `durable_flow.E006`: the dashboard's sampling (`POLLER["SAMPLE_INTERVAL_S"]`,
+  `POLLER["SAMPLE_RETENTION_S"]`) is out of range.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ HINTS = {
     "E003": "Install the backend's extra dependencies or fix the dotted path.",
     "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
     "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
+    "E006": "SAMPLE_INTERVAL_S is at least 1 s and SAMPLE_RETENTION_S at least 3600 s (the charts show an hour).",
+    "W001": "Use the 'local' or 'db' admission backend, or drop concurrency= (see README, Step concurrency).",
 }
 
 
@@ -34,10 +38,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     """Parse `DURABLE_FLOW`, import both backends and have each check its options."""
     from django.conf import settings
 
-    from durable_flow.conf import parse_settings
+    from durable_flow.conf import SamplingMisconfigured, parse_settings
 
     try:
         config = parse_settings(getattr(settings, "DURABLE_FLOW", {}))
+    except SamplingMisconfigured as exc:
+        return [_error(str(exc), "E006")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []
@@ -55,4 +61,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 cls.check_options(spec.options)
             except ImproperlyConfigured as exc:
                 errors.append(_error(str(exc), options_id))
+        if key == "ADMISSION" and not getattr(cls, "SUPPORTS_CONSTRAINTS", False):
+            errors.extend(_unenforced_step_concurrency())
     return errors
+
+
+def _unenforced_step_concurrency() -> list[checks.CheckMessage]:
+    from durable_flow.registry import workflows
+
+    declaring = sorted(name for name, definition in workflows().items() if definition.concurrency)
+    if not declaring:
+        return []
+    message = (
+        f'DURABLE_FLOW["ADMISSION"] cannot enforce step concurrency, declared by {", ".join(declaring[:5])}'
+        f"{' and others' if len(declaring) > 5 else ''}: starting those runs will fail"
+    )
+    return [checks.Warning(message, hint=HINTS["W001"], id="durable_flow.W001")]

@@ -49,6 +49,11 @@ class WorkflowRun(models.Model):
     concurrency_limit = models.IntegerField(
         null=True, blank=True, help_text="The start quota's limit for its key when this run started."
     )
+    step_concurrency = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The step-concurrency constraints evaluated when the run started: [{resource, limit}].",
+    )
     turns = models.PositiveIntegerField(default=0, help_text="How many times the workflow function was replayed.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -235,6 +240,8 @@ class AdmissionWaiter(models.Model):
     key_served = models.BigIntegerField(default=-1, help_text="When its fairness key was last served (serve counter).")
     arrival = models.BigIntegerField()
     seen_ms = models.BigIntegerField()
+    constrained = models.BooleanField(default=False, help_text="Whether step-concurrency constraints gate it too.")
+    constraints = models.JSONField(default=list, blank=True, help_text="[[resource, limit], ...]")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["queue", "ticket"], name="df_waiter_queue_ticket")]
@@ -277,6 +284,36 @@ class AdmissionKeyServed(models.Model):
         constraints = [models.UniqueConstraint(fields=["queue", "fairness_key"], name="df_served_queue_key")]
 
 
+class AdmissionHold(models.Model):
+    """A step-concurrency slot: `ticket` holds one slot of `resource` from admission until its
+    result lands (a resource's active count is its number of rows)."""
+
+    resource = models.CharField(max_length=320)
+    ticket = models.CharField(max_length=320)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_hold_resource_ticket")]
+        indexes = [models.Index(fields=["ticket"], name="df_hold_ticket")]
+
+
+class AdmissionResourceWaiter(models.Model):
+    """A parked call indexed under a resource it needs, so a freed slot of that resource finds
+    its waiters across queues: by priority, then arrival (the id)."""
+
+    resource = models.CharField(max_length=320)
+    ticket = models.CharField(max_length=320)
+    queue = models.CharField(max_length=100, blank=True)
+    priority = models.IntegerField(default=0)
+    limit = models.IntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_rwaiter_resource_ticket")]
+        indexes = [
+            models.Index(fields=["resource", "-priority", "id"], name="df_rwaiter_rank"),
+            models.Index(fields=["ticket"], name="df_rwaiter_ticket"),
+        ]
+
+
 class WorkerHeartbeat(models.Model):
     """A worker process's last report: its live concurrency and health, for the dashboard."""
 
@@ -317,3 +354,45 @@ class QuotaRefusal(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["key", "minute"], name="df_refusal_key_minute")]
         indexes = [models.Index(fields=["minute"], name="df_refusal_minute")]
+
+
+class QueueSample(models.Model):
+    """A queue's numbers over one sampling interval, written by the poller for the dashboard's
+    charts: gauges at the interval's end, counts of what happened during it.
+
+    `queue=""` holds the steps that name no queue, so the sum over every row of an interval is
+    the whole system. `at` is aligned to `POLLER["SAMPLE_INTERVAL_S"]`, so several pollers write
+    one row per queue and interval (the unique constraint drops the others' copies).
+    """
+
+    queue = models.CharField(max_length=100, blank=True)
+    at = models.DateTimeField(help_text="The end of the interval.")
+    interval_s = models.FloatField()
+    waiting = models.PositiveIntegerField(default=0, help_text="Calls waiting for admission at `at`.")
+    in_flight = models.PositiveIntegerField(default=0, help_text="Slots held (steps executing) at `at`.")
+    admissions = models.PositiveIntegerField(default=0, help_text="Steps dispatched through the queue.")
+    completions = models.PositiveIntegerField(default=0, help_text="Steps that completed.")
+    failures = models.PositiveIntegerField(default=0, help_text="Steps that failed for good.")
+
+    class Meta:
+        ordering = ["queue", "at"]
+        constraints = [models.UniqueConstraint(fields=["queue", "at"], name="df_queue_sample_at")]
+        indexes = [models.Index(fields=["at"], name="df_queue_sample_time")]
+
+    def __str__(self) -> str:
+        return f"{self.queue or '(no queue)'} @ {self.at:%H:%M:%S}"
+
+
+class WorkerSample(models.Model):
+    """A live worker's heartbeat numbers at one sampling instant, for the workers' sparklines."""
+
+    worker_id = models.CharField(max_length=200)
+    at = models.DateTimeField()
+    live_limit = models.PositiveIntegerField(default=0)
+    in_flight = models.PositiveIntegerField(default=0)
+    throughput = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["worker_id", "at"]
+        constraints = [models.UniqueConstraint(fields=["worker_id", "at"], name="df_worker_sample_at")]
+        indexes = [models.Index(fields=["at"], name="df_worker_sample_time")]

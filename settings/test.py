@@ -34,12 +34,13 @@ if ADMISSION_BACKEND == "redis":
     ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
 
 DURABLE_FLOW = {
-    "WORKFLOWS": ["tests.workflows"],
+    "WORKFLOWS": ["tests.workflows", "tests.sc_workflows"],
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
-    "POLLER": {"INTERVAL_MS": 100},
+    # Browser tests sample every second to see the charts move (the default is 10 s).
+    "POLLER": {"INTERVAL_MS": 100, "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", 10))},
 }
 
 # Worker, poller and server processes started by tests must use the database the test

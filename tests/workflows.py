@@ -324,6 +324,7 @@ def step_then_flaky(ctx: Any, key: str) -> str:
 def parent_of_flaky(ctx: Any, key: str) -> Any:
     return {"child": ctx.child("tests.step_then_flaky", key)}
 
+
 # -- metrics and tasks tests (tests/test_metrics.py, tests/test_tasks.py) ------------------------
 
 

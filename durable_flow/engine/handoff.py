@@ -30,6 +30,7 @@ from durable_flow.admission.base import AdmissionRequest, Grant, Ticket
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.step_concurrency import constraints_of
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
@@ -160,7 +161,10 @@ class HandoffMixin(EngineBase):
         run_id, key = Ticket.parse(ticket)
         with transaction.atomic():
             run, cp = locked_run(run_id, key)
-            if run is not None and cp is not None and cp.queue == queue:
+            # A freed step-concurrency slot may go to a waiter of another queue: the ticket's
+            # own queue is the one to dispatch (or hand the grant on) from.
+            if run is not None and cp is not None and (cp.queue == queue or run.step_concurrency):
+                queue = cp.queue
                 if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
                     cp.holds_slot = True
                     self.dispatch(cp)
@@ -189,21 +193,43 @@ class HandoffMixin(EngineBase):
         backend again. One that holds a slot already (its grant's dispatch was lost) is
         dispatched; one the backend does not know (lost with a process, or with Redis) joins
         the line; then the room is granted. Returns how many were dispatched."""
+        if self._backend_agrees(queue):
+            return self.grant(queue)
         parked = (
             StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP, status=StepStatus.WAITING)
             .exclude(run__status__in=(RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES))
             .order_by("id")
-            .values_list("run_id", "key", "priority", "fairness_key")
+            .values_list("run_id", "key", "priority", "fairness_key", "run__step_concurrency")
         )
         requests = [
-            AdmissionRequest(queue=queue, ticket=str(Ticket(run_id, key)), priority=priority, fairness_key=fairness)
-            for run_id, key, priority, fairness in parked.iterator(chunk_size=2000)
+            AdmissionRequest(
+                queue=queue,
+                ticket=str(Ticket(run_id, key)),
+                priority=priority,
+                fairness_key=fairness,
+                constraints=constraints_of(stored),
+            )
+            for run_id, key, priority, fairness, stored in parked.iterator(chunk_size=2000)
         ]
         dispatched = 0
         if requests:
             for ticket in self.admission.reoffer(queue, requests):
                 dispatched += self._dispatch_grant(queue, ticket)
         return dispatched + self.grant(queue)
+
+    def _backend_agrees(self: Engine, queue: str) -> bool:
+        """Whether the backend's line and slots account for every parked and every in-flight
+        call of `queue` (two indexed counts), so the re-offer can be skipped: then the pass
+        costs O(1), not O(waiters). A backend that cannot tell is always re-offered to."""
+        waiting, in_flight = self.admission.waiting(queue), self.admission.in_flight(queue)
+        if waiting is None or in_flight is None:
+            return False
+        on_queue = StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP)
+        parked = on_queue.filter(status=StepStatus.WAITING).count()
+        holding = on_queue.filter(status=StepStatus.DISPATCHED, holds_slot=True).count()
+        # Fewer waiters than parked calls: some were lost. More slots than holders: a grant's
+        # dispatch was lost (or a slot leaked, which the re-offer cannot fix but does no harm).
+        return waiting >= parked and in_flight <= holding
 
     def await_start(self: Engine, cp: StepCheckpoint) -> None:
         """A granted step is about to run: count its start in its queue's rate window, waiting

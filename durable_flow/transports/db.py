@@ -22,7 +22,7 @@ from django.utils import timezone
 from durable_flow.models import Task, TaskKind
 from durable_flow.options import Option, positive_number
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.worker.runtime import ClaimedTask, TaskSource
+from durable_flow.transports.runner import ClaimedTask, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
