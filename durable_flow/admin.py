@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from durable_flow.admin_attempts import StepAttemptInline
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
@@ -96,7 +97,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "updated_at",
         "finished_at",
     ]
-    inlines = [CheckpointInline]
+    inlines = [CheckpointInline, StepAttemptInline]
     actions = ["cancel_selected", "retry_selected"]
     change_form_template = "admin/durable_flow/workflowrun/change_form.html"
 
