@@ -63,6 +63,7 @@ class Row:
     worker: str = ""
     error: dict[str, Any] | None = None
     link: str = ""
+    note: str = ""
     segments: list[Segment] = field(default_factory=list)
 
     @property
@@ -136,7 +137,11 @@ def _step_rows(cp: StepCheckpoint, attempts: list[StepAttempt], now: datetime) -
 def _other_row(cp: StepCheckpoint, now: datetime) -> Row:
     kind = {StepKind.SLEEP: "sleep", StepKind.SIGNAL: "signal", StepKind.CHILD: "child"}[cp.kind]
     row = Row(cp.key, cp.name, kind, cp.status, error=cp.error)
-    end = cp.finished_at or (cp.wake_at if cp.kind == StepKind.SLEEP and cp.wake_at else None) or now
+    # A sleep still going is drawn up to now (an hour-long sleep would squash every other bar);
+    # its wake time is a note.
+    end = cp.finished_at or now
+    if cp.kind == StepKind.SLEEP and cp.wake_at and not cp.finished_at:
+        row.note = "wakes at " + cp.wake_at.strftime("%H:%M:%S.") + f"{cp.wake_at.microsecond // 1000:03d}"
     row.segments.append(Segment(kind, cp.created_at, max(end, cp.created_at)))
     if cp.kind == StepKind.CHILD and cp.child_run_id:
         row.link = reverse("dashboard:run", args=[cp.child_run_id])

@@ -324,6 +324,7 @@ def step_then_flaky(ctx: Any, key: str) -> str:
 def parent_of_flaky(ctx: Any, key: str) -> Any:
     return {"child": ctx.child("tests.step_then_flaky", key)}
 
+
 # -- metrics and tasks tests (tests/test_metrics.py, tests/test_tasks.py) ------------------------
 
 
@@ -339,3 +340,20 @@ def file_gate(payload: dict[str, Any]) -> str:
 @workflow("tests.file_gated")
 def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(file_gate, payload, queue=payload.get("queue"))
+
+
+# -- dashboard browser tests (tests/test_browser_runs.py) ----------------------------------------
+
+
+@step("tests.needs_file", retries=1, backoff=timedelta(milliseconds=200))
+def needs_file(payload: dict[str, Any]) -> str:
+    """Fails until the file `payload["path"]` exists: a cause another process fixes."""
+    if not os.path.exists(payload["path"]):
+        raise FileNotFoundError(f"config file {payload['path']} is missing")
+    return "imported"
+
+
+@workflow("tests.needs_file_flow")
+def needs_file_flow(ctx: Any, payload: dict[str, Any]) -> str:
+    ctx.step(echo, "prepare")
+    return ctx.step(needs_file, payload)

@@ -38,3 +38,14 @@ def ms_time(value: datetime | None) -> str:
 @register.filter
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def period(ms: int | None) -> str:
+    """A rate window in human units: 10000 → "10 s", 60000 → "1 min", 3600000 → "1 h"."""
+    if not ms:
+        return "—"
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
