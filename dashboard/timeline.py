@@ -136,7 +136,10 @@ def _step_rows(cp: StepCheckpoint, attempts: list[StepAttempt], now: datetime) -
 
 def _other_row(cp: StepCheckpoint, now: datetime) -> Row:
     kind = {StepKind.SLEEP: "sleep", StepKind.SIGNAL: "signal", StepKind.CHILD: "child"}[cp.kind]
-    row = Row(cp.key, cp.name, kind, cp.status, error=cp.error)
+    status = cp.status
+    if status == StepStatus.DISPATCHED:  # a sleep, signal wait or child still going
+        status = {"sleep": "sleeping", "signal": "waiting", "child": "running"}[kind]
+    row = Row(cp.key, cp.name, kind, status, error=cp.error)
     # A sleep still going is drawn up to now (an hour-long sleep would squash every other bar);
     # its wake time is a note.
     end = cp.finished_at or now

@@ -170,6 +170,7 @@ def test_watch_the_flow_view_move_during_a_burst(server: str, browser: Any, work
         # Backpressure: calls line up while the cap (2) and window (6 per 2 s) hold them...
         page.wait_for_function("document.querySelectorAll('[data-zone=waiting] .dot').length >= 3", timeout=15000)
         page.wait_for_function("document.querySelectorAll('[data-zone^=\"worker:\"] .dot').length >= 1", timeout=15000)
+        page.wait_for_timeout(600)  # let the dots finish their move before the screenshot
         shoot(page, "dashboard-flow")
         assert page.evaluate("document.querySelectorAll('[data-zone^=\"worker:\"] .dot').length") <= 2
         # ...and drain out.
