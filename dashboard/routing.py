@@ -1,5 +1,5 @@
 from django.urls import path
 
-from dashboard.consumers import FlowConsumer, LiveConsumer
+from dashboard.consumers import LiveConsumer
 
-websocket_urlpatterns = [path("ws/live/", LiveConsumer.as_asgi()), path("ws/flow/", FlowConsumer.as_asgi())]
+websocket_urlpatterns = [path("ws/live/", LiveConsumer.as_asgi())]

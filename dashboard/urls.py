@@ -18,4 +18,11 @@ urlpatterns = [
     path("dashboard/flow/", flow_views.flow, name="flow"),
     path("dashboard/flow.json", flow_views.flow_json, name="flow_json"),
     path("dashboard/flow/burst/", flow_views.burst, name="burst"),
+    path("dashboard/session/", views.session_check, name="session"),
+    path("dashboard/queues/", views.queues, name="queues"),
+    path("dashboard/queues/<path:name>/pause/", views.queue_pause, name="queue-pause"),
+    path("dashboard/queues/<path:name>/resume/", views.queue_resume, name="queue-resume"),
+    path("dashboard/queues/<path:name>/resize/", views.queue_resize, name="queue-resize"),
+    path("dashboard/queues/<path:name>/", views.queue_detail, name="queue"),
+    path("dashboard/workers/", views.workers, name="workers"),
 ]

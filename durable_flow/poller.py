@@ -20,6 +20,7 @@ from django.db.models import Q
 
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.sampling import Sampler
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from durable_flow.worker.outage import Outage, transient_errors
 
@@ -44,6 +45,7 @@ class TimerPoller:
         self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
         self._stop = threading.Event()
         self._next_maintenance = 0.0
+        self.sampler = Sampler(self.engine)
 
     @retry_on_conflict
     def tick(self) -> list[str]:
@@ -156,6 +158,7 @@ class TimerPoller:
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()
                     self._next_maintenance = time.monotonic() + self.maintenance_every_s
+                self.sampler.maybe_sample()  # the dashboard's history (durable_flow/sampling.py)
             except transient as exc:
                 # Database or broker down: back off (logged once per outage) and carry on.
                 close_old_connections()

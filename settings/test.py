@@ -39,7 +39,8 @@ DURABLE_FLOW = {
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
-    "POLLER": {"INTERVAL_MS": 100},
+    # Browser tests sample every second to see the charts move (the default is 10 s).
+    "POLLER": {"INTERVAL_MS": 100, "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", 10))},
 }
 
 # Worker, poller and server processes started by tests must use the database the test

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_flow", "0007_quota_usage"),
+        ("durable_flow", "0008_dashboard_samples"),
     ]
 
     operations = [
