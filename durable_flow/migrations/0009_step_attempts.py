@@ -7,6 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("durable_flow", "0008_dashboard_samples"),
+        ("durable_flow", "0008_handoff_start_window"),
     ]
 
     operations = [
