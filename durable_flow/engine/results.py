@@ -39,11 +39,13 @@ class ResultsMixin(EngineBase):
             return "skipped"
         if worker_id:
             StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
+        # Written when the worker picks the attempt up, before the rate window's start wait: no
+        # write may come between the window counting the start and the call.
+        attempt_started(cp, attempt, worker_id, self.now())
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
                 self.await_start(cp)  # the rate window counts the step's start: here, right before the call
-            attempt_started(cp, attempt, worker_id, self.now())
             output = definition.fn(cp.input)
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
