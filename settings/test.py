@@ -53,3 +53,11 @@ TASKS = {
     "default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
     "other": {"BACKEND": "durable_flow.tasks.DurableFlowBackend"},
 }
+
+# The flow view's burst button in the browser tests: short steps through a throttled queue.
+DASHBOARD_BURST = {
+    "WORKFLOW": "tests.queued",
+    "QUEUE": "browser-flow",
+    "SIZE": 12,
+    "INPUT": {"queue": "browser-flow", "seconds": 0.4},
+}

@@ -340,3 +340,20 @@ def file_gate(payload: dict[str, Any]) -> str:
 @workflow("tests.file_gated")
 def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(file_gate, payload, queue=payload.get("queue"))
+
+
+# -- dashboard browser tests (tests/test_browser_runs.py) ----------------------------------------
+
+
+@step("tests.needs_file", retries=1, backoff=timedelta(milliseconds=200))
+def needs_file(payload: dict[str, Any]) -> str:
+    """Fails until the file `payload["path"]` exists: a cause another process fixes."""
+    if not os.path.exists(payload["path"]):
+        raise FileNotFoundError(f"config file {payload['path']} is missing")
+    return "imported"
+
+
+@workflow("tests.needs_file_flow")
+def needs_file_flow(ctx: Any, payload: dict[str, Any]) -> str:
+    ctx.step(echo, "prepare")
+    return ctx.step(needs_file, payload)
