@@ -39,7 +39,9 @@ DURABLE_FLOW = {
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
-    "POLLER": {"INTERVAL_MS": 100},
+    # The chaos soak (tests/reliability/) shortens the recovery timings to settle sooner.
+    "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),
+    "POLLER": {"INTERVAL_MS": 100, "MAINTENANCE_S": float(os.environ.get("DURABLE_FLOW_MAINTENANCE_S", "5"))},
 }
 
 # Worker, poller and server processes started by tests must use the database the test
