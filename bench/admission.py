@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Admission benchmark: decisions per second for every backend, Redis latency against the bare
-EVALSHA floor, and the lag between a slot freeing and the next admission with/without early wake
-(on the redis backend across instances, and through the engine on the db backend).
+EVALSHA floor, and the lag between a slot freeing and the next waiter's step being dispatched
+(the handoff, through the engine on the db backend).
 
     .venv/bin/python bench/admission.py            # full run (~1 min)
     .venv/bin/python bench/admission.py --quick    # smoke run (~20 s)
@@ -15,8 +15,8 @@ Redis keys live under a unique `bench:adm:<hex>` prefix and are deleted at the e
 Scenarios (each runs for a fixed time, so the whole bench stays short):
 - uncontended: admit + release pairs on a queue whose cap is never reached;
 - cap full:    10,000 waiters, every slot held; a decision for the waiter in the middle;
-- rank:        the same line with one slot free: the middle waiter is outranked (waiting_turn),
-               so the decision has to place it among 10,000 waiters.
+- handoff:     the same line: a holder releases its slot and the release grants it to the
+               rightful next of 10,000 waiters, in the same call.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,12 +120,14 @@ def measure_backend(backend: Any, seconds: float, fill: Callable[[Any, str, int]
         assert backend.try_admit(middle).reason == "concurrency"
 
     results["cap_full"] = summary(timed_loop(seconds, full))
-    backend.release(queue, "h0/1")
+    holders = deque(f"h{i}/1" for i in range(5))
 
-    def rank(_: int) -> None:
-        assert backend.try_admit(middle).reason == "waiting_turn"
+    def handoff(_: int) -> None:
+        granted = backend.release(queue, holders.popleft()).tickets
+        assert len(granted) == 1
+        holders.extend(granted)
 
-    results["rank"] = summary(timed_loop(seconds, rank))
+    results["rank"] = summary(timed_loop(seconds, handoff, limit=WAITERS // 2))
     return results
 
 
@@ -174,7 +175,7 @@ def postgres(action: str) -> str | None:
 
 
 # -- redis ---------------------------------------------------------------------------------------
-def redis_figures(seconds: float, wake_ms: int, wake_samples: int) -> dict:
+def redis_figures(seconds: float) -> dict:
     import redis
 
     from durable_flow.admission.base import AdmissionRequest
@@ -205,17 +206,16 @@ def redis_figures(seconds: float, wake_ms: int, wake_samples: int) -> dict:
             assert backend.try_admit(AdmissionRequest(queue, f"h{i}/1", fairness_key=f"k{i}")).admitted
         for i in range(WAITERS):
             backend.try_admit(AdmissionRequest(queue, f"w{i}/1", fairness_key=f"k{i % 100}"))
-        backend.release(queue, "h0/1")
-        middle = AdmissionRequest(queue, f"w{WAITERS // 2}/1", fairness_key=f"k{(WAITERS // 2) % 100}")
-        out["redis_key_rank"] = summary(
-            timed_loop(seconds, lambda _: backend.try_admit(middle).reason == "waiting_turn" or sys.exit("admitted"))
-        )
+        holders = deque(f"h{i}/1" for i in range(5))
+
+        def handoff(_: int) -> None:
+            granted = backend.release(queue, holders.popleft()).tickets
+            assert len(granted) == 1
+            holders.extend(granted)
+
+        out["redis_key_rank"] = summary(timed_loop(seconds, handoff, limit=WAITERS // 2))
         trivial = client.register_script("return 1")
         out["evalsha"] = summary(timed_loop(seconds, lambda _: trivial(keys=[], args=[])))
-        out["wake"] = {
-            "with": wake_lag(make, wake_ms, wake_samples * 2, early=True),
-            "without": wake_lag(make, wake_ms, wake_samples, early=False),
-        }
     finally:
         for backend in backends:
             backend.close()
@@ -226,63 +226,19 @@ def redis_figures(seconds: float, wake_ms: int, wake_samples: int) -> dict:
     return out
 
 
-def wake_lag(make: Callable[[], Any], retry_ms: int, samples: int, early: bool) -> dict[str, float]:
-    """Slot frees -> next admission, for a parked waiter on another backend instance that retries
-    at each `retry_ms` tick, and (with `early`) also when `on_freed` announces the queue."""
-    from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.queues import QueueConfig
-
-    holder, waiter = make(), make()
-    queue = f"bench-wake-{uuid.uuid4().hex[:6]}"
-    holder.register(QueueConfig(name=queue, concurrency=1, retry_ms=retry_ms))
-    woken = threading.Event()
-    if early:
-        waiter.on_freed(lambda q: woken.set() if q == queue else None)
-    lags: list[float] = []
-    rng = random.Random(7)
-    for i in range(samples):
-        assert holder.try_admit(AdmissionRequest(queue, f"h{i}/1")).admitted
-        admitted_at: list[float] = []
-        parked = threading.Event()
-
-        def park(
-            ticket: str = f"w{i}/1", admitted_at: list[float] = admitted_at, parked: threading.Event = parked
-        ) -> None:
-            while True:
-                woken.clear()
-                decision = waiter.try_admit(AdmissionRequest(queue, ticket))
-                if decision.admitted:
-                    admitted_at.append(time.perf_counter())
-                    return
-                parked.set()
-                woken.wait(retry_ms / 1000)  # the poller's tick: retry_at = now + retry_ms
-
-        thread = threading.Thread(target=park)
-        thread.start()
-        parked.wait()
-        time.sleep(rng.uniform(0.01, retry_ms / 1000))  # release at a random phase of the tick
-        freed = time.perf_counter()
-        holder.release(queue, f"h{i}/1")
-        thread.join()
-        lags.append((admitted_at[0] - freed) * 1000)
-        waiter.release(queue, f"w{i}/1")
-    return {"max_ms": max(lags), "mean_ms": statistics.mean(lags), "n": len(lags), "retry_ms": retry_ms}
-
-
 # -- through the engine (db backend, SQLite) ------------------------------------------------------
-def engine_wake_lag(retry_ms: int, samples: int, early: bool) -> dict[str, float]:
-    """Slot frees -> the parked run's step is admitted, through the engine on the `db` backend:
-    a holder run's step result lands (releasing the slot); the waiter's run is retried by early
-    wake (the engine wakes the queue's next waiters in the releasing transaction) or only by
-    the timer poller (ticking every 20 ms) at its `retry_ms` retry time."""
+def engine_handoff_lag(samples: int) -> dict[str, float]:
+    """Slot frees -> the parked run's step is dispatched, through the engine on the `db` backend:
+    a holder run's step result lands (releasing the slot, which the backend grants to the waiter
+    in the same transaction) and the waiter's step is dispatched from its checkpoint on commit,
+    with no turn and no poller involved."""
     from django.db import transaction
     from django.utils import timezone
 
     from durable_flow import start
     from durable_flow.admission.db import DatabaseAdmissionBackend
     from durable_flow.engine import Engine, set_engine
-    from durable_flow.models import StepCheckpoint, StepStatus
-    from durable_flow.poller import TimerPoller
+    from durable_flow.models import StepCheckpoint, StepStatus, WorkflowRun
     from durable_flow.queues import QueueConfig
     from durable_flow.transports.base import Transport
 
@@ -294,7 +250,6 @@ def engine_wake_lag(retry_ms: int, samples: int, early: bool) -> dict[str, float
         def __init__(self) -> None:
             self.steps: list[tuple[str, str, int]] = []
             self.engine: Engine | None = None
-            self.lock = threading.Lock()
 
         def bind(self, engine: Engine) -> None:
             self.engine = engine
@@ -303,44 +258,34 @@ def engine_wake_lag(retry_ms: int, samples: int, early: bool) -> dict[str, float
             transaction.on_commit(lambda: self.engine.run_turn(run_id))  # type: ignore[union-attr]
 
         def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
-            with self.lock:
-                self.steps.append((run_id, step_key, attempt))
+            self.steps.append((run_id, step_key, attempt))
 
-    backend = DatabaseAdmissionBackend()
-    if not early:
-        backend.on_freed = lambda callback: None  # type: ignore[method-assign]
     transport = HeldSteps()
-    engine = Engine(admission=backend, transport=transport)  # type: ignore[arg-type]
+    engine = Engine(admission=DatabaseAdmissionBackend(), transport=transport)  # type: ignore[arg-type]
     set_engine(engine)
     queue = f"bench-engine-{uuid.uuid4().hex[:6]}"
-    engine.register_queue(QueueConfig(name=queue, concurrency=1, retry_ms=retry_ms))
-    poller = TimerPoller(engine, interval_ms=20)
+    engine.register_queue(QueueConfig(name=queue, concurrency=1))
     lags: list[float] = []
-    rng = random.Random(11)
+    turns: list[int] = []
     try:
         for i in range(samples):
             holder = start("tests.queued", {"queue": queue, "value": f"h{i}"})
             waiter = start("tests.queued", {"queue": queue, "value": f"w{i}"})
             assert StepCheckpoint.objects.get(run=waiter).status == StepStatus.WAITING
-            time.sleep(rng.uniform(0.01, retry_ms / 1000))  # release at a random phase of the retry
-            with transport.lock:
-                step = next(item for item in transport.steps if item[0] == holder.id)
-                transport.steps.remove(step)
+            step = next(item for item in transport.steps if item[0] == holder.id)
+            transport.steps.remove(step)
             freed = timezone.now()
             engine.execute_step(*step, worker_id="bench")
-            deadline = time.monotonic() + retry_ms / 1000 + 5
-            while (cp := StepCheckpoint.objects.get(run=waiter)).status != StepStatus.DISPATCHED:
-                assert time.monotonic() < deadline, "the waiter was never admitted"
-                poller.tick()  # the timer poller, ticking every 20 ms
-                time.sleep(0.02)
+            cp = StepCheckpoint.objects.get(run=waiter)
+            assert cp.status == StepStatus.DISPATCHED, "the release did not hand the slot on"
             lags.append((cp.dispatched_at - freed).total_seconds() * 1000)
-            with transport.lock:
-                step = next(item for item in transport.steps if item[0] == waiter.id)
-                transport.steps.remove(step)
+            step = next(item for item in transport.steps if item[0] == waiter.id)
+            transport.steps.remove(step)
             engine.execute_step(*step, worker_id="bench")
+            turns.append(WorkflowRun.objects.get(pk=waiter.id).turns)
     finally:
         set_engine(None)
-    return {"max_ms": max(lags), "mean_ms": statistics.mean(lags), "n": len(lags), "retry_ms": retry_ms}
+    return {"max_ms": max(lags), "mean_ms": statistics.mean(lags), "n": len(lags), "max_turns": max(turns)}
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -381,16 +326,14 @@ def main() -> None:
                 rows["db (PostgreSQL)"] = db_in_child(url, seconds)
             finally:
                 postgres("drop")
-    wake_ms, wake_samples = (250, 4) if args.quick else (1000, 6)
-    redis_out = redis_figures(seconds, wake_ms, wake_samples)
-    engine_wake = {
-        "with": engine_wake_lag(wake_ms, wake_samples * 2, early=True),
-        "without": engine_wake_lag(wake_ms, wake_samples, early=False),
-    }
+    redis_out = redis_figures(seconds)
+    handoff = engine_handoff_lag(10 if args.quick else 40)
     rows["redis"] = redis_out["redis"]
 
     print(f"\nAdmission decisions per second ({WAITERS:,} waiters in the contended line; {seconds:g} s per loop)\n")
-    header = f"{'backend':<18}{'uncontended':>12}{'cap full':>11}{'rank':>11}   {'p50/p99 µs (uncont. / rank)':<30}"
+    header = (
+        f"{'backend':<18}{'uncontended':>12}{'cap full':>11}{'handoff':>11}   {'p50/p99 µs (uncont. / handoff)':<30}"
+    )
     print(header + "\n" + "-" * len(header))
     for name, row in rows.items():
         if isinstance(row, str):
@@ -409,8 +352,9 @@ def main() -> None:
         f"{'redis fairness=key':<18}{'':>12}{'':>11}{fmt_rate(key_rank):>11}"
         f"   rank p50/p99 {key_rank['p50_us']:.0f}/{key_rank['p99_us']:.0f}"
     )
-    print("\nuncontended = admit+release pairs/s (two script calls per pair on redis); cap full / rank =")
-    print("decisions/s for the middle waiter, blocked by 'concurrency' / outranked ('waiting_turn').")
+    print("\nuncontended = admit+release pairs/s (two script calls per pair on redis); cap full = decisions/s")
+    print("for the middle waiter, blocked by 'concurrency'; handoff = releases/s, each granting the freed slot")
+    print("to the rightful next of the waiters in the same call.")
 
     floor = redis_out["evalsha"]
     r = rows["redis"]
@@ -419,7 +363,7 @@ def main() -> None:
         f"  EVALSHA return 1      {floor['per_s']:>10,.0f}/s"
         f"   p50 {floor['p50_us']:.0f} µs   p99 {floor['p99_us']:.0f} µs"
     )
-    for label, key in (("cap full decision", "cap_full"), ("rank decision", "rank")):
+    for label, key in (("cap full decision", "cap_full"), ("release + grant", "rank")):
         e = r[key]
         ratio = e["per_s"] / floor["per_s"]
         print(
@@ -437,16 +381,11 @@ def main() -> None:
         " approximate: other clients' EVALSHAs count too)"
     )
 
-    wake = redis_out["wake"]
-    print(f"\nSlot freed -> next admission (redis, another backend instance, retry_ms={wake_ms}):")
-    for label, key in (("with early wake (on_freed)", "with"), ("retry tick only", "without")):
-        w = wake[key]
-        print(f"  {label:<28} worst {w['max_ms']:>7.1f} ms   mean {w['mean_ms']:>7.1f} ms   ({w['n']} samples)")
-    print(f"\nSlot freed -> next admission (engine on the db backend, SQLite, retry_ms={wake_ms}):")
-    for label, key in (("with early wake (on_freed)", "with"), ("retry tick only", "without")):
-        w = engine_wake[key]
-        print(f"  {label:<28} worst {w['max_ms']:>7.1f} ms   mean {w['mean_ms']:>7.1f} ms   ({w['n']} samples)")
-    print("  (in one process; the db transport adds up to POLL_INTERVAL_S for a worker to claim the turn)")
+    print("\nSlot freed -> next waiter's step dispatched (engine, db backend, SQLite, one process):")
+    print(
+        f"  handoff                      worst {handoff['max_ms']:>7.1f} ms   mean {handoff['mean_ms']:>7.1f} ms"
+        f"   ({handoff['n']} samples; the waiter's run took {handoff['max_turns']} turns at most)"
+    )
     print(
         f"\n(fill of {WAITERS:,} waiters: "
         + ", ".join(f"{name} {row['fill_s']:.1f} s" for name, row in rows.items() if isinstance(row, dict))

@@ -29,7 +29,7 @@ class StartForm(forms.Form):
     """Start a run of a registered workflow."""
 
     workflow = forms.ChoiceField(choices=())
-    input = forms.JSONField(required=False, help_text="JSON, e.g. {\"account\": 42}")
+    input = forms.JSONField(required=False, help_text='JSON, e.g. {"account": 42}')
     run_id = forms.CharField(required=False, max_length=200, help_text="Optional; makes the start idempotent.")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

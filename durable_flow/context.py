@@ -294,10 +294,8 @@ class WorkflowContext:
         return PENDING
 
     def _admit(self, cp: StepCheckpoint) -> Any:
-        retry_at = self._engine.admit(cp)
-        if retry_at is not None:
-            self._wait_until(retry_at)
-            return PENDING
+        if not self._engine.admit(cp):
+            return PENDING  # parked in the queue's line: a grant dispatches it, no wake time
         self._engine.dispatch(cp)
         self.in_flight = True
         self._wait_until(cp.wake_at)

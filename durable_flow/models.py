@@ -8,6 +8,8 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from durable_flow.admission.base import Ticket
+
 
 def new_run_id() -> str:
     """A random run id; callers may pass their own to make `start` idempotent."""
@@ -146,7 +148,7 @@ class StepCheckpoint(models.Model):
     @property
     def ticket(self) -> str:
         """The admission ticket: who holds (or waits for) a queue slot."""
-        return f"{self.run_id}/{self.key}"
+        return str(Ticket(self.run_id, self.key))
 
 
 class Signal(models.Model):
@@ -217,7 +219,6 @@ class AdmissionSlot(models.Model):
 
     queue = models.CharField(max_length=100)
     ticket = models.CharField(max_length=320)
-    holder = models.CharField(max_length=200, blank=True, default="")
     acquired_ms = models.BigIntegerField()
 
     class Meta:
@@ -244,13 +245,25 @@ class AdmissionWaiter(models.Model):
 
 
 class AdmissionMark(models.Model):
-    """One admission's timestamp, for the rate-limit window (pruned once older than the period)."""
+    """One admission's (grant's) timestamp: paces grants to the rate limit (pruned once older
+    than the period)."""
 
     queue = models.CharField(max_length=100)
     at_ms = models.BigIntegerField()
 
     class Meta:
         indexes = [models.Index(fields=["queue", "at_ms"], name="df_mark_queue_at")]
+
+
+class AdmissionStart(models.Model):
+    """One step start's timestamp: what a queue's rate limit promises the provider (pruned once
+    older than the period)."""
+
+    queue = models.CharField(max_length=100)
+    at_ms = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "at_ms"], name="df_start_queue_at")]
 
 
 class AdmissionKeyServed(models.Model):

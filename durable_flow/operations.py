@@ -9,7 +9,6 @@ the reset calls exactly as a first attempt would.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -22,7 +21,7 @@ from durable_flow.registry import get_step, get_workflow
 from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
-    from durable_flow.engine import Engine
+    pass
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -68,9 +67,13 @@ def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
             f"run {run_id!r} ran version {run.version!r} of {run.workflow!r}; this process has "
             f"{definition.version!r}, so its history would not replay (re-run it instead)"
         )
-    if top_level and run.parent_id and WorkflowRun.objects.filter(pk=run.parent_id).exclude(
-        status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
-    ).exists():
+    if (
+        top_level
+        and run.parent_id
+        and WorkflowRun.objects.filter(pk=run.parent_id)
+        .exclude(status__in=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED))
+        .exists()
+    ):
         raise RetryRefused(f"run {run_id!r} is a child of finished run {run.parent_id!r}; retry the parent")
     unsettled = StepCheckpoint.objects.select_for_update().filter(
         run=run, status__in=(StepStatus.FAILED, StepStatus.CANCELLED)
@@ -122,7 +125,7 @@ def resume_queue(name: str) -> FlowQueue:
     FlowQueue.objects.filter(pk=name).update(paused=False)
     engine = get_engine()
     engine.paused_queues.forget()
-    _wake_waiting(engine, name)
+    engine.grant(name)
     queue.paused = False
     return queue
 
@@ -148,7 +151,7 @@ def update_queue(
     )
     engine = get_engine()
     engine.register_queue(config)
-    _wake_waiting(engine, name)
+    engine.grant(name)
     return config
 
 
@@ -158,13 +161,3 @@ def _queue_row(name: str) -> FlowQueue:
     if queue is None:
         raise QueueNotFound(f"no queue named {name!r}")
     return queue
-
-
-def _wake_waiting(engine: Engine, queue: str) -> int:
-    """Bring the runs waiting on `queue` due within one poll, so every process has seen the
-    change (its paused-queue cache lives that long) before they ask admission again."""
-    due = engine.now() + timedelta(milliseconds=engine.settings.poller_interval_ms)
-    waiting = StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING).values("run_id")
-    return WorkflowRun.objects.filter(
-        pk__in=waiting, status__in=(RunStatus.SUSPENDED, RunStatus.RUNNING)
-    ).update(wake_at=due)

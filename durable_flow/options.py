@@ -2,7 +2,7 @@
 
 A backend's settings dict (`DURABLE_FLOW["ADMISSION"]`, `DURABLE_FLOW["TRANSPORT"]`) is checked
 against its declared `OPTIONS` before the backend is built, so a misspelt key or a bad value is
-an `ImproperlyConfigured` naming the key (`DURABLE_FLOW["ADMISSION"]["WAITER_TTL_MS"]: ...`) on
+an `ImproperlyConfigured` naming the key (`DURABLE_FLOW["ADMISSION"]["INSTANCE_TTL_MS"]: ...`) on
 every backend alike, and `manage.py check` reports it before any process starts.
 """
 

@@ -1,7 +1,10 @@
 """The timer poller: wakes parked runs whose `wake_at` is due, and re-drives lost work.
 
 Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
-cost follows the number of *due* runs, not of every parked one. On PostgreSQL the rows are
+cost follows the number of *due* runs, not of every parked one. Calls parked in a queue's
+waiting line have no `wake_at`: grants dispatch them. The tick grants each queue's room as a
+safety net (one backend call per queue, whatever the number of waiters), and the maintenance
+pass re-offers the parked calls to the backend, for grants lost in a crash. On PostgreSQL the rows are
 taken `FOR UPDATE SKIP LOCKED`, so several pollers can run at once and never wake the same
 run twice; on SQLite the IMMEDIATE write transaction serialises them.
 """
@@ -19,7 +22,15 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
-from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import (
+    FlowQueue,
+    RunStatus,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkerHeartbeat,
+    WorkflowRun,
+)
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from durable_flow.worker.outage import Outage, transient_errors
 
@@ -63,6 +74,15 @@ class TimerPoller:
                 self.engine.transport.enqueue_turn(run_id)
         return run_ids
 
+    def grant_queues(self) -> int:
+        """The safety net for grants: give each queue's room to its waiters (normally done at
+        once by a release or the grant timer). Returns how many steps were dispatched."""
+        granted = 0
+        for name in FlowQueue.objects.filter(paused=False).values_list("name", flat=True):
+            if self.engine.admission.handles(name):
+                granted += self.engine.grant(name)
+        return granted
+
     def drain(self) -> int:
         """Tick until nothing is due (tests and `--once`)."""
         total = 0
@@ -90,6 +110,11 @@ class TimerPoller:
         redriven = 0
         for run_id, keys in lost_by_run.items():
             redriven += self.engine.redispatch_pending(run_id, keys=keys)
+        # Parked calls whose grant was lost (the granting process died before dispatching) or
+        # whose place in line was lost (with a process, or with Redis) are offered again.
+        for name in FlowQueue.objects.values_list("name", flat=True):
+            if self.engine.admission.handles(name):
+                redriven += self.engine.reoffer_waiting(name)
         # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
         # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
         self.engine.transport.reclaim_from(list(dead_workers.values_list("worker_id", flat=True)))
@@ -150,9 +175,11 @@ class TimerPoller:
                 self._stop.wait(outage.failed(exc))
                 continue
             break
+        self.engine.grant_timer.start()
         while not self._stop.is_set():
             try:
                 woken = self.tick()
+                self.grant_queues()
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()
                     self._next_maintenance = time.monotonic() + self.maintenance_every_s

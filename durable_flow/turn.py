@@ -78,8 +78,8 @@ class TurnEngine(Protocol):
     ) -> StepCheckpoint:
         """Build (unsaved) a step call's checkpoint."""
 
-    def admit(self, cp: StepCheckpoint) -> datetime | None:
-        """Ask the step's queue for a slot; None when admitted, else when to retry."""
+    def admit(self, cp: StepCheckpoint) -> bool:
+        """Ask the step's queue for a slot: True when admitted, False when parked in its line."""
 
     def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False) -> None:
         """Send a new attempt of the step out."""

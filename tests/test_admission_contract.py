@@ -17,14 +17,14 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 class TestLocalAdmissionBackend(AdmissionBackendContract):
-    def make_backend(self, clock: FakeClock, waiter_ttl_ms: int) -> LocalAdmissionBackend:
-        return LocalAdmissionBackend(clock=clock, waiter_ttl_ms=waiter_ttl_ms)
+    def make_backend(self, clock: FakeClock) -> LocalAdmissionBackend:
+        return LocalAdmissionBackend(clock=clock)
 
 
 @pytest.mark.django_db(transaction=True)
 class TestDatabaseAdmissionBackend(AdmissionBackendContract):
-    def make_backend(self, clock: FakeClock, waiter_ttl_ms: int) -> DatabaseAdmissionBackend:
-        return DatabaseAdmissionBackend(clock=clock, waiter_ttl_ms=waiter_ttl_ms)
+    def make_backend(self, clock: FakeClock) -> DatabaseAdmissionBackend:
+        return DatabaseAdmissionBackend(clock=clock)
 
 
 class TestRedisAdmissionBackend(AdmissionBackendContract):
@@ -44,9 +44,9 @@ class TestRedisAdmissionBackend(AdmissionBackendContract):
             client.delete(*keys)
         client.close()
 
-    def make_backend(self, clock: FakeClock, waiter_ttl_ms: int):
+    def make_backend(self, clock: FakeClock):
         from durable_flow.admission.redis import RedisAdmissionBackend
 
-        backend = RedisAdmissionBackend(url=REDIS_URL, clock=clock, waiter_ttl_ms=waiter_ttl_ms, key_prefix=self.prefix)
+        backend = RedisAdmissionBackend(url=REDIS_URL, clock=clock, key_prefix=self.prefix)
         self.backends.append(backend)
         return backend

@@ -54,11 +54,13 @@ def test_queue_row_counts_in_flight_waiting_and_window_use(admission: AdmissionB
 
     rows = {row["name"]: row for row in queue_rows()}
     render, idle = rows["render"], rows["idle"]
-    assert (render["in_flight"], render["waiting"], render["window_used"]) == (1, 2, 1)
+    # The window counts step starts: admitted is not started yet.
+    assert (render["in_flight"], render["waiting"], render["window_used"]) == (1, 2, 0)
     assert (idle["in_flight"], idle["waiting"], idle["window_used"]) == (0, 0, None)
 
-    # The admitted step finishes: its slot is free; the two waiters stay registered until their
-    # runs' next turns ask again (early wake only queues those turns).
+    # The admitted step starts (counted in the window) and finishes: its slot is handed to the
+    # first waiter, whose step is dispatched; one call is still waiting.
     transport.execute(transport.take())
     render = {row["name"]: row for row in queue_rows()}["render"]
-    assert (render["in_flight"], render["waiting"], render["window_used"]) == (0, 2, 1)
+    assert (render["in_flight"], render["waiting"], render["window_used"]) == (1, 1, 1)
+    assert len(transport.steps) == 1

@@ -7,7 +7,6 @@ lets them run, so a test can hold slots, look at parked runs and move the clock.
 from __future__ import annotations
 
 from collections import deque
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,11 +15,12 @@ from django.db import transaction
 
 from durable_flow import register_queue, start
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings, parse_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.conf import parse_settings
+from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, WorkflowRun
 from durable_flow.poller import TimerPoller
+from durable_flow.queues import QueueConfig
 from durable_flow.transports.base import Transport
 from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
@@ -117,7 +117,7 @@ def test_a_call_naming_an_unregistered_queue_is_not_gated(held: tuple[Engine, He
 
 
 # -- concurrency and durable admission -------------------------------------------------------------
-def test_a_concurrency_blocked_call_parks_the_run_with_a_wake_time(
+def test_a_concurrency_blocked_call_parks_with_no_wake_time(
     held: tuple[Engine, HeldTransport], clock: MovableClock
 ) -> None:
     _, transport = held
@@ -126,60 +126,79 @@ def test_a_concurrency_blocked_call_parks_the_run_with_a_wake_time(
     assert transport.held_runs() == [runs[0].id, runs[1].id]
     blocked = WorkflowRun.objects.get(pk=runs[2].id)
     assert blocked.status == RunStatus.SUSPENDED
-    assert blocked.wake_at == clock() + timedelta(milliseconds=500)
+    assert blocked.wake_at is None  # nothing to poll: a grant dispatches it
     cp = StepCheckpoint.objects.get(run=blocked)
     assert cp.status == StepStatus.WAITING and cp.attempt == 0 and not cp.holds_slot
 
 
-def test_a_released_slot_wakes_a_parked_run_at_once(held: tuple[Engine, HeldTransport]) -> None:
+def test_a_released_slot_is_handed_to_the_parked_step_without_a_turn(held: tuple[Engine, HeldTransport]) -> None:
     _, transport = held
     register_queue("render", concurrency=1, retry_ms=60_000)
     first, second = start("tests.queued", queued("render", 1)), start("tests.queued", queued("render", 2))
-    transport.run_step()  # first completes: its slot is released
+    turns = WorkflowRun.objects.get(pk=second.id).turns
+    transport.run_step()  # first completes: its release grants the slot to second
     assert status(first) == RunStatus.COMPLETED
-    # Early wake: the release re-tried the parked run now, not a minute later at its tick.
     assert transport.held_runs() == [second.id]
     assert status(second) == RunStatus.RUNNING
-
-
-def test_without_early_wake_the_poller_retries_admission_when_due(clock: MovableClock, transactional_db: None) -> None:
-    class NoEarlyWake(LocalAdmissionBackend):
-        def on_freed(self, callback: object) -> None:
-            pass  # no early wake: blocked runs wait for the poller
-
-    transport = HeldTransport()
-    engine = Engine(
-        admission=NoEarlyWake(clock=lambda: clock.ms), transport=transport, settings=get_settings(), clock=clock
-    )
-    set_engine(engine)
-    register_queue("render", concurrency=1, retry_ms=1000)
-    start("tests.queued", queued("render", 1))
-    second = start("tests.queued", queued("render", 2))
+    assert WorkflowRun.objects.get(pk=second.id).turns == turns  # dispatched from its checkpoint
     transport.run_step()
-    assert transport.held_runs() == []
-    poller = TimerPoller(engine)
-    clock.advance(milliseconds=999)
-    assert poller.tick() == []
-    clock.advance(milliseconds=1)
-    assert poller.tick() == [second.id]
-    assert transport.held_runs() == [second.id]
+    assert status(second) == RunStatus.COMPLETED
+    assert WorkflowRun.objects.get(pk=second.id).turns == turns + 1
 
 
-def test_a_still_blocked_run_re_parks_on_every_poller_retry(
+def test_a_parked_run_takes_no_turns_however_long_it_waits(
     held: tuple[Engine, HeldTransport], clock: MovableClock
 ) -> None:
     engine, transport = held
     register_queue("render", concurrency=1, retry_ms=1000)
     start("tests.queued", queued("render", 1))
     parked = start("tests.queued", queued("render", 2))
+    turns = WorkflowRun.objects.get(pk=parked.id).turns
     poller = TimerPoller(engine)
-    for _ in range(3):
-        clock.advance(seconds=1)
-        assert poller.tick() == [parked.id]
-        parked.refresh_from_db()
-        assert parked.status == RunStatus.SUSPENDED
-        assert parked.wake_at == clock() + timedelta(seconds=1)
+    for _ in range(5):
+        clock.advance(seconds=30)
+        assert poller.tick() == []
+        assert poller.grant_queues() == 0
+    parked.refresh_from_db()
+    assert (parked.status, parked.turns) == (RunStatus.SUSPENDED, turns)
     assert transport.held_runs() != [parked.id]
+
+
+def test_a_grant_whose_dispatch_was_lost_is_recovered_by_the_poller(
+    held: tuple[Engine, HeldTransport], clock: MovableClock
+) -> None:
+    engine, transport = held
+    register_queue("render", concurrency=1, retry_ms=1000)
+    first = start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    # The process that released first's slot died after the backend granted it to second but
+    # before it dispatched second's step.
+    first_cp = StepCheckpoint.objects.get(run=first)
+    assert engine.admission.release("render", first_cp.ticket).tickets == (
+        StepCheckpoint.objects.get(run=second).ticket,
+    )
+    assert transport.held_runs() == [first.id]
+    transport.held.clear()
+    assert TimerPoller(engine).maintain() >= 1
+    assert transport.held_runs() == [second.id]
+    assert StepCheckpoint.objects.get(run=second).holds_slot
+
+
+def test_a_waiter_the_backend_lost_is_offered_again_by_the_poller(
+    held: tuple[Engine, HeldTransport], clock: MovableClock
+) -> None:
+    engine, transport = held
+    register_queue("render", concurrency=1, retry_ms=1000)
+    first = start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    # The backend's state is lost (a restarted process, a flushed Redis): nobody remembers
+    # either the slot or the waiter.
+    engine.admission = LocalAdmissionBackend(clock=lambda: clock.ms)
+    engine.admission.register(QueueConfig(name="render", concurrency=1, retry_ms=1000))
+    transport.held.clear()
+    StepCheckpoint.objects.filter(run=first).update(status=StepStatus.COMPLETED, holds_slot=False)
+    TimerPoller(engine).maintain()
+    assert transport.held_runs() == [second.id]
 
 
 def test_cap_is_never_exceeded_by_many_runs(held: tuple[Engine, HeldTransport], clock: MovableClock) -> None:
@@ -200,22 +219,48 @@ def test_cap_is_never_exceeded_by_many_runs(held: tuple[Engine, HeldTransport], 
 
 
 # -- rate limits ---------------------------------------------------------------------------------
-def test_a_rate_limited_call_parks_until_the_window_allows(
+def test_a_rate_limited_call_is_granted_when_the_window_reopens(
     held: tuple[Engine, HeldTransport], clock: MovableClock
 ) -> None:
     engine, transport = held
     register_queue("api", rate_limit={"limit": 2, "period_ms": 60_000, "algorithm": "sliding"})
-    first_at = clock()
     start("tests.queued", queued("api", 1))
     clock.advance(seconds=10)
     start("tests.queued", queued("api", 2))
     third = start("tests.queued", queued("api", 3))
     third.refresh_from_db()
-    assert third.status == RunStatus.SUSPENDED
-    assert third.wake_at == first_at + timedelta(seconds=60)  # when the oldest admission ages out
-    clock.advance(seconds=50)
-    assert TimerPoller(engine).tick() == [third.id]
+    assert third.status == RunStatus.SUSPENDED and third.wake_at is None
+    poller = TimerPoller(engine)
+    clock.advance(seconds=49, milliseconds=999)
+    assert poller.grant_queues() == 0
+    clock.advance(milliseconds=1)  # the first admission ages out of the window
+    assert poller.grant_queues() == 1
     assert transport.held_runs()[-1] == third.id
+
+
+def test_a_step_starts_only_when_the_start_window_has_room(
+    held: tuple[Engine, HeldTransport], clock: MovableClock
+) -> None:
+    """Granted steps delayed in the transport bunch up; the start window spaces them out again,
+    waiting in the worker (here the engine's injected sleep moves the clock)."""
+    engine, transport = held
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(milliseconds=round(seconds * 1000))
+
+    engine.sleep = sleep
+    register_queue("api", rate_limit={"limit": 2, "period_ms": 1000, "algorithm": "sliding"})
+    runs = [start("tests.queued", queued("api", i)) for i in range(2)]
+    clock.advance(milliseconds=1000)
+    runs.append(start("tests.queued", queued("api", 2)))  # granted: the grant window reopened
+    transport.run_step()
+    transport.run_step()
+    assert slept == []
+    transport.run_step()  # its start would be the third within the trailing second
+    assert slept == [1.0]
+    assert all(status(run) == RunStatus.COMPLETED for run in runs)
 
 
 # -- hints -------------------------------------------------------------------------------------

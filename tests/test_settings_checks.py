@@ -30,9 +30,9 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "bad admission value",
-        {"ADMISSION": {"BACKEND": "db", "WAITER_TTL_MS": "60s"}},
+        {"ADMISSION": {"BACKEND": "redis", "INSTANCE_TTL_MS": "60s"}},
         "durable_flow.E004",
-        'DURABLE_FLOW["ADMISSION"]["WAITER_TTL_MS"]: must be a positive integer',
+        'DURABLE_FLOW["ADMISSION"]["INSTANCE_TTL_MS"]: must be a positive integer',
     ),
     (
         "unknown key under POLLER",
@@ -94,7 +94,7 @@ def test_malformed_setting_fails_manage_py_check(durable_flow: dict[str, Any], c
 
 def test_well_formed_settings_pass_manage_py_check() -> None:
     setting = {
-        "ADMISSION": {"BACKEND": "db", "WAITER_TTL_MS": 30_000},
+        "ADMISSION": {"BACKEND": "db"},
         "TRANSPORT": {"BACKEND": "db", "CONCURRENCY": 8, "POLL_INTERVAL_S": 0.2},
         "POLLER": {"INTERVAL_MS": 250, "BATCH_SIZE": 100},
         "HEARTBEAT": {"INTERVAL_S": 2, "TTL_S": 15},

@@ -5,7 +5,9 @@ from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
+    Grant,
+    Ticket,
     system_clock_ms,
 )
 
-__all__ = ["AdmissionBackend", "AdmissionDecision", "AdmissionRequest", "system_clock_ms"]
+__all__ = ["AdmissionBackend", "AdmissionDecision", "AdmissionRequest", "Grant", "Ticket", "system_clock_ms"]

@@ -1,8 +1,9 @@
 -- durable_flow fleet-wide admission: every read and write of one queue's accounting, atomically.
 --
 -- Loaded once by `durable_flow/admission/redis.py` (redis-py `register_script`, i.e. EVALSHA) and
--- dispatched on ARGV[1]: "admit" (the whole `policy.decide` rulebook), "release", "adopt",
--- "inflight".
+-- dispatched on ARGV[1]: "admit" (`policy.decide`: join the line, grant the room), "release"
+-- (free a slot and grant it on), "grant", "reoffer" (the safety net), "start" (count a step start
+-- in the rate window), "adopt", "inflight".
 -- The key layout and the ranking index are documented in redis.py's module docstring; the short
 -- version of the index, needed to read this file:
 --
@@ -19,10 +20,11 @@
 --   kprio: KK .. P                   which priorities a served key has a group at (to re-rank it)
 --   fkey:  KK .. P .. A .. ticket    the fresh waiters of a key (moved to grp at its first serve)
 --
--- All are score-0 sorted sets read with ZLEXCOUNT / ZRANGEBYLEX, so every rank query is O(log N).
+-- All are score-0 sorted sets read with ZLEXCOUNT / ZRANGEBYLEX, so every rank query, and finding
+-- the rightful next waiter, is O(log N).
 -- Lua numbers are doubles: integers are exact below 2^53, which every encoded value stays under.
 
-local K_QUEUES, K_SLOTS, K_OWNERS, K_WAITERS, K_SEEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_QUEUES, K_SLOTS, K_OWNERS, K_WAITERS, K_STARTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_FRESH, K_GRP, K_GIDX, K_KPRIO, K_FKEY = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_SERVED, K_META, K_MARKS, K_HEARTBEAT = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 
@@ -104,7 +106,6 @@ local function remove_waiter(key_mode, lifo, t)
   local p, a, k = parse_waiter(v)
   index_remove(key_mode, lifo, t, p, a, k)
   call('HDEL', K_WAITERS, t)
-  call('ZREM', K_SEEN, t)
 end
 
 local function owner_dec(o)
@@ -113,18 +114,11 @@ local function owner_dec(o)
   end
 end
 
--- ---------------------------------------------------------------------------------------------
-if op == 'release' then
-  local key_mode, lifo = parse_mode(call('HGET', K_META, 'mode'))
-  local owner = call('HGET', K_SLOTS, ticket)
-  remove_waiter(key_mode, lifo, ticket)
-  if owner then
-    call('HDEL', K_SLOTS, ticket)
-    owner_dec(owner)
-    call('PUBLISH', channel, queue)
-    return 1
+local function refresh_heartbeat()
+  local ttl = tonumber(ARGV[7])
+  if call('PEXPIRE', K_HEARTBEAT, ttl) == 0 then
+    call('SET', K_HEARTBEAT, me, 'PX', ttl)
   end
-  return 0
 end
 
 if op == 'inflight' then
@@ -139,9 +133,7 @@ if op == 'adopt' then
   if not owner then
     return 0
   end
-  if call('PEXPIRE', K_HEARTBEAT, tonumber(ARGV[7])) == 0 then
-    call('SET', K_HEARTBEAT, me, 'PX', tonumber(ARGV[7]))
-  end
+  refresh_heartbeat()
   if owner ~= me then
     call('HSET', K_SLOTS, ticket, me)
     owner_dec(owner)
@@ -151,32 +143,99 @@ if op == 'adopt' then
 end
 
 -- ---------------------------------------------------------------------------------------------
--- admit. Returns {1, now} (admitted) or {0, now, retry_at, reason}.
+-- Every other op reads the queue's config and the clock.
 local now = now_ms()
 local raw = call('HGET', K_QUEUES, queue)
-if not raw then
-  return {1, now} -- never registered: not gated
+local cfg = raw and cjson.decode(raw) or nil
+local rate = cfg and cfg.rate_limit or nil
+if type(rate) ~= 'table' then
+  rate = nil
 end
-local cfg = cjson.decode(raw)
-local priority, key = tonumber(ARGV[4]), ARGV[5]
-local instance_ttl, waiter_ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+
+local function window_start(period)
+  if rate.algorithm == 'fixed' then
+    return now - now % period
+  end
+  return now - period + 1
+end
+
+-- A window's state over a zset of marks: {room, reopen_at}; reopen_at is set when room is 0.
+local function window(k_marks)
+  local limit, period = rate.limit, rate.period_ms
+  call('ZREMRANGEBYSCORE', k_marks, '-inf', '(' .. window_start(period))
+  local used = call('ZCOUNT', k_marks, '-inf', '+inf')
+  if used < limit then
+    return limit - used, nil
+  end
+  if rate.algorithm == 'fixed' then
+    return 0, now - now % period + period
+  end
+  -- The (used - limit)-th mark inside must age out before one more fits.
+  local m = call('ZRANGEBYSCORE', k_marks, '-inf', '+inf', 'WITHSCORES', 'LIMIT', used - limit, 1)
+  return 0, tonumber(m[2]) + period
+end
+
+local function free_slots()
+  if type(cfg.concurrency) == 'number' then
+    return math.max(0, cfg.concurrency - call('HLEN', K_SLOTS))
+  end
+  return nil
+end
+
+-- start: a granted step is about to run. Count it in the rate window of step starts, or say how
+-- many ms to wait until the window has room (0: started).
+if op == 'start' then
+  if not rate then
+    return {0, now}
+  end
+  local room, reopen = window(K_STARTS)
+  if room == 0 then
+    return {math.max(1, reopen - now), now}
+  end
+  call('ZADD', K_STARTS, now, now .. ':' .. call('HINCRBY', K_META, 'starts', 1))
+  return {0, now}
+end
+
+-- release: free the slot (whoever owns it) and withdraw the waiter; then grant the room on,
+-- below, unless ARGV[12] is '0' (a paused queue).
+local freed = 0
+if op == 'release' then
+  local key_mode, lifo = parse_mode(call('HGET', K_META, 'mode'))
+  remove_waiter(key_mode, lifo, ticket)
+  local owner = call('HGET', K_SLOTS, ticket)
+  if owner then
+    call('HDEL', K_SLOTS, ticket)
+    owner_dec(owner)
+    freed = 1
+  end
+  if not cfg or ARGV[12] == '0' then
+    return {freed, ''}
+  end
+end
+
+if not cfg then
+  if op == 'admit' then
+    return {1, now, '', ''} -- never registered: not gated
+  end
+  return {''}
+end
 
 -- A process that is deciding is alive: refresh its heartbeat here too, so a slot taken now can
 -- never be reclaimed at once because the heartbeat thread was late (GC pause, busy host).
-if call('PEXPIRE', K_HEARTBEAT, instance_ttl) == 0 then
-  call('SET', K_HEARTBEAT, me, 'PX', instance_ttl)
-end
+refresh_heartbeat()
 
 -- 1. Already holds a slot: admitted, no second slot. A slot whose owner died is adopted by the
 --    asker, so the re-asking process now keeps it alive.
-local owner = call('HGET', K_SLOTS, ticket)
-if owner then
-  if owner ~= me and call('EXISTS', hb_prefix .. owner) == 0 then
-    call('HSET', K_SLOTS, ticket, me)
-    owner_dec(owner)
-    call('HINCRBY', K_OWNERS, me, 1)
+if op == 'admit' then
+  local owner = call('HGET', K_SLOTS, ticket)
+  if owner then
+    if owner ~= me and call('EXISTS', hb_prefix .. owner) == 0 then
+      call('HSET', K_SLOTS, ticket, me)
+      owner_dec(owner)
+      call('HINCRBY', K_OWNERS, me, 1)
+    end
+    return {1, now, '', ''}
   end
-  return {1, now}
 end
 
 -- 2. Reclaim the slots of instances whose heartbeat lapsed. O(owners) EXISTS per decision (owners
@@ -188,18 +247,14 @@ for _, o in ipairs(call('HKEYS', K_OWNERS)) do
   end
 end
 if any_dead then
-  local slots, reclaimed = call('HGETALL', K_SLOTS), 0
+  local slots = call('HGETALL', K_SLOTS)
   for i = 1, #slots, 2 do
     if dead[slots[i + 1]] then
       call('HDEL', K_SLOTS, slots[i])
-      reclaimed = reclaimed + 1
     end
   end
   for o in pairs(dead) do
     call('HDEL', K_OWNERS, o)
-  end
-  if reclaimed > 0 then
-    call('PUBLISH', channel, queue)
   end
 end
 
@@ -220,128 +275,57 @@ if have_mode ~= want_mode then
   call('HSET', K_META, 'mode', want_mode)
 end
 
--- 4. Forget waiters that gave up (not seen for waiter_ttl) and marks outside every window.
---    Amortised O(log N) per expired waiter.
-for _, t in ipairs(call('ZRANGEBYSCORE', K_SEEN, '-inf', '(' .. (now - waiter_ttl))) do
-  remove_waiter(key_mode, lifo, t)
-end
-local rate = cfg.rate_limit
-if type(rate) ~= 'table' then
-  rate = nil
-end
-if rate then
-  local oldest
-  if rate.algorithm == 'fixed' then
-    oldest = now - now % rate.period_ms
-  else
-    oldest = now - rate.period_ms + 1
-  end
-  call('ZREMRANGEBYSCORE', K_MARKS, '-inf', '(' .. oldest)
-end
-
--- 5. Register the waiter, or refresh it keeping its original arrival.
-local arrival
-local v = call('HGET', K_WAITERS, ticket)
-if v then
-  local p0, a0, k0 = parse_waiter(v)
-  arrival = a0
-  if p0 ~= priority or k0 ~= key then
-    index_remove(key_mode, lifo, ticket, p0, a0, k0)
-    index_add(key_mode, lifo, ticket, priority, arrival, key)
-    call('HSET', K_WAITERS, ticket, priority .. '|' .. arrival .. '|' .. key)
-  end
-else
-  arrival = call('HINCRBY', K_META, 'arrival', 1)
-  index_add(key_mode, lifo, ticket, priority, arrival, key)
-  call('HSET', K_WAITERS, ticket, priority .. '|' .. arrival .. '|' .. key)
-end
-call('ZADD', K_SEEN, now, ticket)
-
--- 6. The rate limit first: it blocks every caller equally, whatever its rank.
-local room = nil
-if rate then
-  local limit, period = rate.limit, rate.period_ms
-  if rate.algorithm == 'fixed' then
-    local start = now - now % period
-    local used = call('ZCOUNT', K_MARKS, start, '+inf')
-    if used >= limit then
-      return {0, now, start + period, 'rate_limited'}
+-- Register a waiter, or refresh it keeping its original arrival (its place in line).
+local function add_waiter(t, priority, key)
+  local v = call('HGET', K_WAITERS, t)
+  if v then
+    local p0, a0, k0 = parse_waiter(v)
+    if p0 ~= priority or k0 ~= key then
+      index_remove(key_mode, lifo, t, p0, a0, k0)
+      index_add(key_mode, lifo, t, priority, a0, key)
+      call('HSET', K_WAITERS, t, priority .. '|' .. a0 .. '|' .. key)
     end
-    room = limit - used
-  else
-    local floor = '(' .. (now - period)
-    local inside = call('ZCOUNT', K_MARKS, floor, '+inf')
-    if inside >= limit then
-      -- The (inside - limit)-th mark inside the window must age out before one more fits.
-      local m = call('ZRANGEBYSCORE', K_MARKS, floor, '+inf', 'WITHSCORES', 'LIMIT', inside - limit, 1)
-      return {0, now, tonumber(m[2]) + period, 'rate_limited'}
-    end
-    room = limit - inside
+    return
   end
+  local arrival = call('HINCRBY', K_META, 'arrival', 1)
+  index_add(key_mode, lifo, t, priority, arrival, key)
+  call('HSET', K_WAITERS, t, priority .. '|' .. arrival .. '|' .. key)
 end
 
--- 7. Concurrency.
-local concurrency = cfg.concurrency
-if type(concurrency) == 'number' then
-  local free = concurrency - call('HLEN', K_SLOTS)
-  if free <= 0 then
-    return {0, now, now + cfg.retry_ms, 'concurrency'}
-  end
-  if room == nil or free < room then
-    room = free
-  end
-end
-
--- 8. Rank: admitted iff fewer than `room` waiters outrank this one. Counting stops at `room`.
-if room ~= nil then
-  local P, A = penc(priority), aenc(arrival, lifo)
-  local mine = P .. A .. ticket
-  local count
+-- The rightful next waiter (`policy.rank`'s smallest), or nil. O(log N).
+local function best_waiter()
+  local f = call('ZRANGEBYLEX', K_FRESH, '-', '+', 'LIMIT', 0, 1)[1]
   if not key_mode then
-    count = call('ZLEXCOUNT', K_FRESH, '-', '(' .. mine)
-  else
-    -- Served-key waiters of a higher priority always come first.
-    count = call('ZLEXCOUNT', K_GRP, '-', '(' .. P)
-    local served = call('HGET', K_SERVED, key)
-    if not served then
-      -- Never served (-1): ahead of every served key at this priority; arrival among the rest.
-      count = count + call('ZLEXCOUNT', K_FRESH, '-', '(' .. mine)
-    else
-      local kk = kenc(key)
-      count = count + call('ZLEXCOUNT', K_FRESH, '-', '(' .. P .. ':')
-      if count < room then
-        -- Groups of keys served less recently than ours, at our priority: at most `room` of them
-        -- are looked at (each holds at least one waiter).
-        local groups = call('ZRANGEBYLEX', K_GIDX, '[' .. P, '(' .. P .. pad(tonumber(served)), 'LIMIT', 0, room)
-        for _, g in ipairs(groups) do
-          local gk = string.sub(g, 33)
-          count = count + call('ZLEXCOUNT', K_GRP, '[' .. P .. gk, '(' .. P .. gk .. ':')
-          if count >= room then
-            break
-          end
-        end
-        if count < room then
-          count = count + call('ZLEXCOUNT', K_GRP, '[' .. P .. kk, '(' .. P .. kk .. A .. ticket)
-        end
-      end
-    end
+    return f and string.sub(f, 33) or nil
   end
-  if count >= room then
-    return {0, now, now + cfg.retry_ms, 'waiting_turn'}
+  local g = call('ZRANGEBYLEX', K_GIDX, '-', '+', 'LIMIT', 0, 1)[1]
+  -- At equal priority a never-served key (fresh) comes before every served one.
+  if f and (not g or string.sub(f, 1, 16) <= string.sub(g, 1, 16)) then
+    return string.sub(f, 33)
   end
+  if not g then
+    return nil
+  end
+  local P, kk = string.sub(g, 1, 16), string.sub(g, 33)
+  local m = call('ZRANGEBYLEX', K_GRP, '[' .. P .. kk, '(' .. P .. kk .. ':', 'LIMIT', 0, 1)[1]
+  return string.sub(m, 16 + #kk + 17)
 end
 
--- 9. Admit: take the slot, mark the window, and record the key as served.
-remove_waiter(key_mode, lifo, ticket)
-call('HSET', K_SLOTS, ticket, me)
-call('HINCRBY', K_OWNERS, me, 1)
-local serve = call('HINCRBY', K_META, 'serve', 1)
-if rate then
-  call('ZADD', K_MARKS, now, serve)
-end
-local previous = call('HGET', K_SERVED, key)
-call('HSET', K_SERVED, key, serve)
-if key_mode then
+-- The waiter takes a slot: mark the grant window, record its key as served and re-rank the key.
+local function take_slot(t)
+  local p, a, key = parse_waiter(call('HGET', K_WAITERS, t))
+  remove_waiter(key_mode, lifo, t)
+  call('HSET', K_SLOTS, t, me)
+  call('HINCRBY', K_OWNERS, me, 1)
+  local serve = call('HINCRBY', K_META, 'serve', 1)
+  if rate then
+    call('ZADD', K_MARKS, now, serve)
+  end
+  local previous = call('HGET', K_SERVED, key)
+  call('HSET', K_SERVED, key, serve)
+  if not key_mode then
+    return
+  end
   local kk = kenc(key)
   local n = #kk
   if not previous then
@@ -349,9 +333,9 @@ if key_mode then
     -- O(waiters of this key), once per key.
     local seen_p = {}
     for _, m in ipairs(call('ZRANGEBYLEX', K_FKEY, '[' .. kk, '(' .. kk .. ':')) do
-      local P, A, t = string.sub(m, n + 1, n + 16), string.sub(m, n + 17, n + 32), string.sub(m, n + 33)
-      call('ZREM', K_FRESH, P .. A .. t)
-      call('ZADD', K_GRP, 0, P .. kk .. A .. t)
+      local P, A, w = string.sub(m, n + 1, n + 16), string.sub(m, n + 17, n + 32), string.sub(m, n + 33)
+      call('ZREM', K_FRESH, P .. A .. w)
+      call('ZADD', K_GRP, 0, P .. kk .. A .. w)
       if not seen_p[P] then
         seen_p[P] = true
         call('ZADD', K_GIDX, 0, P .. pad(serve) .. kk)
@@ -368,4 +352,98 @@ if key_mode then
     end
   end
 end
-return {1, now}
+
+-- `policy.grant`: every slot there is room for goes to the rightful next waiters, one at a time
+-- (each grant re-ranks its key). Returns the granted tickets and, when waiters are left that only
+-- the rate window holds back, the instant it reopens ('' otherwise).
+local function grant(out)
+  local room, free = nil, free_slots()
+  if rate then
+    room = window(K_MARKS)
+  end
+  if free ~= nil and (room == nil or free < room) then
+    room = free
+  end
+  while room == nil or room > 0 do
+    local t = best_waiter()
+    if not t then
+      break
+    end
+    take_slot(t)
+    out[#out + 1] = t
+    if room then
+      room = room - 1
+    end
+  end
+  local reopen = ''
+  if rate and call('HLEN', K_WAITERS) > 0 then
+    free = free_slots()
+    if free == nil or free > 0 then
+      local r, at = window(K_MARKS)
+      if r == 0 then
+        reopen = at
+      end
+    end
+  end
+  return reopen
+end
+
+if op == 'release' then
+  local out = {freed, ''}
+  out[2] = grant(out)
+  return out
+end
+
+if op == 'grant' then
+  local out = {''}
+  out[1] = grant(out)
+  return out
+end
+
+-- reoffer: ARGV[12..] are (ticket, priority, key) triples of parked calls. Returns the tickets
+-- that hold a slot already; registers the others as waiters unless they are (keeping their place).
+if op == 'reoffer' then
+  local held = {}
+  for i = 12, #ARGV, 3 do
+    local t = ARGV[i]
+    if call('HEXISTS', K_SLOTS, t) == 1 then
+      held[#held + 1] = t
+    elseif call('HEXISTS', K_WAITERS, t) == 0 then
+      add_waiter(t, tonumber(ARGV[i + 1]), ARGV[i + 2])
+    end
+  end
+  return held
+end
+
+-- admit. Returns {admitted, now, retry_at, reason, granted...}: the caller joins the line and the
+-- room is granted; it is admitted if it was among the granted, and the others granted are
+-- returned for the engine to dispatch.
+add_waiter(ticket, tonumber(ARGV[4]), ARGV[5])
+local out = {0, now, '', ''}
+grant(out)
+local others = {}
+for i = 5, #out do
+  if out[i] == ticket then
+    out[1] = 1
+  else
+    others[#others + 1] = out[i]
+  end
+end
+local reply = {out[1], now, '', ''}
+if out[1] == 0 then
+  local room, reopen = nil, nil
+  if rate then
+    room, reopen = window(K_MARKS)
+  end
+  if room == 0 then
+    reply[3], reply[4] = reopen, 'rate_limited'
+  else
+    local free = free_slots()
+    reply[3] = now + cfg.retry_ms
+    reply[4] = (free ~= nil and free == 0) and 'concurrency' or 'waiting_turn'
+  end
+end
+for _, t in ipairs(others) do
+  reply[#reply + 1] = t
+end
+return reply

@@ -1,19 +1,24 @@
 """The admission interface: every backend (`local`, `db`, `redis`) is a class of this shape.
 
-Admission sits between the engine and every transport: before a queued step is dispatched,
-the engine asks `try_admit`; the slot it gets is given back with `release` when the step's
-result lands. A backend must pass `durable_flow.testing.admission_contract`.
+Admission sits between the engine and every transport. Before a queued step is dispatched the
+engine asks `try_admit`: the call takes a slot, or joins the queue's waiting line and parks at
+no cost. Whenever there is room (a `release`, a rate window reopening, another call's
+decision) the backend *grants* it to the rightful next waiters in the same atomic operation
+and returns their tickets; the engine dispatches each from its `waiting` checkpoint. Just
+before a granted step runs, `try_start` counts it in the queue's rate window, so a rate limit
+holds where the provider counts: at the step's start. A backend must pass
+`durable_flow.testing.admission_contract`.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
-from durable_flow.options import Configurable, Option, positive_int
+from durable_flow.options import Configurable, Option
 from durable_flow.queues import QueueConfig
 
 Clock = Callable[[], int]
@@ -25,6 +30,22 @@ BlockReason = Literal["rate_limited", "concurrency", "waiting_turn"]
 def system_clock_ms() -> int:
     """Wall-clock epoch milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+class Ticket(NamedTuple):
+    """Names one step call across its retries: `<run_id>/<step key>` (run ids may contain
+    `/`; step keys never do)."""
+
+    run_id: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.key}"
+
+    @classmethod
+    def parse(cls, ticket: str) -> Ticket:
+        run_id, _, key = ticket.rpartition("/")
+        return cls(run_id, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,32 +61,37 @@ class AdmissionRequest:
     @property
     def key(self) -> str:
         """The fairness bucket; defaults to the run id so unrelated runs are fair to each other."""
-        return self.fairness_key or self.ticket.rsplit("/", 1)[0]
+        return self.fairness_key or Ticket.parse(self.ticket).run_id
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Slots handed to waiters in one atomic operation: their tickets, best first, and when a
+    rate window reopens for the waiters it still holds back (epoch ms; None when no waiter is
+    held back by the window alone)."""
+
+    tickets: tuple[str, ...] = ()
+    retry_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionDecision:
-    """The answer to `try_admit`: admitted, or blocked until `retry_at_ms` (epoch ms)."""
+    """The answer to `try_admit`: admitted, or parked as a waiter. `retry_at_ms` (epoch ms) is
+    when the blocking condition may lift (the window reopening, for `rate_limited`);
+    `granted` are *other* waiters this decision handed a slot to, for the engine to dispatch."""
 
     admitted: bool
     retry_at_ms: int | None = None
     reason: BlockReason | None = None
+    granted: tuple[str, ...] = ()
 
     @classmethod
-    def admit(cls) -> AdmissionDecision:
-        return cls(admitted=True)
+    def admit(cls, granted: tuple[str, ...] = ()) -> AdmissionDecision:
+        return cls(admitted=True, granted=granted)
 
     @classmethod
-    def block(cls, retry_at_ms: int, reason: BlockReason) -> AdmissionDecision:
-        return cls(admitted=False, retry_at_ms=retry_at_ms, reason=reason)
-
-
-FreedCallback = Callable[[str], None]
-
-
-DEFAULT_WAITER_TTL_MS = 60_000
-
-WAITER_TTL_OPTION = Option("How long (ms) a blocked call keeps its place in line without asking again.", positive_int)
+    def block(cls, retry_at_ms: int, reason: BlockReason, granted: tuple[str, ...] = ()) -> AdmissionDecision:
+        return cls(admitted=False, retry_at_ms=retry_at_ms, reason=reason, granted=granted)
 
 
 class AdmissionBackend(Configurable, ABC):
@@ -76,7 +102,7 @@ class AdmissionBackend(Configurable, ABC):
     """
 
     SETTING: ClassVar[str] = 'DURABLE_FLOW["ADMISSION"]'
-    OPTIONS: ClassVar[Mapping[str, Option]] = {"WAITER_TTL_MS": WAITER_TTL_OPTION}
+    OPTIONS: ClassVar[Mapping[str, Option]] = {}
 
     @abstractmethod
     def register(self, config: QueueConfig) -> None:
@@ -88,21 +114,37 @@ class AdmissionBackend(Configurable, ABC):
 
     @abstractmethod
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
-        """Take a slot for `request.ticket`, or register it as a waiter and say when to retry.
+        """Take a slot for `request.ticket`, or register it as a waiter (keeping the place in
+        line it already has) and grant whatever room there is to the waiters ahead of it.
 
         Asking again with a ticket that already holds a slot answers admitted and takes no
         second slot, so an engine that crashed between admission and checkpoint is safe.
         """
 
     @abstractmethod
-    def release(self, queue: str, ticket: str) -> None:
-        """Give back the ticket's slot (if held) and forget it as a waiter. Idempotent."""
+    def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
+        """Give back the ticket's slot (if held), forget it as a waiter, and (unless
+        `grant_next` is False: a paused queue) grant the room to the next waiters in the same
+        atomic operation. Idempotent."""
+
+    @abstractmethod
+    def grant(self, queue: str) -> Grant:
+        """Grant every slot there is room for now to the rightful next waiters (called when
+        a rate window reopens, on resume and resize, and by the poller as a safety net)."""
+
+    @abstractmethod
+    def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
+        """The safety net for grants lost in a crash: return the tickets among `requests` that
+        hold a slot already, and register the others as waiters if they are not (keeping the
+        place of those that are). Decides nothing; `grant` follows."""
+
+    @abstractmethod
+    def try_start(self, queue: str, ticket: str) -> int:
+        """A granted step is about to run: count its start in the queue's rate window (on the
+        backend's clock), or return how many ms to wait until the window has room. 0 means
+        started (always, for a queue without a rate limit)."""
 
     # -- optional, with defaults -------------------------------------------------------------
-    def on_freed(self, callback: FreedCallback) -> None:
-        """Call `callback(queue)` when a slot frees, so blocked runs retry early. Default:
-        never called, and blocked runs wait for the poller's tick."""
-
     def adopt(self, queue: str, ticket: str) -> bool:
         """The executing process takes over the ticket's slot; False if the slot was reclaimed
         meanwhile (the step then goes back through admission). Default: True, for backends
@@ -115,32 +157,15 @@ class AdmissionBackend(Configurable, ABC):
         return None
 
     def waiting(self, queue: str) -> int | None:
-        """Blocked calls registered as waiters on `queue` (a waiter that gave up counts until
-        its TTL lapses); None (the default) when the backend cannot tell."""
+        """Calls parked as waiters on `queue`; None (the default) when the backend cannot tell."""
         return None
 
     def window_usage(self, queue: str) -> int | None:
-        """Admissions counted in `queue`'s current rate window; None when the queue has no
+        """Step starts counted in `queue`'s current rate window; None when the queue has no
         rate limit, is unknown, or (the default) the backend cannot tell."""
         return None
 
     def next_waiters(self, queue: str, limit: int) -> list[str] | None:
-        """The tickets admission would pick next on `queue`, best first, or None when the
-        backend cannot tell (the engine then wakes the best-placed waiting checkpoints)."""
+        """The tickets admission would grant next on `queue`, best first (for the dashboard),
+        or None when the backend cannot tell."""
         return None
-
-
-class FreedAnnouncer:
-    """`on_freed` for backends that learn of a release in-process (`local`, `db`); put it
-    before `AdmissionBackend` in the bases so its `on_freed` wins."""
-
-    def __init__(self) -> None:
-        self._freed_callbacks: list[FreedCallback] = []
-
-    def on_freed(self, callback: FreedCallback) -> None:
-        """Call `callback(queue)` after each release on this instance."""
-        self._freed_callbacks.append(callback)
-
-    def announce_freed(self, queue: str) -> None:
-        for callback in list(self._freed_callbacks):
-            callback(queue)

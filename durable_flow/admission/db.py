@@ -1,52 +1,55 @@
 """Database admission: exact across every process that shares the database.
 
-Each decision is one transaction that locks the queue's `FlowQueue` row (`SELECT ... FOR
-UPDATE` on PostgreSQL; SQLite's IMMEDIATE transaction locks the whole database), then reads
-and writes the queue's slots, waiters, window marks and fairness counters as rows. The rules
-are those of `policy.decide`, stated in SQL so a decision costs a handful of indexed queries
-however many waiters there are:
+Each decision, release and grant is one transaction that locks the queue's `FlowQueue` row
+(`SELECT ... FOR UPDATE` on PostgreSQL; SQLite's IMMEDIATE transaction locks the whole
+database), then reads and writes the queue's slots, waiters, window marks and fairness
+counters as rows. The rules are those of `policy` (decide, grant, release, try_start), stated
+in SQL so each costs a handful of indexed queries however many waiters there are:
 
 - slots:   `AdmissionSlot(queue, ticket)`, one row per held slot;
 - waiters: `AdmissionWaiter`, ranked by the index `(queue, -priority, key_served, arrival)`;
            `key_served` is kept equal to the last serve of the waiter's fairness key;
-- window:  `AdmissionMark(queue, at_ms)`, pruned once outside every window;
+- windows: `AdmissionMark(queue, at_ms)` per grant (paces grants) and `AdmissionStart(queue,
+           at_ms)` per step start (what the rate limit promises), pruned once outside the window;
 - config:  the `FlowQueue` row, so `register_queue` in one process reaches all of them.
+
+A release grants in its own transaction, so when the engine records a result inside a
+transaction, the slot changes hands exactly when the result commits.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 from django.db import connection, transaction
-from django.db.models import Q
 
 from durable_flow.admission.base import (
-    DEFAULT_WAITER_TTL_MS,
     AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
-    FreedAnnouncer,
+    Grant,
     system_clock_ms,
 )
 from durable_flow.admission.policy import NEVER_SERVED, oldest_mark_needed, window_retry_at, window_room
-from durable_flow.models import AdmissionKeyServed, AdmissionMark, AdmissionSlot, AdmissionWaiter, FlowQueue
+from durable_flow.models import (
+    AdmissionKeyServed,
+    AdmissionMark,
+    AdmissionSlot,
+    AdmissionStart,
+    AdmissionWaiter,
+    FlowQueue,
+)
 from durable_flow.queues import QueueConfig, queue_from_dict
 
 
-class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
+class DatabaseAdmissionBackend(AdmissionBackend):
     """Admission state as rows, decided under the queue row's lock."""
 
-    def __init__(
-        self,
-        clock: Clock = system_clock_ms,
-        waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS,
-        known_queue_cache_s: float = 5.0,
-    ) -> None:
-        super().__init__()
+    def __init__(self, clock: Clock = system_clock_ms, known_queue_cache_s: float = 5.0) -> None:
         self.clock = clock
-        self.waiter_ttl_ms = waiter_ttl_ms
         self._configs: dict[str, QueueConfig] = {}
         self._known: dict[str, tuple[bool, float]] = {}
         self._known_cache_s = known_queue_cache_s
@@ -98,32 +101,95 @@ class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
             queue = request.queue
             if AdmissionSlot.objects.filter(queue=queue, ticket=request.ticket).exists():
                 return AdmissionDecision.admit()
-            AdmissionWaiter.objects.filter(queue=queue, seen_ms__lt=now - self.waiter_ttl_ms).exclude(
-                ticket=request.ticket
-            ).delete()
-            # The caller as a waiter: its stored row (keeping its place in line), or a new one
-            # that is written only if it must wait, so an uncontended admission writes no waiter.
             waiter = self._waiter_for(row, config, request, now)
-            blocked = self._blocked(config, waiter, now)
-            if blocked is not None:
-                if waiter.pk is None:
-                    FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
-                waiter.save()
-                return blocked
+            marks = self._marks(config, now)
+            if waiter.pk is None and not AdmissionWaiter.objects.filter(queue=queue).exists():
+                # Nobody in line: the caller is next by definition, so an uncontended admission
+                # writes a slot (and a mark) but never a waiter row.
+                available = self._room(config, marks, now)
+                if available is None or available > 0:
+                    self._take_slot(row, config, waiter, now, marks)
+                    return AdmissionDecision.admit()
+            if waiter.pk is None:
+                FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
+                row.next_arrival = waiter.arrival + 1
+            waiter.save()
+            granted = self._grant(row, config, now, marks)
+            others = tuple(t for t in granted.tickets if t != request.ticket)
+            if request.ticket in granted.tickets:
+                return AdmissionDecision.admit(others)
+            return self._blocked(config, marks, now, others)
 
-            if waiter.pk is not None:
-                waiter.delete()
-            AdmissionSlot.objects.create(queue=queue, ticket=request.ticket, acquired_ms=now)
-            if config.rate_limit is not None:
-                AdmissionMark.objects.create(queue=queue, at_ms=now)
-            if config.fairness == "key":
-                serve = row.next_serve
-                FlowQueue.objects.filter(name=queue).update(next_serve=serve + 1)
-                AdmissionKeyServed.objects.update_or_create(
-                    queue=queue, fairness_key=waiter.fairness_key, defaults={"served": serve}
+    def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
+        with transaction.atomic():
+            row, config = self._locked_queue(queue)
+            AdmissionWaiter.objects.filter(queue=queue, ticket=ticket).delete()
+            AdmissionSlot.objects.filter(queue=queue, ticket=ticket).delete()
+            if row is None or config is None or not grant_next:
+                return Grant()
+            now = self._now()
+            return self._grant(row, config, now, self._marks(config, now))
+
+    def grant(self, queue: str) -> Grant:
+        with transaction.atomic():
+            row, config = self._locked_queue(queue)
+            if row is None or config is None:
+                return Grant()
+            now = self._now()
+            return self._grant(row, config, now, self._marks(config, now))
+
+    def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
+        with transaction.atomic():
+            row, config = self._locked_queue(queue)
+            if row is None or config is None or not requests:
+                return []
+            now = self._now()
+            tickets = [r.ticket for r in requests]
+            held = set(AdmissionSlot.objects.filter(queue=queue, ticket__in=tickets).values_list("ticket", flat=True))
+            waiting = set(
+                AdmissionWaiter.objects.filter(queue=queue, ticket__in=tickets).values_list("ticket", flat=True)
+            )
+            missing = [r for r in requests if r.ticket not in held and r.ticket not in waiting]
+            if missing:
+                served = dict(
+                    AdmissionKeyServed.objects.filter(
+                        queue=queue, fairness_key__in={r.key for r in missing}
+                    ).values_list("fairness_key", "served")
                 )
-                AdmissionWaiter.objects.filter(queue=queue, fairness_key=waiter.fairness_key).update(key_served=serve)
-            return AdmissionDecision.admit()
+                arrival = row.next_arrival
+                AdmissionWaiter.objects.bulk_create(
+                    AdmissionWaiter(
+                        queue=queue,
+                        ticket=r.ticket,
+                        priority=r.priority,
+                        fairness_key=r.key,
+                        key_served=served.get(r.key, NEVER_SERVED) if config.fairness == "key" else NEVER_SERVED,
+                        arrival=arrival + i,
+                        seen_ms=now,
+                    )
+                    for i, r in enumerate(missing)
+                )
+                FlowQueue.objects.filter(name=queue).update(next_arrival=arrival + len(missing))
+            return [t for t in tickets if t in held]
+
+    def try_start(self, queue: str, ticket: str) -> int:
+        raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        known = queue_from_dict(raw) if raw is not None else self._configs.get(queue)
+        if known is None or known.rate_limit is None:
+            return 0  # no window to count in: no lock taken
+        with transaction.atomic():
+            row, config = self._locked_queue(queue)
+            rate = config.rate_limit if config is not None else None
+            if rate is None:
+                return 0
+            now = self._now()
+            AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_mark_needed(rate, now)).delete()
+            starts = list(AdmissionStart.objects.filter(queue=queue).order_by("at_ms").values_list("at_ms", flat=True))
+            retry_at = window_retry_at(rate, starts, now)
+            if retry_at is not None:
+                return max(1, retry_at - now)
+            AdmissionStart.objects.create(queue=queue, at_ms=now)
+            return 0
 
     def _now(self) -> int:
         """Epoch ms for a decision. With the system clock on PostgreSQL, the server's
@@ -134,29 +200,78 @@ class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
                 return int(cursor.fetchone()[0])
         return self.clock()
 
-    def _blocked(self, config: QueueConfig, waiter: AdmissionWaiter, now: int) -> AdmissionDecision | None:
-        """The rules of `policy.decide`, in SQL: None if `waiter` may be admitted now."""
+    @staticmethod
+    def _marks(config: QueueConfig, now: int) -> list[int]:
+        """The grant marks inside the current window, ascending (older ones are deleted)."""
         rate = config.rate_limit
-        marks: list[int] = []
-        if rate is not None:
-            AdmissionMark.objects.filter(queue=config.name, at_ms__lt=oldest_mark_needed(rate, now)).delete()
-            marks = list(
-                AdmissionMark.objects.filter(queue=config.name).order_by("at_ms").values_list("at_ms", flat=True)
-            )
-            retry_at = window_retry_at(rate, marks, now)
-            if retry_at is not None:
-                return AdmissionDecision.block(retry_at, "rate_limited")
-        room: int | None = None
+        if rate is None:
+            return []
+        AdmissionMark.objects.filter(queue=config.name, at_ms__lt=oldest_mark_needed(rate, now)).delete()
+        return list(AdmissionMark.objects.filter(queue=config.name).order_by("at_ms").values_list("at_ms", flat=True))
+
+    @staticmethod
+    def _room(config: QueueConfig, marks: list[int], now: int) -> int | None:
+        """`policy.room`: free slots and window room, whichever is less (None: no limit)."""
+        free = None
         if config.concurrency is not None:
-            room = config.concurrency - AdmissionSlot.objects.filter(queue=config.name).count()
-            if room <= 0:
-                return AdmissionDecision.block(now + config.retry_ms, "concurrency")
-        if rate is not None:
-            window = window_room(rate, marks, now)
-            room = window if room is None else min(room, window)
-        if room is not None and self._outranked(config, waiter, room) >= room:
-            return AdmissionDecision.block(now + config.retry_ms, "waiting_turn")
-        return None
+            free = max(0, config.concurrency - AdmissionSlot.objects.filter(queue=config.name).count())
+        if config.rate_limit is None:
+            return free
+        window = window_room(config.rate_limit, marks, now)
+        return window if free is None else min(free, window)
+
+    def _grant(self, row: FlowQueue, config: QueueConfig, now: int, marks: list[int]) -> Grant:
+        """`policy.grant` in SQL: the best waiter by the rank index, one at a time (each grant
+        re-ranks its fairness key), while there is room."""
+        granted: list[str] = []
+        available = self._room(config, marks, now)
+        waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
+        while available is None or available > 0:
+            best = waiters.first()
+            if best is None:
+                break
+            self._take_slot(row, config, best, now, marks)
+            granted.append(best.ticket)
+            if available is not None:
+                available -= 1
+        retry_at = None
+        rate = config.rate_limit
+        if rate is not None and AdmissionWaiter.objects.filter(queue=config.name).exists():
+            full = (
+                config.concurrency is not None
+                and AdmissionSlot.objects.filter(queue=config.name).count() >= config.concurrency
+            )
+            retry_at = None if full else window_retry_at(rate, marks, now)
+        return Grant(tuple(granted), retry_at)
+
+    @staticmethod
+    def _take_slot(row: FlowQueue, config: QueueConfig, waiter: AdmissionWaiter, now: int, marks: list[int]) -> None:
+        """A waiter (saved or not) becomes a slot holder; its window mark and serve are recorded."""
+        if waiter.pk is not None:
+            waiter.delete()
+        AdmissionSlot.objects.create(queue=config.name, ticket=waiter.ticket, acquired_ms=now)
+        if config.rate_limit is not None:
+            AdmissionMark.objects.create(queue=config.name, at_ms=now)
+            marks.append(now)
+        if config.fairness == "key":
+            serve = row.next_serve
+            row.next_serve = serve + 1
+            FlowQueue.objects.filter(name=config.name).update(next_serve=serve + 1)
+            AdmissionKeyServed.objects.update_or_create(
+                queue=config.name, fairness_key=waiter.fairness_key, defaults={"served": serve}
+            )
+            AdmissionWaiter.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(key_served=serve)
+
+    @staticmethod
+    def _blocked(config: QueueConfig, marks: list[int], now: int, granted: tuple[str, ...]) -> AdmissionDecision:
+        """Why a waiter that was not granted waits: the window, the cap, or others ahead."""
+        rate = config.rate_limit
+        if rate is not None and (retry_at := window_retry_at(rate, marks, now)) is not None:
+            return AdmissionDecision.block(retry_at, "rate_limited", granted)
+        in_flight = AdmissionSlot.objects.filter(queue=config.name).count()
+        if config.concurrency is not None and in_flight >= config.concurrency:
+            return AdmissionDecision.block(now + config.retry_ms, "concurrency", granted)
+        return AdmissionDecision.block(now + config.retry_ms, "waiting_turn", granted)
 
     def _waiter_for(self, row: FlowQueue, config: QueueConfig, request: AdmissionRequest, now: int) -> AdmissionWaiter:
         waiter = AdmissionWaiter.objects.filter(queue=row.name, ticket=request.ticket).order_by().first()
@@ -175,34 +290,21 @@ class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
         return next(iter(served), NEVER_SERVED)
 
     @staticmethod
-    def _outranked(config: QueueConfig, waiter: AdmissionWaiter, room: int) -> int:
-        """How many waiters come before `waiter`, counted up to `room` (all we need to know)."""
-        earlier = Q(arrival__lt=waiter.arrival) if config.order == "fifo" else Q(arrival__gt=waiter.arrival)
-        same_priority = earlier
-        if config.fairness == "key":
-            same_priority = Q(key_served__lt=waiter.key_served) | (Q(key_served=waiter.key_served) & earlier)
-        better = Q(priority__gt=waiter.priority) | (Q(priority=waiter.priority) & same_priority)
-        return AdmissionWaiter.objects.filter(queue=config.name).filter(better).exclude(pk=waiter.pk)[:room].count()
-
-    # -- release -----------------------------------------------------------------------------
-    def release(self, queue: str, ticket: str) -> None:
-        with transaction.atomic():
-            AdmissionWaiter.objects.filter(queue=queue, ticket=ticket).delete()
-            freed, _ = AdmissionSlot.objects.filter(queue=queue, ticket=ticket).delete()
-        if freed:
-            self.announce_freed(queue)
-
-    def next_waiters(self, queue: str, limit: int) -> list[str]:
-        """The tickets admission would pick next, best first (for early wake)."""
-        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        if row is None:
-            return []
-        config = queue_from_dict(row)
+    def _rank_order(config: QueueConfig) -> list[str]:
+        """`policy.rank` as an ORDER BY (served by the `df_waiter_rank` index)."""
         ordering = ["-priority"]
         if config.fairness == "key":
             ordering.append("key_served")
         ordering.append("arrival" if config.order == "fifo" else "-arrival")
-        waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*ordering)
+        return ordering
+
+    # -- read model --------------------------------------------------------------------------
+    def next_waiters(self, queue: str, limit: int) -> list[str]:
+        """The tickets admission would grant next, best first."""
+        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        if row is None:
+            return []
+        waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*self._rank_order(queue_from_dict(row)))
         return list(waiters.values_list("ticket", flat=True)[:limit])
 
     def in_flight(self, queue: str) -> int:
@@ -210,13 +312,13 @@ class DatabaseAdmissionBackend(FreedAnnouncer, AdmissionBackend):
         return AdmissionSlot.objects.filter(queue=queue).count()
 
     def waiting(self, queue: str) -> int:
-        """Waiters registered now, by any process."""
+        """Waiters parked now, by any process."""
         return AdmissionWaiter.objects.filter(queue=queue).count()
 
     def window_usage(self, queue: str) -> int | None:
-        """Admissions in the current rate window, by any process."""
+        """Step starts in the current rate window, by any process."""
         row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
         rate = queue_from_dict(row).rate_limit if row is not None else None
         if rate is None:
             return None
-        return AdmissionMark.objects.filter(queue=queue, at_ms__gte=oldest_mark_needed(rate, self.clock())).count()
+        return AdmissionStart.objects.filter(queue=queue, at_ms__gte=oldest_mark_needed(rate, self._now())).count()

@@ -9,34 +9,37 @@ the `db` or `redis` backend for an exact cap across processes.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
+from durable_flow.admission import policy
 from durable_flow.admission.base import (
-    DEFAULT_WAITER_TTL_MS,
     AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
-    FreedAnnouncer,
+    Grant,
     system_clock_ms,
 )
-from durable_flow.admission.policy import QueueState, decide, rank, window_used
+from durable_flow.admission.policy import QueueState, rank, window_used
 from durable_flow.queues import QueueConfig
 
 
-class LocalAdmissionBackend(FreedAnnouncer, AdmissionBackend):
-    """Admission accounting in this process's memory."""
+class LocalAdmissionBackend(AdmissionBackend):
+    """Admission accounting in this process's memory, under one lock."""
 
-    def __init__(self, clock: Clock = system_clock_ms, waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS) -> None:
-        super().__init__()
+    def __init__(self, clock: Clock = system_clock_ms) -> None:
         self.clock = clock
-        self.waiter_ttl_ms = waiter_ttl_ms
         self._queues: dict[str, QueueState] = {}
         self._lock = threading.Lock()
 
     def register(self, config: QueueConfig) -> None:
-        """Add or replace a queue; a replaced queue starts with a fresh controller."""
+        """Add or replace a queue's config; slots, waiters and windows carry over."""
         with self._lock:
-            self._queues[config.name] = QueueState(config)
+            state = self._queues.get(config.name)
+            if state is None:
+                self._queues[config.name] = QueueState(config)
+            else:
+                state.config = config
 
     def handles(self, queue: str) -> bool:
         return queue in self._queues
@@ -46,20 +49,32 @@ class LocalAdmissionBackend(FreedAnnouncer, AdmissionBackend):
             state = self._queues.get(request.queue)
             if state is None:
                 return AdmissionDecision.admit()
-            return decide(state, request, self.clock(), self.waiter_ttl_ms)
+            return policy.decide(state, request, self.clock())
 
-    def release(self, queue: str, ticket: str) -> None:
+    def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with self._lock:
             state = self._queues.get(queue)
             if state is None:
-                return
-            state.waiters.pop(ticket, None)
-            freed = state.slots.pop(ticket, None) is not None
-        if freed:
-            self.announce_freed(queue)
+                return Grant()
+            return policy.release(state, ticket, self.clock(), grant_next=grant_next)
+
+    def grant(self, queue: str) -> Grant:
+        with self._lock:
+            state = self._queues.get(queue)
+            return policy.grant(state, self.clock()) if state is not None else Grant()
+
+    def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
+        with self._lock:
+            state = self._queues.get(queue)
+            return policy.reoffer(state, requests, self.clock()) if state is not None else []
+
+    def try_start(self, queue: str, ticket: str) -> int:
+        with self._lock:
+            state = self._queues.get(queue)
+            return policy.try_start(state, self.clock()) if state is not None else 0
 
     def next_waiters(self, queue: str, limit: int) -> list[str]:
-        """The tickets admission would pick next, best first (for early wake)."""
+        """The tickets admission would grant next, best first."""
         with self._lock:
             state = self._queues.get(queue)
             if state is None:
@@ -68,21 +83,21 @@ class LocalAdmissionBackend(FreedAnnouncer, AdmissionBackend):
             return [waiter.ticket for waiter in ranked[:limit]]
 
     def in_flight(self, queue: str) -> int:
-        """Slots held now (for the dashboard and tests)."""
+        """Slots held now (in this process)."""
         with self._lock:
             state = self._queues.get(queue)
             return len(state.slots) if state else 0
 
     def waiting(self, queue: str) -> int:
-        """Waiters registered now (in this process)."""
+        """Waiters parked now (in this process)."""
         with self._lock:
             state = self._queues.get(queue)
             return len(state.waiters) if state else 0
 
     def window_usage(self, queue: str) -> int | None:
-        """Admissions in the current rate window (in this process)."""
+        """Step starts in the current rate window (in this process)."""
         with self._lock:
             state = self._queues.get(queue)
             if state is None or state.config.rate_limit is None:
                 return None
-            return window_used(state.config.rate_limit, state.marks, self.clock())
+            return window_used(state.config.rate_limit, state.starts, self.clock())

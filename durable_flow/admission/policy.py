@@ -1,8 +1,13 @@
-"""Pure admission rules, with no I/O and an injected clock: who is admitted, and when to retry.
+"""Pure admission rules, with no I/O and an injected clock: who is granted a slot, and when.
 
-The in-process backend runs `decide` over its in-memory `QueueState`; the database backend
-states the same rules in SQL and the Redis backend in Lua, and the contract kit holds all
-three to the same behaviour.
+The in-process backend runs these functions over its in-memory `QueueState`; the database
+backend states the same rules in SQL and the Redis backend in Lua, and the contract kit holds
+all three to the same behaviour.
+
+Handoff, not polling: a blocked call becomes a waiter and is never asked to retry. Whenever
+there is room (a slot freed by `release`, a window that reopened, a new call's own decision),
+`grant` gives it to the rightful next waiters, best first, in the same atomic operation; the
+engine then dispatches each granted step from its `waiting` checkpoint, with no replay.
 
 The order among waiters (`rank`): higher priority first; then, for `fairness="key"`, the
 fairness key served least recently (never served beats everything); then arrival, oldest
@@ -16,7 +21,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Grant
 from durable_flow.queues import QueueConfig, RateLimit
 
 NEVER_SERVED = -1
@@ -86,20 +91,20 @@ class QueueState:
 
     config: QueueConfig
     slots: dict[str, int] = field(default_factory=dict)  # ticket -> admitted at (ms)
-    marks: list[int] = field(default_factory=list)
+    marks: list[int] = field(default_factory=list)  # admissions (grants), for pacing
+    starts: list[int] = field(default_factory=list)  # step starts: what a rate limit promises
     waiters: dict[str, Waiter] = field(default_factory=dict)
     served: dict[str, int] = field(default_factory=dict)
     next_arrival: int = 0
     next_serve: int = 0
 
-    def prune(self, now_ms: int, waiter_ttl_ms: int) -> None:
-        """Forget expired waiters (callers that gave up) and marks outside every window."""
-        expired = [t for t, w in self.waiters.items() if now_ms - w.seen_ms > waiter_ttl_ms]
-        for ticket in expired:
-            del self.waiters[ticket]
-        if self.config.rate_limit is not None and self.marks:
-            cut = bisect.bisect_left(self.marks, oldest_mark_needed(self.config.rate_limit, now_ms))
-            del self.marks[:cut]
+    def prune(self, now_ms: int) -> None:
+        """Forget window marks outside every window."""
+        rate = self.config.rate_limit
+        if rate is not None:
+            for marks in (self.marks, self.starts):
+                if marks:
+                    del marks[: bisect.bisect_left(marks, oldest_mark_needed(rate, now_ms))]
 
 
 def outranked_by(waiter: Waiter, others: Iterable[Waiter], config: QueueConfig, served: dict[str, int]) -> int:
@@ -108,13 +113,8 @@ def outranked_by(waiter: Waiter, others: Iterable[Waiter], config: QueueConfig, 
     return sum(1 for other in others if other.ticket != waiter.ticket and rank(other, config, served) < mine)
 
 
-def decide(state: QueueState, request: AdmissionRequest, now_ms: int, waiter_ttl_ms: int) -> AdmissionDecision:
-    """Admit `request` or block it, mutating `state` accordingly. The single rulebook."""
-    config = state.config
-    if request.ticket in state.slots:
-        return AdmissionDecision.admit()
-    state.prune(now_ms, waiter_ttl_ms)
-
+def add_waiter(state: QueueState, request: AdmissionRequest, now_ms: int) -> Waiter:
+    """Register `request` as a waiter, or refresh it keeping its original place in line."""
     waiter = state.waiters.get(request.ticket)
     if waiter is None:
         waiter = Waiter(request.ticket, request.priority, request.key, state.next_arrival, now_ms)
@@ -122,27 +122,111 @@ def decide(state: QueueState, request: AdmissionRequest, now_ms: int, waiter_ttl
         state.waiters[request.ticket] = waiter
     else:
         waiter.priority, waiter.fairness_key, waiter.seen_ms = request.priority, request.key, now_ms
+    return waiter
 
-    rate = config.rate_limit
-    if rate is not None:
-        retry_at = window_retry_at(rate, state.marks, now_ms)
-        if retry_at is not None:
-            return AdmissionDecision.block(retry_at, "rate_limited")
 
-    free = config.concurrency - len(state.slots) if config.concurrency is not None else None
-    if free is not None and free <= 0:
-        return AdmissionDecision.block(now_ms + config.retry_ms, "concurrency")
-    room = free
-    if rate is not None:
-        window = window_room(rate, state.marks, now_ms)
-        room = window if room is None else min(room, window)
-    if room is not None and outranked_by(waiter, state.waiters.values(), config, state.served) >= room:
-        return AdmissionDecision.block(now_ms + config.retry_ms, "waiting_turn")
+def room(state: QueueState, now_ms: int) -> int | None:
+    """How many waiters may be granted now: free slots and window room, whichever is less
+    (None: neither limit applies)."""
+    config = state.config
+    free = None if config.concurrency is None else max(0, config.concurrency - len(state.slots))
+    if config.rate_limit is None:
+        return free
+    window = window_room(config.rate_limit, state.marks, now_ms)
+    return window if free is None else min(free, window)
 
-    del state.waiters[request.ticket]
-    state.slots[request.ticket] = now_ms
-    if rate is not None:
+
+def grant(state: QueueState, now_ms: int) -> Grant:
+    """Give every slot there is room for to the rightful next waiters, best first.
+
+    Waiters are picked one at a time because each grant re-ranks its fairness key. The grant's
+    `retry_at_ms` says when a rate window reopens for the waiters still blocked by it.
+    """
+    state.prune(now_ms)
+    granted: list[str] = []
+    available = room(state, now_ms)
+    while state.waiters and (available is None or available > 0):
+        best = min(state.waiters.values(), key=lambda w: rank(w, state.config, state.served))
+        take_slot(state, best, now_ms)
+        granted.append(best.ticket)
+        if available is not None:
+            available -= 1
+    return Grant(tuple(granted), window_reopens_at(state, now_ms))
+
+
+def window_reopens_at(state: QueueState, now_ms: int) -> int | None:
+    """When waiters still blocked only by the rate window may next be granted, or None."""
+    rate = state.config.rate_limit
+    if rate is None or not state.waiters:
+        return None
+    if state.config.concurrency is not None and len(state.slots) >= state.config.concurrency:
+        return None  # a release grants them
+    return window_retry_at(rate, state.marks, now_ms)
+
+
+def take_slot(state: QueueState, waiter: Waiter, now_ms: int) -> None:
+    """Turn a waiter into a slot holder: mark the window and record its key as served."""
+    state.waiters.pop(waiter.ticket, None)
+    state.slots[waiter.ticket] = now_ms
+    if state.config.rate_limit is not None:
         bisect.insort(state.marks, now_ms)
     state.served[waiter.fairness_key] = state.next_serve
     state.next_serve += 1
-    return AdmissionDecision.admit()
+
+
+def decide(state: QueueState, request: AdmissionRequest, now_ms: int) -> AdmissionDecision:
+    """Admit `request` or make it a waiter, granting whoever the room belongs to. The single rulebook.
+
+    A ticket that already holds a slot is admitted again without a second slot. Otherwise the
+    caller joins the line and `grant` runs: the caller is admitted if it is among the granted;
+    the others granted with it are returned on the decision for the engine to dispatch.
+    """
+    if request.ticket in state.slots:
+        return AdmissionDecision.admit()
+    add_waiter(state, request, now_ms)
+    granted = grant(state, now_ms)
+    others = tuple(t for t in granted.tickets if t != request.ticket)
+    if request.ticket in granted.tickets:
+        return AdmissionDecision(admitted=True, granted=others)
+    config = state.config
+    rate = config.rate_limit
+    if rate is not None and (retry_at := window_retry_at(rate, state.marks, now_ms)) is not None:
+        return AdmissionDecision.block(retry_at, "rate_limited", others)
+    if config.concurrency is not None and len(state.slots) >= config.concurrency:
+        return AdmissionDecision.block(now_ms + config.retry_ms, "concurrency", others)
+    return AdmissionDecision.block(now_ms + config.retry_ms, "waiting_turn", others)
+
+
+def release(state: QueueState, ticket: str, now_ms: int, *, grant_next: bool = True) -> Grant:
+    """Free the ticket's slot (if held), withdraw it as a waiter, and hand the room on."""
+    state.waiters.pop(ticket, None)
+    state.slots.pop(ticket, None)
+    if not grant_next:
+        return Grant()
+    return grant(state, now_ms)
+
+
+def reoffer(state: QueueState, requests: Iterable[AdmissionRequest], now_ms: int) -> list[str]:
+    """The safety net: of these parked calls, return those that hold a slot already (a grant
+    whose dispatch was lost) and register the others as waiters, keeping any place they had."""
+    held = []
+    for request in requests:
+        if request.ticket in state.slots:
+            held.append(request.ticket)
+        elif request.ticket not in state.waiters:
+            add_waiter(state, request, now_ms)
+    return held
+
+
+def try_start(state: QueueState, now_ms: int) -> int:
+    """A granted step is about to run: count its start in the rate window, or say how long
+    (ms) to wait until the window has room. 0 means started."""
+    rate = state.config.rate_limit
+    if rate is None:
+        return 0
+    state.prune(now_ms)
+    retry_at = window_retry_at(rate, state.starts, now_ms)
+    if retry_at is not None:
+        return max(1, retry_at - now_ms)
+    bisect.insort(state.starts, now_ms)
+    return 0

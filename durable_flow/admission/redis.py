@@ -5,10 +5,12 @@ django-rq `RQ_QUEUES` entry, or `"URL"`); every option is explained in `RedisAdm
 
 This module (and `redis` / `django_rq`) is imported only when this backend is selected.
 
-Every decision is one `EVALSHA` of `admission.lua`, which applies exactly the rules of
-`policy.decide`: already-holds-slot, prune, register the waiter, rate limit first, then
-concurrency, then rank. The script reads the server's `TIME` (one clock for the whole fleet)
-unless the backend was given an explicit `clock` (tests), whose reading is passed in.
+Every decision, release, grant and step start is one `EVALSHA` of `admission.lua`, which
+applies exactly the rules of `policy`: a call joins the waiting line and the room there is
+(free slots, rate-window room) is granted to the rightful next waiters, best first; a release
+grants the freed slot on in the same call. The script reads the server's `TIME` (one clock for
+the whole fleet) unless the backend was given an explicit `clock` (tests), whose reading is
+passed in.
 
 Key layout (P = `KEY_PREFIX`, Q = queue name). The script touches several keys per call and
 looks up other instances' heartbeat keys by name, so this targets a single, non-cluster Redis.
@@ -19,19 +21,18 @@ key                   type     contents
 P:queues              hash     queue name -> `QueueConfig.as_dict()` JSON (`register`)
 P:inst:<id>           string   an instance's heartbeat, PX = INSTANCE_TTL_MS, refreshed every
                                ttl/3 by a daemon thread and by every decision it makes
-P:freed               channel  pub/sub: a queue name each time one of its slots frees
 P:q:Q:slots           hash     ticket -> owning instance id (one field per held slot)
 P:q:Q:owners          hash     instance id -> slots it holds (the heartbeats to check)
 P:q:Q:waiters         hash     ticket -> "priority|arrival|fairness key"
-P:q:Q:seen            zset     ticket scored by last ask (ms): waiter-TTL pruning
+P:q:Q:starts          zset     step starts in the rate window (member unique, score ms)
 P:q:Q:fresh           zset     rank index, see below
 P:q:Q:grp             zset     rank index (fairness "key"), see below
 P:q:Q:gidx            zset     rank index (fairness "key"), see below
 P:q:Q:kprio           zset     rank index (fairness "key"), see below
 P:q:Q:fkey            zset     rank index (fairness "key"), see below
 P:q:Q:served          hash     fairness key -> serve number of its last admission
-P:q:Q:meta            hash     counters `arrival`, `serve`; `mode` the index was built for
-P:q:Q:marks           zset     admissions in the rate window: member serve number, score ms
+P:q:Q:meta            hash     counters `arrival`, `serve`, `starts`; `mode` the index was built for
+P:q:Q:marks           zset     grants in the rate window (pacing): member serve number, score ms
 ====================  =======  ==============================================================
 
 Ranking without a scan. The order is `policy.rank`: (-priority, key last served [fairness
@@ -51,9 +52,11 @@ waiters come before me" is a `ZLEXCOUNT` (O(log N)):
   O(waiters of that key) step paid once per key. A decision counts the waiters ahead of it
   with a few ZLEXCOUNTs plus one per less-recently-served group at its priority, and stops at
   `room` (free slots), so it is O(room * log N) at worst, however many waiters there are.
+  The rightful next waiter (what a grant takes) is the first entry of `fresh` or of the first
+  `gidx` group, also O(log N).
 - Other O(N) paths, all rare: a re-registration that changes `fairness` or `order` rebuilds the
-  index (once); pruning is amortised (each expired waiter is removed once); reclaiming a dead
-  instance's slots reads the queue's slot hash (bounded by `concurrency`).
+  index (once); reclaiming a dead instance's slots reads the queue's slot hash (bounded by
+  `concurrency`); `reoffer` (the poller's safety net) is O(tickets offered).
 
 `P:q:Q:served` keeps one field per fairness key ever served (as the other backends do), so a
 queue whose key defaults to the run id grows one small field per run.
@@ -62,8 +65,7 @@ Instances. Each backend object has an instance id and heartbeat key. Slots it ad
 by it; a live process keeps its slots however long the step runs, and the slots of a process
 whose heartbeat lapsed are reclaimed by the next decision on that queue (within
 INSTANCE_TTL_MS of its death). `release` removes a slot whoever owns it (results land on any
-process) and publishes the queue on `P:freed`, which `on_freed` subscribers turn into an early
-retry of their parked runs. A process that forks (e.g. an rq work horse) shares its parent's
+process) and grants it on; the releasing process dispatches the granted steps. A process that forks (e.g. an rq work horse) shares its parent's
 instance id: the parent's heartbeat keeps the child's slots alive.
 """
 
@@ -76,20 +78,18 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.admission.base import (
-    DEFAULT_WAITER_TTL_MS,
-    WAITER_TTL_OPTION,
     AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
-    FreedCallback,
+    Grant,
 )
 from durable_flow.admission.policy import oldest_mark_needed
 from durable_flow.options import Option, non_empty_str, positive_int
@@ -97,7 +97,6 @@ from durable_flow.queues import QueueConfig, queue_from_dict
 
 if TYPE_CHECKING:
     from redis import Redis
-    from redis.client import PubSub
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +106,20 @@ PRIORITY_BOUND = 10**15
 """Priorities are clamped to +-1e15 so the script's fixed-width encoding stays exact."""
 
 SCRIPT_PATH = Path(__file__).with_name("admission.lua")
-_QUEUE_KEYS = ("slots", "owners", "waiters", "seen", "fresh", "grp", "gidx", "kprio", "fkey", "served", "meta", "marks")
+_QUEUE_KEYS = (
+    "slots",
+    "owners",
+    "waiters",
+    "starts",
+    "fresh",
+    "grp",
+    "gidx",
+    "kprio",
+    "fkey",
+    "served",
+    "meta",
+    "marks",
+)
 
 
 def _option_error(key: str, message: str) -> ImproperlyConfigured:
@@ -127,7 +139,6 @@ class RedisAdmissionBackend(AdmissionBackend):
         "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
         "URL": Option("A redis://, rediss:// or unix:// URL, instead of CONNECTION.", _redis_url),
         "KEY_PREFIX": Option("Prefix of every key, so several deployments can share a Redis.", non_empty_str),
-        "WAITER_TTL_MS": WAITER_TTL_OPTION,
         "INSTANCE_TTL_MS": Option("A dead process's slots are reclaimed within this (ms).", positive_int),
     }
 
@@ -137,7 +148,6 @@ class RedisAdmissionBackend(AdmissionBackend):
         *,
         url: str | None = None,
         clock: Clock | None = None,
-        waiter_ttl_ms: int = DEFAULT_WAITER_TTL_MS,
         instance_ttl_ms: int = DEFAULT_INSTANCE_TTL_MS,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         handles_cache_s: float = 1.0,
@@ -152,11 +162,9 @@ class RedisAdmissionBackend(AdmissionBackend):
             connection = redis.Redis.from_url(url)
         self.redis: Redis = connection
         self.clock = clock
-        self.waiter_ttl_ms = waiter_ttl_ms
         self.instance_ttl_ms = instance_ttl_ms
         self.prefix = key_prefix
         self.instance_id = uuid.uuid4().hex
-        self.channel = f"{key_prefix}:freed"
         self.heartbeat_key = f"{key_prefix}:inst:{self.instance_id}"
         self._script = self.redis.register_script(SCRIPT_PATH.read_text())
         self._lock = threading.Lock()
@@ -164,8 +172,6 @@ class RedisAdmissionBackend(AdmissionBackend):
         self._known: dict[str, tuple[bool, float]] = {}
         self._handles_cache_s = handles_cache_s
         self._keys: dict[str, list[str]] = {}
-        self._callbacks: list[FreedCallback] = []
-        self._subscriber: threading.Thread | None = None
         self._stop = threading.Event()
         self._heartbeat_value = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
         self._beat()  # before any slot can be owned by this instance
@@ -177,7 +183,6 @@ class RedisAdmissionBackend(AdmissionBackend):
         """Build from `DURABLE_FLOW["ADMISSION"]`; every bad option names its key."""
         cls.check_options(options)
         kwargs: dict[str, Any] = {
-            "waiter_ttl_ms": options.get("WAITER_TTL_MS", DEFAULT_WAITER_TTL_MS),
             "instance_ttl_ms": options.get("INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
             "key_prefix": options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX),
         }
@@ -202,7 +207,9 @@ class RedisAdmissionBackend(AdmissionBackend):
             self._keys[queue] = keys
         return keys
 
-    def _run(self, op: str, queue: str, ticket: str = "", priority: int = 0, key: str = "") -> Any:
+    def _run(
+        self, op: str, queue: str, ticket: str = "", priority: int = 0, key: str = "", extra: Sequence[Any] = ()
+    ) -> Any:
         now = "" if self.clock is None else str(int(self.clock()))
         return self._script(
             keys=self.queue_keys(queue),
@@ -214,10 +221,11 @@ class RedisAdmissionBackend(AdmissionBackend):
                 key,
                 self.instance_id,
                 self.instance_ttl_ms,
-                self.waiter_ttl_ms,
+                "",  # formerly the waiter TTL: waiters keep their place until granted or released
                 now,
                 f"{self.prefix}:inst:",
-                self.channel,
+                "",
+                *extra,
             ],
         )
 
@@ -252,15 +260,37 @@ class RedisAdmissionBackend(AdmissionBackend):
         server's clock, so admission logs from several processes line up."""
         reply = self._run("admit", request.queue, request.ticket, request.priority, request.key)
         now = int(reply[1])
+        granted = tuple(_text(t) for t in reply[4:])
         if int(reply[0]) == 1:
-            return AdmissionDecision.admit(), now
-        reason = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
-        return AdmissionDecision.block(int(reply[2]), reason), now  # type: ignore[arg-type]
+            return AdmissionDecision.admit(granted), now
+        return AdmissionDecision.block(int(reply[2]), _text(reply[3]), granted), now  # type: ignore[arg-type]
 
-    def release(self, queue: str, ticket: str) -> None:
-        """Free the ticket's slot whoever owns it and withdraw it as a waiter; the script
-        publishes the queue on the freed channel when a slot was freed."""
-        self._run("release", queue, ticket)
+    def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
+        """Free the ticket's slot whoever owns it, withdraw it as a waiter, and grant the room
+        on in the same script call."""
+        reply = self._run("release", queue, ticket, extra=("1" if grant_next else "0",))
+        return _grant(reply[1], reply[2:])
+
+    def grant(self, queue: str) -> Grant:
+        reply = self._run("grant", queue)
+        return _grant(reply[0], reply[1:])
+
+    def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
+        held: list[str] = []
+        for start in range(0, len(requests), 500):  # bounded script calls, however many are parked
+            extra: list[Any] = []
+            for request in requests[start : start + 500]:
+                extra += [request.ticket, max(-PRIORITY_BOUND, min(PRIORITY_BOUND, request.priority)), request.key]
+            held += [_text(t) for t in self._run("reoffer", queue, extra=extra)]
+        return held
+
+    def try_start(self, queue: str, ticket: str) -> int:
+        return self.try_start_timed(queue, ticket)[0]
+
+    def try_start_timed(self, queue: str, ticket: str) -> tuple[int, int]:
+        """`try_start` and the server time (epoch ms) the start was counted at."""
+        wait_ms, now = self._run("start", queue, ticket)
+        return int(wait_ms), int(now)
 
     def adopt(self, queue: str, ticket: str) -> bool:
         """Make this process the owner of the ticket's slot (it is about to execute the step),
@@ -273,91 +303,18 @@ class RedisAdmissionBackend(AdmissionBackend):
         return int(self._run("inflight", queue))
 
     def waiting(self, queue: str) -> int:
-        """Waiters registered now, by any process (pruned lazily, at the queue's next decision)."""
+        """Waiters parked now, by any process."""
         return int(self.redis.hlen(f"{self.prefix}:q:{queue}:waiters"))
 
     def window_usage(self, queue: str) -> int | None:
-        """Admissions in the current rate window, by any process, on the server's clock."""
+        """Step starts in the current rate window, by any process, on the server's clock."""
         raw = self.redis.hget(f"{self.prefix}:queues", queue)
         rate = queue_from_dict(json.loads(raw)).rate_limit if raw else None
         if rate is None:
             return None
         seconds, micros = self.redis.time() if self.clock is None else divmod(int(self.clock()) * 1000, 1_000_000)
         start = oldest_mark_needed(rate, int(seconds) * 1000 + int(micros) // 1000)
-        return int(self.redis.zcount(f"{self.prefix}:q:{queue}:marks", start, "+inf"))
-
-    # -- early wake ---------------------------------------------------------------------------
-    def on_freed(self, callback: FreedCallback) -> None:
-        """Call `callback(queue)` for every freed-slot announcement from any process.
-
-        The first call subscribes (on a dedicated connection) before returning, so no release
-        made after it is missed; callbacks run on the subscriber thread."""
-        with self._lock:
-            self._callbacks.append(callback)
-            if self._subscriber is not None:
-                return
-            pubsub = self._subscribe()
-            self._subscriber = threading.Thread(target=self._listen, args=(pubsub,), name="df-adm-freed", daemon=True)
-            self._subscriber.start()
-
-    @property
-    def subscriber_name(self) -> str:
-        """CLIENT SETNAME of the pub/sub connection (lets operators and tests find it)."""
-        return f"df-adm-sub-{self.instance_id}"
-
-    def _subscribe(self) -> PubSub:
-        import redis
-
-        kwargs = dict(self.redis.connection_pool.connection_kwargs)
-        kwargs["client_name"] = self.subscriber_name
-        client = redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
-        pubsub = client.pubsub()
-        pubsub.subscribe(self.channel)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # wait for the server's confirmation
-            message = pubsub.get_message(timeout=0.5)
-            if message is not None and message["type"] == "subscribe":
-                return pubsub
-        pubsub.close()
-        raise TimeoutError(f"no subscribe confirmation on {self.channel!r}")
-
-    def _listen(self, pubsub: PubSub) -> None:
-        """Deliver announcements; on a connection error log, back off and resubscribe."""
-        import redis
-
-        from durable_flow.worker.outage import Outage
-
-        outage = Outage(f"admission: freed-slot subscription on {self.channel!r}", logger, first_s=0.05)
-        while not self._stop.is_set():
-            try:
-                if pubsub is None:
-                    pubsub = self._subscribe()
-                    logger.info("admission: resubscribed to %s", self.channel)
-                    outage.recovered()
-                message = pubsub.get_message(timeout=0.25, ignore_subscribe_messages=True)
-            except (redis.ConnectionError, redis.TimeoutError, TimeoutError, OSError) as exc:
-                delay = outage.failed(exc)  # logged once per outage, however long it lasts
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except Exception:  # the connection is already broken
-                        logger.debug("admission: closing a broken pubsub failed", exc_info=True)
-                pubsub = None  # type: ignore[assignment]
-                self._stop.wait(delay)
-                continue
-            if message is None or message.get("type") != "message":
-                continue
-            data = message["data"]
-            queue = data.decode() if isinstance(data, bytes) else str(data)
-            with self._lock:
-                callbacks = list(self._callbacks)
-            for callback in callbacks:
-                try:
-                    callback(queue)
-                except Exception:  # one failing callback must not stop delivery
-                    logger.exception("admission: on_freed callback failed for queue %r", queue)
-        if pubsub is not None:
-            pubsub.close()
+        return int(self.redis.zcount(f"{self.prefix}:q:{queue}:starts", start, "+inf"))
 
     # -- heartbeat ----------------------------------------------------------------------------
     def _beat(self) -> None:
@@ -381,12 +338,20 @@ class RedisAdmissionBackend(AdmissionBackend):
                 outage.recovered()
 
     def close(self) -> None:
-        """Stop the heartbeat and subscriber threads. The heartbeat key is left to lapse, so
+        """Stop the heartbeat thread. The heartbeat key is left to lapse, so
         slots this instance admitted are reclaimed INSTANCE_TTL_MS later, as after a crash."""
         self._stop.set()
-        for thread in (self._heartbeat, self._subscriber):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=5)
+        if self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=5)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _grant(retry_at: bytes | str | int, tickets: Sequence[bytes | str]) -> Grant:
+    reopen = _text(retry_at) if not isinstance(retry_at, int) else str(retry_at)
+    return Grant(tuple(_text(t) for t in tickets), int(reopen) if reopen else None)
 
 
 def _named_connection(name: object) -> Redis:

@@ -5,7 +5,9 @@
 - `locking`: `retry_on_conflict`, `one`, `locked_run` (lock the run row, then a checkpoint);
 - `lifecycle`: start, child start, finish, cancel, signals;
 - `turns`: replay, the inline continuation, wake;
-- `dispatch`: step checkpoint creation, admission, dispatch, re-admission, early wake;
+- `dispatch`: step checkpoint creation, admission (or parking in the line), dispatch, re-admission;
+- `handoff`: slots granted to parked waiters, dispatched from their checkpoints with no replay;
+  the grant timer for reopening rate windows; the start window; the poller's safety net;
 - `results`: executing a step attempt and recording its result exactly once.
 """
 

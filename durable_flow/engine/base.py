@@ -31,6 +31,7 @@ class EngineBase:
     admission: AdmissionBackend
     transport: Transport
     clock: Callable[[], datetime]
+    sleep: Callable[[float], None]
     paused_queues: PausedQueues
 
     def now(self) -> datetime:

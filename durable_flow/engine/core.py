@@ -10,6 +10,7 @@ no task, or a task whose checkpoint was rolled back.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -18,6 +19,7 @@ from django.utils import timezone
 from durable_flow.admission.base import AdmissionBackend
 from durable_flow.conf import DurableFlowSettings, build_backend, get_settings
 from durable_flow.engine.dispatch import DispatchMixin
+from durable_flow.engine.handoff import GrantTimer, HandoffMixin
 from durable_flow.engine.lifecycle import LifecycleMixin
 from durable_flow.engine.results import ResultsMixin
 from durable_flow.engine.turns import TurnsMixin
@@ -26,12 +28,13 @@ from durable_flow.queues import QueueConfig, write_queues
 from durable_flow.transports.base import Transport
 
 
-class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, ResultsMixin):
+class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMixin):
     """One process's engine: settings, the admission backend and the transport.
 
     Its operations live in the mixins, one module per responsibility: `lifecycle` (start,
     finish, cancel, signals), `turns` (replay, inline continuation, wake), `dispatch`
-    (checkpoints, admission, dispatch, early wake) and `results` (step attempts and results).
+    (checkpoints, admission, dispatch), `handoff` (grants to parked waiters, the start
+    window) and `results` (step attempts and results).
     """
 
     def __init__(
@@ -40,15 +43,19 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, ResultsMixin):
         transport: Transport,
         settings: DurableFlowSettings | None = None,
         clock: Callable[[], datetime] = timezone.now,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`clock` and `sleep` are injectable so tests can drive time (`sleep` is how a worker
+        waits for a rate window to have room for a step's start)."""
         self.settings = settings or get_settings()
         self.admission = admission
         self.transport = transport
         self.clock = clock
+        self.sleep = sleep
         self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
+        self.grant_timer = GrantTimer(self.grant)
         for config in self.settings.queues:
             self.admission.register(config)
-        self.admission.on_freed(self.wake_waiters)
         transport.bind(self)
 
     def register_queue(self, config: QueueConfig) -> QueueConfig:

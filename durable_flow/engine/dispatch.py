@@ -1,15 +1,15 @@
-"""Dispatch: create a step's checkpoint, ask admission for a slot, send the attempt out;
-send a step whose slot was lost back through admission; wake a queue's next waiters early."""
+"""Dispatch: create a step's checkpoint, ask admission for a slot (or park in the queue's
+waiting line), send the attempt out; send a step whose slot was lost back through admission."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from durable_flow.admission.base import AdmissionRequest
+from durable_flow.admission.base import AdmissionRequest, Grant
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.exceptions import RunNotFound, StepNotFound
@@ -18,17 +18,8 @@ from durable_flow.registry import StepDefinition, get_step
 from durable_flow.serialization import ensure_json
 from durable_flow.turn import StepOptions
 
-#: How long a call that found its queue paused parks before it looks again, should this process
-#: see a resume late; `resume_queue` wakes the waiters itself.
-PAUSED_RECHECK = timedelta(seconds=60)
-
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
-
-
-def ms_to_datetime(epoch_ms: int) -> datetime:
-    """An admission backend's epoch-milliseconds instant as an aware datetime."""
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
 class DispatchMixin(EngineBase):
@@ -70,31 +61,36 @@ class DispatchMixin(EngineBase):
             timeout_s=options.timeout.total_seconds() if options.timeout else None,
         )
 
-    def admit(self, cp: StepCheckpoint) -> datetime | None:
-        """Ask the queue for a slot; None when admitted, else when to retry."""
+    def admit(self: Engine, cp: StepCheckpoint) -> bool:
+        """Ask the queue for a slot: True when admitted. Otherwise the call is parked in the
+        queue's waiting line and costs nothing until a grant dispatches it (`handoff`)."""
         if not cp.queue or cp.holds_slot or not self.admission.handles(cp.queue):
-            return None
+            return True
+        request = AdmissionRequest(queue=cp.queue, ticket=cp.ticket, priority=cp.priority, fairness_key=cp.fairness_key)
         if self.paused_queues.is_paused(cp.queue):
-            # Admits nothing and asks the backend nothing; `resume_queue` wakes the waiters, and
-            # the long retry is only a safety net for a resume this process saw late.
-            return self._park(cp, self.now() + PAUSED_RECHECK)
-        decision = self.admission.try_admit(
-            AdmissionRequest(queue=cp.queue, ticket=cp.ticket, priority=cp.priority, fairness_key=cp.fairness_key)
-        )
+            # A paused queue decides nothing: the call joins its line (keeping any place it had)
+            # and `resume_queue` grants it; a slot it already holds is kept.
+            if self.admission.reoffer(cp.queue, [request]):
+                cp.holds_slot = True
+                return True
+            self._park(cp)
+            return False
+        decision = self.admission.try_admit(request)
+        reopens = decision.retry_at_ms if decision.reason == "rate_limited" else None
+        self.take_grant(cp.queue, Grant(decision.granted, reopens))
         if decision.admitted:
             cp.holds_slot = True
-            return None
-        assert decision.retry_at_ms is not None
-        return self._park(cp, ms_to_datetime(decision.retry_at_ms))
+            return True
+        self._park(cp)
+        return False
 
-    def _park(self, cp: StepCheckpoint, retry_at: datetime) -> datetime:
-        """Record the call as waiting for admission; the run's turn parks until `retry_at`."""
+    def _park(self, cp: StepCheckpoint) -> None:
+        """Record the call as waiting for a grant."""
         if cp.pk is None:
             cp.save()
         elif cp.status != StepStatus.WAITING:
             cp.status = StepStatus.WAITING
             cp.save(update_fields=["status"])
-        return retry_at
 
     def step_timeout(self, cp: StepCheckpoint) -> float | None:
         """Seconds an attempt may run before it is re-dispatched, or None for no limit."""
@@ -168,23 +164,3 @@ class DispatchMixin(EngineBase):
             if run.status == RunStatus.PENDING:
                 self.transport.enqueue_turn(run.id)
             return count
-
-    def wake_waiters(self: Engine, queue: str, limit: int = 2) -> int:
-        """Early wake: a slot freed on `queue`, so retry its rightful next blocked runs now
-        instead of at their `retry_ms` tick.
-
-        A backend that can name its next waiters (`next_waiters` not None) is asked, so the run woken is
-        the one admission will pick; otherwise the best-placed by priority and age. One spare
-        wake covers a waiter that has gone away; the rest keep their tick.
-        """
-        with transaction.atomic():
-            tickets = self.admission.next_waiters(queue, limit)
-            if tickets is not None:
-                run_ids = [ticket.rsplit("/", 1)[0] for ticket in tickets]
-            else:
-                run_ids = list(
-                    StepCheckpoint.objects.filter(queue=queue, status=StepStatus.WAITING)
-                    .order_by("-priority", "id")
-                    .values_list("run_id", flat=True)[:limit]
-                )
-            return sum(self.wake(run_id) for run_id in dict.fromkeys(run_ids))

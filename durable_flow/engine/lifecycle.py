@@ -190,9 +190,9 @@ class LifecycleMixin(EngineBase):
             children = any(cp.kind == StepKind.CHILD for cp in checkpoints.values())
         for cp in parked:
             # A step waiting for a slot or its backoff will never run now: leave no waiter behind
-            # to stand in front of live callers until its TTL.
+            # to be granted a slot it cannot use.
             if cp.queue:
-                self.admission.release(cp.queue, cp.ticket)
+                self.release_ticket(cp.queue, cp.ticket)
             cp.holds_slot = False
             cp.save(update_fields=["holds_slot"])
             self.settle(cp, StepStatus.CANCELLED)
@@ -231,7 +231,7 @@ class LifecycleMixin(EngineBase):
                     in_flight = True
                     continue
                 if cp.kind == StepKind.STEP and cp.queue:
-                    self.admission.release(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
+                    self.release_ticket(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
                     cp.holds_slot = False
                     cp.save(update_fields=["holds_slot"])
                 self.settle(cp, StepStatus.CANCELLED)

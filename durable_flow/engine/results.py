@@ -40,6 +40,8 @@ class ResultsMixin(EngineBase):
             StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
         try:
             definition = get_step(cp.name)
+            if cp.holds_slot and cp.queue:
+                self.await_start(cp)  # the rate window counts the step's start: here, right before the call
             output = definition.fn(cp.input)
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
@@ -99,8 +101,9 @@ class ResultsMixin(EngineBase):
             if self._group_settled(cp):
                 self._continue(run)
 
-    def _release(self, cp: StepCheckpoint) -> None:
+    def _release(self: Engine, cp: StepCheckpoint) -> None:
+        """Give the slot back; the backend grants it on with this transaction."""
         if cp.holds_slot:
             cp.holds_slot = False
             cp.save(update_fields=["holds_slot"])
-            self.admission.release(cp.queue, cp.ticket)
+            self.release_ticket(cp.queue, cp.ticket)

@@ -174,6 +174,7 @@ class WorkerRuntime:
             outage.recovered()
             break
         pool = ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task")
+        self.engine.grant_timer.start()  # grants room the instant a rate window reopens
         try:
             while not self._stop.is_set():
                 now = time.monotonic()

@@ -1,0 +1,213 @@
+"""Handoff: slots the admission backend grants go straight to the waiting steps.
+
+A step call that finds its queue full parks as a waiter in the backend's line and costs
+nothing while it waits: no turn, no job, no query. Whenever there is room, the backend grants
+it to the rightful next waiters in the same atomic operation as the event that made the room
+(a release, another call's decision, a rate window reopening), and the engine dispatches each
+granted step straight from its `waiting` checkpoint, which holds everything the dispatch needs
+(step, input, queue, priority, attempt): no replay of the workflow.
+
+Rate windows reopen at an instant, not on an event, so `GrantTimer` wakes at that instant in
+the process that learnt it and grants exactly the room the window has: no herd. The poller's
+tick (`grant` per queue) and maintenance pass (`reoffer_waiting`) are the safety net for a
+grant lost in a crash, not the normal path.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from functools import partial
+from typing import TYPE_CHECKING
+
+from django.db import close_old_connections, transaction
+
+from durable_flow.admission.base import AdmissionRequest, Grant, Ticket
+from durable_flow.engine.base import EngineBase
+from durable_flow.engine.locking import locked_run, retry_on_conflict
+from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+
+if TYPE_CHECKING:
+    from durable_flow.engine.core import Engine
+
+logger = logging.getLogger("durable_flow.engine")
+
+#: How far past a reopening instant the timer looks again when the backend's clock (the
+#: database's or Redis's) ran behind this host's and the window was still full.
+CLOCK_SKEW_RETRY_MS = 5
+
+
+class GrantTimer:
+    """Grants a queue's room at the instant its rate window reopens, in a daemon thread.
+
+    Inert until `start()` (workers and the poller start it; tests and scripts need not). Each
+    queue has at most one pending instant, the earliest asked for.
+    """
+
+    def __init__(
+        self, grant: Callable[[str], object], now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6
+    ) -> None:
+        self._grant = grant
+        self._now_ms = now_ms
+        self._heap: list[tuple[int, str]] = []
+        self._due: dict[str, int] = {}
+        self._fired: dict[str, int] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, name="df-grant-timer", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def schedule(self, queue: str, at_ms: int) -> None:
+        """Grant `queue`'s room at `at_ms` (epoch ms) unless an earlier instant is pending."""
+        with self._cond:
+            if self._thread is None:
+                return
+            if at_ms <= self._fired.get(queue, -1):
+                # Fired for this instant already and the window was still full: this host's
+                # clock runs ahead of the backend's. Look again shortly, not in a tight loop.
+                at_ms = self._now_ms() + CLOCK_SKEW_RETRY_MS
+            due = self._due.get(queue)
+            if due is not None and due <= at_ms:
+                return
+            self._due[queue] = at_ms
+            heapq.heappush(self._heap, (at_ms, queue))
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if self._heap:
+                        wait_ms = self._heap[0][0] - self._now_ms()
+                        if wait_ms <= 0:
+                            break
+                        self._cond.wait(wait_ms / 1000)
+                    else:
+                        self._cond.wait()
+                if self._stopping:
+                    return
+                at_ms, queue = heapq.heappop(self._heap)
+                if self._due.get(queue) != at_ms:
+                    continue  # superseded by an earlier instant
+                del self._due[queue]
+                self._fired[queue] = at_ms
+            try:
+                self._grant(queue)
+            except Exception:  # the poller's tick grants it in the end
+                logger.exception("grant timer: granting queue %r failed", queue)
+            finally:
+                close_old_connections()
+
+
+class HandoffMixin(EngineBase):
+    """Granting room to parked waiters and dispatching them from their checkpoints."""
+
+    grant_timer: GrantTimer
+
+    def grant(self: Engine, queue: str) -> int:
+        """Grant whatever room `queue` has now and dispatch the granted steps; how many."""
+        if self.paused_queues.is_paused(queue):
+            return 0
+        return self.take_grant(queue, self.admission.grant(queue))
+
+    def release_ticket(self: Engine, queue: str, ticket: str) -> None:
+        """Free a ticket's slot (or withdraw it as a waiter) and hand the room on."""
+        paused = self.paused_queues.is_paused(queue)
+        self.take_grant(queue, self.admission.release(queue, ticket, grant_next=not paused))
+
+    def take_grant(self: Engine, queue: str, grant: Grant) -> int:
+        """Act on a grant: dispatch its steps once the granting transaction commits (at once
+        outside one), and have the timer come back when the rate window reopens."""
+        if grant.retry_at_ms is not None:
+            self.grant_timer.schedule(queue, grant.retry_at_ms)
+        if grant.tickets:
+            transaction.on_commit(partial(self.dispatch_granted, queue, grant.tickets))
+        return len(grant.tickets)
+
+    def dispatch_granted(self: Engine, queue: str, tickets: Iterable[str]) -> None:
+        for ticket in tickets:
+            try:
+                self._dispatch_grant(queue, ticket)
+            except Exception:  # left to the safety net: the poller re-offers parked calls
+                logger.exception("dispatching granted %s on queue %r failed", ticket, queue)
+
+    @retry_on_conflict
+    def _dispatch_grant(self: Engine, queue: str, ticket: str) -> bool:
+        """Dispatch a granted step from its `waiting` checkpoint, with no replay. A grant that
+        finds no waiting call (cancelled, or its turn rolled back) is handed on."""
+        run_id, key = Ticket.parse(ticket)
+        with transaction.atomic():
+            run, cp = locked_run(run_id, key)
+            if run is not None and cp is not None and cp.queue == queue:
+                if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
+                    cp.holds_slot = True
+                    self.dispatch(cp)
+                    self._mark_running(run, cp.wake_at)
+                    return True
+                if cp.holds_slot:
+                    return False  # it took the slot another way (a turn of its own asked again)
+        self.release_ticket(queue, ticket)
+        return False
+
+    @staticmethod
+    def _mark_running(run: WorkflowRun, deadline: datetime | None) -> None:
+        """The run now has a step in flight; its turn must come back by the step's deadline."""
+        fields = []
+        if run.status == RunStatus.SUSPENDED:
+            run.status = RunStatus.RUNNING
+            fields.append("status")
+        if deadline is not None and (run.wake_at is None or deadline < run.wake_at):
+            run.wake_at = deadline
+            fields.append("wake_at")
+        if fields:
+            run.save(update_fields=[*fields, "updated_at"])
+
+    def reoffer_waiting(self: Engine, queue: str) -> int:
+        """The safety net (poller maintenance): every call parked on `queue` is offered to the
+        backend again. One that holds a slot already (its grant's dispatch was lost) is
+        dispatched; one the backend does not know (lost with a process, or with Redis) joins
+        the line; then the room is granted. Returns how many were dispatched."""
+        parked = (
+            StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP, status=StepStatus.WAITING)
+            .exclude(run__status__in=(RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES))
+            .order_by("id")
+            .values_list("run_id", "key", "priority", "fairness_key")
+        )
+        requests = [
+            AdmissionRequest(queue=queue, ticket=str(Ticket(run_id, key)), priority=priority, fairness_key=fairness)
+            for run_id, key, priority, fairness in parked.iterator(chunk_size=2000)
+        ]
+        dispatched = 0
+        if requests:
+            for ticket in self.admission.reoffer(queue, requests):
+                dispatched += self._dispatch_grant(queue, ticket)
+        return dispatched + self.grant(queue)
+
+    def await_start(self: Engine, cp: StepCheckpoint) -> None:
+        """A granted step is about to run: count its start in its queue's rate window, waiting
+        in this worker until the window has room. The admission window already paces grants,
+        so the wait is at most the transport's jitter (bounded by one period)."""
+        while (wait_ms := self.admission.try_start(cp.queue, cp.ticket)) > 0:
+            self.sleep(wait_ms / 1000)

@@ -1,0 +1,140 @@
+"""Handoff with real worker and poller processes: parked runs take no turns while they wait,
+and a rate limit holds where the step starts, from the stamps the step writes when called.
+
+Two stacks: `db` admission + `db` transport (SQLite, or PostgreSQL with DATABASE_URL), and
+`redis` admission + `rq` transport with real RQ workers.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import django_rq
+import pytest
+
+from durable_flow import register_queue, start
+from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.conf import get_settings, reset_settings
+from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.rq import RQTransport
+from tests.conftest import ManagedProcess, wait_for
+from tests.test_flow_control_processes import max_overlap, read_intervals
+from tests.test_rq_transport import clear_rq
+
+STACKS = {"db": ("db", "db"), "redis+rq": ("redis", "rq")}
+
+
+@pytest.fixture(params=list(STACKS))
+def stack(request: pytest.FixtureRequest, transactional_db: None, settings: Any) -> Iterator[dict[str, str]]:
+    """This process's engine on the same backends as the worker processes; their env."""
+    admission, transport = STACKS[request.param]
+    if admission == "redis":
+        settings.DURABLE_FLOW = {
+            **settings.DURABLE_FLOW,
+            "ADMISSION": {
+                "BACKEND": "redis",
+                "CONNECTION": "default",
+                "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
+            },
+        }
+        reset_settings()
+        backend = build_backend(get_settings().admission)
+        clear_rq(django_rq.get_connection("durable"))
+        engine = Engine(admission=backend, transport=RQTransport(queue="durable"), settings=get_settings())
+    else:
+        engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
+    set_engine(engine)
+    yield {"DURABLE_FLOW_ADMISSION": admission, "DURABLE_FLOW_TRANSPORT": transport, "DURABLE_FLOW_LOG": "WARNING"}
+    if admission == "redis":
+        clear_rq(django_rq.get_connection("durable"))
+    reset_settings()
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def starts(marker: Path) -> list[float]:
+    """When each step was called, as the step itself stamped it."""
+    return sorted(begin for begin, _ in read_intervals(marker))
+
+
+def most_in_any_window(stamps: list[float], window_s: float) -> int:
+    """The most stamps inside any trailing window of `window_s` (closed at its end)."""
+    most, first = 0, 0
+    for last, at in enumerate(stamps):
+        while stamps[first] <= at - window_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def run_workers(spawn: Callable[..., ManagedProcess], env: dict[str, str], workers: int = 2) -> None:
+    for _ in range(workers):
+        spawn("durable_worker", "--concurrency", "4", env=env)
+    spawn("durable_poller", env=env)
+
+
+def test_parked_runs_take_no_turns_while_they_wait(
+    stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    """40 one-step runs over 4 fairness keys through a cap of 2: every run is one turn to park,
+    a grant to dispatch, one turn after the result, however long it waited."""
+    marker = tmp_path / "marker"
+    queue = unique("render")
+    register_queue(queue, concurrency=2, fairness="key", retry_ms=100)
+    runs = [
+        start("tests.queued", {"queue": queue, "seconds": 0.05, "id": i, "key": f"tenant-{i % 4}"}).id
+        for i in range(40)
+    ]
+    run_workers(spawn, {**stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    wait_for(
+        lambda: WorkflowRun.objects.filter(pk__in=runs, status=RunStatus.COMPLETED).count() == 40,
+        timeout=180,
+        what="40 queued runs to complete",
+    )
+    turns = list(WorkflowRun.objects.filter(pk__in=runs).values_list("turns", flat=True))
+    assert max(turns) <= 3, f"turns per run: {sorted(turns)}"
+    assert max_overlap(read_intervals(marker)) <= 2
+
+
+@pytest.mark.parametrize("algorithm", ["sliding", "fixed"])
+def test_the_rate_limit_holds_at_step_start(
+    stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path, algorithm: str
+) -> None:
+    """5 per second: never more than 5 step starts in any trailing second (sliding) or any
+    aligned second (fixed), counted from the step's own stamps, with transport delays between
+    admission and start."""
+    marker = tmp_path / "marker"
+    queue = unique("api")
+    register_queue(queue, rate_limit={"limit": 5, "period_ms": 1000, "algorithm": algorithm})
+    runs = [start("tests.queued", {"queue": queue, "seconds": 0.01, "id": i}).id for i in range(25)]
+    run_workers(spawn, {**stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    wait_for(
+        lambda: WorkflowRun.objects.filter(pk__in=runs, status=RunStatus.COMPLETED).count() == 25,
+        timeout=180,
+        what="25 rate-limited runs to complete",
+    )
+    stamps = starts(marker)
+    assert len(stamps) == 25
+    if algorithm == "sliding":
+        # The window counts starts on its own clock (the database's or Redis's) a moment before the
+        # step stamps its own; on a busy machine that moment varies by tens of ms, so the stamps
+        # are read over 0.9 s (a sub-window: 5 per any 1.0 s implies 5 per any 0.9 s).
+        assert most_in_any_window(stamps, 0.9) <= 5, stamps
+    else:
+        # Each aligned second's starts, read over its last 0.9 s: a stamp there was counted in
+        # that window (counted at most 0.1 s before it was stamped, as above).
+        per_second: dict[int, int] = {}
+        for at in stamps:
+            if at - int(at) >= 0.1:
+                per_second[int(at)] = per_second.get(int(at), 0) + 1
+        assert max(per_second.values()) <= 5, stamps
+    turns = list(WorkflowRun.objects.filter(pk__in=runs).values_list("turns", flat=True))
+    assert max(turns) <= 3, f"turns per run: {sorted(turns)}"
