@@ -13,9 +13,8 @@ over the ten per-tenant admission counts, (sum x)^2 / (n * sum x^2): 1.0 is perf
 1/n is one tenant taking everything. Target under `fairness="key"`: >= 0.99. FIFO is the
 baseline, measured in the same run: there the flooder gets about ten calls in nineteen.
 
-The next waiter is found the way the engine's early wake finds it: `next_waiters` where the
-backend answers it (local, db), else by asking the waiters in arrival order until one is
-admitted (redis), which takes the rightful one because the backend refuses every other.
+Each release hands the slot on in the same atomic operation (handoff): the backend's `Grant`
+names the waiter it chose, and that is the admission counted, on every backend alike.
 """
 
 from __future__ import annotations
@@ -73,14 +72,11 @@ def flood(backend: Any, fairness: str, cycles: int, admissions: int) -> list[int
     tenant_of = {request.ticket: int(request.fairness_key[1:]) for request in line}
     for request in line:
         assert not backend.try_admit(request).admitted
-    waiting = {request.ticket: request for request in line}
     counts = [0] * TENANTS
     for _ in range(admissions):
-        backend.release(queue, holder)
-        hinted = backend.next_waiters(queue, 1)
-        candidates = [waiting[ticket] for ticket in hinted] if hinted else list(waiting.values())
-        holder = next(request.ticket for request in candidates if backend.try_admit(request).admitted)
-        del waiting[holder]
+        granted = backend.release(queue, holder).tickets
+        assert len(granted) == 1, f"one freed slot, granted to {granted}"
+        holder = granted[0]
         counts[tenant_of[holder]] += 1
     return counts
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 
@@ -65,6 +64,10 @@ class Evidence:
         """Executions beyond the first, over all steps (the at-least-once cost of the kills)."""
         return sum(len(runs) - 1 for runs in self.by_step().values())
 
+    def starts(self, stage: int) -> list[float]:
+        """When every execution of `stage` started (each one took its place in a rate window)."""
+        return [execution.start for execution in self.executions if execution.stage == stage]
+
     def intervals(self, stage: int) -> list[tuple[float, float]]:
         """(start, end) of every execution of `stage`; one cut by a kill ends at the kill."""
         killed = self.killed_pids
@@ -105,10 +108,10 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-def busiest_window(times: list[datetime], span_ms: float) -> int:
-    """The most `times` inside any half-open span of `span_ms` milliseconds."""
-    stamps = sorted(moment.timestamp() * 1000 for moment in times)
+def busiest_window(times: list[float], span_s: float) -> int:
+    """The most `times` (epoch seconds) inside any half-open span of `span_s` seconds."""
+    stamps = sorted(times)
     best = 0
     for index, begin in enumerate(stamps):
-        best = max(best, bisect.bisect_left(stamps, begin + span_ms) - index)
+        best = max(best, bisect.bisect_left(stamps, begin + span_s) - index)
     return best
