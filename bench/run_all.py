@@ -79,12 +79,32 @@ def run(name: str, argv: list[str]) -> Result:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     output = (done.stdout + (f"\n[stderr]\n{done.stderr}" if done.returncode else "")).strip()
     result = Result(name, argv, time.perf_counter() - started, done.returncode, output)
-    if name == "fairness" and done.returncode == 0:
-        result.headlines = fairness_headlines(json.loads(done.stdout))
-    else:
-        result.headlines = [line.strip() for line in done.stdout.splitlines() if HEADLINE.search(line)]
+    result.headlines = headlines(result)
     print(output + f"\n   ({result.seconds:.0f} s, exit {done.returncode})\n", flush=True)
     return result
+
+
+def headlines(result: Result) -> list[str]:
+    """The lines of a bench's output worth a place in the summary table."""
+    if result.returncode != 0:
+        return []
+    lines = [line.strip() for line in result.output.splitlines() if line.strip()]
+    if result.name == "fairness":
+        return fairness_headlines(json.loads(result.output))
+    if result.name.startswith("poller"):
+        return [line for line in lines if "parked not-due" in line or line.startswith("ratio")]
+    if result.name == "admission":
+        table = re.compile(r"^(backend|local|db \(|redis)|worst|of the floor")
+        return [re.sub(r"\s{2,}", "  ", line) for line in lines if table.search(line)]
+    if result.name == "transport":
+        rows = [line.split() for line in lines]
+        return [
+            f"{row[0]} process(es): raw RQ {row[1]} jobs/s; durable_flow over rq {row[2]} wf/s"
+            f" (ratio {row[3]}), over db {row[4]} wf/s (ratio {row[5]})"
+            for row in rows
+            if len(row) == 6 and row[0].isdigit()
+        ]
+    return [line for line in lines if HEADLINE.search(line)]
 
 
 def fairness_headlines(data: dict) -> list[str]:
@@ -195,8 +215,7 @@ def service_version(command: list[str]) -> str:
         return f"{command[0]}: not found"
 
 
-def write_page(results: list[Result], about: list[str], quick: bool, charts: dict[str, str]) -> Path:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+def write_page(results: list[Result], about: list[str], quick: bool, charts: dict[str, str], when: str) -> Path:
     lines = [
         "# Benchmarks",
         "",
@@ -210,10 +229,7 @@ def write_page(results: list[Result], about: list[str], quick: bool, charts: dic
     ]
     for result in results:
         status = "" if result.returncode == 0 else f"**failed (exit {result.returncode})** "
-        heads = (
-            "<br>".join(escape(line, quote=False).replace("|", "\\|") for line in result.headlines)
-            or "see its output below"
-        )
+        heads = "<br>".join(line.replace("|", "\\|") for line in result.headlines) or "see its output below"
         lines.append(f"| `{' '.join(result.command)}` | {result.seconds:.0f} s | {status}{heads} |")
     if charts:
         lines += ["", "## Charts", ""]
@@ -230,10 +246,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the smaller sizes each bench offers")
     parser.add_argument("--only", default="", help="comma-separated bench names (script names without .py)")
+    parser.add_argument("--rewrite", action="store_true", help="rewrite the page from the last run's saved outputs")
     args = parser.parse_args()
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
-    about = machine()
-    results = [run(name, argv) for name, argv in plan(args.quick, only)]
+    saved = CHARTS / "results.json"
+    if args.rewrite:
+        data = json.loads(saved.read_text())
+        about, quick, when = data["machine"], data["quick"], data["when"]
+        results = [Result(**row) for row in data["results"]]
+        for result in results:
+            result.headlines = headlines(result)
+    else:
+        about, quick, when = machine(), args.quick, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        results = [run(name, argv) for name, argv in plan(args.quick, only)]
     CHARTS.mkdir(parents=True, exist_ok=True)
     charts: dict[str, str] = {}
     for result in results:
@@ -246,7 +271,9 @@ def main() -> None:
             if svg:
                 (CHARTS / filename).write_text(svg)
                 charts[filename] = f"{result.name} chart"
-    page = write_page(results, about, args.quick, charts)
+    rows = [{k: v for k, v in vars(result).items() if k != "headlines"} for result in results]
+    saved.write_text(json.dumps({"machine": about, "quick": quick, "when": when, "results": rows}, indent=1) + "\n")
+    page = write_page(results, about, quick, charts, when)
     print(f"wrote {page.relative_to(ROOT)}" + (f" and {len(charts)} chart(s) in docs/bench/" if charts else ""))
     if any(result.returncode != 0 for result in results):
         sys.exit(1)
