@@ -239,7 +239,11 @@ def test_the_soak_settles_under_random_kills(
     assert not wrong, f"runs with a wrong output: {wrong[:10]}"
     assert not uncancelled and not cancelled_unasked, (uncancelled, cancelled_unasked)
     assert leaked == 0
-    assert not unexplained, f"steps re-run with no kill to explain it: {unexplained[:10]}"
+    assert not unexplained, f"steps re-run with no kill to explain it (seed {SEED}):\n" + "\n".join(
+        f"  {run_id} stage {stage}: executions {evidence.by_step()[(run_id, stage)]}; checkpoint "
+        f"{list(StepCheckpoint.objects.filter(run_id=run_id).values_list('key', 'attempt', 'worker', 'status'))}"
+        for run_id, stage in unexplained[:5]
+    )
     assert cap_peak <= CAP and fair_peak <= FAIR_CAP, (cap_peak, fair_peak)
     assert window_peak <= WINDOW_LIMIT, window_peak
     assert len(fleet.kills) >= min(max_kills, 3), "the chaos loop barely ran: the soak proves little"
