@@ -1,39 +1,128 @@
-"""Staff-only dashboard pages; they render without JavaScript and update live with it."""
+"""Staff-only dashboard pages. Each renders complete without JavaScript; with it, the page
+subscribes to its live topic (`dashboard/live.py`) and swaps in the fragments of every tick."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
+from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
 
+from dashboard import pages
 from dashboard.snapshot import snapshot
+from durable_flow import api
+from durable_flow.audit import record_operation
+from durable_flow.exceptions import DurableFlowError, QueueNotFound
+from durable_flow.models import FlowQueue
 
-View = Callable[[HttpRequest], HttpResponse]
+View = Callable[..., HttpResponse]
+QUEUE_PERMISSION = "durable_flow.change_flowqueue"
 
 
 def staff_required(view: View) -> View:
     """Anonymous users go to the admin login; signed-in users who are not staff get 403."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         if not (request.user.is_active and request.user.is_staff):
             raise PermissionDenied("the dashboard is for staff")
-        return view(request)
+        return view(request, *args, **kwargs)
 
     return wrapper
 
 
 @staff_required
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/index.html", {"snap": snapshot()})
+    """The overview: problems, run counts, charts, queues, quotas and workers."""
+    return render(request, "dashboard/index.html", pages.overview_context(snapshot()))
 
 
 @staff_required
 def snapshot_json(request: HttpRequest) -> HttpResponse:
+    """The whole snapshot as JSON (what every live tick is computed from)."""
     return JsonResponse(snapshot())
+
+
+def session_check(request: HttpRequest) -> HttpResponse:
+    """204 while the session is a staff one. The live script asks this after its socket drops,
+    to tell "the server is down" (no answer) from "your session expired" (401)."""
+    if request.user.is_authenticated and request.user.is_staff:
+        return HttpResponse(status=204)
+    return JsonResponse({"login": reverse("admin:login")}, status=401)
+
+
+@staff_required
+def queues(request: HttpRequest) -> HttpResponse:
+    """Every queue's numbers and what blocks it."""
+    return render(request, "dashboard/queues.html", pages.queues_context(snapshot()))
+
+
+@staff_required
+def queue_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """One queue: its numbers, why calls wait, its keys and charts, and the steering forms."""
+    context = pages.queue_context(snapshot(), name)
+    if context is None:
+        raise Http404(f"no queue named {name!r}")
+    context |= {"can_change": request.user.has_perm(QUEUE_PERMISSION)}
+    return render(request, "dashboard/queue.html", context)
+
+
+@staff_required
+def workers(request: HttpRequest) -> HttpResponse:
+    """A card per worker, in a stable order."""
+    return render(request, "dashboard/workers.html", pages.workers_context(snapshot()))
+
+
+def _require_queue_permission(request: HttpRequest) -> None:
+    if not request.user.has_perm(QUEUE_PERMISSION):
+        raise PermissionDenied(f"needs the {QUEUE_PERMISSION} permission")
+
+
+def _steer(request: HttpRequest, name: str, operation: Callable[[], Any], message: str) -> HttpResponse:
+    """Run a queue operation for a permitted user, audit it, and go back to the queue's page."""
+    _require_queue_permission(request)
+    try:
+        operation()
+    except QueueNotFound as exc:
+        raise Http404(str(exc)) from None
+    except DurableFlowError as exc:
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)
+    queue = FlowQueue.objects.get(pk=name)
+    record_operation(request.user, queue, f"{message} from the dashboard: {queue.config}")
+    messages.success(request, f"{message}: {name}")
+    return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)
+
+
+@require_POST
+@staff_required
+def queue_pause(request: HttpRequest, name: str) -> HttpResponse:
+    return _steer(request, name, lambda: api.pause_queue(name), "Paused")
+
+
+@require_POST
+@staff_required
+def queue_resume(request: HttpRequest, name: str) -> HttpResponse:
+    return _steer(request, name, lambda: api.resume_queue(name), "Resumed")
+
+
+@require_POST
+@staff_required
+def queue_resize(request: HttpRequest, name: str) -> HttpResponse:
+    """The resize form: a concurrency cap and a rate limit; a blank field removes that option."""
+    _require_queue_permission(request)
+    try:
+        changes = pages.parse_resize_form(request.POST)
+    except ValueError as exc:
+        messages.error(request, f"Not resized: {exc}")
+        return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)
+    return _steer(request, name, lambda: api.update_queue(name, **changes), "Resized")

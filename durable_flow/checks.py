@@ -3,7 +3,9 @@
 - `durable_flow.E001`: the setting does not parse (a top-level key, QUEUES, POLLER, HEARTBEAT...);
 - `durable_flow.E002` / `E003`: the admission / transport backend's class cannot be imported;
 - `durable_flow.E004` / `E005`: the admission / transport backend refuses its options (an
-  unknown key, a bad value), checked by the backend class without building it.
+  unknown key, a bad value), checked by the backend class without building it;
+- `durable_flow.E006`: the dashboard's sampling (`POLLER["SAMPLE_INTERVAL_S"]`,
+  `POLLER["SAMPLE_RETENTION_S"]`) is out of range.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ HINTS = {
     "E003": "Install the backend's extra dependencies or fix the dotted path.",
     "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
     "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
+    "E006": "SAMPLE_INTERVAL_S is at least 1 s and SAMPLE_RETENTION_S at least 3600 s (the charts show an hour).",
 }
 
 
@@ -34,10 +37,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     """Parse `DURABLE_FLOW`, import both backends and have each check its options."""
     from django.conf import settings
 
-    from durable_flow.conf import parse_settings
+    from durable_flow.conf import SamplingMisconfigured, parse_settings
 
     try:
         config = parse_settings(getattr(settings, "DURABLE_FLOW", {}))
+    except SamplingMisconfigured as exc:
+        return [_error(str(exc), "E006")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []

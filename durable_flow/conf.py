@@ -62,6 +62,10 @@ class DurableFlowSettings:
     poller_batch_size: int = 500
     #: How often the poller looks for dead workers' steps and jobs (its maintenance pass).
     poller_maintenance_s: float = 5.0
+    #: How often the poller writes a QueueSample per queue (and a WorkerSample per live worker).
+    sample_interval_s: float = 10.0
+    #: How long samples are kept; older ones are pruned by the poller.
+    sample_retention_s: float = 86_400.0
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
@@ -110,6 +114,26 @@ def _backend(raw: object, key: str, aliases: Mapping[str, str], default: str) ->
     return BackendSpec(path=aliases.get(name, name), options=options, alias=name)
 
 
+class SamplingMisconfigured(ImproperlyConfigured):
+    """POLLER's SAMPLE_INTERVAL_S / SAMPLE_RETENTION_S are wrong (`manage.py check`: E006)."""
+
+
+def parse_sampling(poller: Mapping[str, Any]) -> tuple[float, float]:
+    """The dashboard's sampling interval and retention, in seconds.
+
+    At least 1 s between samples (each one is a row per queue and live worker), and a retention
+    of at least one hour, since the charts show the last hour.
+    """
+    interval = poller.get("SAMPLE_INTERVAL_S", 10.0)
+    retention = poller.get("SAMPLE_RETENTION_S", 86_400.0)
+    for key, value, least in (("SAMPLE_INTERVAL_S", interval, 1), ("SAMPLE_RETENTION_S", retention, 3600)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < least:
+            raise SamplingMisconfigured(
+                f'DURABLE_FLOW["POLLER"]: {key} must be a number of seconds of at least {least}, got {value!r}'
+            )
+    return float(interval), float(retention)
+
+
 def parse_settings(raw: object) -> DurableFlowSettings:
     """Validate a `DURABLE_FLOW` dict; raise `ImproperlyConfigured` naming the bad key."""
     if raw is None:
@@ -147,7 +171,10 @@ def parse_settings(raw: object) -> DurableFlowSettings:
     for key, value in (("POLLER", poller), ("HEARTBEAT", heartbeat)):
         if not isinstance(value, Mapping):
             raise _fail(key, "must be a dict")
-    _known_keys(poller, "POLLER", ("INTERVAL_MS", "BATCH_SIZE", "MAINTENANCE_S"))
+    _known_keys(
+        poller, "POLLER", ("INTERVAL_MS", "BATCH_SIZE", "MAINTENANCE_S", "SAMPLE_INTERVAL_S", "SAMPLE_RETENTION_S")
+    )
+    sample_interval, sample_retention = parse_sampling(poller)
     _known_keys(heartbeat, "HEARTBEAT", ("INTERVAL_S", "TTL_S"))
     heartbeat_interval = _positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT")
     heartbeat_ttl = _positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT")
@@ -182,6 +209,8 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         poller_interval_ms=int(poller_interval),
         poller_batch_size=_positive_int(poller, "BATCH_SIZE", 500, "POLLER"),
         poller_maintenance_s=float(_positive_number(poller, "MAINTENANCE_S", 5.0, "POLLER")),
+        sample_interval_s=sample_interval,
+        sample_retention_s=sample_retention,
         heartbeat_interval_s=heartbeat_interval,
         heartbeat_ttl_s=heartbeat_ttl,
         max_payload_bytes=max_payload,

@@ -31,6 +31,7 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkflowRun,
 )
+from durable_flow.sampling import Sampler
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from durable_flow.worker.outage import Outage, transient_errors
 
@@ -55,6 +56,7 @@ class TimerPoller:
         self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
         self._stop = threading.Event()
         self._next_maintenance = 0.0
+        self.sampler = Sampler(self.engine)
 
     @retry_on_conflict
     def tick(self) -> list[str]:
@@ -183,6 +185,7 @@ class TimerPoller:
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()
                     self._next_maintenance = time.monotonic() + self.maintenance_every_s
+                self.sampler.maybe_sample()  # the dashboard's history (durable_flow/sampling.py)
             except transient as exc:
                 # Database or broker down: back off (logged once per outage) and carry on.
                 close_old_connections()

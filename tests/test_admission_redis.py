@@ -404,9 +404,7 @@ def test_a_waiter_left_by_a_dead_process_is_granted_and_can_be_handed_on(
     backend = make(clock=clock)
     backend.register(QueueConfig(name="q", concurrency=1, retry_ms=10))
     assert ask(backend, "q", "holder/1").admitted
-    phantom = json.loads(
-        children({"prefix": prefix, "mode": "phantom", "queue": "q", "clock_ms": clock()}).finish()
-    )
+    phantom = json.loads(children({"prefix": prefix, "mode": "phantom", "queue": "q", "clock_ms": clock()}).finish())
     assert (phantom["admitted"], phantom["reason"], phantom["at"]) == (False, "concurrency", clock())
     assert not ask(backend, "q", "live/1").admitted
     clock.advance(3_600_000)  # an hour later the phantom is still first in line

@@ -55,7 +55,7 @@ def test_the_executing_process_adopts_the_slot(prefix: str) -> None:
 def test_a_step_whose_slot_was_reclaimed_goes_back_through_admission(
     held: tuple[Engine, HeldTransport],  # noqa: F811
     prefix: str,
-    clock: MovableClock,  # noqa: ARG001 - the engine's clock, as the fixture wires it
+    clock: MovableClock,
 ) -> None:
     engine, transport = held
     admitter = redis_backend(prefix)

@@ -73,7 +73,10 @@ def test_queue_operations_over_http_need_change_flowqueue_and_are_audited(engine
 
 
 def test_pause_and_resume_with_real_workers(
-    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path  # noqa: F811 (the fixtures imported above)
+    db_engine: Engine,  # noqa: F811 (the fixtures imported above)
+    process_env: dict[str, str],  # noqa: F811
+    spawn: Callable[..., ManagedProcess],
+    tmp_path: Path,
 ) -> None:
     queue = unique("paused")
     api.register_queue(queue, concurrency=2, retry_ms=200)

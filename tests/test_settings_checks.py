@@ -71,6 +71,18 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
         'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]: must be between 1 and 1024',
     ),
     (
+        "samples more than once a second",
+        {"POLLER": {"SAMPLE_INTERVAL_S": 0.5}},
+        "durable_flow.E006",
+        'DURABLE_FLOW["POLLER"]: SAMPLE_INTERVAL_S must be a number of seconds of at least 1, got 0.5',
+    ),
+    (
+        "samples kept less than the charts' hour",
+        {"POLLER": {"SAMPLE_RETENTION_S": 600}},
+        "durable_flow.E006",
+        'DURABLE_FLOW["POLLER"]: SAMPLE_RETENTION_S must be a number of seconds of at least 3600, got 600',
+    ),
+    (
         "misspelt transport option",
         {"TRANSPORT": {"BACKEND": "inline", "CONCURENCY": 4}},
         "durable_flow.E005",

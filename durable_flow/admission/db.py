@@ -178,7 +178,7 @@ class DatabaseAdmissionBackend(AdmissionBackend):
         if known is None or known.rate_limit is None:
             return 0  # no window to count in: no lock taken
         with transaction.atomic():
-            row, config = self._locked_queue(queue)
+            _, config = self._locked_queue(queue)
             rate = config.rate_limit if config is not None else None
             if rate is None:
                 return 0

@@ -65,8 +65,9 @@ Instances. Each backend object has an instance id and heartbeat key. Slots it ad
 by it; a live process keeps its slots however long the step runs, and the slots of a process
 whose heartbeat lapsed are reclaimed by the next decision on that queue (within
 INSTANCE_TTL_MS of its death). `release` removes a slot whoever owns it (results land on any
-process) and grants it on; the releasing process dispatches the granted steps. A process that forks (e.g. an rq work horse) shares its parent's
-instance id: the parent's heartbeat keeps the child's slots alive.
+process) and grants it on; the releasing process dispatches the granted steps. A process that
+forks (e.g. an rq work horse) shares its parent's instance id: the parent's heartbeat keeps the
+child's slots alive.
 """
 
 from __future__ import annotations

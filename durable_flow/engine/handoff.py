@@ -189,6 +189,8 @@ class HandoffMixin(EngineBase):
         backend again. One that holds a slot already (its grant's dispatch was lost) is
         dispatched; one the backend does not know (lost with a process, or with Redis) joins
         the line; then the room is granted. Returns how many were dispatched."""
+        if self._backend_agrees(queue):
+            return self.grant(queue)
         parked = (
             StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP, status=StepStatus.WAITING)
             .exclude(run__status__in=(RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES))
@@ -204,6 +206,20 @@ class HandoffMixin(EngineBase):
             for ticket in self.admission.reoffer(queue, requests):
                 dispatched += self._dispatch_grant(queue, ticket)
         return dispatched + self.grant(queue)
+
+    def _backend_agrees(self: Engine, queue: str) -> bool:
+        """Whether the backend's line and slots account for every parked and every in-flight
+        call of `queue` (two indexed counts), so the re-offer can be skipped: then the pass
+        costs O(1), not O(waiters). A backend that cannot tell is always re-offered to."""
+        waiting, in_flight = self.admission.waiting(queue), self.admission.in_flight(queue)
+        if waiting is None or in_flight is None:
+            return False
+        on_queue = StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP)
+        parked = on_queue.filter(status=StepStatus.WAITING).count()
+        holding = on_queue.filter(status=StepStatus.DISPATCHED, holds_slot=True).count()
+        # Fewer waiters than parked calls: some were lost. More slots than holders: a grant's
+        # dispatch was lost (or a slot leaked, which the re-offer cannot fix but does no harm).
+        return waiting >= parked and in_flight <= holding
 
     def await_start(self: Engine, cp: StepCheckpoint) -> None:
         """A granted step is about to run: count its start in its queue's rate window, waiting

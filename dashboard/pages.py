@@ -1,0 +1,248 @@
+"""Each page's context, built from one snapshot, and its live fragments: the same templates
+render the page without JavaScript and the fragments every tick pushes (`dashboard/live.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q
+from django.template.loader import render_to_string
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from dashboard import charts
+from dashboard.history import SPAN, History, Sample, history
+from durable_flow.conf import get_settings
+from durable_flow.models import StepCheckpoint, StepKind, StepStatus
+
+RUN_STATUS_ORDER = ["failed", "running", "pending", "suspended", "cancelling", "completed", "cancelled"]
+
+
+def runs_url(status: str | None = None) -> str:
+    """The run list filtered by status: the dashboard's own list when it is installed, the
+    admin's otherwise."""
+    try:
+        base, param = reverse("dashboard:runs"), "status"
+    except NoReverseMatch:
+        base, param = reverse("admin:durable_flow_workflowrun_changelist"), "status__exact"
+    return f"{base}?{param}={status}" if status else base
+
+
+def _at(snap: Mapping[str, Any]) -> datetime:
+    return parse_datetime(snap["at"]) or timezone.now()
+
+
+def _problem_links(snap: Mapping[str, Any]) -> list[dict[str, Any]]:
+    links = []
+    for problem in snap["problems"]:
+        target = problem["target"]
+        if target == "queue":
+            href = reverse("dashboard:queue", args=[problem["queue"]])
+        elif target == "failed":
+            href = runs_url("failed")
+        else:
+            href = reverse("dashboard:workers") + (f"#worker-{problem['anchor']}" if problem.get("anchor") else "")
+        links.append({**problem, "href": href})
+    return links
+
+
+def _rate(samples: list[Sample], field: str) -> list[tuple[datetime, float]]:
+    return [(s.at, s.per_min(getattr(s, field))) for s in samples]
+
+
+def _gauge(samples: list[Sample], field: str) -> list[tuple[datetime, float]]:
+    return [(s.at, float(getattr(s, field))) for s in samples]
+
+
+def _every(samples: list[Sample]) -> float:
+    return samples[-1].interval_s if samples else get_settings().sample_interval_s
+
+
+def overview_charts(past: History, now: datetime) -> list[Any]:
+    """Throughput and failures per minute; and the backlog, on its own scale."""
+    totals = past.totals()
+    every = _every(totals)
+    return [
+        charts.line_chart(
+            "Steps completed and failed per minute",
+            {"throughput": _rate(totals, "completions"), "failures": _rate(totals, "failures")},
+            {"throughput": "completed / min", "failures": "failed / min"},
+            now,
+            SPAN,
+            every,
+        ),
+        charts.line_chart(
+            "Backlog: calls waiting for admission, and steps in flight",
+            {"backlog": _gauge(totals, "waiting"), "in_flight": _gauge(totals, "in_flight")},
+            {"backlog": "waiting", "in_flight": "in flight"},
+            now,
+            SPAN,
+            every,
+        ),
+    ]
+
+
+def _queue_table(snap: Mapping[str, Any], past: History) -> list[dict[str, Any]]:
+    rows = []
+    for q in snap["queues"]:
+        samples = past.queues.get(q["name"], [])[-60:]
+        rows.append(
+            {
+                **q,
+                "href": reverse("dashboard:queue", args=[q["name"]]),
+                "backlog_spark": charts.sparkline(
+                    f"{q['name']} waiting, last {len(samples)} samples", [s.waiting for s in samples], "backlog"
+                ),
+            }
+        )
+    return rows
+
+
+def _worker_cards(snap: Mapping[str, Any], past: History) -> list[dict[str, Any]]:
+    cards = []
+    for w in snap["workers"]:
+        points = past.workers.get(w["worker_id"], [])
+        running = [{**step, "href": _run_href(step["run_id"])} for step in w["running"]]
+        cards.append(
+            {
+                **w,
+                "running": running,
+                "silent": f"{w['silent_s']:.0f} s",
+                "sparks": [
+                    ("Limit", charts.sparkline("live limit", [p[0] for p in points], "admissions")),
+                    ("In flight", charts.sparkline("in flight", [p[1] for p in points], "in_flight")),
+                    ("Throughput", charts.sparkline("tasks per second", [p[2] for p in points], "throughput")),
+                ],
+            }
+        )
+    return cards
+
+
+def _run_href(run_id: str) -> str:
+    try:
+        return reverse("dashboard:run", args=[run_id])
+    except NoReverseMatch:
+        return reverse("admin:durable_flow_workflowrun_change", args=[run_id])
+
+
+def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The overview page: problems with links, run counts with links, charts, queues, workers."""
+    now = _at(snap)
+    past = history(now)
+    return {
+        "snap": snap,
+        "problems": _problem_links(snap),
+        "run_counts": [
+            {"status": s, "n": snap["runs"].get(s, 0), "href": runs_url(s)}
+            for s in RUN_STATUS_ORDER
+            if s in snap["runs"]
+        ],
+        "charts": overview_charts(past, now),
+        "queue_table": _queue_table(snap, past),
+        "workers": _worker_cards(snap, past),
+        "workers_alive": sum(1 for w in snap["workers"] if w["alive"]),
+    }
+
+
+def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The queues page: the queue table with backlog sparklines."""
+    return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap)))}
+
+
+def workers_context(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The workers page: cards with sparklines and the steps each runs."""
+    return {"snap": snap, "workers": _worker_cards(snap, history(_at(snap)))}
+
+
+def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
+    """The fairness keys with the most calls on `queue` now: waiting and holding a slot."""
+    rows = (
+        StepCheckpoint.objects.filter(
+            kind=StepKind.STEP, queue=queue, status__in=(StepStatus.WAITING, StepStatus.DISPATCHED)
+        )
+        .values("fairness_key")
+        .annotate(
+            waiting=Count("id", filter=Q(status=StepStatus.WAITING)),
+            in_flight=Count("id", filter=Q(holds_slot=True)),
+            total=Count("id"),
+        )
+        .order_by("-total", "fairness_key")[:top]
+    )
+    return [{**row, "fairness_key": row["fairness_key"] or "(each run its own key)"} for row in rows]
+
+
+def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The queue page, or None for an unknown queue."""
+    row = next((q for q in snap["queues"] if q["name"] == name), None)
+    if row is None:
+        return None
+    now = _at(snap)
+    samples = history(now).queues.get(name, [])
+    minute_ago = now - timedelta(minutes=1)
+    admissions_per_min = StepCheckpoint.objects.filter(
+        kind=StepKind.STEP, queue=name, dispatched_at__gt=minute_ago
+    ).count()
+    cap, rate = row["concurrency"], row["rate_limit"]
+    return {
+        "snap": snap,
+        "q": row,
+        "admissions_per_min": admissions_per_min,
+        "in_flight_pct": min(100, round(100 * (row["in_flight"] or 0) / cap)) if cap else None,
+        "window_pct": min(100, round(100 * (row["window_used"] or 0) / rate["limit"])) if rate else None,
+        "keys": busiest_keys(name),
+        "depth_chart": charts.line_chart(
+            f"{name}: waiting and in flight over the last hour",
+            {"backlog": _gauge(samples, "waiting"), "in_flight": _gauge(samples, "in_flight")},
+            {"backlog": "waiting", "in_flight": "in flight"},
+            now,
+            SPAN,
+            _every(samples),
+        ),
+        "rate_chart": charts.line_chart(
+            f"{name}: admissions, completions and failures per minute over the last hour",
+            {
+                "admissions": _rate(samples, "admissions"),
+                "throughput": _rate(samples, "completions"),
+                "failures": _rate(samples, "failures"),
+            },
+            {"admissions": "admitted / min", "throughput": "completed / min", "failures": "failed / min"},
+            now,
+            SPAN,
+            _every(samples),
+        ),
+    }
+
+
+def fragments(names: list[str], context: Mapping[str, Any]) -> dict[str, str]:
+    """Render each fragment template (`dashboard/fragments/<name>.html`) with the page's context."""
+    return {name: render_to_string(f"dashboard/fragments/{name}.html", dict(context)) for name in names}
+
+
+OVERVIEW_FRAGMENTS = ["problems", "run-counts", "overview-chart", "queues-table", "quotas", "workers-summary"]
+QUEUE_FRAGMENTS = ["queue-stats", "queue-why", "queue-charts", "queue-keys"]
+
+
+def parse_resize_form(post: Mapping[str, Any]) -> dict[str, Any]:
+    """The resize form's fields → `update_queue` keyword arguments. Blank concurrency or rate
+    limit removes it; ValueError (shown to the user) for anything that is not a number."""
+
+    def number(field: str) -> int | None:
+        raw = str(post.get(field, "")).strip()
+        if not raw:
+            return None
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{field.replace('_', ' ')} must be a positive whole number, got {raw!r}")
+        return int(raw)
+
+    concurrency = number("concurrency")
+    limit, period_s = number("rate_limit"), number("rate_period_s")
+    algorithm = str(post.get("rate_algorithm", "fixed"))
+    if algorithm not in ("fixed", "sliding"):
+        raise ValueError(f"the window is fixed or sliding, got {algorithm!r}")
+    if limit is not None and period_s is None:
+        raise ValueError("a rate limit needs a period in seconds")
+    rate_limit = {"limit": limit, "period_ms": period_s * 1000, "algorithm": algorithm} if limit and period_s else None
+    return {"concurrency": concurrency, "rate_limit": rate_limit}
