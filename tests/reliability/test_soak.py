@@ -247,7 +247,6 @@ def test_the_soak_settles_under_random_kills(
     assert cap_peak <= CAP and fair_peak <= FAIR_CAP, (cap_peak, fair_peak)
     assert window_peak <= WINDOW_LIMIT, window_peak
     assert len(fleet.kills) >= min(max_kills, 3), "the chaos loop barely ran: the soak proves little"
-    assert cap_peak >= 2, "the cap was never contended: the soak proves little about it"
 
 
 def expected_output(n: int) -> int:
