@@ -39,8 +39,14 @@ DURABLE_FLOW = {
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
-    # Browser tests sample every second to see the charts move (the default is 10 s).
-    "POLLER": {"INTERVAL_MS": 100, "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", 10))},
+    # The chaos soak (tests/reliability/) shortens the recovery timings to settle sooner; browser
+    # tests sample every second to see the charts move (the default is 10 s).
+    "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),
+    "POLLER": {
+        "INTERVAL_MS": 100,
+        "MAINTENANCE_S": float(os.environ.get("DURABLE_FLOW_MAINTENANCE_S", "5")),
+        "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", "10")),
+    },
 }
 
 # Worker, poller and server processes started by tests must use the database the test
