@@ -17,13 +17,15 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from durable_flow import bulk
+from durable_flow import queries
+from durable_flow.admin_attempts import StepAttemptInline
 from durable_flow.admin_bulk import BulkByFilterMixin
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import workflows
+from durable_flow.validation import max_length
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
@@ -32,7 +34,9 @@ class StartForm(forms.Form):
 
     workflow = forms.ChoiceField(choices=())
     input = forms.JSONField(required=False, help_text='JSON, e.g. {"account": 42}')
-    run_id = forms.CharField(required=False, max_length=200, help_text="Optional; makes the start idempotent.")
+    run_id = forms.CharField(
+        required=False, max_length=max_length("WorkflowRun", "id"), help_text="Optional; makes the start idempotent."
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -42,7 +46,7 @@ class StartForm(forms.Form):
 class SignalForm(forms.Form):
     """Send a named signal with a JSON payload."""
 
-    name = forms.CharField(max_length=200)
+    name = forms.CharField(max_length=max_length("Signal", "name"))
     payload = forms.JSONField(required=False)
 
 
@@ -90,6 +94,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         "wake_at",
         "tags",
         "concurrency_key",
+        "step_concurrency",
         "parent",
         "parent_step_key",
         "rerun_of",
@@ -98,7 +103,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         "updated_at",
         "finished_at",
     ]
-    inlines = [CheckpointInline]
+    inlines = [CheckpointInline, StepAttemptInline]
     actions = ["cancel_selected", "retry_selected"]
     change_form_template = "admin/durable_flow/workflowrun/change_form.html"
 
@@ -133,25 +138,13 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
     def has_start_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_flow.start_workflowrun")
 
-    # Ticked rows (at most a page, `list_max_show_all`) are processed in batches like a filter;
-    # "Select all N runs" goes to the by-filter confirmation page (`admin_bulk`).
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
-        if request.POST.get("select_across") == "1":
-            return self.bulk_redirect(request, "cancel")
-        result = bulk.cancel_matching(queryset, request.user, "Cancelled (admin action)")
-        self.message_user(request, f"Cancelled {result.done} run(s).", messages.SUCCESS)
-        return None
+        return self.bulk_action(request, queryset, "cancel", "Cancelled (admin action)")
 
     @admin.action(description="Retry selected failed or cancelled runs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
-        if request.POST.get("select_across") == "1":
-            return self.bulk_redirect(request, "retry")
-        result = bulk.retry_matching(queryset, request.user, "Retried (admin action)")
-        for reason in result.refused:
-            self.message_user(request, reason, messages.WARNING)
-        self.message_user(request, f"Retried {result.done} run(s).", messages.SUCCESS)
-        return None
+        return self.bulk_action(request, queryset, "retry", "Retried (admin action)")
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
@@ -323,7 +316,7 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="Waiting now")
     def waiting(self, obj: FlowQueue) -> int:
-        return StepCheckpoint.objects.filter(queue=obj.name, status="waiting").count()
+        return queries.waiting_calls(obj.name).count()
 
 
 @admin.register(WorkerHeartbeat)
@@ -353,9 +346,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True)
     def alive(self, obj: WorkerHeartbeat) -> bool:
-        return obj.stopped_at is None and obj.last_seen >= dead_worker_cutoff(
-            get_settings().heartbeat_ttl_s, timezone.now()
-        )
+        return queries.is_alive(obj, dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now()))
 
 
 @admin.register(QuotaRefusal)

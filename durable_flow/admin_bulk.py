@@ -71,6 +71,23 @@ class BulkByFilterMixin:
         url = reverse("admin:durable_flow_workflowrun_bulk", args=[operation])
         return HttpResponseRedirect(f"{url}?{query}" if query else url)
 
+    def bulk_action(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], operation: str, audit: str
+    ) -> HttpResponse | None:
+        """The cancel / retry admin actions: "Select all N runs" goes to the by-filter
+        confirmation page; ticked rows (at most a page) go through the same batches."""
+        if request.POST.get("select_across") == "1":
+            return self.bulk_redirect(request, operation)
+        if operation == "cancel":
+            result = bulk.cancel_matching(queryset, request.user, audit)
+        else:
+            result = bulk.retry_matching(queryset, request.user, audit)
+        for reason in result.refused:
+            self.message_user(request, reason, messages.WARNING)  # type: ignore[attr-defined]
+        verb = "Cancelled" if operation == "cancel" else "Retried"
+        self.message_user(request, f"{verb} {result.done} run(s).", messages.SUCCESS)  # type: ignore[attr-defined]
+        return None
+
     def bulk_view(self, request: HttpRequest, operation: str) -> HttpResponse:
         """GET: how many runs match and would change; POST: do it, in batches."""
         op = OPERATIONS.get(operation)

@@ -49,6 +49,11 @@ class WorkflowRun(models.Model):
     concurrency_limit = models.IntegerField(
         null=True, blank=True, help_text="The start quota's limit for its key when this run started."
     )
+    step_concurrency = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The step-concurrency constraints evaluated when the run started: [{resource, limit}].",
+    )
     turns = models.PositiveIntegerField(default=0, help_text="How many times the workflow function was replayed.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -250,6 +255,8 @@ class AdmissionWaiter(models.Model):
     key_served = models.BigIntegerField(default=-1, help_text="When its fairness key was last served (serve counter).")
     arrival = models.BigIntegerField()
     seen_ms = models.BigIntegerField()
+    constrained = models.BooleanField(default=False, help_text="Whether step-concurrency constraints gate it too.")
+    constraints = models.JSONField(default=list, blank=True, help_text="[[resource, limit], ...]")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["queue", "ticket"], name="df_waiter_queue_ticket")]
@@ -292,6 +299,36 @@ class AdmissionKeyServed(models.Model):
         constraints = [models.UniqueConstraint(fields=["queue", "fairness_key"], name="df_served_queue_key")]
 
 
+class AdmissionHold(models.Model):
+    """A step-concurrency slot: `ticket` holds one slot of `resource` from admission until its
+    result lands (a resource's active count is its number of rows)."""
+
+    resource = models.CharField(max_length=320)
+    ticket = models.CharField(max_length=320)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_hold_resource_ticket")]
+        indexes = [models.Index(fields=["ticket"], name="df_hold_ticket")]
+
+
+class AdmissionResourceWaiter(models.Model):
+    """A parked call indexed under a resource it needs, so a freed slot of that resource finds
+    its waiters across queues: by priority, then arrival (the id)."""
+
+    resource = models.CharField(max_length=320)
+    ticket = models.CharField(max_length=320)
+    queue = models.CharField(max_length=100, blank=True)
+    priority = models.IntegerField(default=0)
+    limit = models.IntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_rwaiter_resource_ticket")]
+        indexes = [
+            models.Index(fields=["resource", "-priority", "id"], name="df_rwaiter_rank"),
+            models.Index(fields=["ticket"], name="df_rwaiter_ticket"),
+        ]
+
+
 class WorkerHeartbeat(models.Model):
     """A worker process's last report: its live concurrency and health, for the dashboard."""
 
@@ -332,6 +369,44 @@ class QuotaRefusal(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["key", "minute"], name="df_refusal_key_minute")]
         indexes = [models.Index(fields=["minute"], name="df_refusal_minute")]
+
+
+class AttemptStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class StepAttempt(models.Model):
+    """One attempt of a step, kept when later attempts follow: a step that failed twice and
+    then succeeded has three rows, each with its times, worker and error.
+
+    The checkpoint holds only the latest attempt's state (what replay needs); these rows are
+    the history people read (the dashboard's timeline, the admin). A row is written when a
+    worker starts executing the attempt and completed when its result is recorded, so an
+    attempt still `running` after a later one exists was lost with its worker.
+    """
+
+    checkpoint = models.ForeignKey(StepCheckpoint, on_delete=models.CASCADE, related_name="attempts")
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts")
+    attempt = models.PositiveIntegerField()
+    status = models.CharField(max_length=10, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="Admitted and sent to the transport.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="A worker began executing it.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="End of the backoff after this failure.")
+    error = models.JSONField(default=None, null=True, blank=True)
+    late = models.BooleanField(default=False, help_text="Answered after the step had moved on; ignored.")
+
+    class Meta:
+        ordering = ["checkpoint_id", "attempt"]
+        constraints = [models.UniqueConstraint(fields=["checkpoint", "attempt"], name="df_attempt_checkpoint_n")]
+        indexes = [models.Index(fields=["run", "started_at"], name="df_attempt_run_started")]
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint_id} attempt {self.attempt} ({self.status})"
 
 
 class QueueSample(models.Model):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DataError, transaction
 
+from durable_flow.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.current import running_step
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
@@ -39,6 +40,9 @@ class ResultsMixin(EngineBase):
             return "skipped"
         if worker_id:
             StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
+        # Written when the worker picks the attempt up, before the rate window's start wait: no
+        # write may come between the window counting the start and the call.
+        attempt_started(cp, attempt, worker_id, self.now())
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
@@ -78,12 +82,15 @@ class ResultsMixin(EngineBase):
             run, cp = locked_run(run_id, key)
             if run is None or cp is None:
                 return
-            if cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt):
+            stale = cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt)
+            ignored = cancelled or run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or run.is_terminal
+            attempt_finished(cp, attempt, self.now(), error=error, cancelled=ignored and not stale, late=stale)
+            if stale:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 return
             self._release(cp)
-            if cancelled or run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or run.is_terminal:
+            if ignored:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 self.settle(cp, StepStatus.CANCELLED)
@@ -94,6 +101,7 @@ class ResultsMixin(EngineBase):
                 cp.error = error
                 cp.wake_at = self.now() + step_backoff(cp.name, cp.attempt)
                 cp.save(update_fields=["status", "error", "wake_at", "holds_slot"])
+                set_retry_at(cp, attempt, cp.wake_at)
                 self._continue(run)  # the turn parks the run until the backoff is up
                 return
             if error is not None:

@@ -5,10 +5,15 @@ roll back together. Workers claim rows with a lease (`VISIBILITY_TIMEOUT_S`): on
 with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers never block on each other's rows; on
 SQLite the IMMEDIATE write transaction serialises claimers. A claimed task is deleted when
 done; a worker that dies leaves its lease to lapse, and the task is claimed again.
+
+An idle claimer polls every `POLL_INTERVAL_S`, but a task enqueued by its own process (most
+are: a result's release grants the next waiter in the worker that recorded it) wakes it at
+once when the enqueueing transaction commits, so a handed-off slot does not wait for a poll.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -22,10 +27,23 @@ from django.utils import timezone
 from durable_flow.models import Task, TaskKind
 from durable_flow.options import Option, positive_number
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.worker.runtime import ClaimedTask, TaskSource
+from durable_flow.transports.runner import ClaimedTask, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
+
+
+#: Notified when this process commits new tasks, so its idle claimers look at once; the
+#: generation tells a claimer whether tasks were committed while it was looking.
+_new_work = threading.Condition()
+_generation = 0
+
+
+def _announce_new_work() -> None:
+    global _generation
+    with _new_work:
+        _generation += 1
+        _new_work.notify_all()
 
 
 class DatabaseTransport(Transport):
@@ -61,6 +79,7 @@ class DatabaseTransport(Transport):
         Task.objects.bulk_create(
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
         )
+        transaction.on_commit(_announce_new_work)
 
     def enqueue_turns(self, run_ids: Sequence[str]) -> None:
         """One INSERT for many runs' turns (bulk retry)."""
@@ -78,6 +97,7 @@ class DatabaseTransport(Transport):
             priority=priority,
             available_at=timezone.now(),
         )
+        transaction.on_commit(_announce_new_work)
 
     def reclaim_from(self, dead_workers: list[str]) -> int:
         """Expire the leases of tasks held by workers whose heartbeat lapsed (poller upkeep)."""
@@ -104,10 +124,13 @@ class DatabaseTaskSource(TaskSource):
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         deadline = time.monotonic() + wait_s
         while True:
+            seen = _generation
             tasks = self._claim_once(worker_id, limit)
             if tasks or time.monotonic() >= deadline:
                 return tasks
-            time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+            with _new_work:  # woken early when this process commits a task
+                if _generation == seen:
+                    _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
         now = timezone.now()
