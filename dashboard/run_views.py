@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -17,6 +18,7 @@ from dashboard.access import allowed, require, staff_page
 from dashboard.runs import PAGE_SIZE, RunFilterForm, filtered_runs, run_row, workflow_names
 from dashboard.timeline import build_timeline
 from durable_flow import api
+from durable_flow import bulk as bulk_operations
 from durable_flow.admin import SignalForm, StartForm
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import DurableFlowError
@@ -70,27 +72,21 @@ def bulk(request: HttpRequest, action: str) -> HttpResponse:
     if request.method != "POST":
         context = {"action": action, "label": BULK_ACTIONS[action], "count": matching.count(), "query": query}
         return render(request, "dashboard/bulk_confirm.html", context)
-    done, refused = _bulk(request, action, list(matching.values_list("pk", flat=True)))
+    done, refused = _bulk(request, action, matching)
     text = f"{BULK_ACTIONS[action]}: {done} run(s)" + (f", {refused} refused" if refused else "") + "."
     messages.success(request, text)
     return HttpResponseRedirect(f"{reverse('dashboard:runs')}?{query}")
 
 
-def _bulk(request: HttpRequest, action: str, run_ids: list[str]) -> tuple[int, int]:
-    operation = api.cancel if action == "cancel" else api.retry
-    done = refused = 0
-    # Each run is its own transaction (an operation retries on a lock conflict, which it could
-    # not do inside a batch's transaction); the ids were read once, so runs that start
-    # matching meanwhile are not touched.
-    for run_id in run_ids:
-        try:
-            run = operation(run_id)
-        except DurableFlowError:
-            refused += 1  # finished or changed meanwhile
-            continue
-        record_operation(request.user, run, f"{BULK_ACTIONS[action]} (dashboard, by filter)")
-        done += 1
-    return done, refused
+def _bulk(request: HttpRequest, action: str, matching: QuerySet[WorkflowRun]) -> tuple[int, int]:
+    """Cancel or retry every matching run through `durable_flow.bulk`: batches of 500 runs a
+    transaction (set-based, a bounded number of queries each), one LogEntry per run."""
+    message = f"{BULK_ACTIONS[action]} (dashboard, by filter)"
+    if action == "cancel":
+        result = bulk_operations.cancel_matching(matching, request.user, message)
+    else:
+        result = bulk_operations.retry_matching(matching, request.user, message)
+    return result.done, len(result.refused)
 
 
 @staff_page
