@@ -82,10 +82,7 @@ class BulkByFilterMixin:
             result = bulk.cancel_matching(queryset, request.user, audit)
         else:
             result = bulk.retry_matching(queryset, request.user, audit)
-        for reason in result.refused:
-            self.message_user(request, reason, messages.WARNING)  # type: ignore[attr-defined]
-        verb = "Cancelled" if operation == "cancel" else "Retried"
-        self.message_user(request, f"{verb} {result.done} run(s).", messages.SUCCESS)  # type: ignore[attr-defined]
+        self._report(request, operation, result, batches=False)
         return None
 
     def bulk_view(self, request: HttpRequest, operation: str) -> HttpResponse:
@@ -110,13 +107,18 @@ class BulkByFilterMixin:
             result = bulk.cancel_matching(runs, request.user, op.audit)
         else:
             result = bulk.retry_matching(runs, request.user, op.audit)
+        self._report(request, operation, result, batches=True)
+        return HttpResponseRedirect(back)
+
+    def _report(self, request: HttpRequest, operation: str, result: bulk.BulkResult, *, batches: bool) -> None:
+        """One success message, and one warning naming the first few refusals."""
         done = "Cancelled" if operation == "cancel" else "Retried"
-        self.message_user(request, f"{done} {result.done} run(s) in {result.batches} batch(es).", messages.SUCCESS)  # type: ignore[attr-defined]
+        how = f" in {result.batches} batch(es)" if batches else ""
+        self.message_user(request, f"{done} {result.done} run(s){how}.", messages.SUCCESS)  # type: ignore[attr-defined]
         if result.refused:
             shown = "; ".join(result.refused[:5])
             more = f" (and {len(result.refused) - 5} more)" if len(result.refused) > 5 else ""
             self.message_user(request, f"Refused {len(result.refused)}: {shown}{more}", messages.WARNING)  # type: ignore[attr-defined]
-        return HttpResponseRedirect(back)
 
     def _matching(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         """Every run the changelist shows for these filters, search and date drill-down (all
