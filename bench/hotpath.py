@@ -157,6 +157,19 @@ class QueryCounter:
                 original()
 
             setattr(conn, name, ended)
+        is_usable = conn.is_usable
+
+        def health_check() -> bool:
+            # PostgreSQL's check is a `SELECT 1` sent on the driver's connection, past the hook.
+            if self.enabled and conn.vendor == "postgresql":
+                with self.lock:
+                    phase = self.phase or "setup"
+                    self.statements[phase] += 1
+                    self.transactions[phase] += 1
+                    self.templates[phase]["SELECT 1 (connection health check)"] += 1
+            return is_usable()
+
+        conn.is_usable = health_check
 
     def reset(self) -> None:
         with self.lock:
