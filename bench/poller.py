@@ -12,9 +12,9 @@ their tasks deleted, so every tick starts from the same state. We take the media
 `--parked` (100,000) runs parked not due (suspended, or running with a step deadline, due
 between one and 31 days from now), and print both and their ratio. Parking 100,000 rows takes
 tens of seconds on a loaded machine, so the earliest parked row falls due a day out, not minutes
-out: none may fall due while the bench runs (a tick that woke one would abort the run). A tick that scanned the parked runs
-would grow with them; one that walks the `(status, wake_at)` index stays flat (target < 1.5).
-An empty tick (nothing due) is shown too, for the fixed cost of asking.
+out: none may fall due while the bench runs (a tick that woke one would abort the run). A tick
+that scanned the parked runs would grow with them; one that walks the `(status, wake_at)` index
+stays flat (target < 1.5). An empty tick (nothing due) is shown too, for the fixed cost of asking.
 
 PostgreSQL gets an ANALYZE after the bulk insert, standing in for autovacuum; SQLite gets
 none (a deployment rarely runs it), so its planner must find the index unaided.

@@ -84,6 +84,9 @@ class DatabaseTransport(Transport):
         return DatabaseTaskSource(self.visibility_timeout_s, self.poll_interval_s)
 
 
+assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
+
+
 class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
@@ -103,22 +106,29 @@ class DatabaseTaskSource(TaskSource):
             time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
+        """Two statements in one transaction: read the claimable rows (locked, skipping rows
+        another worker holds, on PostgreSQL; under SQLite's write lock), then lease them.
+
+        Step tasks come before turn tasks (`kind`: "step" sorts before "turn"), then higher
+        priority, then arrival: an admitted step holds a queue slot that the next waiter needs,
+        and a turn only creates more work, so finishing work in flight comes first."""
         now = timezone.now()
         claimable = Task.objects.filter(
             Q(claimed_by__isnull=True) | Q(lease_until__lt=now), available_at__lte=now
-        ).order_by("-priority", "id")
+        ).order_by("kind", "-priority", "id")
         with transaction.atomic():
             if connection.features.has_select_for_update_skip_locked:
                 claimable = claimable.select_for_update(skip_locked=True)
-            ids = list(claimable.values_list("id", flat=True)[:limit])
-            if not ids:
+            rows = list(claimable.values_list("id", "kind", "run_id", "step_key", "attempt")[:limit])
+            if not rows:
                 return []
-            Task.objects.filter(id__in=ids).update(claimed_by=worker_id, lease_until=now + self.visibility)
-            rows = Task.objects.filter(id__in=ids, claimed_by=worker_id).order_by("-priority", "id")
-            return [
-                ClaimedTask(kind=row.kind, run_id=row.run_id, step_key=row.step_key, attempt=row.attempt, handle=row.id)
-                for row in rows
-            ]
+            Task.objects.filter(id__in=[row[0] for row in rows]).update(
+                claimed_by=worker_id, lease_until=now + self.visibility
+            )
+        return [
+            ClaimedTask(kind=kind, run_id=run_id, step_key=step_key, attempt=attempt, handle=task_id)
+            for task_id, kind, run_id, step_key, attempt in rows
+        ]
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
         Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
