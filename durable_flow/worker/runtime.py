@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,9 @@ class ClaimedTask:
     handle: Any = field(default=None, repr=False)
     #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runtime).
     outcome: str = ""
+    #: The engine's transaction already did what `done` does (the `db` source deletes its
+    #: task row there); set once that transaction committed.
+    done_in_engine: bool = False
 
 
 class TaskSource(ABC):
@@ -105,13 +109,14 @@ class TaskSource(ABC):
         return None
 
 
-def run_task(engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
-    """Execute one claimed task through the engine; True unless the step failed."""
+def run_task(engine: Engine, task: ClaimedTask, worker_id: str, also: Callable[[], object] | None = None) -> bool:
+    """Execute one claimed task through the engine; True unless the step failed. `also` runs
+    inside the engine's transaction that settles the task (see `Engine.run_turn`)."""
     if task.kind == "turn":
-        run = engine.run_turn(task.run_id)
+        run = engine.run_turn(task.run_id, also=also)
         task.outcome = run.status if run is not None else "missing"
         return True
-    task.outcome = engine.execute_step(task.run_id, task.step_key, task.attempt, worker_id=worker_id)
+    task.outcome = engine.execute_step(task.run_id, task.step_key, task.attempt, worker_id=worker_id, also=also)
     return task.outcome != "failed"
 
 
