@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
@@ -87,6 +86,21 @@ class DatabaseTransport(Transport):
 assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
 
 
+def _claim_statement() -> str:
+    """`UPDATE ... WHERE id IN (SELECT ... LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING ...`:
+    the claim in one round trip and one (autocommit) transaction, in the `df_task_claim_order`
+    index's order."""
+    q = connection.ops.quote_name
+    table = q(Task._meta.db_table)
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    return (
+        f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s WHERE {q('id')} IN ("
+        f"SELECT {q('id')} FROM {table} WHERE ({q('claimed_by')} IS NULL OR {q('lease_until')} < %s) "
+        f"AND {q('available_at')} <= %s ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
+        f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}"
+    )
+
+
 class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
@@ -106,28 +120,23 @@ class DatabaseTaskSource(TaskSource):
             time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
-        """Two statements in one transaction: read the claimable rows (locked, skipping rows
-        another worker holds, on PostgreSQL; under SQLite's write lock), then lease them.
+        """One statement: lease up to `limit` claimable rows and return them. On PostgreSQL
+        the rows are picked `FOR UPDATE SKIP LOCKED`, so claimers never wait on each other;
+        SQLite runs the statement under its write lock.
 
         Step tasks come before turn tasks (`kind`: "step" sorts before "turn"), then higher
         priority, then arrival: an admitted step holds a queue slot that the next waiter needs,
         and a turn only creates more work, so finishing work in flight comes first."""
         now = timezone.now()
-        claimable = Task.objects.filter(
-            Q(claimed_by__isnull=True) | Q(lease_until__lt=now), available_at__lte=now
-        ).order_by("kind", "-priority", "id")
-        with transaction.atomic():
-            if connection.features.has_select_for_update_skip_locked:
-                claimable = claimable.select_for_update(skip_locked=True)
-            rows = list(claimable.values_list("id", "kind", "run_id", "step_key", "attempt")[:limit])
-            if not rows:
-                return []
-            Task.objects.filter(id__in=[row[0] for row in rows]).update(
-                claimed_by=worker_id, lease_until=now + self.visibility
-            )
+        ops = connection.ops
+        params = [worker_id, ops.adapt_datetimefield_value(now + self.visibility)]
+        params += [ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), limit]
+        with connection.cursor() as cursor:
+            cursor.execute(_claim_statement(), params)
+            rows = sorted(cursor.fetchall(), key=lambda row: (row[1], -row[5], row[0]))
         return [
             ClaimedTask(kind=kind, run_id=run_id, step_key=step_key, attempt=attempt, handle=task_id)
-            for task_id, kind, run_id, step_key, attempt in rows
+            for task_id, kind, run_id, step_key, attempt, _ in rows
         ]
 
     def execute(self, engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
