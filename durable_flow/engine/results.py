@@ -91,11 +91,11 @@ class ResultsMixin(EngineBase):
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 return
-            self._release(cp)
+            # The slot goes back now; `holds_slot` is written by the status update below.
+            released = ("holds_slot",) if self._release(cp, save=False) else ()
             if cancelled or run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or run.is_terminal:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
-                cp.save(update_fields=["late_result"])
-                self.settle(cp, StepStatus.CANCELLED)
+                self.settle(cp, StepStatus.CANCELLED, fields=("late_result", *released))
                 self._finish_cancelling(run)
                 return
             if error is not None and cp.attempt < cp.max_attempts:
@@ -106,17 +106,21 @@ class ResultsMixin(EngineBase):
                 self._continue(run, checkpoints if not cp.group else None)  # parks it until the backoff is up
                 return
             if error is not None:
-                self.settle(cp, StepStatus.FAILED, error=error)
+                self.settle(cp, StepStatus.FAILED, error=error, fields=released)
             else:
-                self.settle(cp, StepStatus.COMPLETED, output=output)
+                self.settle(cp, StepStatus.COMPLETED, output=output, fields=released)
             if not cp.group:
                 self._continue(run, checkpoints)  # every checkpoint of the run is in hand
             elif self._group_settled(cp):
                 self._continue(run)
 
-    def _release(self: Engine, cp: StepCheckpoint) -> None:
-        """Give the slot back; the backend grants it on with this transaction."""
-        if cp.holds_slot:
-            cp.holds_slot = False
+    def _release(self: Engine, cp: StepCheckpoint, *, save: bool = True) -> bool:
+        """Give the slot back; the backend grants it on with this transaction. Whether it held
+        one (with `save=False` the caller writes `holds_slot` in its own update)."""
+        if not cp.holds_slot:
+            return False
+        cp.holds_slot = False
+        if save:
             cp.save(update_fields=["holds_slot"])
-            self.release_ticket(cp.queue, cp.ticket)
+        self.release_ticket(cp.queue, cp.ticket)
+        return True
