@@ -209,9 +209,9 @@ def run_path(queue: str | None, runs: int, concurrency: int) -> float:
         setattr(source, name, COUNTER.wrap(phase, getattr(source, name)))
     execute = source.execute
 
-    def execute_tagged(engine: Any, task: Any, worker_id: str) -> bool:
+    def execute_tagged(runner: Any, task: Any) -> bool:
         with COUNTER.tagged(task.kind):
-            return execute(engine, task, worker_id)
+            return execute(runner, task)
 
     source.execute = execute_tagged  # type: ignore[method-assign]
     runtime = WorkerRuntime(engine, source, FixedConcurrency(concurrency), grace_s=5)

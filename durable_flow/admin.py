@@ -17,11 +17,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from durable_flow import queries
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, QuotaRefusal, RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import workflows
+from durable_flow.validation import max_length
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
@@ -30,7 +32,9 @@ class StartForm(forms.Form):
 
     workflow = forms.ChoiceField(choices=())
     input = forms.JSONField(required=False, help_text='JSON, e.g. {"account": 42}')
-    run_id = forms.CharField(required=False, max_length=200, help_text="Optional; makes the start idempotent.")
+    run_id = forms.CharField(
+        required=False, max_length=max_length("WorkflowRun", "id"), help_text="Optional; makes the start idempotent."
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -40,7 +44,7 @@ class StartForm(forms.Form):
 class SignalForm(forms.Form):
     """Send a named signal with a JSON payload."""
 
-    name = forms.CharField(max_length=200)
+    name = forms.CharField(max_length=max_length("Signal", "name"))
     payload = forms.JSONField(required=False)
 
 
@@ -88,6 +92,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "wake_at",
         "tags",
         "concurrency_key",
+        "step_concurrency",
         "parent",
         "parent_step_key",
         "rerun_of",
@@ -320,7 +325,7 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="Waiting now")
     def waiting(self, obj: FlowQueue) -> int:
-        return StepCheckpoint.objects.filter(queue=obj.name, status="waiting").count()
+        return queries.waiting_calls(obj.name).count()
 
 
 @admin.register(WorkerHeartbeat)
@@ -350,9 +355,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True)
     def alive(self, obj: WorkerHeartbeat) -> bool:
-        return obj.stopped_at is None and obj.last_seen >= dead_worker_cutoff(
-            get_settings().heartbeat_ttl_s, timezone.now()
-        )
+        return queries.is_alive(obj, dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now()))
 
 
 @admin.register(QuotaRefusal)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durable_flow.exceptions import InvalidInput
-from durable_flow.validation import storable_text
+from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
@@ -14,14 +14,11 @@ if TYPE_CHECKING:
     from durable_flow.quotas import QuotaSpec
     from durable_flow.registry import WorkflowDefinition
 
-#: The longest run id, workflow name, signal name or tag (the model fields' `max_length`).
-MAX_NAME = 200
-
 
 def _run_id(run_id: object) -> str:
     """A run id the database can look up; `InvalidInput` otherwise (never a bare DataError)."""
 
-    return storable_text(run_id, "run_id", MAX_NAME)
+    return storable_text(run_id, "run_id", max_length("WorkflowRun", "id"))
 
 
 def start(

@@ -25,6 +25,7 @@ HINTS = {
     "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
     "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
     "E006": "SAMPLE_INTERVAL_S is at least 1 s and SAMPLE_RETENTION_S at least 3600 s (the charts show an hour).",
+    "W001": "Use the 'local' or 'db' admission backend, or drop concurrency= (see README, Step concurrency).",
 }
 
 
@@ -60,4 +61,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 cls.check_options(spec.options)
             except ImproperlyConfigured as exc:
                 errors.append(_error(str(exc), options_id))
+        if key == "ADMISSION" and not getattr(cls, "SUPPORTS_CONSTRAINTS", False):
+            errors.extend(_unenforced_step_concurrency())
     return errors
+
+
+def _unenforced_step_concurrency() -> list[checks.CheckMessage]:
+    from durable_flow.registry import workflows
+
+    declaring = sorted(name for name, definition in workflows().items() if definition.concurrency)
+    if not declaring:
+        return []
+    message = (
+        f'DURABLE_FLOW["ADMISSION"] cannot enforce step concurrency, declared by {", ".join(declaring[:5])}'
+        f"{' and others' if len(declaring) > 5 else ''}: starting those runs will fail"
+    )
+    return [checks.Warning(message, hint=HINTS["W001"], id="durable_flow.W001")]

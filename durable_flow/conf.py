@@ -38,6 +38,7 @@ TOP_LEVEL_KEYS = {
     "MAX_PAYLOAD_BYTES",
     "REDISPATCH_AFTER_S",
     "METRICS",
+    "ENVIRONMENT",
 }
 
 
@@ -72,6 +73,8 @@ class DurableFlowSettings:
     redispatch_after_s: float = 600.0
     metrics_token: str | None = None
     metrics_window_s: float = 300.0
+    #: Names the `env` scope of step concurrency (`sc:env:<environment>:<key>`).
+    environment: str = "default"
 
 
 def _fail(key: str, message: str) -> ImproperlyConfigured:
@@ -201,6 +204,12 @@ def parse_settings(raw: object) -> DurableFlowSettings:
     if token is not None and (not isinstance(token, str) or len(token) < 16):
         raise _fail("METRICS", "TOKEN must be a string of at least 16 characters (or None)")
 
+    environment = raw.get("ENVIRONMENT", "default")
+    if not isinstance(environment, str) or not environment or len(environment) > 100 or ":" in environment:
+        raise _fail(
+            "ENVIRONMENT", f"must be a non-empty string of at most 100 characters without ':', got {environment!r}"
+        )
+
     return DurableFlowSettings(
         workflows=tuple(workflows),
         queues=tuple(queues),
@@ -217,6 +226,7 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         redispatch_after_s=float(redispatch),
         metrics_token=token,
         metrics_window_s=_positive_number(metrics, "WINDOW_S", 300.0, "METRICS"),
+        environment=environment,
     )
 
 

@@ -27,7 +27,7 @@ from durable_flow.models import (
 )
 from durable_flow.registry import StepDefinition, WorkflowDefinition, resolve_workflow
 from durable_flow.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
-from durable_flow.validation import storable_text
+from durable_flow.validation import max_length, storable_text
 
 __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
 
@@ -166,7 +166,7 @@ class WorkflowContext:
         A signal sent before the wait is kept and consumed here. With `timeout`, raise
         `SignalTimeout` if none arrived in time.
         """
-        storable_text(name, "ctx.wait_for_signal: signal name", 200)
+        storable_text(name, "ctx.wait_for_signal: signal name", max_length("Signal", "name"))
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise ValueError("ctx.wait_for_signal: timeout must be a positive timedelta")
         key = self._next_key()
@@ -224,7 +224,7 @@ class WorkflowContext:
     ) -> StepOptions:
         self._registered_step(step)
         if queue is not None:
-            storable_text(queue, "queue", 100)
+            storable_text(queue, "queue", max_length("StepCheckpoint", "queue"))
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
         if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
@@ -232,7 +232,7 @@ class WorkflowContext:
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
         if fairness_key is not None:
-            storable_text(fairness_key, "fairness_key", 200, allow_empty=True)
+            storable_text(fairness_key, "fairness_key", max_length("StepCheckpoint", "fairness_key"), allow_empty=True)
         if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
             raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
         return StepOptions(

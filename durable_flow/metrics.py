@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -28,8 +28,9 @@ from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from durable_flow import queries
 from durable_flow.conf import get_settings
-from durable_flow.models import FlowQueue, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import FlowQueue, StepCheckpoint, StepKind, StepStatus
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 logger = logging.getLogger(__name__)
@@ -96,8 +97,7 @@ class DurableFlowCollector(Collector):
         family = GaugeMetricFamily(
             "durable_flow_runs", "Workflow runs by workflow and status.", labels=["workflow", "status"]
         )
-        rows = WorkflowRun.objects.values_list("workflow", "status").annotate(n=Count("id")).order_by()
-        for workflow, status, count in rows:
+        for workflow, status, count in queries.run_counts_by_workflow():
             family.add_metric([workflow, status], count)
         return family
 
@@ -117,20 +117,8 @@ class DurableFlowCollector(Collector):
         period = GaugeMetricFamily(
             "durable_flow_queue_rate_period_seconds", "The period of a queue's rate limit.", labels=["queue"]
         )
-        parked = dict(
-            StepCheckpoint.objects.filter(status=StepStatus.WAITING)
-            .values_list("queue")
-            .annotate(n=Count("id"))
-            .values_list("queue", "n")
-            .order_by()
-        )
-        holding = dict(
-            StepCheckpoint.objects.filter(status=StepStatus.DISPATCHED, holds_slot=True)
-            .values_list("queue")
-            .annotate(n=Count("id"))
-            .values_list("queue", "n")
-            .order_by()
-        )
+        parked = queries.waiting_by_queue()
+        holding = queries.slots_held_by_queue()
         backend = _admission_backend()
         # The `local` backend counts per process: this web process's figure says nothing of the
         # workers', so the checkpoints (the fleet-wide truth) answer instead.
@@ -192,8 +180,8 @@ class DurableFlowCollector(Collector):
             "durable_flow_worker_up", "1 while the worker's heartbeat is fresh, else 0.", labels=["worker"]
         )
         cutoff = dead_worker_cutoff(ttl_s, now)
-        for beat in WorkerHeartbeat.objects.filter(last_seen__gte=now - WORKER_HORIZON):
-            alive = beat.stopped_at is None and beat.last_seen >= cutoff
+        for beat in queries.workers_seen_since(now - WORKER_HORIZON):
+            alive = queries.is_alive(beat, cutoff)
             up.add_metric([beat.worker_id], 1 if alive else 0)
             if alive:
                 busy = beat.in_flight

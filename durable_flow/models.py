@@ -49,6 +49,11 @@ class WorkflowRun(models.Model):
     concurrency_limit = models.IntegerField(
         null=True, blank=True, help_text="The start quota's limit for its key when this run started."
     )
+    step_concurrency = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The step-concurrency constraints evaluated when the run started: [{resource, limit}].",
+    )
     turns = models.PositiveIntegerField(default=0, help_text="How many times the workflow function was replayed.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -236,6 +241,8 @@ class AdmissionWaiter(models.Model):
     key_served = models.BigIntegerField(default=-1, help_text="When its fairness key was last served (serve counter).")
     arrival = models.BigIntegerField()
     seen_ms = models.BigIntegerField()
+    constrained = models.BooleanField(default=False, help_text="Whether step-concurrency constraints gate it too.")
+    constraints = models.JSONField(default=list, blank=True, help_text="[[resource, limit], ...]")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["queue", "ticket"], name="df_waiter_queue_ticket")]
@@ -276,6 +283,36 @@ class AdmissionKeyServed(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["queue", "fairness_key"], name="df_served_queue_key")]
+
+
+class AdmissionHold(models.Model):
+    """A step-concurrency slot: `ticket` holds one slot of `resource` from admission until its
+    result lands (a resource's active count is its number of rows)."""
+
+    resource = models.CharField(max_length=320)
+    ticket = models.CharField(max_length=320)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_hold_resource_ticket")]
+        indexes = [models.Index(fields=["ticket"], name="df_hold_ticket")]
+
+
+class AdmissionResourceWaiter(models.Model):
+    """A parked call indexed under a resource it needs, so a freed slot of that resource finds
+    its waiters across queues: by priority, then arrival (the id)."""
+
+    resource = models.CharField(max_length=320)
+    ticket = models.CharField(max_length=320)
+    queue = models.CharField(max_length=100, blank=True)
+    priority = models.IntegerField(default=0)
+    limit = models.IntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_rwaiter_resource_ticket")]
+        indexes = [
+            models.Index(fields=["resource", "-priority", "id"], name="df_rwaiter_rank"),
+            models.Index(fields=["ticket"], name="df_rwaiter_ticket"),
+        ]
 
 
 class WorkerHeartbeat(models.Model):

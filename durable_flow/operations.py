@@ -18,7 +18,7 @@ from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.queues import QueueConfig, RateLimit, queue_from_dict
 from durable_flow.registry import get_step, get_workflow
-from durable_flow.validation import storable_text
+from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
     pass
@@ -156,7 +156,7 @@ def update_queue(
 
 
 def _queue_row(name: str) -> FlowQueue:
-    storable_text(name, "queue name", 100)
+    storable_text(name, "queue name", max_length("FlowQueue", "name"))
     queue = FlowQueue.objects.filter(pk=name).first()
     if queue is None:
         raise QueueNotFound(f"no queue named {name!r}")

@@ -19,19 +19,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Q
 
+from durable_flow import queries
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
-from durable_flow.models import (
-    FlowQueue,
-    RunStatus,
-    StepCheckpoint,
-    StepKind,
-    StepStatus,
-    WorkerHeartbeat,
-    WorkflowRun,
-)
+from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
 from durable_flow.sampling import Sampler
+from durable_flow.step_concurrency import declared_anywhere
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from durable_flow.worker.outage import Outage, transient_errors
 
@@ -63,9 +56,7 @@ class TimerPoller:
         """Wake one batch of due runs; return their ids."""
         now = self.engine.now()
         with transaction.atomic():
-            due = WorkflowRun.objects.filter(
-                status__in=(RunStatus.SUSPENDED, RunStatus.RUNNING), wake_at__lte=now
-            ).order_by("wake_at")
+            due = queries.due_runs(now)
             if connection.features.has_select_for_update_skip_locked:
                 due = due.select_for_update(skip_locked=True)
             run_ids = list(due.values_list("id", flat=True)[: self.batch_size])
@@ -83,6 +74,8 @@ class TimerPoller:
         for name in FlowQueue.objects.filter(paused=False).values_list("name", flat=True):
             if self.engine.admission.handles(name):
                 granted += self.engine.grant(name)
+        if declared_anywhere():
+            granted += self.engine.grant("")  # calls gated by step concurrency alone
         return granted
 
     def drain(self) -> int:
@@ -97,13 +90,9 @@ class TimerPoller:
         settings = self.engine.settings
         now = self.engine.now()
         dead_cutoff = dead_worker_cutoff(settings.heartbeat_ttl_s, now)
-        dead_workers = WorkerHeartbeat.objects.filter(Q(last_seen__lt=dead_cutoff) | Q(stopped_at__isnull=False))
+        dead_workers = queries.dead_workers(dead_cutoff)
         lost_after = now - timedelta(seconds=settings.redispatch_after_s)
-        lost = (
-            StepCheckpoint.objects.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
-            .filter(Q(worker__in=dead_workers.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
-            .values_list("run_id", "key")
-        )
+        lost = queries.lost_steps(dead_workers, lost_after).values_list("run_id", "key")
         lost_by_run: dict[str, list[str]] = {}
         for run_id, key in lost[: self.batch_size]:
             lost_by_run.setdefault(run_id, []).append(key)
@@ -117,18 +106,17 @@ class TimerPoller:
         for name in FlowQueue.objects.values_list("name", flat=True):
             if self.engine.admission.handles(name):
                 redriven += self.engine.reoffer_waiting(name)
+        if declared_anywhere():
+            redriven += self.engine.reoffer_waiting("")  # calls gated by step concurrency alone
         # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
         # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
         self.engine.transport.reclaim_from(list(dead_workers.values_list("worker_id", flat=True)))
         # A cancelled run waits for its executing steps' results; one past its deadline will not
         # be re-dispatched for a cancelled run, so it is settled as cancelled here instead.
-        overdue = StepCheckpoint.objects.filter(
-            run__status=RunStatus.CANCELLING, kind=StepKind.STEP, status=StepStatus.DISPATCHED, wake_at__lt=now
-        ).values_list("run_id", "key", "attempt")
+        overdue = queries.overdue_cancelled_steps(now).values_list("run_id", "key", "attempt")
         for run_id, key, attempt in list(overdue[: self.batch_size]):
             self.engine.record_result(run_id, key, attempt, cancelled=True)
-        stale_turns = WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after)
-        stale_ids = list(stale_turns.values_list("id", flat=True)[: self.batch_size])
+        stale_ids = list(queries.stale_pending_runs(lost_after).values_list("id", flat=True)[: self.batch_size])
         if stale_ids:
             with transaction.atomic():
                 # Touched, so each is re-sent once per REDISPATCH_AFTER_S, not on every pass.
@@ -142,17 +130,13 @@ class TimerPoller:
     def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
         """Steps dispatched long ago to a worker that is alive but not executing them (it gave
         up on the job, e.g. after the database refused its result): re-drive those too."""
-        old = StepCheckpoint.objects.filter(
-            kind=StepKind.STEP, status=StepStatus.DISPATCHED, dispatched_at__lt=lost_after
-        ).exclude(worker="")
+        old = queries.stale_dispatched_steps(lost_after)
         candidates = list(old.values_list("run_id", "key", "attempt", "worker")[: self.batch_size])
         if not candidates:
             return []
+        live = queries.live_workers(dead_cutoff).filter(worker_id__in={c[3] for c in candidates})
         running: dict[str, set[str]] = {
-            worker_id: set(tasks)
-            for worker_id, tasks in WorkerHeartbeat.objects.filter(
-                worker_id__in={c[3] for c in candidates}, last_seen__gte=dead_cutoff, stopped_at__isnull=True
-            ).values_list("worker_id", "running")
+            worker: set(tasks) for worker, tasks in live.values_list("worker_id", "running")
         }
         return [
             (run_id, key)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from durable_flow.exceptions import InvalidQueueConfig
-from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS
+from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS, max_length
 
 Algorithm = Literal["fixed", "sliding"]
 Fairness = Literal["fifo", "key"]
@@ -76,8 +76,9 @@ class QueueConfig:
         where: str = "queue",
     ) -> QueueConfig:
         """Validate keyword options (the `register_queue` form)."""
-        if not isinstance(name, str) or not name.strip() or len(name) > 100 or "\x00" in name:
-            raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most 100 characters is required")
+        longest = max_length("FlowQueue", "name")
+        if not isinstance(name, str) or not name.strip() or len(name) > longest or "\x00" in name:
+            raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most {longest} characters is required")
         where = f"{where} {name!r}"
         if concurrency is not None and (not _is_int(concurrency) or not 1 <= concurrency <= MAX_COUNT):
             raise InvalidQueueConfig(

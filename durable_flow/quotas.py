@@ -28,6 +28,7 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
+from durable_flow.validation import max_length
 
 if TYPE_CHECKING:
     from durable_flow.models import StepCheckpoint
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 #: Every non-terminal status occupies a slot unless the quota narrows it.
 ACTIVE_STATUSES: tuple[str, ...] = ("pending", "running", "suspended", "cancelling")
 RUN_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "cancelled", "completed", "failed")
-MAX_KEY_LENGTH = 200  # WorkflowRun.concurrency_key's max_length
 TAG_PREFIX = "concurrency:"
 #: Marks a child checkpoint whose start was refused, so a replay raises the same error.
 REFUSED = "quota_refused"
@@ -147,10 +147,9 @@ async def _awaited(value: Any) -> Any:
 
 
 def check_key(key: object) -> str:
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidQuota(
-            f"a quota key must be a non-empty string of at most {MAX_KEY_LENGTH} characters, got {key!r}"
-        )
+    longest = max_length("WorkflowRun", "concurrency_key")
+    if not isinstance(key, str) or not key or len(key) > longest:
+        raise InvalidQuota(f"a quota key must be a non-empty string of at most {longest} characters, got {key!r}")
     return key
 
 

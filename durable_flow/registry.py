@@ -13,6 +13,8 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from durable_flow.exceptions import RegistrationError, StepNotFound, WorkflowNotFound
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
+from durable_flow.step_concurrency import ConcurrencySpec, parse_concurrency
+from durable_flow.validation import max_length
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,6 +69,7 @@ class WorkflowDefinition:
     fn: WorkflowFn
     version: str = "1"
     quota: QuotaSpec | None = None
+    concurrency: tuple[ConcurrencySpec, ...] = ()
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
@@ -81,14 +84,25 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
+#: Where each kind of registered name is stored, so its length limit is that column's.
+NAME_FIELDS = {"workflow": ("WorkflowRun", "workflow"), "step": ("StepCheckpoint", "name")}
+
+
 def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise RegistrationError(f"a {what} name must be a non-empty string of at most 200 characters, got {name!r}")
+    longest = max_length(*NAME_FIELDS[what])
+    if not isinstance(name, str) or not name.strip() or len(name) > longest:
+        raise RegistrationError(
+            f"a {what} name must be a non-empty string of at most {longest} characters, got {name!r}"
+        )
     return name
 
 
 def workflow(
-    name: str, *, version: str | int = "1", quota: QuotaSpec | Mapping[str, Any] | None = None
+    name: str,
+    *,
+    version: str | int = "1",
+    quota: QuotaSpec | Mapping[str, Any] | None = None,
+    concurrency: int | Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -96,15 +110,20 @@ def workflow(
     version fail with a clear non-determinism error instead of replaying wrongly.
     `quota` (`{"key": fn(input), "limit": n, "count_statuses": [...]}`) refuses a start at once
     with `ConcurrencyLimitError` when `limit` runs of its key are in flight; see `quotas.py`.
+    `concurrency` (`10`, `{"limit": 2, "key": "input.account_id"}`, or a list of two) caps the
+    step attempts executing at once per evaluated key; see `step_concurrency.py`.
     """
     _check_name(name, "workflow")
     quota_spec = parse_workflow_quota(name, quota)
+    concurrency_specs = parse_concurrency(name, concurrency)
 
     def decorate(fn: WorkflowFn) -> WorkflowDefinition:
         existing = _workflows.get(name)
         if existing is not None and not _same_function(existing.fn, fn):
             raise RegistrationError(f"workflow {name!r} is already registered by {existing.fn.__module__}")
-        definition = WorkflowDefinition(name=name, fn=fn, version=str(version), quota=quota_spec)
+        definition = WorkflowDefinition(
+            name=name, fn=fn, version=str(version), quota=quota_spec, concurrency=concurrency_specs
+        )
         _workflows[name] = definition
         return definition
 

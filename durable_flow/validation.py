@@ -9,12 +9,30 @@ Lua double) before they reach one.
 
 from __future__ import annotations
 
+from functools import cache
+
 from durable_flow.exceptions import InvalidInput
 
 #: The largest count (concurrency, limit) any backend stores exactly: PostgreSQL `integer`.
 MAX_COUNT = 2**31 - 1
 #: The longest duration in milliseconds: ten years, well inside Lua's exact doubles (2**53).
 MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+@cache
+def max_length(model: str, field: str) -> int:
+    """The `max_length` of a durable_flow model's field: `max_length("WorkflowRun", "id")`.
+
+    A length limit is written once, on the model (and so in its migration); every check of a
+    name, id or key reads it from there. Looked up on first use, not at import: queues and
+    workflows are declared and checked by modules that load before the models may be imported.
+    """
+    from durable_flow import models
+
+    length = getattr(models, model)._meta.get_field(field).max_length
+    if length is None:
+        raise TypeError(f"{model}.{field} has no max_length")
+    return int(length)
 
 
 def storable_text(value: object, what: str, max_length: int, *, allow_empty: bool = False) -> str:

@@ -24,11 +24,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from durable_flow import api
-from durable_flow.api import MAX_NAME
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import FlowQueue, WorkflowRun
-from durable_flow.validation import storable_text
+from durable_flow.validation import max_length, storable_text
 
 MAX_BODY_BYTES = 2_000_000
 
@@ -120,7 +119,7 @@ def start_run(request: HttpRequest) -> HttpResponse:
         raise InvalidInput('"workflow" must be a workflow name')
     run_id = body.get("run_id")
     if run_id is not None:
-        storable_text(run_id, '"run_id"', MAX_NAME)
+        storable_text(run_id, '"run_id"', max_length("WorkflowRun", "id"))
     existed = run_id is not None and WorkflowRun.objects.filter(pk=run_id).exists()
     run = api.start(workflow, body.get("input"), run_id=run_id)
     if not existed:

@@ -34,7 +34,7 @@ if ADMISSION_BACKEND == "redis":
     ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
 
 DURABLE_FLOW = {
-    "WORKFLOWS": ["tests.workflows"],
+    "WORKFLOWS": ["tests.workflows", "tests.sc_workflows"],
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},

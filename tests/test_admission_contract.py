@@ -12,22 +12,23 @@ from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.testing.admission_contract import AdmissionBackendContract
 from durable_flow.testing.clock import FakeClock
+from durable_flow.testing.constraint_contract import StepConcurrencyContract
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
-class TestLocalAdmissionBackend(AdmissionBackendContract):
+class TestLocalAdmissionBackend(AdmissionBackendContract, StepConcurrencyContract):
     def make_backend(self, clock: FakeClock) -> LocalAdmissionBackend:
         return LocalAdmissionBackend(clock=clock)
 
 
 @pytest.mark.django_db(transaction=True)
-class TestDatabaseAdmissionBackend(AdmissionBackendContract):
+class TestDatabaseAdmissionBackend(AdmissionBackendContract, StepConcurrencyContract):
     def make_backend(self, clock: FakeClock) -> DatabaseAdmissionBackend:
         return DatabaseAdmissionBackend(clock=clock)
 
 
-class TestRedisAdmissionBackend(AdmissionBackendContract):
+class TestRedisAdmissionBackend(AdmissionBackendContract, StepConcurrencyContract):
     @pytest.fixture(autouse=True)
     def _redis_prefix(self) -> Iterator[None]:
         """Each test gets its own key prefix; its keys (and only those) are deleted after."""

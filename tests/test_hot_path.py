@@ -15,7 +15,7 @@ from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, Task, WorkflowRun
 from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
-from durable_flow.worker.runtime import ClaimedTask
+from durable_flow.transports.runner import ClaimedTask, EngineRunner
 from tests.conftest import MovableClock, local_engine
 
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
@@ -33,7 +33,7 @@ def claim_one(source: DatabaseTaskSource) -> ClaimedTask:
 
 def work(engine: Engine, source: DatabaseTaskSource, task: ClaimedTask) -> None:
     """What the worker runtime does with a claimed task."""
-    source.execute(engine, task, "w")
+    source.execute(EngineRunner(engine, "w"), task)
     source.done("w", task)
 
 
@@ -47,11 +47,11 @@ def test_the_task_row_goes_in_the_transaction_that_settles_it(db_engine: tuple[E
     engine, source = db_engine
     run = start("tests.echo_flow", "hello")
     turn = claim_one(source)
-    source.execute(engine, turn, "w")
+    source.execute(EngineRunner(engine, "w"), turn)
     assert turn.done_in_engine
     assert list(Task.objects.values_list("kind", flat=True)) == ["step"]
     step = claim_one(source)
-    source.execute(engine, step, "w")
+    source.execute(EngineRunner(engine, "w"), step)
     assert step.done_in_engine
     assert not Task.objects.exists()
     run.refresh_from_db()
@@ -65,7 +65,7 @@ def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_engine: tuple
     work(engine, source, claim_one(source))
     step = claim_one(source)
     WorkflowRun.objects.filter(pk=run.pk).delete()  # the checkpoint goes with it
-    source.execute(engine, step, "w")
+    source.execute(EngineRunner(engine, "w"), step)
     assert step.outcome == "missing"
     assert not step.done_in_engine
     source.done("w", step)

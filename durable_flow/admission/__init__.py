@@ -5,9 +5,18 @@ from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
+    Constraint,
     Grant,
     Ticket,
     system_clock_ms,
 )
 
-__all__ = ["AdmissionBackend", "AdmissionDecision", "AdmissionRequest", "Grant", "Ticket", "system_clock_ms"]
+__all__ = [
+    "AdmissionBackend",
+    "AdmissionDecision",
+    "AdmissionRequest",
+    "Constraint",
+    "Grant",
+    "Ticket",
+    "system_clock_ms",
+]

@@ -24,7 +24,7 @@ from durable_flow.queues import QueueConfig
 Clock = Callable[[], int]
 """Epoch milliseconds. Injected so decision logic can be tested without sleeping."""
 
-BlockReason = Literal["rate_limited", "concurrency", "waiting_turn"]
+BlockReason = Literal["rate_limited", "concurrency", "step_concurrency", "waiting_turn"]
 
 
 def system_clock_ms() -> int:
@@ -49,14 +49,29 @@ class Ticket(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Constraint:
+    """A step-concurrency gate: the call may start only while fewer than `limit` slots of
+    `resource` are held (each call checks the shared count against its own limit)."""
+
+    resource: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionRequest:
     """One call asking for a slot. `ticket` names it (`run_id/step_key`) across retries,
-    so a call that re-asks keeps its place in line."""
+    so a call that re-asks keeps its place in line.
+
+    `constraints` (its run's step concurrency) gate the call whatever its queue: admitted only
+    when the queue (if registered) admits it and every constraint has room, taking all its
+    slots or none. A call with constraints and no registered queue (`queue=""` included) is
+    gated by its constraints alone, on the backend's pseudo-queue `""`."""
 
     queue: str
     ticket: str
     priority: int = 0
     fairness_key: str = ""
+    constraints: tuple[Constraint, ...] = ()
 
     @property
     def key(self) -> str:
@@ -103,6 +118,9 @@ class AdmissionBackend(Configurable, ABC):
 
     SETTING: ClassVar[str] = 'DURABLE_FLOW["ADMISSION"]'
     OPTIONS: ClassVar[Mapping[str, Option]] = {}
+    #: Whether `AdmissionRequest.constraints` are enforced. A backend that cannot must say so:
+    #: the engine then refuses to start runs that declare step concurrency.
+    SUPPORTS_CONSTRAINTS: ClassVar[bool] = False
 
     @abstractmethod
     def register(self, config: QueueConfig) -> None:
@@ -123,9 +141,11 @@ class AdmissionBackend(Configurable, ABC):
 
     @abstractmethod
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
-        """Give back the ticket's slot (if held), forget it as a waiter, and (unless
-        `grant_next` is False: a paused queue) grant the room to the next waiters in the same
-        atomic operation. Idempotent."""
+        """Give back the ticket's slot (if held) and its constraints' slots, forget it as a
+        waiter, and (unless `grant_next` is False: a paused queue) grant the room to the next
+        waiters in the same atomic operation: the queue's, and those of any queue that wait
+        for a freed constraint (best first, skipping those another gate still blocks).
+        Idempotent."""
 
     @abstractmethod
     def grant(self, queue: str) -> Grant:

@@ -15,6 +15,10 @@ in SQL so each costs a handful of indexed queries however many waiters there are
 
 A release grants in its own transaction, so when the engine records a result inside a
 transaction, the slot changes hands exactly when the result commits.
+
+Step-concurrency constraints (`db_resources`) are decided in the same transaction: a call takes
+its queue slot and its resource slots together or none. A call with constraints and no
+registered queue waits and holds its slot on the pseudo-queue `""` (no cap, no window).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 
 from django.db import connection, transaction
 
+from durable_flow.admission import db_resources
 from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
@@ -32,6 +37,13 @@ from durable_flow.admission.base import (
     Clock,
     Grant,
     system_clock_ms,
+)
+from durable_flow.admission.db_resources import (
+    FREE_QUEUE,
+    Counts,
+    ResourceGateMixin,
+    lock_resources,
+    waiter_constraints,
 )
 from durable_flow.admission.policy import NEVER_SERVED, oldest_mark_needed, window_retry_at, window_room
 from durable_flow.models import (
@@ -43,13 +55,17 @@ from durable_flow.models import (
     FlowQueue,
 )
 from durable_flow.queues import QueueConfig, queue_from_dict
+from durable_flow.step_concurrency import declared_anywhere
 
 
-class DatabaseAdmissionBackend(AdmissionBackend):
+class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
     """Admission state as rows, decided under the queue row's lock."""
+
+    SUPPORTS_CONSTRAINTS = True
 
     def __init__(self, clock: Clock = system_clock_ms, known_queue_cache_s: float = 5.0) -> None:
         self.clock = clock
+        self._seen_constraints = False
         self._configs: dict[str, QueueConfig] = {}
         self._known: dict[str, tuple[bool, float]] = {}
         self._known_cache_s = known_queue_cache_s
@@ -88,11 +104,21 @@ class DatabaseAdmissionBackend(AdmissionBackend):
             return None, None
         return row, queue_from_dict(row.config)
 
+    def _guard(self, request: AdmissionRequest | None = None) -> None:
+        """Take the resource lock first when step concurrency is in use (see `db_resources`)."""
+        if request is not None and request.constraints:
+            self._seen_constraints = True
+        if self._seen_constraints or declared_anywhere():
+            lock_resources()
+
     # -- decisions ---------------------------------------------------------------------------
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
         with transaction.atomic():
+            self._guard(request)
             row, config = self._locked_queue(request.queue)
             if row is None or config is None:
+                if request.constraints:
+                    return self._admit_free(request)
                 return AdmissionDecision.admit()
             # Read the clock only now that the queue is ours: a decision that waited for the
             # lock must not stamp its window mark with the time it started waiting, or the
@@ -103,35 +129,50 @@ class DatabaseAdmissionBackend(AdmissionBackend):
                 return AdmissionDecision.admit()
             waiter = self._waiter_for(row, config, request, now)
             marks = self._marks(config, now)
+            counts = Counts()
             if waiter.pk is None and not AdmissionWaiter.objects.filter(queue=queue).exists():
                 # Nobody in line: the caller is next by definition, so an uncontended admission
                 # writes a slot (and a mark) but never a waiter row.
                 available = self._room(config, marks, now)
-                if available is None or available > 0:
+                if (available is None or available > 0) and counts.fits(request.constraints):
                     self._take_slot(row, config, waiter, now, marks)
+                    counts.take(request.ticket, request.constraints)
                     return AdmissionDecision.admit()
             if waiter.pk is None:
                 FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
                 row.next_arrival = waiter.arrival + 1
             waiter.save()
-            granted = self._grant(row, config, now, marks)
+            db_resources.wait(request.ticket, queue, request.priority, request.constraints)
+            granted = self._grant(row, config, now, marks, counts)
             others = tuple(t for t in granted.tickets if t != request.ticket)
             if request.ticket in granted.tickets:
                 return AdmissionDecision.admit(others)
+            if not counts.fits(request.constraints):
+                return AdmissionDecision.block(now + config.retry_ms, "step_concurrency", others)
             return self._blocked(config, marks, now, others)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic():
+            self._guard()
             row, config = self._locked_queue(queue)
-            AdmissionWaiter.objects.filter(queue=queue, ticket=ticket).delete()
-            AdmissionSlot.objects.filter(queue=queue, ticket=ticket).delete()
-            if row is None or config is None or not grant_next:
-                return Grant()
-            now = self._now()
-            return self._grant(row, config, now, self._marks(config, now))
+            freed = db_resources.free(ticket)
+            AdmissionWaiter.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+            AdmissionSlot.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+            granted = Grant()
+            if row is not None and config is not None and grant_next:
+                now = self._now()
+                granted = self._grant(row, config, now, self._marks(config, now))
+            if freed:
+                # The freed resources go to whoever waits for them, in any queue but a paused one.
+                more = self._grant_freed(freed, self._now(), skip_queue=None if grant_next else queue)
+                granted = Grant(granted.tickets + more, granted.retry_at_ms)
+            return granted
 
     def grant(self, queue: str) -> Grant:
         with transaction.atomic():
+            self._guard()
+            if queue == FREE_QUEUE:
+                return self._grant_free()
             row, config = self._locked_queue(queue)
             if row is None or config is None:
                 return Grant()
@@ -140,7 +181,10 @@ class DatabaseAdmissionBackend(AdmissionBackend):
 
     def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
         with transaction.atomic():
+            self._guard()
             row, config = self._locked_queue(queue)
+            if (row is None or config is None) and requests:
+                return self._reoffer_free([r for r in requests if r.constraints])
             if row is None or config is None or not requests:
                 return []
             now = self._now()
@@ -166,10 +210,14 @@ class DatabaseAdmissionBackend(AdmissionBackend):
                         key_served=served.get(r.key, NEVER_SERVED) if config.fairness == "key" else NEVER_SERVED,
                         arrival=arrival + i,
                         seen_ms=now,
+                        constrained=bool(r.constraints),
+                        constraints=db_resources.as_rows(r.constraints),
                     )
                     for i, r in enumerate(missing)
                 )
                 FlowQueue.objects.filter(name=queue).update(next_arrival=arrival + len(missing))
+                for r in missing:
+                    db_resources.wait(r.ticket, queue, r.priority, r.constraints)
             return [t for t in tickets if t in held]
 
     def try_start(self, queue: str, ticket: str) -> int:
@@ -220,17 +268,26 @@ class DatabaseAdmissionBackend(AdmissionBackend):
         window = window_room(config.rate_limit, marks, now)
         return window if free is None else min(free, window)
 
-    def _grant(self, row: FlowQueue, config: QueueConfig, now: int, marks: list[int]) -> Grant:
+    def _grant(
+        self, row: FlowQueue, config: QueueConfig, now: int, marks: list[int], counts: Counts | None = None
+    ) -> Grant:
         """`policy.grant` in SQL: the best waiter by the rank index, one at a time (each grant
-        re-ranks its fairness key), while there is room."""
+        re-ranks its fairness key), while there is room; a waiter whose constraints do not fit
+        is skipped."""
+        counts = counts or Counts()
         granted: list[str] = []
         available = self._room(config, marks, now)
         waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
+        constrained = waiters.filter(constrained=True).exists()
         while available is None or available > 0:
-            best = waiters.first()
+            if constrained:
+                best = next((w for w in waiters if counts.fits(waiter_constraints(w))), None)
+            else:
+                best = waiters.first()
             if best is None:
                 break
             self._take_slot(row, config, best, now, marks)
+            counts.take(best.ticket, waiter_constraints(best))
             granted.append(best.ticket)
             if available is not None:
                 available -= 1
@@ -277,7 +334,9 @@ class DatabaseAdmissionBackend(AdmissionBackend):
         waiter = AdmissionWaiter.objects.filter(queue=row.name, ticket=request.ticket).order_by().first()
         if waiter is None:
             waiter = AdmissionWaiter(queue=row.name, ticket=request.ticket, arrival=row.next_arrival)
-        elif (waiter.priority, waiter.fairness_key) == (request.priority, request.key):
+        waiter.constrained = bool(request.constraints)
+        waiter.constraints = db_resources.as_rows(request.constraints)
+        if waiter.pk is not None and (waiter.priority, waiter.fairness_key) == (request.priority, request.key):
             waiter.seen_ms = now
             return waiter
         waiter.priority, waiter.fairness_key, waiter.seen_ms = request.priority, request.key, now
@@ -306,6 +365,10 @@ class DatabaseAdmissionBackend(AdmissionBackend):
             return []
         waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*self._rank_order(queue_from_dict(row)))
         return list(waiters.values_list("ticket", flat=True)[:limit])
+
+    def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per resource: (slots held, calls waiting), by any process."""
+        return db_resources.usage(resources)
 
     def in_flight(self, queue: str) -> int:
         """Slots held now, by any process."""

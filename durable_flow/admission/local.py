@@ -3,7 +3,11 @@
 Exact when one process both admits and consumes results. With several processes each keeps
 its own count (a `concurrency=5` queue admits up to 5 per process), and a result consumed by
 another process releases the slot on that process's counter, not on the admitting one: use
-the `db` or `redis` backend for an exact cap across processes.
+the `db` or `redis` backend for an exact cap across processes. Step-concurrency constraints
+are enforced the same way: exact within this process only.
+
+A call with constraints and no registered queue waits on the pseudo-queue `""` (no cap, no
+rate limit, FIFO), so its constraints alone gate it.
 """
 
 from __future__ import annotations
@@ -21,16 +25,33 @@ from durable_flow.admission.base import (
     system_clock_ms,
 )
 from durable_flow.admission.policy import QueueState, rank, window_used
+from durable_flow.admission.resources import ResourceState, grant_freed
 from durable_flow.queues import QueueConfig
+
+#: Where calls gated by their constraints alone wait (no registered queue).
+FREE_QUEUE = ""
 
 
 class LocalAdmissionBackend(AdmissionBackend):
     """Admission accounting in this process's memory, under one lock."""
 
+    SUPPORTS_CONSTRAINTS = True
+
     def __init__(self, clock: Clock = system_clock_ms) -> None:
         self.clock = clock
         self._queues: dict[str, QueueState] = {}
+        self._free = QueueState(QueueConfig(name=FREE_QUEUE))
+        self._resources = ResourceState()
         self._lock = threading.Lock()
+
+    def _states(self) -> dict[str, QueueState]:
+        return {FREE_QUEUE: self._free, **self._queues}
+
+    def _state_of(self, queue: str, ticket: str) -> QueueState | None:
+        """The state that holds (or would hold) `ticket`: its queue's, or the pseudo-queue's."""
+        if ticket in self._free.slots or ticket in self._free.waiters:
+            return self._free
+        return self._queues.get(queue)
 
     def register(self, config: QueueConfig) -> None:
         """Add or replace a queue's config; slots, waiters and windows carry over."""
@@ -48,25 +69,39 @@ class LocalAdmissionBackend(AdmissionBackend):
         with self._lock:
             state = self._queues.get(request.queue)
             if state is None:
-                return AdmissionDecision.admit()
-            return policy.decide(state, request, self.clock())
+                if not request.constraints:
+                    return AdmissionDecision.admit()
+                state = self._free
+            return policy.decide(state, request, self.clock(), self._resources)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with self._lock:
-            state = self._queues.get(queue)
-            if state is None:
-                return Grant()
-            return policy.release(state, ticket, self.clock(), grant_next=grant_next)
+            state = self._state_of(queue, ticket)
+            now = self.clock()
+            freed = self._resources.free(ticket)
+            granted = Grant()
+            if state is not None:
+                granted = policy.release(state, ticket, now, grant_next=grant_next, resources=self._resources)
+            if not freed:
+                return granted
+            # The freed resources go to whoever waits for them, in any queue but a paused one.
+            states = self._states() if grant_next else {n: s for n, s in self._states().items() if s is not state}
+            more = grant_freed(states, self._resources, freed, now)
+            return Grant(granted.tickets + tuple(more), granted.retry_at_ms)
 
     def grant(self, queue: str) -> Grant:
         with self._lock:
-            state = self._queues.get(queue)
-            return policy.grant(state, self.clock()) if state is not None else Grant()
+            state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
+            return policy.grant(state, self.clock(), self._resources) if state is not None else Grant()
 
     def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
         with self._lock:
             state = self._queues.get(queue)
-            return policy.reoffer(state, requests, self.clock()) if state is not None else []
+            now = self.clock()
+            if state is None:
+                constrained = [r for r in requests if r.constraints]
+                return policy.reoffer(self._free, constrained, now, self._resources)
+            return policy.reoffer(state, requests, now, self._resources)
 
     def try_start(self, queue: str, ticket: str) -> int:
         with self._lock:
@@ -76,7 +111,7 @@ class LocalAdmissionBackend(AdmissionBackend):
     def next_waiters(self, queue: str, limit: int) -> list[str]:
         """The tickets admission would grant next, best first."""
         with self._lock:
-            state = self._queues.get(queue)
+            state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
             if state is None:
                 return []
             ranked = sorted(state.waiters.values(), key=lambda w: rank(w, state.config, state.served))
@@ -85,14 +120,19 @@ class LocalAdmissionBackend(AdmissionBackend):
     def in_flight(self, queue: str) -> int:
         """Slots held now (in this process)."""
         with self._lock:
-            state = self._queues.get(queue)
+            state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
             return len(state.slots) if state else 0
 
     def waiting(self, queue: str) -> int:
         """Waiters parked now (in this process)."""
         with self._lock:
-            state = self._queues.get(queue)
+            state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
             return len(state.waiters) if state else 0
+
+    def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per resource: (slots held, calls waiting), in this process."""
+        with self._lock:
+            return {r: (self._resources.active(r), self._resources.waiting_on(r)) for r in resources}
 
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window (in this process)."""

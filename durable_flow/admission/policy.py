@@ -21,7 +21,8 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Grant
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant
+from durable_flow.admission.resources import ResourceState
 from durable_flow.queues import QueueConfig, RateLimit
 
 NEVER_SERVED = -1
@@ -36,6 +37,7 @@ class Waiter:
     fairness_key: str
     arrival: int
     seen_ms: int
+    constraints: tuple[Constraint, ...] = ()
 
 
 def rank(waiter: Waiter, config: QueueConfig, served: dict[str, int]) -> tuple[int, int, int]:
@@ -113,15 +115,20 @@ def outranked_by(waiter: Waiter, others: Iterable[Waiter], config: QueueConfig, 
     return sum(1 for other in others if other.ticket != waiter.ticket and rank(other, config, served) < mine)
 
 
-def add_waiter(state: QueueState, request: AdmissionRequest, now_ms: int) -> Waiter:
+def add_waiter(
+    state: QueueState, request: AdmissionRequest, now_ms: int, resources: ResourceState | None = None
+) -> Waiter:
     """Register `request` as a waiter, or refresh it keeping its original place in line."""
     waiter = state.waiters.get(request.ticket)
     if waiter is None:
-        waiter = Waiter(request.ticket, request.priority, request.key, state.next_arrival, now_ms)
+        waiter = Waiter(request.ticket, request.priority, request.key, state.next_arrival, now_ms, request.constraints)
         state.next_arrival += 1
         state.waiters[request.ticket] = waiter
     else:
         waiter.priority, waiter.fairness_key, waiter.seen_ms = request.priority, request.key, now_ms
+        waiter.constraints = request.constraints
+    if resources is not None:
+        resources.wait(request.ticket, state.config.name, request.constraints)
     return waiter
 
 
@@ -136,22 +143,39 @@ def room(state: QueueState, now_ms: int) -> int | None:
     return window if free is None else min(free, window)
 
 
-def grant(state: QueueState, now_ms: int) -> Grant:
+def grant(state: QueueState, now_ms: int, resources: ResourceState | None = None) -> Grant:
     """Give every slot there is room for to the rightful next waiters, best first.
 
-    Waiters are picked one at a time because each grant re-ranks its fairness key. The grant's
-    `retry_at_ms` says when a rate window reopens for the waiters still blocked by it.
+    Waiters are picked one at a time because each grant re-ranks its fairness key. A waiter
+    whose step-concurrency constraints do not fit is skipped (it waits for its resource, and
+    holds up nobody behind it). The grant's `retry_at_ms` says when a rate window reopens for
+    the waiters still blocked by it.
     """
     state.prune(now_ms)
     granted: list[str] = []
     available = room(state, now_ms)
     while state.waiters and (available is None or available > 0):
-        best = min(state.waiters.values(), key=lambda w: rank(w, state.config, state.served))
+        best = _best_fitting(state, resources)
+        if best is None:
+            break
         take_slot(state, best, now_ms)
+        if resources is not None:
+            resources.take(best.ticket, best.constraints)
         granted.append(best.ticket)
         if available is not None:
             available -= 1
     return Grant(tuple(granted), window_reopens_at(state, now_ms))
+
+
+def _best_fitting(state: QueueState, resources: ResourceState | None) -> Waiter | None:
+    """The best-ranked waiter whose constraints fit (any constraint-free waiter fits)."""
+
+    def key(w: Waiter) -> tuple[int, int, int]:
+        return rank(w, state.config, state.served)
+
+    if resources is None or not any(w.constraints for w in state.waiters.values()):
+        return min(state.waiters.values(), key=key)
+    return next((w for w in sorted(state.waiters.values(), key=key) if resources.fits(w.constraints)), None)
 
 
 def window_reopens_at(state: QueueState, now_ms: int) -> int | None:
@@ -174,7 +198,9 @@ def take_slot(state: QueueState, waiter: Waiter, now_ms: int) -> None:
     state.next_serve += 1
 
 
-def decide(state: QueueState, request: AdmissionRequest, now_ms: int) -> AdmissionDecision:
+def decide(
+    state: QueueState, request: AdmissionRequest, now_ms: int, resources: ResourceState | None = None
+) -> AdmissionDecision:
     """Admit `request` or make it a waiter, granting whoever the room belongs to. The single rulebook.
 
     A ticket that already holds a slot is admitted again without a second slot. Otherwise the
@@ -183,12 +209,14 @@ def decide(state: QueueState, request: AdmissionRequest, now_ms: int) -> Admissi
     """
     if request.ticket in state.slots:
         return AdmissionDecision.admit()
-    add_waiter(state, request, now_ms)
-    granted = grant(state, now_ms)
+    add_waiter(state, request, now_ms, resources)
+    granted = grant(state, now_ms, resources)
     others = tuple(t for t in granted.tickets if t != request.ticket)
     if request.ticket in granted.tickets:
         return AdmissionDecision(admitted=True, granted=others)
     config = state.config
+    if resources is not None and not resources.fits(request.constraints):
+        return AdmissionDecision.block(now_ms + config.retry_ms, "step_concurrency", others)
     rate = config.rate_limit
     if rate is not None and (retry_at := window_retry_at(rate, state.marks, now_ms)) is not None:
         return AdmissionDecision.block(retry_at, "rate_limited", others)
@@ -197,16 +225,23 @@ def decide(state: QueueState, request: AdmissionRequest, now_ms: int) -> Admissi
     return AdmissionDecision.block(now_ms + config.retry_ms, "waiting_turn", others)
 
 
-def release(state: QueueState, ticket: str, now_ms: int, *, grant_next: bool = True) -> Grant:
-    """Free the ticket's slot (if held), withdraw it as a waiter, and hand the room on."""
+def release(
+    state: QueueState, ticket: str, now_ms: int, *, grant_next: bool = True, resources: ResourceState | None = None
+) -> Grant:
+    """Free the ticket's slot (if held), withdraw it as a waiter, and hand the room on.
+    (Its resource slots are freed by the caller, which offers them across queues.)"""
     state.waiters.pop(ticket, None)
     state.slots.pop(ticket, None)
+    if resources is not None:
+        resources.unwait(ticket)
     if not grant_next:
         return Grant()
-    return grant(state, now_ms)
+    return grant(state, now_ms, resources)
 
 
-def reoffer(state: QueueState, requests: Iterable[AdmissionRequest], now_ms: int) -> list[str]:
+def reoffer(
+    state: QueueState, requests: Iterable[AdmissionRequest], now_ms: int, resources: ResourceState | None = None
+) -> list[str]:
     """The safety net: of these parked calls, return those that hold a slot already (a grant
     whose dispatch was lost) and register the others as waiters, keeping any place they had."""
     held = []
@@ -214,7 +249,7 @@ def reoffer(state: QueueState, requests: Iterable[AdmissionRequest], now_ms: int
         if request.ticket in state.slots:
             held.append(request.ticket)
         elif request.ticket not in state.waiters:
-            add_waiter(state, request, now_ms)
+            add_waiter(state, request, now_ms, resources)
     return held
 
 

@@ -16,6 +16,7 @@ from durable_flow.exceptions import RunNotFound, StepNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.registry import StepDefinition, get_step
 from durable_flow.serialization import ensure_json
+from durable_flow.step_concurrency import constraints_of
 from durable_flow.turn import StepOptions
 
 if TYPE_CHECKING:
@@ -64,10 +65,21 @@ class DispatchMixin(EngineBase):
     def admit(self: Engine, cp: StepCheckpoint) -> bool:
         """Ask the queue for a slot: True when admitted. Otherwise the call is parked in the
         queue's waiting line and costs nothing until a grant dispatches it (`handoff`)."""
-        if not cp.queue or cp.holds_slot or not self.admission.handles(cp.queue):
+        if cp.holds_slot:
             return True
-        request = AdmissionRequest(queue=cp.queue, ticket=cp.ticket, priority=cp.priority, fairness_key=cp.fairness_key)
-        if self.paused_queues.is_paused(cp.queue):
+        # Step concurrency gates the call whatever its queue (see `AdmissionRequest`).
+        constraints = constraints_of(cp.run.step_concurrency)
+        gated_queue = bool(cp.queue) and self.admission.handles(cp.queue)
+        if not gated_queue and not constraints:
+            return True
+        request = AdmissionRequest(
+            queue=cp.queue,
+            ticket=cp.ticket,
+            priority=cp.priority,
+            fairness_key=cp.fairness_key,
+            constraints=constraints,
+        )
+        if gated_queue and self.paused_queues.is_paused(cp.queue):
             # A paused queue decides nothing: the call joins its line (keeping any place it had)
             # and `resume_queue` grants it; a slot it already holds is kept.
             if self.admission.reoffer(cp.queue, [request]):

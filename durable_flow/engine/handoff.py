@@ -30,6 +30,7 @@ from durable_flow.admission.base import AdmissionRequest, Grant, Ticket
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.step_concurrency import constraints_of
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
@@ -160,7 +161,10 @@ class HandoffMixin(EngineBase):
         run_id, key = Ticket.parse(ticket)
         with transaction.atomic():
             run, cp = locked_run(run_id, key)
-            if run is not None and cp is not None and cp.queue == queue:
+            # A freed step-concurrency slot may go to a waiter of another queue: the ticket's
+            # own queue is the one to dispatch (or hand the grant on) from.
+            if run is not None and cp is not None and (cp.queue == queue or run.step_concurrency):
+                queue = cp.queue
                 if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
                     cp.holds_slot = True
                     self.dispatch(cp)
@@ -195,11 +199,17 @@ class HandoffMixin(EngineBase):
             StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP, status=StepStatus.WAITING)
             .exclude(run__status__in=(RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES))
             .order_by("id")
-            .values_list("run_id", "key", "priority", "fairness_key")
+            .values_list("run_id", "key", "priority", "fairness_key", "run__step_concurrency")
         )
         requests = [
-            AdmissionRequest(queue=queue, ticket=str(Ticket(run_id, key)), priority=priority, fairness_key=fairness)
-            for run_id, key, priority, fairness in parked.iterator(chunk_size=2000)
+            AdmissionRequest(
+                queue=queue,
+                ticket=str(Ticket(run_id, key)),
+                priority=priority,
+                fairness_key=fairness,
+                constraints=constraints_of(stored),
+            )
+            for run_id, key, priority, fairness, stored in parked.iterator(chunk_size=2000)
         ]
         dispatched = 0
         if requests:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 
-from durable_flow import quotas
+from durable_flow import quotas, step_concurrency
 from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
@@ -23,20 +23,21 @@ from durable_flow.models import (
     StepKind,
     StepStatus,
     WorkflowRun,
+    new_run_id,
 )
 from durable_flow.quotas import QuotaSpec
 from durable_flow.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import ensure_json
 from durable_flow.turn import PENDING
-from durable_flow.validation import storable_text
+from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
 
 logger = logging.getLogger("durable_flow.engine")
 
-MAX_RUN_ID = WorkflowRun._meta.get_field("id").max_length or 200
-MAX_SIGNAL_NAME = Signal._meta.get_field("name").max_length or 200
+MAX_RUN_ID = max_length("WorkflowRun", "id")
+MAX_SIGNAL_NAME = max_length("Signal", "name")
 MAX_TAG = 200  # tags live in a JSON list; the bound keeps a `concurrency:<key>` tag storable anywhere
 
 
@@ -66,16 +67,19 @@ class LifecycleMixin(EngineBase):
             existing = one(WorkflowRun.objects.filter(pk=run_id))
             if existing is not None:
                 return existing
+        new_id = run_id if run_id is not None else new_run_id()
+        constraints = step_concurrency.plan_run(definition, input, new_id, self.settings.environment, self.admission)
         check = quotas.plan(definition.name, definition.quota, quota, input)
         fields: dict[str, Any] = {
             "workflow": definition.name,
             "version": definition.version,
             "input": input,
             "status": RunStatus.PENDING,
+            "step_concurrency": constraints,
             **quotas.run_fields(check, tag_list),
         }
-        if run_id is not None:
-            fields["id"] = run_id
+        if run_id is not None or constraints:
+            fields["id"] = new_id
         try:
             with transaction.atomic():
                 if check is not None:
@@ -124,6 +128,11 @@ class LifecycleMixin(EngineBase):
             dispatched_at=self.now(),
         )
         check = None
+        constraints: list[dict[str, Any]] = []
+        if definition.concurrency and not WorkflowRun.objects.filter(pk=child_id).exists():
+            constraints = step_concurrency.plan_run(
+                definition, input, child_id, self.settings.environment, self.admission
+            )
         if definition.quota is not None and not WorkflowRun.objects.filter(pk=child_id).exists():
             try:
                 check = quotas.plan(definition.name, definition.quota, None, input)
@@ -145,6 +154,7 @@ class LifecycleMixin(EngineBase):
                 "status": RunStatus.PENDING,
                 "parent": parent,
                 "parent_step_key": key,
+                "step_concurrency": constraints,
                 **quotas.run_fields(check, list(parent.tags)),
             },
         )
@@ -191,7 +201,7 @@ class LifecycleMixin(EngineBase):
         for cp in parked:
             # A step waiting for a slot or its backoff will never run now: leave no waiter behind
             # to be granted a slot it cannot use.
-            if cp.queue:
+            if cp.queue or run.step_concurrency:
                 self.release_ticket(cp.queue, cp.ticket)
             cp.holds_slot = False
             cp.save(update_fields=["holds_slot"])
@@ -230,7 +240,7 @@ class LifecycleMixin(EngineBase):
                 if cp.kind == StepKind.STEP and cp.status == StepStatus.DISPATCHED:
                     in_flight = True
                     continue
-                if cp.kind == StepKind.STEP and cp.queue:
+                if cp.kind == StepKind.STEP and (cp.queue or run.step_concurrency):
                     self.release_ticket(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
                     cp.holds_slot = False
                     cp.save(update_fields=["holds_slot"])

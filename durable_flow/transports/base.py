@@ -17,7 +17,7 @@ from durable_flow.options import Configurable, Option
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
-    from durable_flow.worker.runtime import TaskSource
+    from durable_flow.transports.runner import TaskSource
 
 CONCURRENCY_OPTION = Option("Worker threads: a positive integer, 'adaptive' or an adaptive spec dict.")
 
@@ -64,9 +64,15 @@ class Transport(Configurable, ABC):
         """The declared checks, plus CONCURRENCY's forms (validated here, not at worker start)."""
         super().check_options(options)
         if "CONCURRENCY" in options:
-            from durable_flow.worker.concurrency import build_controller
+            cls.check_concurrency(options["CONCURRENCY"])
 
-            build_controller(options["CONCURRENCY"], setting=f'{cls.SETTING}["CONCURRENCY"]')
+    @classmethod
+    def check_concurrency(cls, spec: object) -> None:
+        """`ImproperlyConfigured` unless `spec` is a CONCURRENCY the worker can run with. The
+        form is the worker's (`worker/concurrency.py`); a transport only carries the value."""
+        from durable_flow.worker.concurrency import build_controller
+
+        build_controller(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Any:

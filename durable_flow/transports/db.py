@@ -21,7 +21,7 @@ from django.utils import timezone
 from durable_flow.models import Task, TaskKind
 from durable_flow.options import Option, positive_number
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.worker.runtime import ClaimedTask, TaskSource, run_task
+from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -139,16 +139,16 @@ class DatabaseTaskSource(TaskSource):
             for task_id, kind, run_id, step_key, attempt, _ in rows
         ]
 
-    def execute(self, engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
-        """Through the engine, deleting the task row inside the transaction that settles it
+    def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:
+        """Through the runner, deleting the task row inside the transaction that settles it
         (the turn's, or the one recording the step's result): one transaction less per task.
-        An outcome with no such transaction (a missing run) leaves the row to `done`."""
+        An outcome with no such transaction (a missing step) leaves the row to `done`."""
 
         def delete_task() -> None:
-            Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
+            Task.objects.filter(id=task.handle, claimed_by=runner.worker_id).delete()
             transaction.on_commit(lambda: setattr(task, "done_in_engine", True))
 
-        return run_task(engine, task, worker_id, also=delete_task)
+        return runner.run_task(task, also=delete_task)
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
         if not task.done_in_engine:

@@ -26,13 +26,9 @@ Three tiers keep the set of queue names fixed (operators can list them in `RQ_QU
 django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
 the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
 
-Consuming. `RQTransport.source()` is an `RQTaskSource` for the shared `WorkerRuntime`: the
-worker runs jobs on threads under the live concurrency limit, never forks (a fork costs more
-than a typical step), and keeps RQ's bookkeeping the way a `SimpleWorker` would: the worker is
-registered (and heartbeats) in RQ's worker registry, a claimed job gets an `Execution` in the
-queue's `StartedJobRegistry`, and ends in the `FinishedJobRegistry` (with its outcome as the
-job result) or the `FailedJobRegistry`. Claiming pops at most as many jobs as there are free
-slots, so nothing waits in a local buffer.
+Consuming. `RQTransport.source()` is an `RQTaskSource` (`rq_source.py`) for the shared
+worker runtime: jobs run on threads under the live concurrency limit, with RQ's bookkeeping kept
+the way a `SimpleWorker` keeps it.
 
 Durability. Exactly-once results do not depend on RQ: `Engine.record_result` is keyed by
 run/step/attempt and ignores a duplicate or stale attempt, and `execute_step` skips an attempt
@@ -49,39 +45,32 @@ cannot be killed safely mid-transaction, and step timeouts are the engine's (the
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
-import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from rq.executions import Execution, ExecutionRegistry
-from rq.job import Job, JobStatus, Retry
+from rq.job import JobStatus, Retry
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
-from rq.utils import now as rq_now
-from rq.worker import SimpleWorker
 
 from durable_flow.options import Option, non_empty_str
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.worker.concurrency import build_controller
-from durable_flow.worker.runtime import ClaimedTask, TaskSource
+from durable_flow.transports.runner import EngineRunner, TaskRunner
 
 if TYPE_CHECKING:
     from redis import Redis
 
-    from durable_flow.engine import Engine
+    from durable_flow.transports.rq_source import RQTaskSource
 
 logger = logging.getLogger("durable_flow.transports.rq")
 
 SETTING = 'DURABLE_FLOW["TRANSPORT"]'
 HIGH, NORMAL, LOW = "high", "normal", "low"
-#: How often a worker moves abandoned jobs out of RQ's started registries.
-REGISTRY_CLEANUP_EVERY_S = 30.0
 
 _current = threading.local()
 
@@ -95,19 +84,30 @@ def tier_for(priority: int) -> str:
     return NORMAL
 
 
-def _engine() -> Engine:
-    engine = getattr(_current, "engine", None)
-    if engine is None:
+def _runner() -> TaskRunner:
+    """The worker running this job: `durable_worker`'s, else (a plain `rqworker`) this
+    process's engine with no worker id."""
+    runner: TaskRunner | None = getattr(_current, "runner", None)
+    if runner is None:
         from durable_flow.engine import get_engine
 
-        engine = get_engine()
-    return engine
+        runner = EngineRunner(get_engine())
+    return runner
+
+
+@contextmanager
+def running_as(runner: TaskRunner) -> Iterator[None]:
+    """The job functions called in this block (on this thread) run through `runner`."""
+    _current.runner = runner
+    try:
+        yield
+    finally:
+        _current.runner = None
 
 
 def run_turn_job(run_id: str) -> str:
     """RQ job: replay the run's next turn. Returns the run's status afterwards."""
-    run = _engine().run_turn(run_id)
-    return run.status if run is not None else "missing"
+    return _runner().run_turn(run_id)
 
 
 def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
@@ -117,7 +117,7 @@ def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
     step if the worker dies. Under a foreign RQ worker it is empty, so a lost step is
     re-driven after `REDISPATCH_AFTER_S` instead.
     """
-    return _engine().execute_step(run_id, step_key, attempt, worker_id=getattr(_current, "worker_id", ""))
+    return _runner().run_step(run_id, step_key, attempt)
 
 
 JOB_KINDS = {
@@ -154,12 +154,11 @@ class RQTransport(Transport):
         for key, ttl in (("RESULT_TTL", result_ttl), ("FAILURE_TTL", failure_ttl)):
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < -1):
                 raise ImproperlyConfigured(f'{SETTING}["{key}"]: must be an integer number of seconds, got {ttl!r}')
-        build_controller(concurrency, setting=f'{SETTING}["CONCURRENCY"]')  # validate now, not at worker start
+        self.check_concurrency(concurrency)  # validate now, not at worker start
         self.queue_name = queue
         self.concurrency = concurrency
         self.result_ttl = result_ttl
         self.failure_ttl = failure_ttl
-        self._engine: Engine | None = None
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -280,163 +279,6 @@ class RQTransport(Transport):
     # -- consuming ---------------------------------------------------------------------------
     def source(self) -> RQTaskSource:
         """The consuming side, for `durable_worker`."""
+        from durable_flow.transports.rq_source import RQTaskSource
+
         return RQTaskSource(self)
-
-
-class RQTaskSource(TaskSource):
-    """Consumer side: pop jobs high → normal → low, keep RQ's registries and worker record."""
-
-    transport = "rq"
-
-    def __init__(self, transport: RQTransport, execution_ttl_s: int | None = None) -> None:
-        self.rq = transport
-        self.ordered = [transport.tiers[HIGH], transport.tiers[NORMAL], transport.tiers[LOW]]
-        self.queues = [queue.name for queue in self.ordered]
-        self._by_key = {queue.key: queue for queue in self.ordered}
-        self.connection = transport.connection
-        self.execution_ttl_s = execution_ttl_s
-        self.worker: SimpleWorker | None = None
-        self._next_cleanup = 0.0
-
-    # -- lifecycle (optional hooks of the runtime) ---------------------------------------------
-    def open(self, worker_id: str, engine: Engine) -> None:
-        """Register this process as an RQ worker, so `rqinfo` and django-rq list it."""
-        if self.execution_ttl_s is None:
-            # Like RQ's job_monitoring_interval + 60: an abandoned execution expires this
-            # long after its worker's last heartbeat.
-            self.execution_ttl_s = math.ceil(engine.settings.heartbeat_ttl_s) + 60
-        self.worker = SimpleWorker(
-            self.ordered,
-            name=worker_id,
-            connection=self.connection,
-            job_class=self.ordered[1].job_class,
-            serializer=self.ordered[1].serializer,
-        )
-        self.worker.register_birth()
-        self.worker.set_state("idle")
-
-    def close(self, worker_id: str) -> None:
-        if self.worker is not None:
-            self.worker.register_death()
-
-    # -- claiming ------------------------------------------------------------------------------
-    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
-        keys = [queue.key for queue in self.ordered]
-        popped = self.connection.lmpop(len(keys), *keys, direction="LEFT", count=limit)
-        if popped is None and wait_s > 0:
-            popped = self.connection.blmpop(wait_s, len(keys), *keys, direction="LEFT", count=limit)
-        if not popped:
-            return []
-        key, raw_ids = popped
-        queue = self._by_key[key.decode() if isinstance(key, bytes) else key]
-        ids = [raw.decode() if isinstance(raw, bytes) else raw for raw in raw_ids]
-        jobs = [
-            job
-            for job in queue.job_class.fetch_many(ids, connection=self.connection, serializer=queue.serializer)
-            if job is not None  # deleted or expired while queued: RQ skips these too
-        ]
-        tasks: list[ClaimedTask] = []
-        assert self.execution_ttl_s is not None, "open() first"
-        with self.connection.pipeline() as pipeline:
-            for job in jobs:
-                execution = Execution.create(job, self.execution_ttl_s, pipeline=pipeline, worker_name=worker_id)
-                job.prepare_for_execution(worker_id, pipeline=pipeline)
-                tasks.append(self._task(job, queue, execution))
-            pipeline.execute()
-        return tasks
-
-    @staticmethod
-    def _task(job: Job, queue: Queue, execution: Execution) -> ClaimedTask:
-        kind = JOB_KINDS.get(job.func_name, "rq")
-        handle = (job, queue, execution)
-        if kind == "turn":
-            return ClaimedTask(kind="turn", run_id=str(job.args[0]), handle=handle)
-        if kind == "step":
-            run_id, step_key, attempt = job.args
-            return ClaimedTask(kind="step", run_id=run_id, step_key=step_key, attempt=int(attempt), handle=handle)
-        return ClaimedTask(kind="rq", run_id="", handle=handle)
-
-    # -- running -------------------------------------------------------------------------------
-    def execute(self, engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
-        """Run the job through RQ's `Job.perform` (so `rq.get_current_job()` works in a step),
-        with this worker's engine and id in scope for the job function."""
-        job: Job = task.handle[0]
-        _current.engine, _current.worker_id = engine, worker_id
-        try:
-            outcome = job.perform()
-        finally:
-            _current.engine = _current.worker_id = None
-        task.outcome = str(outcome) if task.kind != "rq" else "completed"
-        return task.outcome not in ("failed",)
-
-    def done(self, worker_id: str, task: ClaimedTask) -> None:
-        """Finished: the job lands in the FinishedJobRegistry with its outcome as result."""
-        job, _queue, execution = task.handle
-        job.ended_at = rq_now()
-        result_ttl = job.get_result_ttl(self.worker.default_result_ttl if self.worker else 500)
-        with self.connection.pipeline() as pipeline:
-            if result_ttl != 0:
-                job._handle_success(
-                    result_ttl,
-                    pipeline=pipeline,
-                    worker_name=worker_id,
-                    execution_id=execution.id,
-                    execution_started_at=execution.created_at,
-                    execution_ended_at=job.ended_at,
-                )
-            job.cleanup(result_ttl, pipeline=pipeline, remove_from_queue=False)
-            execution.delete(job=job, pipeline=pipeline)
-            if self.worker is not None:
-                self.worker.increment_successful_job_count(pipeline=pipeline)
-            pipeline.execute()
-
-    def failed(self, worker_id: str, task: ClaimedTask, exc: BaseException) -> None:
-        """The engine could not record the outcome (database down?): retry the job while it has
-        retries left, else park it in the FailedJobRegistry where django-rq can requeue it."""
-        job, queue, execution = task.handle
-        job.ended_at = rq_now()
-        exc_string = "".join(traceback.format_exception(exc))
-        with self.connection.pipeline() as pipeline:
-            execution.delete(job=job, pipeline=pipeline)
-            if job.should_retry:
-                job.retry(queue, pipeline)
-            else:
-                job.set_status(JobStatus.FAILED, pipeline=pipeline)
-                job._handle_failure(
-                    exc_string,
-                    pipeline=pipeline,
-                    worker_name=worker_id,
-                    execution_id=execution.id,
-                    execution_started_at=execution.created_at,
-                    execution_ended_at=job.ended_at,
-                )
-            if self.worker is not None:
-                self.worker.increment_failed_job_count(pipeline=pipeline)
-            pipeline.execute()
-
-    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
-        """Shutting down with work unfinished: put the jobs back at the front of their queues."""
-        with self.connection.pipeline() as pipeline:
-            for task in tasks:
-                job, queue, execution = task.handle
-                execution.delete(job=job, pipeline=pipeline)
-                job.set_status(JobStatus.QUEUED, pipeline=pipeline)
-                queue.push_job_id(job.id, pipeline=pipeline, at_front=True)
-            pipeline.execute()
-
-    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
-        """Every heartbeat: keep this worker and its executions alive in RQ, and now and then
-        move executions abandoned by dead workers out of the started registries."""
-        assert self.execution_ttl_s is not None
-        with self.connection.pipeline() as pipeline:
-            if self.worker is not None:
-                self.worker.heartbeat(self.execution_ttl_s, pipeline=pipeline)
-                self.worker.set_state("busy" if tasks else "idle", pipeline=pipeline)
-            for task in tasks:
-                _job, queue, execution = task.handle
-                execution.heartbeat(queue.started_job_registry, self.execution_ttl_s, pipeline=pipeline)
-            pipeline.execute()
-        if time.monotonic() >= self._next_cleanup:
-            self._next_cleanup = time.monotonic() + REGISTRY_CLEANUP_EVERY_S
-            for queue in self.ordered:
-                StartedJobRegistry(queue.name, connection=self.connection, job_class=queue.job_class).cleanup()

@@ -18,6 +18,7 @@ import psutil
 from django.utils import timezone
 
 from durable_flow.models import WorkerHeartbeat
+from durable_flow.validation import max_length
 from durable_flow.worker.concurrency import ConcurrencyController, ResourceSample
 
 
@@ -113,6 +114,7 @@ class Heartbeat:
         throughput = (done - self._last_done) / elapsed
         self._last_done, self._last_time = done, now_mono
         adjustment = self.controller.last_adjustment
+        reason = adjustment.reason if adjustment else ""
         now = timezone.now()
         WorkerHeartbeat.objects.update_or_create(
             worker_id=self.worker_id,
@@ -138,6 +140,6 @@ class Heartbeat:
                     if adjustment
                     else None
                 ),
-                "last_adjustment_reason": adjustment.reason[:300] if adjustment else "",
+                "last_adjustment_reason": reason[: max_length("WorkerHeartbeat", "last_adjustment_reason")],
             },
         )

@@ -11,11 +11,12 @@ The control loop is shared by every transport: the live limit comes from a
 `ConcurrencyController` (fixed, or adaptive), which is fed each task's latency and outcome
 and ticked every `tick_ms` with a resource sample; the heartbeat reports what it decided.
 
-A source may implement optional hooks: `open(worker_id, engine)`/`close(worker_id)` around the
-loop (RQ registers its worker record), `execute(engine, task, worker_id) -> bool` to run a task
-its own way (RQ goes through `Job.perform`), and `failed(worker_id, task, exc)` when the
-engine could not record an outcome (RQ retries or parks the job; without the hook the task is
-left to its lease).
+The runtime is the `TaskRunner` its source sees (`durable_flow/transports/runner.py`, the one
+module transports know of the worker). A source may implement optional hooks: `open(runner)`/
+`close(worker_id)` around the loop (RQ registers its worker record), `execute(runner, task) ->
+bool` to run a task its own way (RQ goes through `Job.perform`), and `failed(worker_id, task,
+exc)` when the engine could not record an outcome (RQ retries or parks the job; without the
+hook the task is left to its lease).
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ import logging
 import signal
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections
 
+from durable_flow.transports.runner import ClaimedTask, EngineRunner, TaskSource
 from durable_flow.worker.concurrency import ConcurrencyController
 from durable_flow.worker.heartbeat import Heartbeat, WorkerStats, new_worker_id
 from durable_flow.worker.outage import Outage, transient_errors
@@ -48,80 +47,9 @@ logger = logging.getLogger("durable_flow.worker")
 TIDY_EVERY_S = 1.0
 
 
-@dataclass
-class ClaimedTask:
-    """A unit of work a source handed to this worker: a turn or a step attempt."""
-
-    kind: str
-    run_id: str
-    step_key: str = ""
-    attempt: int = 0
-    handle: Any = field(default=None, repr=False)
-    #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runtime).
-    outcome: str = ""
-    #: The engine's transaction already did what `done` does (the `db` source deletes its
-    #: task row there); set once that transaction committed.
-    done_in_engine: bool = False
-
-
-class TaskSource(ABC):
-    """The consuming side of a transport, served by `WorkerRuntime`.
-
-    Subclasses implement `claim`, `done`, `hand_back` and `renew`; `open`, `close`, `execute`
-    and `failed` have defaults that suit a source with nothing to register or report.
-    """
-
-    transport: str = ""
-    queues: list[str] = []
-
-    @abstractmethod
-    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
-        """Take up to `limit` tasks, waiting up to `wait_s` for the first one."""
-
-    @abstractmethod
-    def done(self, worker_id: str, task: ClaimedTask) -> None:
-        """The task ran to completion: forget it."""
-
-    @abstractmethod
-    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
-        """Return unfinished tasks so another worker can take them now."""
-
-    @abstractmethod
-    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
-        """Extend this worker's hold on the tasks it is running (called every heartbeat)."""
-
-    # -- optional, with defaults -------------------------------------------------------------
-    def open(self, worker_id: str, engine: Engine) -> None:
-        """The worker starts (e.g. register it with the broker). Default: nothing."""
-        return None
-
-    def close(self, worker_id: str) -> None:
-        """The worker stops. Default: nothing."""
-        return None
-
-    def execute(self, engine: Engine, task: ClaimedTask, worker_id: str) -> bool:
-        """Run one claimed task; True unless the step failed. Default: through the engine."""
-        return run_task(engine, task, worker_id)
-
-    def failed(self, worker_id: str, task: ClaimedTask, exc: BaseException) -> None:
-        """The engine could not record the task's outcome. Default: nothing, so the task stays
-        leased and is claimed again when its lease lapses (the step's result is idempotent)."""
-        return None
-
-
-def run_task(engine: Engine, task: ClaimedTask, worker_id: str, also: Callable[[], object] | None = None) -> bool:
-    """Execute one claimed task through the engine; True unless the step failed. `also` runs
-    inside the engine's transaction that settles the task (see `Engine.run_turn`)."""
-    if task.kind == "turn":
-        run = engine.run_turn(task.run_id, also=also)
-        task.outcome = run.status if run is not None else "missing"
-        return True
-    task.outcome = engine.execute_step(task.run_id, task.step_key, task.attempt, worker_id=worker_id, also=also)
-    return task.outcome != "failed"
-
-
-class WorkerRuntime:
-    """One worker process: a thread pool, a controller, a heartbeat."""
+class WorkerRuntime(EngineRunner):
+    """One worker process: a thread pool, a controller, a heartbeat; the runner its source
+    hands tasks to."""
 
     def __init__(
         self,
@@ -133,10 +61,9 @@ class WorkerRuntime:
         grace_s: float = 30.0,
         idle_wait_s: float = 0.2,
     ) -> None:
-        self.engine = engine
+        super().__init__(engine, worker_id or new_worker_id())
         self.source = source
         self.controller = controller
-        self.worker_id = worker_id or new_worker_id()
         self.grace_s = grace_s
         self.idle_wait_s = idle_wait_s
         self.stats = WorkerStats()
@@ -177,7 +104,7 @@ class WorkerRuntime:
         transient = transient_errors()
         while not self._stop.is_set():  # Redis or the database may be down at start-up too
             try:
-                self.source.open(self.worker_id, self.engine)
+                self.source.open(self)
                 self.heartbeat.beat()
             except transient as exc:
                 close_old_connections()
@@ -267,7 +194,7 @@ class WorkerRuntime:
         ok = False
         try:
             self._tidy_connection()
-            ok = self.source.execute(self.engine, task, self.worker_id)
+            ok = self.source.execute(self, task)
         except Exception as exc:
             self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_flow", "0009_dashboard_samples"),
+        ("durable_flow", "0010_step_concurrency"),
     ]
 
     operations = [

@@ -1,0 +1,230 @@
+"""Step-concurrency resources as rows, for the `db` admission backend (the rules of
+`resources.py`, stated in SQL):
+
+- holds:   `AdmissionHold(resource, ticket)`, one row per resource slot held; a resource's
+           active count is a COUNT over the `(resource, ticket)` unique index;
+- waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
+           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit)`, the index a
+           freed resource is offered through, ranked by priority then arrival (the id).
+
+Every function runs inside the caller's transaction, after `lock_resources`: resource counts
+span queues, so on PostgreSQL every admission write serialises on one advisory lock while step
+concurrency is in use (SQLite's IMMEDIATE transactions serialise them anyway). The lock is
+taken before any queue row, so the order is always the same and no two decisions deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from django.db import connection
+from django.db.models import Max
+
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant
+from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
+
+if TYPE_CHECKING:
+    from durable_flow.queues import QueueConfig
+
+#: The advisory lock every constrained admission write takes first (an arbitrary constant).
+RESOURCE_LOCK_ID = 0x5C0_C0C0
+#: Where calls gated by their constraints alone wait and hold their slots (no registered queue).
+FREE_QUEUE = ""
+
+
+def lock_resources() -> None:
+    """Serialise with every other admission write that may touch resources."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [RESOURCE_LOCK_ID])
+
+
+def as_rows(constraints: Sequence[Constraint]) -> list[list[object]]:
+    return [[c.resource, c.limit] for c in constraints]
+
+
+def from_rows(rows: Iterable[Sequence[object]]) -> tuple[Constraint, ...]:
+    return tuple(Constraint(str(r), int(limit)) for r, limit in rows)  # type: ignore[call-overload]
+
+
+class Counts:
+    """Resource active counts read once per decision and kept current as slots are taken."""
+
+    def __init__(self) -> None:
+        self._active: dict[str, int] = {}
+
+    def active(self, resource: str) -> int:
+        if resource not in self._active:
+            self._active[resource] = AdmissionHold.objects.filter(resource=resource).count()
+        return self._active[resource]
+
+    def fits(self, constraints: Sequence[Constraint]) -> bool:
+        return all(self.active(c.resource) < c.limit for c in constraints)
+
+    def take(self, ticket: str, constraints: Sequence[Constraint]) -> None:
+        """The ticket holds a slot of each resource; it no longer waits for any."""
+        AdmissionResourceWaiter.objects.filter(ticket=ticket).delete()
+        if constraints:
+            AdmissionHold.objects.bulk_create(AdmissionHold(resource=c.resource, ticket=ticket) for c in constraints)
+            for c in constraints:
+                self._active[c.resource] = self.active(c.resource) + 1
+
+
+def wait(ticket: str, queue: str, priority: int, constraints: Sequence[Constraint]) -> None:
+    """Index a parked call under each resource it needs (an existing entry keeps its arrival)."""
+    for c in constraints:
+        AdmissionResourceWaiter.objects.update_or_create(
+            resource=c.resource, ticket=ticket, defaults={"queue": queue, "priority": priority, "limit": c.limit}
+        )
+
+
+def free(ticket: str) -> list[str]:
+    """Give back the ticket's resource slots and withdraw it as a resource waiter; the freed resources."""
+    holds = AdmissionHold.objects.filter(ticket=ticket)
+    freed = list(holds.values_list("resource", flat=True))
+    if freed:
+        holds.delete()
+    AdmissionResourceWaiter.objects.filter(ticket=ticket).delete()
+    return freed
+
+
+def waiters_on(resource: str, counts: Counts) -> Iterable[AdmissionResourceWaiter]:
+    """The waiters a freed `resource` is offered to, best first, while any of them could fit."""
+    ceiling = AdmissionResourceWaiter.objects.filter(resource=resource).aggregate(m=Max("limit"))["m"]
+    if ceiling is None or counts.active(resource) >= ceiling:
+        return []
+    return AdmissionResourceWaiter.objects.filter(resource=resource).order_by("-priority", "id")
+
+
+def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
+    return from_rows(waiter.constraints) if waiter.constrained else ()
+
+
+def usage(resources: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per resource: (slots held, calls waiting), by any process."""
+    return {
+        r: (
+            AdmissionHold.objects.filter(resource=r).count(),
+            AdmissionResourceWaiter.objects.filter(resource=r).count(),
+        )
+        for r in resources
+    }
+
+
+class ResourceGateMixin:
+    """The `db` backend's decisions that involve resources across queues (the pseudo-queue
+    `""` of calls gated by their constraints alone, and freed resources offered to waiters)."""
+
+    # Provided by DatabaseAdmissionBackend.
+    _now: Callable[[], int]
+    _locked_queue: Callable[[str], tuple[FlowQueue | None, QueueConfig | None]]
+    _marks: Callable[[QueueConfig, int], list[int]]
+    _room: Callable[[QueueConfig, list[int], int], int | None]
+    _take_slot: Callable[..., None]
+
+    def _admit_free(self, request: AdmissionRequest) -> AdmissionDecision:
+        """A call gated by its constraints alone (no registered queue): the pseudo-queue `""`."""
+        now = self._now()
+        if AdmissionSlot.objects.filter(queue=FREE_QUEUE, ticket=request.ticket).exists():
+            return AdmissionDecision.admit()
+        counts = Counts()
+        if counts.fits(request.constraints):
+            AdmissionWaiter.objects.filter(queue=FREE_QUEUE, ticket=request.ticket).delete()
+            AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=request.ticket, acquired_ms=now)
+            counts.take(request.ticket, request.constraints)
+            return AdmissionDecision.admit()
+        AdmissionWaiter.objects.update_or_create(
+            queue=FREE_QUEUE,
+            ticket=request.ticket,
+            defaults={
+                "priority": request.priority,
+                "fairness_key": request.key,
+                "seen_ms": now,
+                "constrained": True,
+                "constraints": as_rows(request.constraints),
+            },
+            create_defaults={
+                "priority": request.priority,
+                "fairness_key": request.key,
+                "seen_ms": now,
+                "constrained": True,
+                "constraints": as_rows(request.constraints),
+                "arrival": 0,
+            },
+        )
+        wait(request.ticket, FREE_QUEUE, request.priority, request.constraints)
+        return AdmissionDecision.block(now + 1000, "step_concurrency")
+
+    def _grant_freed(self, freed: list[str], now: int, skip_queue: str | None) -> tuple[str, ...]:
+        """`resources.grant_freed` in SQL: each freed resource's waiters, best first, granted
+        when their queue has room and all their constraints fit."""
+        counts = Counts()
+        queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]] = {}
+        granted: list[str] = []
+        for resource in dict.fromkeys(freed):
+            for entry in waiters_on(resource, counts):
+                if entry.queue == skip_queue or entry.ticket in granted:
+                    continue
+                waiter = AdmissionWaiter.objects.filter(queue=entry.queue, ticket=entry.ticket).first()
+                if waiter is None:
+                    entry.delete()  # withdrawn without its index entry: tidy up
+                    continue
+                constraints = waiter_constraints(waiter)
+                if not counts.fits(constraints):
+                    continue
+                if entry.queue == FREE_QUEUE:
+                    waiter.delete()
+                    AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
+                else:
+                    if entry.queue not in queues:
+                        row, config = self._locked_queue(entry.queue)
+                        queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
+                    row, config, marks = queues[entry.queue]
+                    if row is None or config is None:
+                        continue
+                    available = self._room(config, marks, now)
+                    if available is not None and available <= 0:
+                        continue
+                    self._take_slot(row, config, waiter, now, marks)
+                counts.take(waiter.ticket, constraints)
+                granted.append(waiter.ticket)
+        return tuple(granted)
+
+    def _grant_free(self) -> Grant:
+        """Grant the pseudo-queue's waiters whose constraints fit (the poller's safety net)."""
+        counts = Counts()
+        now = self._now()
+        granted = []
+        for waiter in AdmissionWaiter.objects.filter(queue=FREE_QUEUE).order_by("-priority", "id"):
+            constraints = waiter_constraints(waiter)
+            if counts.fits(constraints):
+                waiter.delete()
+                AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
+                counts.take(waiter.ticket, constraints)
+                granted.append(waiter.ticket)
+        return Grant(tuple(granted))
+
+    def _reoffer_free(self, requests: Sequence[AdmissionRequest]) -> list[str]:
+        """`reoffer` for calls gated by their constraints alone."""
+        tickets = [r.ticket for r in requests]
+        held = set(AdmissionSlot.objects.filter(queue=FREE_QUEUE, ticket__in=tickets).values_list("ticket", flat=True))
+        waiting = set(
+            AdmissionWaiter.objects.filter(queue=FREE_QUEUE, ticket__in=tickets).values_list("ticket", flat=True)
+        )
+        now = self._now()
+        for r in requests:
+            if r.ticket in held or r.ticket in waiting:
+                continue
+            AdmissionWaiter.objects.create(
+                queue=FREE_QUEUE,
+                ticket=r.ticket,
+                priority=r.priority,
+                fairness_key=r.key,
+                arrival=0,
+                seen_ms=now,
+                constrained=True,
+                constraints=as_rows(r.constraints),
+            )
+            wait(r.ticket, FREE_QUEUE, r.priority, r.constraints)
+        return [t for t in tickets if t in held]

@@ -1,0 +1,148 @@
+"""The step-concurrency contract: rules every backend with `SUPPORTS_CONSTRAINTS` must keep.
+
+Subclass `StepConcurrencyContract` next to `AdmissionBackendContract` (same `make_backend`):
+
+    class TestMyBackend(AdmissionBackendContract, StepConcurrencyContract):
+        def make_backend(self, clock):
+            return MyBackend(clock=clock)
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Constraint
+from durable_flow.queues import QueueConfig
+from durable_flow.testing.clock import FakeClock
+
+
+class StepConcurrencyContract:
+    """Every test names one rule of step concurrency."""
+
+    def make_backend(self, clock: FakeClock) -> AdmissionBackend:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def sc_backend(self, clock: FakeClock) -> AdmissionBackend:
+        backend = self.make_backend(clock)
+        if not backend.SUPPORTS_CONSTRAINTS:
+            pytest.skip(f"{type(backend).__name__} does not enforce step-concurrency constraints")
+        return backend
+
+    @pytest.fixture
+    def res(self) -> str:
+        # Unique per test so backends with shared storage never see old holders.
+        return f"sc:fn:wf-{uuid.uuid4().hex[:8]}"
+
+    @staticmethod
+    def sc_ask(backend: AdmissionBackend, ticket: str, *constraints: Constraint, queue: str = "", **kw: Any) -> Any:
+        return backend.try_admit(AdmissionRequest(queue=queue, ticket=ticket, constraints=constraints, **kw))
+
+    def test_a_resource_admits_up_to_its_limit(self, sc_backend: AdmissionBackend, res: str) -> None:
+        c = Constraint(f"{res}:a", 2)
+        assert [self.sc_ask(sc_backend, f"r{i}/1", c).admitted for i in range(3)] == [True, True, False]
+        blocked = self.sc_ask(sc_backend, "r9/1", c)
+        assert blocked.reason == "step_concurrency"
+        # Another key of the same workflow is a different resource: its own two slots.
+        other = Constraint(f"{res}:b", 2)
+        assert self.sc_ask(sc_backend, "s1/1", other).admitted and self.sc_ask(sc_backend, "s2/1", other).admitted
+
+    def test_asking_twice_with_a_held_ticket_takes_one_slot(self, sc_backend: AdmissionBackend, res: str) -> None:
+        c = Constraint(res, 2)
+        assert self.sc_ask(sc_backend, "a/1", c).admitted and self.sc_ask(sc_backend, "a/1", c).admitted
+        assert self.sc_ask(sc_backend, "b/1", c).admitted
+        assert not self.sc_ask(sc_backend, "c/1", c).admitted
+
+    def test_release_grants_the_waiter_without_asking_again(self, sc_backend: AdmissionBackend, res: str) -> None:
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "a/1", c).admitted
+        assert not self.sc_ask(sc_backend, "b/1", c).admitted
+        assert sc_backend.release("", "a/1").tickets == ("b/1",)
+        assert not self.sc_ask(sc_backend, "c/1", c).admitted  # b holds it now
+
+    def test_two_constraints_take_all_their_slots_or_none(self, sc_backend: AdmissionBackend, res: str) -> None:
+        shared, account_a = Constraint(f"{res}:openai", 3), Constraint(f"{res}:acct-a", 1)
+        assert self.sc_ask(sc_backend, "a1/1", shared, account_a).admitted
+        # Blocked by its account: it must not take a slot of the shared resource meanwhile.
+        assert not self.sc_ask(sc_backend, "a2/1", shared, account_a).admitted
+        account_b = Constraint(f"{res}:acct-b", 5)
+        assert self.sc_ask(sc_backend, "b1/1", shared, account_b).admitted
+        assert self.sc_ask(sc_backend, "b2/1", shared, account_b).admitted
+        assert not self.sc_ask(sc_backend, "b3/1", shared, account_b).admitted  # shared full: 3
+
+    def test_each_call_checks_the_shared_count_against_its_own_limit(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        low, high = Constraint(res, 5), Constraint(res, 50)
+        assert all(self.sc_ask(sc_backend, f"a{i}/1", low).admitted for i in range(5))
+        assert not self.sc_ask(sc_backend, "a5/1", low).admitted
+        assert all(self.sc_ask(sc_backend, f"b{i}/1", high).admitted for i in range(10))
+
+    def test_a_freed_slot_skips_a_waiter_blocked_by_its_other_constraint(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        shared, busy, idle = Constraint(f"{res}:s", 1), Constraint(f"{res}:busy", 1), Constraint(f"{res}:idle", 1)
+        assert self.sc_ask(sc_backend, "h/1", shared).admitted
+        assert self.sc_ask(sc_backend, "x/1", busy).admitted
+        assert not self.sc_ask(sc_backend, "w1/1", shared, busy).admitted  # oldest, but its account is busy
+        assert not self.sc_ask(sc_backend, "w2/1", shared, idle).admitted
+        assert sc_backend.release("", "h/1").tickets == ("w2/1",)
+        # w1 keeps waiting; it is granted once both its resources have room.
+        assert sc_backend.release("", "x/1").tickets == ()
+        assert sc_backend.release("", "w2/1").tickets == ("w1/1",)
+
+    def test_waiters_of_one_resource_are_granted_oldest_first(self, sc_backend: AdmissionBackend, res: str) -> None:
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "h/1", c).admitted
+        for i in range(4):
+            assert not self.sc_ask(sc_backend, f"w{i}/1", c).admitted
+        order = []
+        holder = "h/1"
+        for _ in range(4):
+            (holder,) = sc_backend.release("", holder).tickets
+            order.append(holder)
+        assert order == ["w0/1", "w1/1", "w2/1", "w3/1"]
+
+    def test_a_queue_and_a_constraint_are_decided_together(
+        self, sc_backend: AdmissionBackend, res: str, clock: FakeClock
+    ) -> None:
+        queue = f"q-{uuid.uuid4().hex[:8]}"
+        sc_backend.register(QueueConfig(name=queue, concurrency=1))
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "a/1", c, queue=queue).admitted
+        # The queue is full: the call waits and takes no resource slot...
+        assert not self.sc_ask(sc_backend, "b/1", Constraint(f"{res}:other", 1), queue=queue).admitted
+        # ...and one whose queue has room but whose resource is full waits too.
+        assert not self.sc_ask(sc_backend, "c/1", c).admitted
+        # a's release frees both: b gets the queue slot, c the resource.
+        assert set(sc_backend.release(queue, "a/1").tickets) == {"b/1", "c/1"}
+
+    def test_a_waiter_in_another_queue_is_granted_a_freed_resource(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        q1, q2 = f"q-{uuid.uuid4().hex[:8]}", f"q-{uuid.uuid4().hex[:8]}"
+        sc_backend.register(QueueConfig(name=q1, concurrency=5))
+        sc_backend.register(QueueConfig(name=q2, concurrency=5))
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "a/1", c, queue=q1).admitted
+        assert not self.sc_ask(sc_backend, "b/1", c, queue=q2).admitted
+        assert sc_backend.release(q1, "a/1").tickets == ("b/1",)
+        assert sc_backend.in_flight(q2) in (None, 1)
+
+    def test_releasing_a_waiter_withdraws_it(self, sc_backend: AdmissionBackend, res: str) -> None:
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "a/1", c).admitted
+        assert not self.sc_ask(sc_backend, "b/1", c).admitted
+        sc_backend.release("", "b/1")
+        assert sc_backend.release("", "a/1").tickets == ()
+        assert self.sc_ask(sc_backend, "c/1", c).admitted
+
+    def test_reoffer_restores_a_lost_waiter(self, sc_backend: AdmissionBackend, res: str) -> None:
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "a/1", c).admitted
+        request = AdmissionRequest(queue="", ticket="b/1", constraints=(c,))
+        assert sc_backend.reoffer("", [request, AdmissionRequest(queue="", ticket="a/1", constraints=(c,))]) == ["a/1"]
+        assert sc_backend.release("", "a/1").tickets == ("b/1",)

@@ -1,0 +1,136 @@
+"""The contract between a transport's consuming side and the worker that serves it.
+
+A transport hands out work as `ClaimedTask`s from its `TaskSource`; the worker claims them and
+runs each through a `TaskRunner`. Transports depend on this module, never on
+`durable_flow.worker`: the worker runtime (`WorkerRuntime`) is a `TaskRunner`, and a job run
+outside `durable_worker` (a plain `manage.py rqworker`) gets an `EngineRunner` with no worker id.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from durable_flow.engine import Engine
+
+#: A callable a runner runs inside the engine's transaction that settles a task.
+Also = Callable[[], object] | None
+
+
+@dataclass
+class ClaimedTask:
+    """A unit of work a source handed to this worker: a turn or a step attempt."""
+
+    kind: str
+    run_id: str
+    step_key: str = ""
+    attempt: int = 0
+    handle: Any = field(default=None, repr=False)
+    #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runner).
+    outcome: str = ""
+    #: The engine's transaction already did what `done` does (the `db` source deletes its
+    #: task row there); set once that transaction committed.
+    done_in_engine: bool = False
+
+
+class TaskRunner(ABC):
+    """The worker a source serves, as the source sees it: who it is, and how it runs work.
+
+    Subclasses implement `run_turn`, `run_step` and `heartbeat_ttl_s`; `run` dispatches a
+    claimed task (`run_task`) to the right one.
+    """
+
+    #: Stamped on the steps this worker executes, so the poller re-drives them if its heartbeat
+    #: lapses; empty for a worker without a heartbeat (its lost steps wait REDISPATCH_AFTER_S).
+    worker_id: str = ""
+
+    @property
+    @abstractmethod
+    def heartbeat_ttl_s(self) -> float:
+        """How long one heartbeat vouches for this worker (a source sizes its leases on it)."""
+
+    @abstractmethod
+    def run_turn(self, run_id: str, *, also: Also = None) -> str:
+        """Replay the run's next turn; the run's status afterwards, or `missing`. `also` runs
+        inside the turn's transaction (the `db` source deletes its task row there)."""
+
+    @abstractmethod
+    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
+        """Run one attempt of a step as this worker and record its result exactly once; the
+        outcome (`completed`, `failed`, `skipped`, ...). `also` runs inside the transaction
+        that records the result."""
+
+    def run_task(self, task: ClaimedTask, *, also: Also = None) -> bool:
+        """Run a claimed turn or step and set its outcome; True unless the step failed."""
+        if task.kind == "turn":
+            task.outcome = self.run_turn(task.run_id, also=also)
+            return True
+        task.outcome = self.run_step(task.run_id, task.step_key, task.attempt, also=also)
+        return task.outcome != "failed"
+
+
+class EngineRunner(TaskRunner):
+    """Runs tasks through an engine, as worker `worker_id`."""
+
+    def __init__(self, engine: Engine, worker_id: str = "") -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+
+    @property
+    def heartbeat_ttl_s(self) -> float:
+        return self.engine.settings.heartbeat_ttl_s
+
+    def run_turn(self, run_id: str, *, also: Also = None) -> str:
+        run = self.engine.run_turn(run_id, also=also)
+        return run.status if run is not None else "missing"
+
+    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
+        return self.engine.execute_step(run_id, step_key, attempt, worker_id=self.worker_id, also=also)
+
+
+class TaskSource(ABC):
+    """The consuming side of a transport, served by a worker (`WorkerRuntime`).
+
+    Subclasses implement `claim`, `done`, `hand_back` and `renew`; `open`, `close`, `execute`
+    and `failed` have defaults that suit a source with nothing to register or report.
+    """
+
+    transport: str = ""
+    queues: list[str] = []
+
+    @abstractmethod
+    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
+        """Take up to `limit` tasks, waiting up to `wait_s` for the first one."""
+
+    @abstractmethod
+    def done(self, worker_id: str, task: ClaimedTask) -> None:
+        """The task ran to completion: forget it."""
+
+    @abstractmethod
+    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        """Return unfinished tasks so another worker can take them now."""
+
+    @abstractmethod
+    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        """Extend this worker's hold on the tasks it is running (called every heartbeat)."""
+
+    # -- optional, with defaults -------------------------------------------------------------
+    def open(self, runner: TaskRunner) -> None:
+        """The worker starts (e.g. register it with the broker). Default: nothing."""
+        return None
+
+    def close(self, worker_id: str) -> None:
+        """The worker stops. Default: nothing."""
+        return None
+
+    def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:
+        """Run one claimed task; True unless the step failed. Default: `runner.run_task(task)`."""
+        return runner.run_task(task)
+
+    def failed(self, worker_id: str, task: ClaimedTask, exc: BaseException) -> None:
+        """The engine could not record the task's outcome. Default: nothing, so the task stays
+        leased and is claimed again when its lease lapses (the step's result is idempotent)."""
+        return None
