@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+PORT   ?= 8000
 
 .PHONY: demo test lint venv clean
 
@@ -15,9 +16,10 @@ $(VENV)/.installed: requirements.txt
 venv: $(VENV)/.installed
 
 ## The main job on the embedded default: SQLite + db transport + db admission, no Redis.
+## `make demo PORT=8001` serves on another port; a port in use is an error (exit 1).
 demo: venv
 	$(PY) manage.py migrate --noinput
-	$(PY) -m examples.demo
+	DEMO_PORT=$(PORT) exec $(PY) -m examples.demo
 
 ## Lint, then the whole suite on SQLite and on PostgreSQL (Redis and PostgreSQL are started if down).
 test: venv

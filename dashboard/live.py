@@ -146,3 +146,16 @@ register_topic("overview", _overview)
 register_topic("queues", _queues)
 register_topic("queue", _queue)
 register_topic("workers", _workers)
+
+
+def _flow(snap: Mapping[str, Any], queue: str) -> dict[str, str]:
+    """The flow view (`flow:<queue>`): where each call of the queue is, as JSON the page's
+    script turns into moving dots."""
+    import json
+
+    from dashboard.flow import burst_config, flow_snapshot
+
+    return {"flow-data": json.dumps(flow_snapshot(queue or burst_config()["QUEUE"]))}
+
+
+register_topic("flow", _flow)

@@ -52,6 +52,20 @@ def snapshot_json(request: HttpRequest) -> HttpResponse:
     return JsonResponse(snapshot())
 
 
+FAVICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    '<rect width="16" height="16" rx="3" fill="#1d2330"/><circle cx="5" cy="8" r="2" fill="#9cc3ff"/>'
+    '<circle cx="11" cy="8" r="2" fill="#2e9e5b"/></svg>'
+)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """The browser's /favicon.ico (a small SVG), so no page logs a 404 for it."""
+    response = HttpResponse(FAVICON, content_type="image/svg+xml")
+    response["Cache-Control"] = "max-age=86400"
+    return response
+
+
 def session_check(request: HttpRequest) -> HttpResponse:
     """204 while the session is a staff one. The live script asks this after its socket drops,
     to tell "the server is down" (no answer) from "your session expired" (401)."""

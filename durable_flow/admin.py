@@ -18,6 +18,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from durable_flow import queries
+from durable_flow.admin_attempts import StepAttemptInline
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
@@ -101,7 +102,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "updated_at",
         "finished_at",
     ]
-    inlines = [CheckpointInline]
+    inlines = [CheckpointInline, StepAttemptInline]
     actions = ["cancel_selected", "retry_selected"]
     change_form_template = "admin/durable_flow/workflowrun/change_form.html"
 

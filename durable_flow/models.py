@@ -357,6 +357,44 @@ class QuotaRefusal(models.Model):
         indexes = [models.Index(fields=["minute"], name="df_refusal_minute")]
 
 
+class AttemptStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class StepAttempt(models.Model):
+    """One attempt of a step, kept when later attempts follow: a step that failed twice and
+    then succeeded has three rows, each with its times, worker and error.
+
+    The checkpoint holds only the latest attempt's state (what replay needs); these rows are
+    the history people read (the dashboard's timeline, the admin). A row is written when a
+    worker starts executing the attempt and completed when its result is recorded, so an
+    attempt still `running` after a later one exists was lost with its worker.
+    """
+
+    checkpoint = models.ForeignKey(StepCheckpoint, on_delete=models.CASCADE, related_name="attempts")
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts")
+    attempt = models.PositiveIntegerField()
+    status = models.CharField(max_length=10, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="Admitted and sent to the transport.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="A worker began executing it.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="End of the backoff after this failure.")
+    error = models.JSONField(default=None, null=True, blank=True)
+    late = models.BooleanField(default=False, help_text="Answered after the step had moved on; ignored.")
+
+    class Meta:
+        ordering = ["checkpoint_id", "attempt"]
+        constraints = [models.UniqueConstraint(fields=["checkpoint", "attempt"], name="df_attempt_checkpoint_n")]
+        indexes = [models.Index(fields=["run", "started_at"], name="df_attempt_run_started")]
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint_id} attempt {self.attempt} ({self.status})"
+
+
 class QueueSample(models.Model):
     """A queue's numbers over one sampling interval, written by the poller for the dashboard's
     charts: gauges at the interval's end, counts of what happened during it.

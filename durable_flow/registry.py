@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from durable_flow.exceptions import RegistrationError, StepNotFound, WorkflowNotFound
+from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.step_concurrency import ConcurrencySpec, parse_concurrency
 from durable_flow.validation import max_length
@@ -184,7 +184,8 @@ def resolve_workflow(target: str | WorkflowDefinition) -> WorkflowDefinition:
         return get_workflow(target.name)
     if isinstance(target, str):
         return get_workflow(target)
-    raise TypeError(f"expected a workflow name or a @workflow function, got {type(target).__name__}")
+    # A typed refusal, like every other bad argument of the public API (it is a ValueError).
+    raise InvalidInput(f"expected a workflow name or a @workflow function, got {type(target).__name__}")
 
 
 def workflows() -> dict[str, WorkflowDefinition]:

@@ -66,3 +66,44 @@ def nightly_sync(ctx: Any, tenants: list[str]) -> int:
     """Fan out over child runs, two waves of two in flight."""
     results = ctx.all(sync_tenant, [{"tenant": tenant} for tenant in tenants], concurrency=4)
     return sum(1 for result in results if result["ok"])
+
+
+# -- the demo's story: a failure to retry, a run waiting for a signal, a start quota ------------
+
+
+@step("examples.import_invoices", retries=1, backoff=timedelta(seconds=1))
+def import_invoices(payload: dict[str, Any]) -> dict[str, Any]:
+    """Fails while the partner's outage lasts (`down_until`, epoch seconds): the run fails
+    after its retry, and a retry from the dashboard once the outage is over completes it."""
+    if time.time() < payload["down_until"]:
+        left = payload["down_until"] - time.time()
+        raise ConnectionError(f"partner returned 503 Service Unavailable (maintenance, about {left:.0f} s left)")
+    return {"batch": payload["batch"], "imported": 42}
+
+
+@workflow("examples.invoice_import")
+def invoice_import(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """One partner import; fails during the partner's outage (retry it from the run's page)."""
+    return ctx.step(import_invoices, payload)
+
+
+@workflow("examples.approval")
+def approval(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """Waits for the signal `approve` (send it from the run's page), then ships the order."""
+    decision = ctx.wait_for_signal("approve", timeout=timedelta(days=1))
+    receipt = ctx.step(send_receipt, {"order_id": payload["order_id"]})
+    return {"approved_by": decision, "receipt": receipt}
+
+
+@step("examples.answer")
+def answer(prompt: str) -> str:
+    time.sleep(0.5)
+    return prompt[::-1]
+
+
+@workflow("examples.chat_turn", quota={"key": lambda payload: f"tenant:{payload['tenant']}", "limit": 2})
+def chat_turn(ctx: Any, payload: dict[str, Any]) -> str:
+    """At most two chat turns per tenant at once (a start quota): a third start is refused."""
+    reply = ctx.step(answer, payload["prompt"])
+    ctx.sleep(timedelta(seconds=20))
+    return reply

@@ -14,6 +14,7 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 # django-rq is installed so the admin and `rqworker` are there when you switch to RQ;
 # the embedded default never connects to it.
 RQ_QUEUES = {"default": {"URL": "redis://127.0.0.1:6379/0"}}
+RQ_SHOW_ADMIN_LINK = False  # the db transport uses no RQ queue, so the admin lists none
 
 DURABLE_FLOW = {
     "WORKFLOWS": ["examples.workflows"],

@@ -39,8 +39,14 @@ DURABLE_FLOW = {
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
-    # Browser tests sample every second to see the charts move (the default is 10 s).
-    "POLLER": {"INTERVAL_MS": 100, "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", 10))},
+    # The chaos soak (tests/reliability/) shortens the recovery timings to settle sooner; browser
+    # tests sample every second to see the charts move (the default is 10 s).
+    "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),
+    "POLLER": {
+        "INTERVAL_MS": 100,
+        "MAINTENANCE_S": float(os.environ.get("DURABLE_FLOW_MAINTENANCE_S", "5")),
+        "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", "10")),
+    },
 }
 
 # Worker, poller and server processes started by tests must use the database the test
@@ -52,4 +58,12 @@ if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
 TASKS = {
     "default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
     "other": {"BACKEND": "durable_flow.tasks.DurableFlowBackend"},
+}
+
+# The flow view's burst button in the browser tests: short steps through a throttled queue.
+DASHBOARD_BURST = {
+    "WORKFLOW": "tests.queued",
+    "QUEUE": "browser-flow",
+    "SIZE": 12,
+    "INPUT": {"queue": "browser-flow", "seconds": 0.4},
 }

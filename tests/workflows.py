@@ -340,3 +340,56 @@ def file_gate(payload: dict[str, Any]) -> str:
 @workflow("tests.file_gated")
 def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(file_gate, payload, queue=payload.get("queue"))
+
+
+# -- dashboard browser tests (tests/test_browser_runs.py) ----------------------------------------
+
+
+@step("tests.needs_file", retries=1, backoff=timedelta(milliseconds=200))
+def needs_file(payload: dict[str, Any]) -> str:
+    """Fails until the file `payload["path"]` exists: a cause another process fixes."""
+    if not os.path.exists(payload["path"]):
+        raise FileNotFoundError(f"config file {payload['path']} is missing")
+    return "imported"
+
+
+@workflow("tests.needs_file_flow")
+def needs_file_flow(ctx: Any, payload: dict[str, Any]) -> str:
+    ctx.step(echo, "prepare")
+    return ctx.step(needs_file, payload)
+
+
+# -- the chaos soak (tests/reliability/) ---------------------------------------------------------
+
+
+def _soak_mark(event: str, payload: dict[str, Any]) -> None:
+    """One line per step start/end in the soak's log: the evidence its checks read."""
+    path = os.environ.get("DURABLE_FLOW_SOAK_LOG")
+    if path:
+        line = f"{event} {payload['run']} {payload['stage']} {os.getpid()} {time.time():.6f}\n"
+        with open(path, "a") as handle:  # O_APPEND: lines from many processes do not interleave
+            handle.write(line)
+
+
+@step("tests.soak_stage")
+def soak_stage(payload: dict[str, Any]) -> int:
+    """A short step that stamps its start and end, so the soak can count executions and overlap."""
+    _soak_mark("start", payload)
+    time.sleep(payload["ms"] / 1000)
+    _soak_mark("end", payload)
+    return soak_value(payload["n"], payload["stage"])
+
+
+def soak_value(n: int, stage: int) -> int:
+    """What stage `stage` makes of `n`: the soak checks each run's output against it."""
+    return n * 3 + stage
+
+
+@workflow("tests.soak")
+def soak(ctx: Any, p: dict[str, Any]) -> int:
+    """Three steps, through a capped, a sliding-window and a fair queue in turn."""
+    value = p["n"]
+    for stage, queue, key in ((1, p["capped"], None), (2, p["window"], None), (3, p["fair"], p["tenant"])):
+        payload = {"run": ctx.run_id, "stage": stage, "n": value, "ms": p["ms"]}
+        value = ctx.step(soak_stage, payload, queue=queue, fairness_key=key)
+    return value

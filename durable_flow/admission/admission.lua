@@ -160,8 +160,10 @@ local function window_start(period)
 end
 
 -- A window's state over a zset of marks: {room, reopen_at}; reopen_at is set when room is 0.
-local function window(k_marks)
-  local limit, period = rate.limit, rate.period_ms
+-- `period` defaults to the rate limit's (the start window passes a widened one).
+local function window(k_marks, period)
+  local limit = rate.limit
+  period = period or rate.period_ms
   call('ZREMRANGEBYSCORE', k_marks, '-inf', '(' .. window_start(period))
   local used = call('ZCOUNT', k_marks, '-inf', '+inf')
   if used < limit then
@@ -188,7 +190,12 @@ if op == 'start' then
   if not rate then
     return {0, now}
   end
-  local room, reopen = window(K_STARTS)
+  -- A sliding start window is widened by `policy.start_margin_ms` (see there).
+  local period = rate.period_ms
+  if rate.algorithm ~= 'fixed' then
+    period = period + math.min(50, math.floor(period / 20))
+  end
+  local room, reopen = window(K_STARTS, period)
   if room == 0 then
     return {math.max(1, reopen - now), now}
   end

@@ -45,7 +45,13 @@ from durable_flow.admission.db_resources import (
     lock_resources,
     waiter_constraints,
 )
-from durable_flow.admission.policy import NEVER_SERVED, oldest_mark_needed, window_retry_at, window_room
+from durable_flow.admission.policy import (
+    NEVER_SERVED,
+    oldest_mark_needed,
+    start_window,
+    window_retry_at,
+    window_room,
+)
 from durable_flow.models import (
     AdmissionKeyServed,
     AdmissionMark,
@@ -227,7 +233,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             return 0  # no window to count in: no lock taken
         with transaction.atomic():
             _, config = self._locked_queue(queue)
-            rate = config.rate_limit if config is not None else None
+            rate = start_window(config.rate_limit) if config is not None and config.rate_limit else None
             if rate is None:
                 return 0
             now = self._now()
@@ -351,11 +357,10 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
     @staticmethod
     def _rank_order(config: QueueConfig) -> list[str]:
         """`policy.rank` as an ORDER BY (served by the `df_waiter_rank` index)."""
-        ordering = ["-priority"]
-        if config.fairness == "key":
-            ordering.append("key_served")
-        ordering.append("arrival" if config.order == "fifo" else "-arrival")
-        return ordering
+        # `key_served` is -1 for every waiter of a fifo-fairness queue, so ordering by it changes
+        # nothing there but lets the `df_waiter_rank` index serve the ORDER BY (no sort of the
+        # whole line per grant).
+        return ["-priority", "key_served", "arrival" if config.order == "fifo" else "-arrival"]
 
     # -- read model --------------------------------------------------------------------------
     def next_waiters(self, queue: str, limit: int) -> list[str]:

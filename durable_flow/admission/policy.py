@@ -104,9 +104,9 @@ class QueueState:
         """Forget window marks outside every window."""
         rate = self.config.rate_limit
         if rate is not None:
-            for marks in (self.marks, self.starts):
+            for marks, window in ((self.marks, rate), (self.starts, start_window(rate))):
                 if marks:
-                    del marks[: bisect.bisect_left(marks, oldest_mark_needed(rate, now_ms))]
+                    del marks[: bisect.bisect_left(marks, oldest_mark_needed(window, now_ms))]
 
 
 def outranked_by(waiter: Waiter, others: Iterable[Waiter], config: QueueConfig, served: dict[str, int]) -> int:
@@ -253,6 +253,23 @@ def reoffer(
     return held
 
 
+def start_margin_ms(period_ms: int) -> int:
+    """How much wider than its period a sliding window counts step starts: min(50 ms, 5 %).
+
+    The backend counts a start on its clock a moment before the worker calls the step; on a
+    busy host that moment varies by tens of ms, so two starts counted exactly one period apart
+    could be *called* closer together. The margin keeps "never more than N in any P-ms span"
+    true at the call, at the cost of at most 5 % of a sliding window's throughput."""
+    return min(50, period_ms // 20)
+
+
+def start_window(rate: RateLimit) -> RateLimit:
+    """The window step starts are counted in: a sliding one widened by `start_margin_ms`."""
+    if rate.algorithm != "sliding":
+        return rate
+    return RateLimit(limit=rate.limit, period_ms=rate.period_ms + start_margin_ms(rate.period_ms), algorithm="sliding")
+
+
 def try_start(state: QueueState, now_ms: int) -> int:
     """A granted step is about to run: count its start in the rate window, or say how long
     (ms) to wait until the window has room. 0 means started."""
@@ -260,7 +277,7 @@ def try_start(state: QueueState, now_ms: int) -> int:
     if rate is None:
         return 0
     state.prune(now_ms)
-    retry_at = window_retry_at(rate, state.starts, now_ms)
+    retry_at = window_retry_at(start_window(rate), state.starts, now_ms)
     if retry_at is not None:
         return max(1, retry_at - now_ms)
     bisect.insort(state.starts, now_ms)

@@ -10,7 +10,7 @@
 - `handoff`: slots granted to parked waiters, dispatched from their checkpoints with no replay;
   the grant timer for reopening rate windows; the start window; the poller's safety net;
 - `results`: executing a step attempt and recording its result exactly once;
-- `attempts`: starting a step attempt on a worker in one `UPDATE ... RETURNING`.
+- `step_start`: starting a step attempt on a worker in one `UPDATE ... RETURNING`.
 """
 
 from durable_flow.conf import build_backend

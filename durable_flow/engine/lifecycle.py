@@ -59,8 +59,8 @@ class LifecycleMixin(EngineBase):
         and creates nothing; an existing `run_id` is returned without a quota check."""
         definition = resolve_workflow(workflow)
         ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
-        if isinstance(tags, str):
-            raise InvalidInput("tags must be a list of strings, not a string")
+        if isinstance(tags, str) or not isinstance(tags, Iterable):
+            raise InvalidInput(f"tags must be a list of strings, got {type(tags).__name__}")
         tag_list = [storable_text(tag, "tag", MAX_TAG) for tag in tags]
         if run_id is not None:
             storable_text(run_id, "run_id", MAX_RUN_ID)

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DataError, transaction
 
-from durable_flow.engine.attempts import start_attempt
+from durable_flow.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run_for_result, retry_on_conflict
+from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.registry import get_step, step_backoff
 from durable_flow.serialization import ensure_json, error_info
@@ -45,6 +46,9 @@ class ResultsMixin(EngineBase):
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
             return "skipped"
+        # Written when the worker picks the attempt up, before the rate window's start wait: no
+        # write may come between the window counting the start and the call.
+        attempt_started(cp, attempt, worker_id, self.now())
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
@@ -87,13 +91,16 @@ class ResultsMixin(EngineBase):
             cp = checkpoints.get(key)
             if run is None or cp is None:
                 return
-            if cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt):
+            stale = cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt)
+            ignored = cancelled or run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or run.is_terminal
+            attempt_finished(cp, attempt, self.now(), error=error, cancelled=ignored and not stale, late=stale)
+            if stale:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 return
             # The slot goes back now; `holds_slot` is written by the status update below.
             released = ("holds_slot",) if self._release(cp, save=False) else ()
-            if cancelled or run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or run.is_terminal:
+            if ignored:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 self.settle(cp, StepStatus.CANCELLED, fields=("late_result", *released))
                 self._finish_cancelling(run)
@@ -103,6 +110,7 @@ class ResultsMixin(EngineBase):
                 cp.error = error
                 cp.wake_at = self.now() + step_backoff(cp.name, cp.attempt)
                 cp.save(update_fields=["status", "error", "wake_at", "holds_slot"])
+                set_retry_at(cp, attempt, cp.wake_at)
                 self._continue(run, checkpoints if not cp.group else None)  # parks it until the backoff is up
                 return
             if error is not None:

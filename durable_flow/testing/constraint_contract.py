@@ -28,8 +28,7 @@ class StepConcurrencyContract:
     @pytest.fixture
     def sc_backend(self, clock: FakeClock) -> AdmissionBackend:
         backend = self.make_backend(clock)
-        if not backend.SUPPORTS_CONSTRAINTS:
-            pytest.skip(f"{type(backend).__name__} does not enforce step-concurrency constraints")
+        assert backend.SUPPORTS_CONSTRAINTS, f"{type(backend).__name__} claims no step-concurrency support"
         return backend
 
     @pytest.fixture

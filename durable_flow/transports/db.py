@@ -5,10 +5,15 @@ roll back together. Workers claim rows with a lease (`VISIBILITY_TIMEOUT_S`): on
 with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers never block on each other's rows; on
 SQLite the IMMEDIATE write transaction serialises claimers. A claimed task is deleted when
 done; a worker that dies leaves its lease to lapse, and the task is claimed again.
+
+An idle claimer polls every `POLL_INTERVAL_S`, but a task enqueued by its own process (most
+are: a result's release grants the next waiter in the worker that recorded it) wakes it at
+once when the enqueueing transaction commits, so a handed-off slot does not wait for a poll.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -25,6 +30,19 @@ from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
+
+
+#: Notified when this process commits new tasks, so its idle claimers look at once; the
+#: generation tells a claimer whether tasks were committed while it was looking.
+_new_work = threading.Condition()
+_generation = 0
+
+
+def _announce_new_work() -> None:
+    global _generation
+    with _new_work:
+        _generation += 1
+        _new_work.notify_all()
 
 
 class DatabaseTransport(Transport):
@@ -60,6 +78,7 @@ class DatabaseTransport(Transport):
         Task.objects.bulk_create(
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
         )
+        transaction.on_commit(_announce_new_work)
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         Task.objects.create(
@@ -70,6 +89,7 @@ class DatabaseTransport(Transport):
             priority=priority,
             available_at=timezone.now(),
         )
+        transaction.on_commit(_announce_new_work)
 
     def reclaim_from(self, dead_workers: list[str]) -> int:
         """Expire the leases of tasks held by workers whose heartbeat lapsed (poller upkeep)."""
@@ -114,10 +134,13 @@ class DatabaseTaskSource(TaskSource):
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         deadline = time.monotonic() + wait_s
         while True:
+            seen = _generation
             tasks = self._claim_once(worker_id, limit)
             if tasks or time.monotonic() >= deadline:
                 return tasks
-            time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+            with _new_work:  # woken early when this process commits a task
+                if _generation == seen:
+                    _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
         """One statement: lease up to `limit` claimable rows and return them. On PostgreSQL

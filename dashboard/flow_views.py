@@ -1,0 +1,64 @@
+"""The flow page and its burst button (staff with the start permission, POST + CSRF)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from dashboard.access import allowed, require, staff_page
+from dashboard.flow import MAX_BURST, burst_config, burst_inputs, flow_snapshot
+from durable_flow import api
+from durable_flow.audit import record_operation
+from durable_flow.exceptions import DurableFlowError
+from durable_flow.models import FlowQueue
+
+
+def _queue(request: HttpRequest) -> str:
+    return request.GET.get("queue") or burst_config()["QUEUE"]
+
+
+@staff_page
+def flow(request: HttpRequest) -> HttpResponse:
+    queue = _queue(request)
+    context = {
+        "snap": flow_snapshot(queue),
+        "queue": queue,
+        "queues": list(FlowQueue.objects.values_list("name", flat=True)),
+        "burst": burst_config(),
+        **allowed(request),
+    }
+    return render(request, "dashboard/flow.html", context)
+
+
+@staff_page
+def flow_json(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(flow_snapshot(_queue(request)))
+
+
+@staff_page
+@require_POST
+def burst(request: HttpRequest) -> HttpResponse:
+    """Start N runs of the configured burst workflow (into its throttled queue) at once."""
+    require(request, "start")
+    config = burst_config()
+    try:
+        size = int(request.POST.get("size") or config["SIZE"])
+    except ValueError:
+        return JsonResponse({"error": "InvalidInput", "message": "size must be an integer"}, status=400)
+    if not 1 <= size <= MAX_BURST:
+        return JsonResponse({"error": "InvalidInput", "message": f"size must be 1..{MAX_BURST}"}, status=400)
+    started = []
+    try:
+        for payload in burst_inputs(size):
+            started.append(api.start(config["WORKFLOW"], payload, tags=["burst"]).pk)
+    except DurableFlowError as exc:
+        return JsonResponse({"error": type(exc).__name__, "message": str(exc), "started": len(started)}, status=400)
+    if started:
+        record_operation(request.user, api.get_run(started[0]), f"Burst of {len(started)} runs (dashboard)")
+    if request.headers.get("accept", "").startswith("application/json"):
+        return JsonResponse({"started": len(started), "queue": config["QUEUE"]}, status=201)
+    messages.success(request, f"Started {len(started)} runs into {config['QUEUE']}.")
+    return HttpResponseRedirect(f"{reverse('dashboard:flow')}?queue={config['QUEUE']}")

@@ -1,0 +1,198 @@
+"""The Runs pages: the filtered list with bulk actions by filter, a run's timeline and detail,
+and the operations on a run (cancel, retry, re-run, signal, start), each a POST with CSRF,
+permission-checked, audited, through the engine's API."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from dashboard.access import allowed, require, staff_page
+from dashboard.runs import PAGE_SIZE, RunFilterForm, filtered_runs, run_row, workflow_names
+from dashboard.timeline import build_timeline
+from durable_flow import api
+from durable_flow.admin import SignalForm, StartForm
+from durable_flow.audit import record_operation
+from durable_flow.exceptions import DurableFlowError
+from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun
+from durable_flow.operations import RETRYABLE
+
+BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
+
+
+def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
+    form = RunFilterForm(request.GET)
+    kept = [(k, v) for k in form.fields for v in request.GET.getlist(k) if v]
+    return form, urlencode(kept)
+
+
+@staff_page
+def runs(request: HttpRequest) -> HttpResponse:
+    """The run list: filters, search by id and input, pagination, bulk actions by filter."""
+    form, query = _filters(request)
+    if not form.is_valid():
+        context = {"form": form, "page": None, "rows": [], "query": query, "workflows": workflow_names()}
+        return render(request, "dashboard/runs.html", {**context, **allowed(request)}, status=400)
+    page = Paginator(filtered_runs(form.cleaned_data), PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "form": form,
+        "page": page,
+        "rows": [run_row(run) for run in page.object_list],
+        "query": query,
+        "workflows": workflow_names(),
+        "queues": list(FlowQueue.objects.values_list("name", flat=True)),
+        "statuses": RunStatus.choices,
+        "selected": form.cleaned_data.get("status") or [],
+    }
+    return render(request, "dashboard/runs.html", {**context, **allowed(request)})
+
+
+@staff_page
+def bulk(request: HttpRequest, action: str) -> HttpResponse:
+    """GET: how many runs the filter matches, and a confirmation; POST: act on all of them."""
+    if action not in BULK_ACTIONS:
+        return HttpResponse("unknown bulk action", status=404)
+    require(request, action)
+    form, query = _filters(request)
+    if not form.is_valid():
+        return HttpResponse("invalid filter", status=400)
+    matching = filtered_runs(form.cleaned_data)
+    if action == "cancel":
+        matching = matching.exclude(status__in=(RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED))
+    else:
+        matching = matching.filter(status__in=RETRYABLE)
+    if request.method != "POST":
+        context = {"action": action, "label": BULK_ACTIONS[action], "count": matching.count(), "query": query}
+        return render(request, "dashboard/bulk_confirm.html", context)
+    done, refused = _bulk(request, action, list(matching.values_list("pk", flat=True)))
+    text = f"{BULK_ACTIONS[action]}: {done} run(s)" + (f", {refused} refused" if refused else "") + "."
+    messages.success(request, text)
+    return HttpResponseRedirect(f"{reverse('dashboard:runs')}?{query}")
+
+
+def _bulk(request: HttpRequest, action: str, run_ids: list[str]) -> tuple[int, int]:
+    operation = api.cancel if action == "cancel" else api.retry
+    done = refused = 0
+    # Each run is its own transaction (an operation retries on a lock conflict, which it could
+    # not do inside a batch's transaction); the ids were read once, so runs that start
+    # matching meanwhile are not touched.
+    for run_id in run_ids:
+        try:
+            run = operation(run_id)
+        except DurableFlowError:
+            refused += 1  # finished or changed meanwhile
+            continue
+        record_operation(request.user, run, f"{BULK_ACTIONS[action]} (dashboard, by filter)")
+        done += 1
+    return done, refused
+
+
+@staff_page
+def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
+    """A run: its timeline, attempts with errors, input/output, parent/children, signals, actions."""
+    run = get_object_or_404(WorkflowRun, pk=run_id)
+    attempts = (
+        StepAttempt.objects.filter(run=run).select_related("checkpoint").order_by("checkpoint__sequence", "attempt")
+    )
+    context = {
+        "run": run,
+        "timeline": build_timeline(run),
+        "failed_attempts": [a for a in attempts if a.error],
+        "children": run.children.order_by("created_at")[:100],
+        "signals": Signal.objects.filter(run=run).order_by("id")[:100],
+        "signal_form": SignalForm(),
+        "retryable": run.status in RETRYABLE,
+        **allowed(request),
+    }
+    return render(request, "dashboard/run_detail.html", context)
+
+
+def _back(run_id: str) -> HttpResponseRedirect:
+    return HttpResponseRedirect(reverse("dashboard:run", args=[run_id]))
+
+
+@staff_page
+def cancel(request: HttpRequest, run_id: str) -> HttpResponse:
+    """GET: a confirmation page; POST: cancel the run and its children."""
+    run = get_object_or_404(WorkflowRun, pk=run_id)
+    require(request, "cancel")
+    if request.method != "POST":
+        return render(request, "dashboard/cancel_confirm.html", {"run": run})
+    record_operation(request.user, api.cancel(run.pk), "Cancelled (dashboard)")
+    messages.success(request, f"Run {run.pk} is now {WorkflowRun.objects.get(pk=run.pk).status}.")
+    return _back(run.pk)
+
+
+@staff_page
+@require_POST
+def retry(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = get_object_or_404(WorkflowRun, pk=run_id)
+    require(request, "retry")
+    try:
+        record_operation(request.user, api.retry(run.pk), "Retried (dashboard)")
+    except DurableFlowError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Retrying run {run.pk} from where it stopped.")
+    return _back(run.pk)
+
+
+@staff_page
+@require_POST
+def rerun(request: HttpRequest, run_id: str) -> HttpResponse:
+    original = get_object_or_404(WorkflowRun, pk=run_id)
+    require(request, "start")
+    try:
+        run = api.rerun(original.pk)
+    except DurableFlowError as exc:
+        messages.error(request, str(exc))
+        return _back(original.pk)
+    record_operation(request.user, run, f"Re-run of {original.pk} (dashboard)")
+    messages.success(request, f"Started run {run.pk}, a re-run of {original.pk}.")
+    return _back(run.pk)
+
+
+@staff_page
+@require_POST
+def signal(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = get_object_or_404(WorkflowRun, pk=run_id)
+    require(request, "signal")
+    form = SignalForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+        messages.error(request, f"Signal not sent: {errors}")
+        return _back(run.pk)
+    name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
+    try:
+        api.send_signal(run.pk, name, payload)
+    except DurableFlowError as exc:
+        messages.error(request, f"Signal not sent: {exc}")
+    else:
+        record_operation(request.user, run, f"Sent signal {name!r} (dashboard)")
+        messages.success(request, f"Sent signal {name!r}.")
+    return _back(run.pk)
+
+
+@staff_page
+def start(request: HttpRequest) -> HttpResponse:
+    """A form of the registered workflows with a JSON input; POST starts a run."""
+    require(request, "start")
+    form = StartForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            run = api.start(data["workflow"], data["input"], run_id=data["run_id"] or None)
+        except DurableFlowError as exc:
+            form.add_error(None, str(exc))
+        else:
+            record_operation(request.user, run, "Started (dashboard)")
+            messages.success(request, f"Started run {run.pk}.")
+            return _back(run.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "dashboard/start.html", {"form": form}, status=status)

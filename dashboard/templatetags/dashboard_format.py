@@ -1,0 +1,51 @@
+"""Template filters for the dashboard pages: durations and pretty JSON."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """1 ms precision below a second, then 12.3 s, 4 m 05 s, 2 h 03 m."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+@register.filter
+def ms_time(value: datetime | None) -> str:
+    """A time to the millisecond (UTC), e.g. 08:14:03.127."""
+    if value is None:
+        return "—"
+    return value.strftime("%H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def period(ms: int | None) -> str:
+    """A rate window in human units: 10000 → "10 s", 60000 → "1 min", 3600000 → "1 h"."""
+    if not ms:
+        return "—"
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"

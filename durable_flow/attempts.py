@@ -1,0 +1,57 @@
+"""The attempt history of steps (`StepAttempt` rows): written by the engine when a worker
+starts an attempt and when its result is recorded, so no attempt's error or times are lost
+when a later attempt succeeds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint
+
+
+def attempt_started(cp: StepCheckpoint, attempt: int, worker: str, now: datetime) -> None:
+    """A worker begins executing `attempt` of the step (again, if a broker redelivered it:
+    the latest start counts)."""
+    StepAttempt.objects.update_or_create(
+        checkpoint=cp,
+        attempt=attempt,
+        defaults={
+            "run_id": cp.run_id,
+            "worker": worker,
+            "dispatched_at": cp.dispatched_at if cp.attempt == attempt else None,
+            "started_at": now,
+            "status": AttemptStatus.RUNNING,
+        },
+    )
+
+
+def attempt_finished(
+    cp: StepCheckpoint,
+    attempt: int,
+    now: datetime,
+    *,
+    error: dict[str, Any] | None,
+    cancelled: bool,
+    late: bool,
+) -> None:
+    """Record how `attempt` ended. Called inside `record_result`'s transaction, so the history
+    and the checkpoint agree; a cancelled attempt that never started gets a row too."""
+    if cancelled:
+        status = AttemptStatus.CANCELLED
+    elif error is not None:
+        status = AttemptStatus.FAILED
+    else:
+        status = AttemptStatus.COMPLETED
+    row, created = StepAttempt.objects.get_or_create(
+        checkpoint=cp, attempt=attempt, defaults={"run_id": cp.run_id, "dispatched_at": cp.dispatched_at}
+    )
+    if not created and row.finished_at is not None:
+        return  # recorded already: a result delivered twice keeps its first answer
+    row.status, row.finished_at, row.error, row.late = status, now, error, late
+    row.save(update_fields=["status", "finished_at", "error", "late"])
+
+
+def set_retry_at(cp: StepCheckpoint, attempt: int, retry_at: datetime | None) -> None:
+    """The failed attempt's backoff ends at `retry_at` (the next attempt's earliest start)."""
+    StepAttempt.objects.filter(checkpoint=cp, attempt=attempt).update(retry_at=retry_at)

@@ -1,0 +1,117 @@
+"""Reading the soak's evidence: the start/end stamps its steps write, and the kills it made.
+
+Pure functions over plain data, so the verdicts are easy to read and to test on their own.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Execution:
+    """One execution of a soak step in one process: it started, and it ended or its process died."""
+
+    run: str
+    stage: int
+    pid: int
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class Kill:
+    """A SIGKILL the chaos loop sent; `at` is read after the process was reaped, so it is dead by then."""
+
+    pid: int
+    at: float
+    role: str
+
+
+@dataclass
+class Evidence:
+    executions: list[Execution] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+
+    @property
+    def killed_pids(self) -> dict[int, float]:
+        return {kill.pid: kill.at for kill in self.kills}
+
+    def by_step(self) -> dict[tuple[str, int], list[Execution]]:
+        steps: dict[tuple[str, int], list[Execution]] = defaultdict(list)
+        for execution in self.executions:
+            steps[(execution.run, execution.stage)].append(execution)
+        return steps
+
+    def unexplained_reexecutions(self) -> list[tuple[str, int]]:
+        """Steps that ran more than once in processes that were never killed.
+
+        The engine runs a step at least once and records one result; a second execution is
+        expected only when a process that held the step was killed. Executions in killed
+        processes are excused, so at most one execution per step may come from the survivors.
+        """
+        killed = self.killed_pids
+        return [
+            step
+            for step, runs in self.by_step().items()
+            if sum(1 for execution in runs if execution.pid not in killed) > 1
+        ]
+
+    def reexecutions(self) -> int:
+        """Executions beyond the first, over all steps (the at-least-once cost of the kills)."""
+        return sum(len(runs) - 1 for runs in self.by_step().values())
+
+    def starts(self, stage: int) -> list[float]:
+        """When every execution of `stage` started (each one took its place in a rate window)."""
+        return [execution.start for execution in self.executions if execution.stage == stage]
+
+    def intervals(self, stage: int) -> list[tuple[float, float]]:
+        """(start, end) of every execution of `stage`; one cut by a kill ends at the kill."""
+        killed = self.killed_pids
+        spans = []
+        for execution in self.executions:
+            if execution.stage != stage:
+                continue
+            end = execution.end if execution.end is not None else killed.get(execution.pid)
+            if end is None:
+                raise AssertionError(f"{execution} never ended and its process was not killed")
+            spans.append((execution.start, end))
+        return spans
+
+
+def read_evidence(log: Path, kills: list[Kill]) -> Evidence:
+    """Pair each `start` line with the next `end` line of the same step in the same process."""
+    evidence = Evidence(kills=list(kills))
+    open_runs: dict[tuple[str, int, int], Execution] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        event, run, stage_text, pid_text, at_text = line.split()
+        stage, pid, at = int(stage_text), int(pid_text), float(at_text)
+        if event == "start":
+            execution = Execution(run=run, stage=stage, pid=pid, start=at)
+            open_runs[(run, stage, pid)] = execution
+            evidence.executions.append(execution)
+        else:
+            open_runs.pop((run, stage, pid)).end = at
+    return evidence
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end before a start at the same instant)."""
+    events = sorted([(begin, 1) for begin, _ in intervals] + [(end, -1) for _, end in intervals])
+    current = peak = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def busiest_window(times: list[float], span_s: float) -> int:
+    """The most `times` (epoch seconds) inside any half-open span of `span_s` seconds."""
+    stamps = sorted(times)
+    best = 0
+    for index, begin in enumerate(stamps):
+        best = max(best, bisect.bisect_left(stamps, begin + span_s) - index)
+    return best

@@ -1,0 +1,52 @@
+"""The soak's verdicts on hand-made evidence: each check must catch what it is there to catch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.evidence import Kill, busiest_window, max_overlap, read_evidence
+
+
+def write_log(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def test_a_re_execution_is_explained_only_by_a_kill_of_a_process_that_ran_the_step(tmp_path: Path) -> None:
+    log = write_log(
+        tmp_path / "log",
+        ["start r1 1 100 1.0", "start r1 1 200 2.0", "end r1 1 200 2.5", "start r2 1 200 3.0", "end r2 1 200 3.1"],
+    )
+    assert read_evidence(log, [Kill(pid=100, at=1.5, role="worker")]).unexplained_reexecutions() == []
+    with pytest.raises(AssertionError, match="never ended"):
+        read_evidence(log, []).intervals(1)
+
+
+def test_two_survivors_running_one_step_is_unexplained(tmp_path: Path) -> None:
+    log = write_log(
+        tmp_path / "log", ["start r1 2 100 1.0", "end r1 2 100 1.1", "start r1 2 200 2.0", "end r1 2 200 2.1"]
+    )
+    evidence = read_evidence(log, [Kill(pid=300, at=1.5, role="worker")])
+    assert evidence.unexplained_reexecutions() == [("r1", 2)]
+    assert evidence.reexecutions() == 1
+
+
+def test_an_execution_cut_by_a_kill_overlaps_until_the_kill(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "log", ["start a 1 100 1.0", "start b 1 200 2.0", "end b 1 200 3.0"])
+    killed_late = read_evidence(log, [Kill(pid=100, at=2.5, role="worker")])
+    killed_early = read_evidence(log, [Kill(pid=100, at=1.5, role="worker")])
+    assert max_overlap(killed_late.intervals(1)) == 2
+    assert max_overlap(killed_early.intervals(1)) == 1
+
+
+def test_back_to_back_executions_do_not_overlap() -> None:
+    assert max_overlap([(1.0, 2.0), (2.0, 3.0)]) == 1
+
+
+def test_the_busiest_window_counts_a_half_open_span() -> None:
+    times = [100.0, 100.1, 100.7, 101.0, 101.1]
+    assert busiest_window(times, 0.75) == 3  # 100.0, 100.1, 100.7
+    assert busiest_window(times, 0.95) == 3  # [100.0, 100.95) and [100.1, 101.05) hold three each
+    assert busiest_window(times, 1.05) == 4
