@@ -196,7 +196,8 @@ class Task(models.Model):
                 fields=["run_id"], condition=Q(kind="turn", claimed_by__isnull=True), name="df_task_one_queued_turn"
             )
         ]
-        indexes = [models.Index(fields=["-priority", "id"], name="df_task_claim_order")]
+        # The claim's order: step tasks first ("step" < "turn"), then priority, then arrival.
+        indexes = [models.Index(fields=["kind", "-priority", "id"], name="df_task_claim_order")]
 
 
 class FlowQueue(models.Model):

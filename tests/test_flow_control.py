@@ -315,6 +315,22 @@ def test_the_db_transport_claims_higher_priority_first(clock: MovableClock) -> N
     assert priorities == [10, 5, 0, -3]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_db_transport_claims_step_tasks_ahead_of_older_turns(clock: MovableClock) -> None:
+    """A step in flight holds a slot the next waiter needs; a turn only makes more work."""
+    transport = DatabaseTransport()
+    engine = local_engine(clock, transport)
+    source = transport.source()
+    first = start("tests.queued", queued("free", 1))
+    second = start("tests.queued", queued("free", 2, priority=5))
+    [turn] = source.claim("w", 1, 0)
+    assert turn.run_id == first.id
+    engine.run_turn(turn.run_id)
+    source.done("w", turn)
+    claimed = source.claim("w", 10, 0)
+    assert [(task.kind, task.run_id) for task in claimed] == [("step", first.id), ("turn", second.id)]
+
+
 def test_a_step_fan_does_not_accept_a_queue(held: tuple[Engine, HeldTransport]) -> None:
     run = start("tests.fan_with_queue", {"n": 3})
     run.refresh_from_db()

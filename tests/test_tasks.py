@@ -22,6 +22,7 @@ from durable_flow.models import QuotaRefusal, RunStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.tasks import DurableFlowBackend, quota
 from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.runner import EngineRunner
 from tests import task_functions
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import transport_of
@@ -200,7 +201,9 @@ def test_a_result_belongs_to_the_backend_that_enqueued_it(engine: Engine) -> Non
 def test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport(
     transactional_db: None, spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
-    set_engine(Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings()))
+    transport = DatabaseTransport()
+    engine = Engine(admission=DatabaseAdmissionBackend(), transport=transport, settings=get_settings())
+    set_engine(engine)
     register_queue("capped", concurrency=1, retry_ms=200)
     marker = tmp_path / "order"
     results = [task_functions.record.enqueue("first")]
@@ -209,6 +212,13 @@ def test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport(
         task_functions.record.using(priority=priority).enqueue(label)
         for label, priority in (("low", -10), ("high", 90), ("mid", 10))
     ]
+    # The four first turns run here, in arrival order: "first" takes the only slot and the rest
+    # park in its line. (A worker claims step tasks ahead of turns, so left to the worker,
+    # "first" would finish before the others asked, and nothing would contend.)
+    source, runner = transport.source(), EngineRunner(engine, "test")
+    for turn in source.claim("test", 10, 0):
+        source.execute(runner, turn)
+        source.done("test", turn)
     spawn("durable_poller", env=env)
     spawn("durable_worker", "--concurrency", "1", env=env)
     wait_for(
@@ -217,7 +227,7 @@ def test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport(
         what="all four tasks to finish",
     )
     assert [task_functions.record.get_result(r.id).return_value for r in results] == ["first", "low", "high", "mid"]
-    # "first" took the only slot before the others arrived; the rest follow their priority.
+    # "first" held the only slot while the others waited; they were granted it by priority.
     assert marker.read_text().split() == ["first", "high", "mid", "low"]
 
 

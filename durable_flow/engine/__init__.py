@@ -2,13 +2,15 @@
 
 `Engine` (in `core`) is the facade; its parts are one module per responsibility:
 
-- `locking`: `retry_on_conflict`, `one`, `locked_run` (lock the run row, then a checkpoint);
+- `locking`: `retry_on_conflict`, `one`, `locked_run` (lock the run row, then a checkpoint),
+  `locked_run_for_result` (the run row, then a result's checkpoint, or all of a lone call's);
 - `lifecycle`: start, child start, finish, cancel, signals;
 - `turns`: replay, the inline continuation, wake;
 - `dispatch`: step checkpoint creation, admission (or parking in the line), dispatch, re-admission;
 - `handoff`: slots granted to parked waiters, dispatched from their checkpoints with no replay;
   the grant timer for reopening rate windows; the start window; the poller's safety net;
-- `results`: executing a step attempt and recording its result exactly once.
+- `results`: executing a step attempt and recording its result exactly once;
+- `step_start`: starting a step attempt on a worker in one `UPDATE ... RETURNING`.
 """
 
 from durable_flow.conf import build_backend

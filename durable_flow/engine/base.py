@@ -7,7 +7,7 @@ be read on its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +38,12 @@ class EngineBase:
         """The engine's clock (injectable for tests)."""
         return self.clock()
 
-    def settle(self, cp: Any, status: str, output: Any = None, error: Any = None) -> None:
-        """Write a checkpoint's final status and result."""
+    def settle(self, cp: Any, status: str, output: Any = None, error: Any = None, fields: Iterable[str] = ()) -> None:
+        """Write a checkpoint's final status and result (and `fields` the caller changed, in
+        the same UPDATE)."""
         cp.status = status
         cp.output = output
         cp.error = error
         cp.wake_at = None
         cp.finished_at = self.now()
-        cp.save(update_fields=["status", "output", "error", "wake_at", "finished_at"])
+        cp.save(update_fields=["status", "output", "error", "wake_at", "finished_at", *fields])

@@ -13,7 +13,7 @@ from functools import wraps
 from typing import ParamSpec, TypeVar
 
 from django.db import OperationalError, transaction
-from django.db.models import Model, QuerySet
+from django.db.models import Exists, Model, Q, QuerySet
 
 from durable_flow.models import StepCheckpoint, WorkflowRun
 
@@ -60,3 +60,19 @@ def locked_run(run_id: str, key: str | None = None) -> tuple[WorkflowRun | None,
         return run, None
     cp = one(StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key))
     return run, cp
+
+
+def locked_run_for_result(run_id: str, key: str) -> tuple[WorkflowRun | None, dict[str, StepCheckpoint]]:
+    """Lock the run's row, then read checkpoint `key` under it, in two statements.
+
+    When `key` is a lone call (no fan-out wave), its result always takes the run's next turn
+    inline, which replays over every checkpoint: then all of them come back in the same
+    statement, so the turn reads nothing more. A call in a wave comes back alone (a wave's
+    result reads the rest only when the wave has settled). Returns `(run, checkpoints by key)`.
+    """
+    run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+    if run is None:
+        return None, {}
+    lone = StepCheckpoint.objects.filter(run_id=run_id, key=key, group="")
+    rows = StepCheckpoint.objects.select_for_update().filter(Q(key=key) | Exists(lone), run_id=run_id)
+    return run, {cp.key: cp for cp in rows.order_by()}

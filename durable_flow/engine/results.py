@@ -3,6 +3,7 @@ exactly once (a duplicate is kept on `late_result` and changes nothing else)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import DataError, transaction
@@ -10,8 +11,9 @@ from django.db import DataError, transaction
 from durable_flow.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.current import running_step
 from durable_flow.engine.base import EngineBase
-from durable_flow.engine.locking import locked_run, one, retry_on_conflict
-from durable_flow.models import RunStatus, StepCheckpoint, StepStatus
+from durable_flow.engine.locking import locked_run_for_result, retry_on_conflict
+from durable_flow.engine.step_start import start_attempt
+from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.registry import get_step, step_backoff
 from durable_flow.serialization import ensure_json, error_info
 
@@ -22,24 +24,29 @@ if TYPE_CHECKING:
 class ResultsMixin(EngineBase):
     """Running step attempts and checkpointing what they return."""
 
-    def execute_step(self: Engine, run_id: str, key: str, attempt: int, worker_id: str = "") -> str:
+    def execute_step(
+        self: Engine,
+        run_id: str,
+        key: str,
+        attempt: int,
+        worker_id: str = "",
+        *,
+        also: Callable[[], object] | None = None,
+    ) -> str:
         """Run one attempt of a dispatched step and record its result. Returns what happened:
-        `completed`, `failed`, `skipped` (stale or cancelled) or `missing`."""
-        cp = one(StepCheckpoint.objects.select_related("run").filter(run_id=run_id, key=key))
+        `completed`, `failed`, `skipped` (stale or cancelled) or `missing`. `also` runs inside
+        the transaction that records the result (see `run_turn`)."""
+        cp, run_status = start_attempt(run_id, key, attempt, worker_id)
         if cp is None:
-            return "missing"
-        if cp.status != StepStatus.DISPATCHED or cp.attempt != attempt:
-            return "skipped"
-        if cp.run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or cp.run.is_terminal:
-            self.record_result(run_id, key, attempt, cancelled=True)
+            return "skipped" if StepCheckpoint.objects.filter(run_id=run_id, key=key).exists() else "missing"
+        if run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
+            self.record_result(run_id, key, attempt, cancelled=True, also=also)
             return "skipped"
         if cp.holds_slot and cp.queue and not self.admission.adopt(cp.queue, cp.ticket):
             # The slot went with a dead process and may be someone else's now: running anyway
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
             return "skipped"
-        if worker_id:
-            StepCheckpoint.objects.filter(pk=cp.pk, attempt=attempt).update(worker=worker_id)
         # Written when the worker picks the attempt up, before the rate window's start wait: no
         # write may come between the window counting the start and the call.
         attempt_started(cp, attempt, worker_id, self.now())
@@ -51,14 +58,14 @@ class ResultsMixin(EngineBase):
                 output = definition.fn(cp.input)
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
-            self.record_result(run_id, key, attempt, error=error_info(exc))
+            self.record_result(run_id, key, attempt, error=error_info(exc), also=also)
             return "failed"
         try:
-            self.record_result(run_id, key, attempt, output=output)
+            self.record_result(run_id, key, attempt, output=output, also=also)
         except DataError as exc:
             # The database refused the output (a value it cannot store): a failed attempt, not a
             # result to re-run the step for forever.
-            self.record_result(run_id, key, attempt, error=error_info(exc))
+            self.record_result(run_id, key, attempt, error=error_info(exc), also=also)
             return "failed"
         return "completed"
 
@@ -72,6 +79,7 @@ class ResultsMixin(EngineBase):
         output: Any = None,
         error: dict[str, Any] | None = None,
         cancelled: bool = False,
+        also: Callable[[], object] | None = None,
     ) -> None:
         """Checkpoint a step attempt's result exactly once, release its slot, wake the run.
 
@@ -79,7 +87,10 @@ class ResultsMixin(EngineBase):
         `late_result` and changes nothing else.
         """
         with transaction.atomic():
-            run, cp = locked_run(run_id, key)
+            run, checkpoints = locked_run_for_result(run_id, key)
+            if also is not None:
+                also()
+            cp = checkpoints.get(key)
             if run is None or cp is None:
                 return
             stale = cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt)
@@ -89,11 +100,11 @@ class ResultsMixin(EngineBase):
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 return
-            self._release(cp)
+            # The slot goes back now; `holds_slot` is written by the status update below.
+            released = ("holds_slot",) if self._release(cp, save=False) else ()
             if ignored:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
-                cp.save(update_fields=["late_result"])
-                self.settle(cp, StepStatus.CANCELLED)
+                self.settle(cp, StepStatus.CANCELLED, fields=("late_result", *released))
                 self._finish_cancelling(run)
                 return
             if error is not None and cp.attempt < cp.max_attempts:
@@ -102,18 +113,24 @@ class ResultsMixin(EngineBase):
                 cp.wake_at = self.now() + step_backoff(cp.name, cp.attempt)
                 cp.save(update_fields=["status", "error", "wake_at", "holds_slot"])
                 set_retry_at(cp, attempt, cp.wake_at)
-                self._continue(run)  # the turn parks the run until the backoff is up
+                self._continue(run, checkpoints if not cp.group else None)  # parks it until the backoff is up
                 return
             if error is not None:
-                self.settle(cp, StepStatus.FAILED, error=error)
+                self.settle(cp, StepStatus.FAILED, error=error, fields=released)
             else:
-                self.settle(cp, StepStatus.COMPLETED, output=output)
-            if self._group_settled(cp):
+                self.settle(cp, StepStatus.COMPLETED, output=output, fields=released)
+            if not cp.group:
+                self._continue(run, checkpoints)  # every checkpoint of the run is in hand
+            elif self._group_settled(cp):
                 self._continue(run)
 
-    def _release(self: Engine, cp: StepCheckpoint) -> None:
-        """Give the slot back; the backend grants it on with this transaction."""
-        if cp.holds_slot:
-            cp.holds_slot = False
+    def _release(self: Engine, cp: StepCheckpoint, *, save: bool = True) -> bool:
+        """Give the slot back; the backend grants it on with this transaction. Whether it held
+        one (with `save=False` the caller writes `holds_slot` in its own update)."""
+        if not cp.holds_slot:
+            return False
+        cp.holds_slot = False
+        if save:
             cp.save(update_fields=["holds_slot"])
-            self.release_ticket(cp.queue, cp.ticket)
+        self.release_ticket(cp.queue, cp.ticket)
+        return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
@@ -32,11 +33,16 @@ class TurnsMixin(EngineBase):
     """Replaying runs and queuing their turns."""
 
     @retry_on_conflict
-    def run_turn(self: Engine, run_id: str) -> WorkflowRun | None:
-        """Replay the run's workflow from the top until it finishes or must wait."""
+    def run_turn(self: Engine, run_id: str, *, also: Callable[[], object] | None = None) -> WorkflowRun | None:
+        """Replay the run's workflow from the top until it finishes or must wait.
+
+        `also` runs inside the turn's transaction, after the run's row is locked: the `db`
+        transport deletes its task row there, saving a transaction per task."""
         try:
             with transaction.atomic():
                 run, _ = locked_run(run_id)
+                if also is not None:
+                    also()
                 if run is None:
                     return None
                 return self._replay(run)
@@ -45,8 +51,10 @@ class TurnsMixin(EngineBase):
             # (a lock conflict is retried here; a worker leaves the task to be claimed again).
             raise (exc.__cause__ or DatabaseError(str(exc))) from None
 
-    def _replay(self: Engine, run: WorkflowRun) -> WorkflowRun:
-        """One turn of a run whose row this transaction has locked."""
+    def _replay(self: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None) -> WorkflowRun:
+        """One turn of a run whose row this transaction has locked. `checkpoints`, when given,
+        are all of the run's, read under this lock (a result's transaction has them already);
+        a run's first turn has none to read."""
         if run.status in TERMINAL_RUN_STATUSES or run.status == RunStatus.CANCELLING:
             return run
         try:
@@ -61,7 +69,8 @@ class TurnsMixin(EngineBase):
             )
             self._finish(run, RunStatus.FAILED, error=error_info(exc))
             return run
-        checkpoints = {cp.key: cp for cp in run.checkpoints.all()}
+        if checkpoints is None:
+            checkpoints = {cp.key: cp for cp in run.checkpoints.all()} if run.turns else {}
         ctx = WorkflowContext(self, run, checkpoints)
         run.turns += 1
         try:
@@ -83,7 +92,7 @@ class TurnsMixin(EngineBase):
         self._finish(run, RunStatus.COMPLETED, output=output, checkpoints=checkpoints)
         return run
 
-    def _continue(self: Engine, run: WorkflowRun) -> None:
+    def _continue(self: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None) -> None:
         """A result is in: take the run's next turn now, in the transaction that recorded it and
         under the lock it holds, instead of queuing a turn for a worker to pick up later. Saves
         a job, a transaction and a replay's worth of reads per step."""
@@ -91,7 +100,7 @@ class TurnsMixin(EngineBase):
             return
         try:
             with transaction.atomic():  # a savepoint: the result above stays recorded either way
-                self._replay(run)
+                self._replay(run, checkpoints)
         except EngineUnavailable as exc:
             logger.warning("run %s: inline turn failed (%s); queuing it instead", run.id, exc)
             run.refresh_from_db(fields=["status", "wake_at", "turns"])

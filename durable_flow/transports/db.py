@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
 from durable_flow.options import Option, positive_number
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.transports.runner import ClaimedTask, TaskSource
+from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -111,6 +110,24 @@ class DatabaseTransport(Transport):
         return DatabaseTaskSource(self.visibility_timeout_s, self.poll_interval_s)
 
 
+assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
+
+
+def _claim_statement() -> str:
+    """`UPDATE ... WHERE id IN (SELECT ... LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING ...`:
+    the claim in one round trip and one (autocommit) transaction, in the `df_task_claim_order`
+    index's order."""
+    q = connection.ops.quote_name
+    table = q(Task._meta.db_table)
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    return (
+        f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s WHERE {q('id')} IN ("
+        f"SELECT {q('id')} FROM {table} WHERE ({q('claimed_by')} IS NULL OR {q('lease_until')} < %s) "
+        f"AND {q('available_at')} <= %s ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
+        f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}"
+    )
+
+
 class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
@@ -133,25 +150,39 @@ class DatabaseTaskSource(TaskSource):
                     _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
+        """One statement: lease up to `limit` claimable rows and return them. On PostgreSQL
+        the rows are picked `FOR UPDATE SKIP LOCKED`, so claimers never wait on each other;
+        SQLite runs the statement under its write lock.
+
+        Step tasks come before turn tasks (`kind`: "step" sorts before "turn"), then higher
+        priority, then arrival: an admitted step holds a queue slot that the next waiter needs,
+        and a turn only creates more work, so finishing work in flight comes first."""
         now = timezone.now()
-        claimable = Task.objects.filter(
-            Q(claimed_by__isnull=True) | Q(lease_until__lt=now), available_at__lte=now
-        ).order_by("-priority", "id")
-        with transaction.atomic():
-            if connection.features.has_select_for_update_skip_locked:
-                claimable = claimable.select_for_update(skip_locked=True)
-            ids = list(claimable.values_list("id", flat=True)[:limit])
-            if not ids:
-                return []
-            Task.objects.filter(id__in=ids).update(claimed_by=worker_id, lease_until=now + self.visibility)
-            rows = Task.objects.filter(id__in=ids, claimed_by=worker_id).order_by("-priority", "id")
-            return [
-                ClaimedTask(kind=row.kind, run_id=row.run_id, step_key=row.step_key, attempt=row.attempt, handle=row.id)
-                for row in rows
-            ]
+        ops = connection.ops
+        params = [worker_id, ops.adapt_datetimefield_value(now + self.visibility)]
+        params += [ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), limit]
+        with connection.cursor() as cursor:
+            cursor.execute(_claim_statement(), params)
+            rows = sorted(cursor.fetchall(), key=lambda row: (row[1], -row[5], row[0]))
+        return [
+            ClaimedTask(kind=kind, run_id=run_id, step_key=step_key, attempt=attempt, handle=task_id)
+            for task_id, kind, run_id, step_key, attempt, _ in rows
+        ]
+
+    def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:
+        """Through the runner, deleting the task row inside the transaction that settles it
+        (the turn's, or the one recording the step's result): one transaction less per task.
+        An outcome with no such transaction (a missing step) leaves the row to `done`."""
+
+        def delete_task() -> None:
+            Task.objects.filter(id=task.handle, claimed_by=runner.worker_id).delete()
+            transaction.on_commit(lambda: setattr(task, "done_in_engine", True))
+
+        return runner.run_task(task, also=delete_task)
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
-        Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
+        if not task.done_in_engine:
+            Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
 
     def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         for task in tasks:

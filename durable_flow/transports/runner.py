@@ -9,11 +9,15 @@ outside `durable_worker` (a plain `manage.py rqworker`) gets an `EngineRunner` w
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
+
+#: A callable a runner runs inside the engine's transaction that settles a task.
+Also = Callable[[], object] | None
 
 
 @dataclass
@@ -27,6 +31,9 @@ class ClaimedTask:
     handle: Any = field(default=None, repr=False)
     #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runner).
     outcome: str = ""
+    #: The engine's transaction already did what `done` does (the `db` source deletes its
+    #: task row there); set once that transaction committed.
+    done_in_engine: bool = False
 
 
 class TaskRunner(ABC):
@@ -46,20 +53,22 @@ class TaskRunner(ABC):
         """How long one heartbeat vouches for this worker (a source sizes its leases on it)."""
 
     @abstractmethod
-    def run_turn(self, run_id: str) -> str:
-        """Replay the run's next turn; the run's status afterwards, or `missing`."""
+    def run_turn(self, run_id: str, *, also: Also = None) -> str:
+        """Replay the run's next turn; the run's status afterwards, or `missing`. `also` runs
+        inside the turn's transaction (the `db` source deletes its task row there)."""
 
     @abstractmethod
-    def run_step(self, run_id: str, step_key: str, attempt: int) -> str:
+    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
         """Run one attempt of a step as this worker and record its result exactly once; the
-        outcome (`completed`, `failed`, `skipped`, ...)."""
+        outcome (`completed`, `failed`, `skipped`, ...). `also` runs inside the transaction
+        that records the result."""
 
-    def run_task(self, task: ClaimedTask) -> bool:
+    def run_task(self, task: ClaimedTask, *, also: Also = None) -> bool:
         """Run a claimed turn or step and set its outcome; True unless the step failed."""
         if task.kind == "turn":
-            task.outcome = self.run_turn(task.run_id)
+            task.outcome = self.run_turn(task.run_id, also=also)
             return True
-        task.outcome = self.run_step(task.run_id, task.step_key, task.attempt)
+        task.outcome = self.run_step(task.run_id, task.step_key, task.attempt, also=also)
         return task.outcome != "failed"
 
 
@@ -74,12 +83,12 @@ class EngineRunner(TaskRunner):
     def heartbeat_ttl_s(self) -> float:
         return self.engine.settings.heartbeat_ttl_s
 
-    def run_turn(self, run_id: str) -> str:
-        run = self.engine.run_turn(run_id)
+    def run_turn(self, run_id: str, *, also: Also = None) -> str:
+        run = self.engine.run_turn(run_id, also=also)
         return run.status if run is not None else "missing"
 
-    def run_step(self, run_id: str, step_key: str, attempt: int) -> str:
-        return self.engine.execute_step(run_id, step_key, attempt, worker_id=self.worker_id)
+    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
+        return self.engine.execute_step(run_id, step_key, attempt, worker_id=self.worker_id, also=also)
 
 
 class TaskSource(ABC):

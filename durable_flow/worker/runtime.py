@@ -40,6 +40,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("durable_flow.worker")
 
+#: How often (s) a task thread tidies its database connection (`close_old_connections`: drop it
+#: past CONN_MAX_AGE, health-check it with `CONN_HEALTH_CHECKS`). Not before every task: the
+#: check is a `SELECT 1` round trip, and a busy thread's connection was just used. A thread
+#: whose last task failed is checked before its next task.
+TIDY_EVERY_S = 1.0
+
 
 class WorkerRuntime(EngineRunner):
     """One worker process: a thread pool, a controller, a heartbeat; the runner its source
@@ -70,6 +76,7 @@ class WorkerRuntime(EngineRunner):
         #: Tasks handed back at shutdown whose threads were left running.
         self.abandoned = 0
         self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
+        self._tidy = threading.local()
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, signum: int | None = None, *_: object) -> None:
@@ -186,9 +193,10 @@ class WorkerRuntime(EngineRunner):
         started = time.monotonic()
         ok = False
         try:
-            close_old_connections()
+            self._tidy_connection()
             ok = self.source.execute(self, task)
         except Exception as exc:
+            self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides
             # (`failed`); by default the task stays leased and is re-claimed when its lease
             # lapses. Either way the step's result is idempotent.
@@ -206,6 +214,13 @@ class WorkerRuntime(EngineRunner):
             self.controller.record(latency_ms, ok, task.kind)
             with self._changed:
                 self._changed.notify_all()
+
+    def _tidy_connection(self) -> None:
+        """`close_old_connections()` at most every `TIDY_EVERY_S` per thread (see there)."""
+        now = time.monotonic()
+        if getattr(self._tidy, "due", 0.0) <= now:
+            close_old_connections()
+            self._tidy.due = now + TIDY_EVERY_S
 
     def _report(self, hook: Any, task: ClaimedTask, *args: Any) -> None:
         try:

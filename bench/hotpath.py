@@ -1,0 +1,293 @@
+#!/usr/bin/env python
+"""SQL statements and transactions per one-step workflow, counted with a query hook.
+
+    .venv/bin/python bench/hotpath.py                # SQLite (a fresh file under var/)
+    .venv/bin/python bench/hotpath.py --postgres     # PostgreSQL (its own database, dropped after)
+    .venv/bin/python bench/hotpath.py --show-sql     # and every statement template, per phase
+
+Design. The embedded default (`db` transport, `db` admission) runs `--runs` one-step no-op
+workflows (`tests.queued`, whose step echoes its input) twice: once with no queue, once
+through a queue of concurrency 10. The runs are started first (counted apart: `start`), then a
+real `WorkerRuntime` (the `durable_worker` loop: claim, thread pool, heartbeat, grant timer)
+runs in this process with `--concurrency` threads until no task is left. Every statement
+any thread sends goes through `connection.execute_wrapper` hooks installed on each thread's
+connection, and is attributed to a phase: `claim` (taking tasks), `turn`/`step` (running
+them through the engine; a turn recorded inline with a step's result counts under `step`),
+`done` (deleting the task), `setup` (what the worker does around a task: the connection's
+health check), `heartbeat` (lease renewal and the heartbeat row) and `grant` (the grant timer).
+
+A transaction is an outermost `atomic()` block that sent at least one statement, or one
+statement sent in autocommit mode. `BEGIN` and savepoints are counted apart from the data
+statements (`SELECT/INSERT/UPDATE/DELETE`): SQLite sends its `BEGIN IMMEDIATE` through the
+cursor, PostgreSQL's driver does not, so only the data statements compare across databases.
+With one worker thread each claim takes one task, the worst case for the claim's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+PG_DATABASE = "durable_flow_bench_hotpath"
+QUEUE = "bench-hot"
+PHASES = ("start", "claim", "setup", "turn", "step", "done", "heartbeat", "grant")
+PER_WORKFLOW = ("claim", "setup", "turn", "step", "done")
+CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--postgres", action="store_true", help=f"use PostgreSQL ({PG_SERVER}/{PG_DATABASE})")
+    parser.add_argument("--runs", type=int, default=200, help="workflows per path")
+    parser.add_argument("--concurrency", type=int, default=1, help="worker threads")
+    parser.add_argument("--show-sql", action="store_true", help="print each statement template per phase")
+    return parser.parse_args()
+
+
+def pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def setup_django(postgres: bool) -> None:
+    """settings.test on the bench's own database, migrated from scratch, db transport + db admission."""
+    os.environ.update(
+        {
+            "DURABLE_FLOW_TEST_ID": "bench-hotpath",
+            "DJANGO_SETTINGS_MODULE": "settings.test",
+            "DURABLE_FLOW_TRANSPORT": "db",
+            "DURABLE_FLOW_ADMISSION": "db",
+            "DURABLE_FLOW_LOG": "WARNING",
+        }
+    )
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    if postgres:
+        pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
+        pg_admin(f"CREATE DATABASE {PG_DATABASE}")
+        os.environ["DATABASE_URL"] = f"{PG_SERVER}/{PG_DATABASE}"
+    else:
+        os.environ.pop("DATABASE_URL", None)
+        from settings.base import VAR_DIR
+
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{VAR_DIR / 'test-bench-hotpath.sqlite3'}{suffix}").unlink(missing_ok=True)
+
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+class QueryCounter:
+    """Counts statements and transactions per phase, from every thread's connection."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.statements: Counter[str] = Counter()
+        self.control: Counter[str] = Counter()
+        self.transactions: Counter[str] = Counter()
+        self.templates: dict[str, Counter[str]] = defaultdict(Counter)
+        self.enabled = False
+
+    @property
+    def phase(self) -> str:
+        return getattr(self.local, "phase", "") or {"df-grant-timer": "grant"}.get(threading.current_thread().name, "")
+
+    @contextmanager
+    def tagged(self, phase: str) -> Iterator[None]:
+        outer = getattr(self.local, "phase", "")
+        self.local.phase = phase
+        try:
+            yield
+        finally:
+            self.local.phase = outer
+
+    def wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def tagged_call(*args: Any, **kwargs: Any) -> Any:
+            with self.tagged(phase):
+                return fn(*args, **kwargs)
+
+        return tagged_call
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if self.enabled:
+            conn = context["connection"]
+            phase = self.phase or "setup"
+            word = sql.lstrip().split(None, 1)[0].upper()
+            with self.lock:
+                if word in CONTROL:
+                    self.control[f"{phase}:{word}"] += 1
+                else:
+                    self.statements[phase] += 1
+                    self.templates[phase][" ".join(sql.split())[:160]] += 1
+                if not conn.in_atomic_block:
+                    if word not in CONTROL:
+                        self.transactions[phase] += 1
+                elif not getattr(conn, "_bench_in_transaction", False):
+                    conn._bench_in_transaction = True
+                    self.transactions[phase] += 1
+        return execute(sql, params, many, context)
+
+    def install(self, conn: Any) -> None:
+        """Hook one thread's connection (idempotent): the wrapper, and the end of transactions."""
+        if self in conn.execute_wrappers:
+            return
+        conn.execute_wrappers.append(self)
+        for name in ("commit", "rollback"):
+            original = getattr(conn, name)
+
+            def ended(original: Callable[[], None] = original) -> None:
+                conn._bench_in_transaction = False
+                original()
+
+            setattr(conn, name, ended)
+        is_usable = conn.is_usable
+
+        def health_check() -> bool:
+            # PostgreSQL's check is a `SELECT 1` sent on the driver's connection, past the hook.
+            if self.enabled and conn.vendor == "postgresql":
+                with self.lock:
+                    phase = self.phase or "setup"
+                    self.statements[phase] += 1
+                    self.transactions[phase] += 1
+                    self.templates[phase]["SELECT 1 (connection health check)"] += 1
+            return is_usable()
+
+        conn.is_usable = health_check
+
+    def reset(self) -> None:
+        with self.lock:
+            self.statements.clear()
+            self.control.clear()
+            self.transactions.clear()
+            self.templates.clear()
+
+
+COUNTER = QueryCounter()
+
+
+def hook_connections() -> None:
+    """Install the counter on every connection this process opens, in any thread."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(lambda sender, connection, **kw: COUNTER.install(connection), weak=False)
+    connection.ensure_connection()
+    COUNTER.install(connection)
+
+
+def run_path(queue: str | None, runs: int, concurrency: int) -> float:
+    """Start `runs` workflows and work them off with a real worker runtime; seconds it took."""
+    from django.db import connection
+
+    from durable_flow.engine import get_engine
+    from durable_flow.models import AdmissionSlot, AdmissionWaiter, RunStatus, Task, WorkflowRun
+    from durable_flow.worker.concurrency import FixedConcurrency
+    from durable_flow.worker.runtime import WorkerRuntime
+
+    for model in (Task, AdmissionSlot, AdmissionWaiter, WorkflowRun):
+        model.objects.all().delete()
+    engine = get_engine()
+    source = engine.transport.source()
+    for name, phase in (("claim", "claim"), ("done", "done"), ("renew", "heartbeat")):
+        setattr(source, name, COUNTER.wrap(phase, getattr(source, name)))
+    execute = source.execute
+
+    def execute_tagged(runner: Any, task: Any) -> bool:
+        with COUNTER.tagged(task.kind):
+            return execute(runner, task)
+
+    source.execute = execute_tagged  # type: ignore[method-assign]
+    runtime = WorkerRuntime(engine, source, FixedConcurrency(concurrency), grace_s=5)
+    runtime.heartbeat.beat = COUNTER.wrap("heartbeat", runtime.heartbeat.beat)  # type: ignore[method-assign]
+    COUNTER.reset()
+    COUNTER.enabled = True
+    with COUNTER.tagged("start"):
+        for i in range(runs):
+            engine.start("tests.queued", {"queue": queue, "value": i})
+    started = time.perf_counter()
+    try:
+        runtime.run(burst=True)
+    finally:
+        engine.grant_timer.stop()
+        COUNTER.enabled = False
+    elapsed = time.perf_counter() - started
+    connection.ensure_connection()
+    completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count()
+    if completed != runs:
+        raise SystemExit(f"{completed} of {runs} runs completed")
+    return elapsed
+
+
+def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float, float]:
+    """Print one path's per-workflow figures; returns (statements, transactions) per workflow."""
+    stmts, txns = COUNTER.statements, COUNTER.transactions
+    print(f"\n{label}: {runs} workflows, worker {runs / elapsed:.0f} wf/s (one thread, in-process)")
+    print(f"  {'phase':<10} {'statements/wf':>14} {'transactions/wf':>16} {'BEGIN+savepoints/wf':>20}")
+    for phase in PHASES:
+        control = sum(n for key, n in COUNTER.control.items() if key.startswith(f"{phase}:"))
+        if stmts[phase] or txns[phase] or control:
+            row = f"  {phase:<10} {stmts[phase] / runs:>14.2f} {txns[phase] / runs:>16.2f}"
+            print(f"{row} {control / runs:>20.2f}")
+    per_stmt = sum(stmts[p] for p in PER_WORKFLOW) / runs
+    per_txn = sum(txns[p] for p in PER_WORKFLOW) / runs
+    print(f"  worker total (claim..done): {per_stmt:.2f} statements in {per_txn:.2f} transactions per workflow")
+    print(
+        f"  with the start: {per_stmt + stmts['start'] / runs:.2f} statements in "
+        f"{per_txn + txns['start'] / runs:.2f} transactions"
+    )
+    if show_sql:
+        for phase in PHASES:
+            for sql, n in COUNTER.templates[phase].most_common():
+                print(f"    {phase:<9} {n / runs:6.2f}  {sql}")
+    return per_stmt, per_txn
+
+
+def main() -> None:
+    args = parse_args()
+    setup_django(args.postgres)
+    from django.db import connection, connections
+
+    from durable_flow.engine import get_engine
+
+    vendor = connection.vendor
+    hook_connections()
+    get_engine().register_queue(_queue_config())
+    try:
+        results = {}
+        for label, queue in (("no queue", None), (f"queue (concurrency 10, {QUEUE})", QUEUE)):
+            elapsed = run_path(queue, args.runs, args.concurrency)
+            results[label] = report(f"{vendor}, {label}", args.runs, elapsed, args.show_sql)
+    finally:
+        connections.close_all()
+        if args.postgres:
+            pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
+    print(f"\nsummary on {vendor} (worker side, per one-step workflow; target ~10 statements in 4 transactions):")
+    for label, (stmts, txns) in results.items():
+        print(f"  {label:<36} {stmts:6.2f} statements  {txns:5.2f} transactions")
+
+
+def _queue_config() -> Any:
+    from durable_flow.queues import QueueConfig
+
+    return QueueConfig.from_mapping({"name": QUEUE, "concurrency": 10})
+
+
+if __name__ == "__main__":
+    main()

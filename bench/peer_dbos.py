@@ -1,0 +1,245 @@
+#!/usr/bin/env python
+"""Queued one-step workflows: durable_flow vs DBOS Transact, side by side on one database kind.
+
+    .venv/bin/python bench/peer_dbos.py                 # SQLite
+    .venv/bin/python bench/peer_dbos.py --postgres      # PostgreSQL
+
+DBOS is not a dependency of durable_flow and this script installs nothing. It runs DBOS when
+the `dbos` package is importable, here or in the interpreter `--dbos-python` names (default
+`var/dbos-venv/bin/python` when it exists). To get one:
+
+    python3 -m venv var/dbos-venv && var/dbos-venv/bin/pip install dbos
+
+Design. Both run `--runs` (500) one-step no-op workflows (the step returns its input) through
+one queue of concurrency 10, on the same kind of database (a fresh SQLite file under `var/`,
+or a fresh PostgreSQL database), with their workers started before the clock:
+
+* durable_flow: the embedded default (`db` transport, `db` admission); one `durable_worker`
+  process (`--concurrency 10` threads) is started and has heartbeated before the clock starts;
+  then this process starts the runs (`tests.queued` on queue `bench-peer`) and counts completed
+  runs every 10 ms until all are done.
+* DBOS: `DBOS.launch()` (its queue thread is the worker) and `DBOS.register_queue(...,
+  concurrency=10, polling_interval_sec=--dbos-poll-s)` before the clock; then the same process
+  enqueues the workflows and waits for every result. DBOS dequeues once per polling interval
+  (1 s by default, which caps it at 10 workflows/s here); 0.1 s, the `db` transport's own idle
+  poll, is the default of this script.
+
+Each side's clock runs from the first start/enqueue to the last completion; workflows per
+second and the ratio durable_flow / DBOS are printed (the goal: at least 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+DF_DATABASE = "durable_flow_bench_peer"
+DBOS_DATABASE = "durable_flow_bench_peer_dbos"
+QUEUE = "bench-peer"
+DEFAULT_DBOS_PYTHON = ROOT / "var" / "dbos-venv" / "bin" / "python"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
+    parser.add_argument("--runs", type=int, default=500, help="workflows per contender")
+    parser.add_argument("--concurrency", type=int, default=10, help="the queue's concurrency")
+    parser.add_argument("--dbos-poll-s", type=float, default=0.1, help="DBOS queue polling interval (s)")
+    parser.add_argument("--dbos-python", default=str(DEFAULT_DBOS_PYTHON), help="an interpreter with `dbos`")
+    parser.add_argument(
+        "--baseline-tree",
+        help="another checkout of durable_flow (this script copied into its bench/), measured in the same run",
+    )
+    parser.add_argument("--only", choices=("durable_flow", "dbos"), help="run one contender (internal use)")
+    return parser.parse_args()
+
+
+def pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def fresh_sqlite(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+# -- DBOS ----------------------------------------------------------------------------------------
+def run_dbos(args: argparse.Namespace) -> float:
+    """Workflows per second through a DBOS queue (in this interpreter, which has `dbos`)."""
+    from dbos import DBOS
+
+    if args.postgres:
+        pg_admin(f"DROP DATABASE IF EXISTS {DBOS_DATABASE} WITH (FORCE)")
+        pg_admin(f"CREATE DATABASE {DBOS_DATABASE}")
+        url = f"postgresql://postgres@127.0.0.1:5432/{DBOS_DATABASE}"
+    else:
+        path = ROOT / "var" / "bench-peer-dbos.sqlite3"
+        path.parent.mkdir(exist_ok=True)
+        fresh_sqlite(path)
+        url = f"sqlite:///{path}"
+
+    @DBOS.step()
+    def noop_step(value: int) -> int:
+        return value
+
+    @DBOS.workflow()
+    def one_step(value: int) -> int:
+        return noop_step(value)
+
+    DBOS(config={"name": "durable-flow-peer", "system_database_url": url, "log_level": "WARNING"})
+    DBOS.launch()
+    try:
+        queue = DBOS.register_queue(QUEUE, concurrency=args.concurrency, polling_interval_sec=args.dbos_poll_s)
+        time.sleep(1.5)  # the queue thread picks the new queue up (it checks every second)
+        started = time.perf_counter()
+        handles = [queue.enqueue(one_step, i) for i in range(args.runs)]
+        results = [handle.get_result() for handle in handles]
+        elapsed = time.perf_counter() - started
+        if results != list(range(args.runs)):
+            raise SystemExit("DBOS returned wrong results")
+    finally:
+        DBOS.destroy()
+        if args.postgres:
+            pg_admin(f"DROP DATABASE IF EXISTS {DBOS_DATABASE} WITH (FORCE)")
+    return args.runs / elapsed
+
+
+def dbos_rate(args: argparse.Namespace) -> float | None:
+    """Run DBOS here if importable, else in `--dbos-python`; None when neither has it."""
+    try:
+        import dbos  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return run_dbos(args)
+    if not Path(args.dbos_python).exists():
+        return None
+    command = [args.dbos_python, __file__, "--only", "dbos", "--runs", str(args.runs)]
+    command += ["--concurrency", str(args.concurrency), "--dbos-poll-s", str(args.dbos_poll_s)]
+    if args.postgres:
+        command.append("--postgres")
+    # The DBOS interpreter needs psycopg for PostgreSQL; dbos depends on it.
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["rate"])
+
+
+# -- durable_flow --------------------------------------------------------------------------------
+def run_durable_flow(args: argparse.Namespace) -> float:
+    """Workflows per second through a durable_flow queue (db transport + db admission)."""
+    os.environ.update(
+        {
+            "DURABLE_FLOW_TEST_ID": "bench-peer",
+            "DJANGO_SETTINGS_MODULE": "settings.test",
+            "DURABLE_FLOW_TRANSPORT": "db",
+            "DURABLE_FLOW_ADMISSION": "db",
+            "DURABLE_FLOW_LOG": "WARNING",
+        }
+    )
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    if args.postgres:
+        pg_admin(f"DROP DATABASE IF EXISTS {DF_DATABASE} WITH (FORCE)")
+        pg_admin(f"CREATE DATABASE {DF_DATABASE}")
+        os.environ["DATABASE_URL"] = f"{PG_SERVER}/{DF_DATABASE}"
+    else:
+        os.environ.pop("DATABASE_URL", None)
+        from settings.base import VAR_DIR
+
+        fresh_sqlite(VAR_DIR / "test-bench-peer.sqlite3")
+
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    from django.db import connections
+
+    from durable_flow.engine import get_engine
+    from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
+    from durable_flow.queues import QueueConfig
+
+    engine = get_engine()
+    engine.register_queue(QueueConfig.from_mapping({"name": QUEUE, "concurrency": args.concurrency}))
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(args.concurrency)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not WorkerHeartbeat.objects.filter(stopped_at__isnull=True).exists():
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the durable_worker did not start")
+            time.sleep(0.05)
+        time.sleep(0.5)
+        completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
+        started = time.perf_counter()
+        for i in range(args.runs):
+            engine.start("tests.queued", {"queue": QUEUE, "value": i})
+        deadline = time.monotonic() + 600
+        while completed.count() < args.runs:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"durable_flow: {completed.count()} of {args.runs} completed")
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        outputs = sorted(WorkflowRun.objects.values_list("output", flat=True))
+        if outputs != list(range(args.runs)):
+            raise SystemExit("durable_flow returned wrong results")
+        turns = sorted(WorkflowRun.objects.values_list("turns", flat=True))
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        connections.close_all()
+        if args.postgres:
+            pg_admin(f"DROP DATABASE IF EXISTS {DF_DATABASE} WITH (FORCE)")
+    print(f"  durable_flow turns per run: median {turns[len(turns) // 2]}, max {turns[-1]}")
+    return args.runs / elapsed
+
+
+def main() -> None:
+    args = parse_args()
+    if args.only == "dbos":
+        print(json.dumps({"rate": run_dbos(args)}))
+        return
+    if args.only == "durable_flow":
+        print(json.dumps({"rate": run_durable_flow(args)}))
+        return
+    kind = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"{args.runs} one-step no-op workflows, queue concurrency {args.concurrency}, {kind}, {os.cpu_count()} CPUs")
+    ours = run_durable_flow(args)
+    print(f"  durable_flow (db transport + db admission, 1 worker process): {ours:7.1f} workflows/s")
+    if args.baseline_tree:
+        tree = Path(args.baseline_tree).resolve()
+        command = [str(tree / ".venv" / "bin" / "python"), str(tree / "bench" / "peer_dbos.py")]
+        command += ["--only", "durable_flow", "--runs", str(args.runs), "--concurrency", str(args.concurrency)]
+        if args.postgres:
+            command.append("--postgres")
+        out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=tree).stdout
+        lines = out.strip().splitlines()
+        base = float(json.loads(lines[-1])["rate"])
+        print(f"  durable_flow baseline ({tree.name}; {lines[0].strip()}): {base:7.1f} workflows/s")
+        print(f"  this tree / baseline: {ours / base:.2f}")
+    theirs = dbos_rate(args)
+    if theirs is None:
+        print("  DBOS: not installed (see this script's docstring); no ratio")
+        return
+    print(f"  DBOS Transact (queue polling {args.dbos_poll_s} s):               {theirs:7.1f} workflows/s")
+    verdict = "met" if ours / theirs >= 1.5 else "NOT met"
+    print(f"  ratio durable_flow / DBOS: {ours / theirs:.2f} (goal >= 1.5: {verdict})")
+
+
+if __name__ == "__main__":
+    main()
