@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_flow", "0011_step_attempts"),
+        ("durable_flow", "0012_queue_counters"),
     ]
 
     operations = [
