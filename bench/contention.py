@@ -61,6 +61,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.reliability.evidence import max_overlap, most_in_trailing  # noqa: E402 - after sys.path
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PYTHON = sys.executable
 STACKS = {"db-sqlite": ("db", "db", False), "db-postgres": ("db", "db", True), "rq-redis": ("redis", "rq", True)}
@@ -328,25 +330,6 @@ def read_stamps(marker: Path, prefix: str) -> tuple[list[float], list[tuple[floa
         elif name == "slow_end":
             intervals.append((opened.pop((value, pid)), float(at)))
     return sorted(starts), intervals
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(b, 1) for b, _ in intervals] + [(e, -1) for _, e in intervals])
-    current = peak = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
-
-
-def most_in_trailing(stamps: list[float], window_s: float) -> int:
-    """The most stamps in any trailing window (at - window_s, at]."""
-    most, first = 0, 0
-    for last, at in enumerate(stamps):
-        while stamps[first] <= at - window_s:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def scenario(

@@ -4,11 +4,9 @@ subscribes to its live topic (`dashboard/live.py`) and swaps in the fragments of
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
@@ -16,6 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard import pages
+from dashboard.access import staff_page
 from dashboard.snapshot import snapshot
 from durable_flow import api
 from durable_flow.audit import record_operation
@@ -26,18 +25,8 @@ View = Callable[..., HttpResponse]
 QUEUE_PERMISSION = "durable_flow.change_flowqueue"
 
 
-def staff_required(view: View) -> View:
-    """Anonymous users go to the admin login; signed-in users who are not staff get 403."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        if not (request.user.is_active and request.user.is_staff):
-            raise PermissionDenied("the dashboard is for staff")
-        return view(request, *args, **kwargs)
-
-    return wrapper
+#: The dashboard's pages share one staff gate (anonymous: login; not staff: 403).
+staff_required = staff_page
 
 
 @staff_required

@@ -21,6 +21,7 @@ from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
+from tests.reliability.evidence import max_overlap
 
 
 @pytest.fixture(params=["db", "redis"])
@@ -78,18 +79,6 @@ def read_intervals(marker: Path, until: float | None = None) -> list[tuple[float
     if until is not None:
         intervals.extend((begin, until) for begin in starts.values())
     return intervals
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted(
-        [(begin, 1) for begin, _ in intervals] + [(end, -1) for _, end in intervals],
-        key=lambda event: (event[0], event[1]),
-    )
-    current = peak = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
 
 
 def completed(run_ids: list[str]) -> bool:

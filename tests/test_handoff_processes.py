@@ -24,7 +24,8 @@ from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, wait_for
-from tests.test_flow_control_processes import max_overlap, read_intervals
+from tests.reliability.evidence import max_overlap, most_in_trailing
+from tests.test_flow_control_processes import read_intervals
 from tests.test_rq_transport import clear_rq
 
 STACKS = {"db": ("db", "db"), "redis+rq": ("redis", "rq")}
@@ -63,16 +64,6 @@ def unique(name: str) -> str:
 def starts(marker: Path) -> list[float]:
     """When each step was called, as the step itself stamped it."""
     return sorted(begin for begin, _ in read_intervals(marker))
-
-
-def most_in_any_window(stamps: list[float], window_s: float) -> int:
-    """The most stamps inside any trailing window of `window_s` (closed at its end)."""
-    most, first = 0, 0
-    for last, at in enumerate(stamps):
-        while stamps[first] <= at - window_s:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def run_workers(spawn: Callable[..., ManagedProcess], env: dict[str, str], workers: int = 2) -> None:
@@ -127,7 +118,7 @@ def test_the_rate_limit_holds_at_step_start(
         # The window counts starts on its own clock (the database's or Redis's) a moment before the
         # step stamps its own; on a busy machine that moment varies by tens of ms, so the stamps
         # are read over 0.9 s (a sub-window: 5 per any 1.0 s implies 5 per any 0.9 s).
-        assert most_in_any_window(stamps, 0.9) <= 5, stamps
+        assert most_in_trailing(stamps, 0.9) <= 5, stamps
     else:
         # Each aligned second's starts, read over its last 0.9 s: a stamp there was counted in
         # that window (counted at most 0.1 s before it was stamped, as above).

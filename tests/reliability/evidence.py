@@ -108,6 +108,16 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def most_in_trailing(stamps: list[float], window_s: float) -> int:
+    """The most of the ascending `stamps` in any trailing window (at - window_s, at]."""
+    most, first = 0, 0
+    for last, at in enumerate(stamps):
+        while stamps[first] <= at - window_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
 def busiest_window(times: list[float], span_s: float) -> int:
     """The most `times` (epoch seconds) inside any half-open span of `span_s` seconds."""
     stamps = sorted(times)
