@@ -25,7 +25,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 @pytest.fixture
 def workers(engine_db: Any, spawn: Callable[..., ManagedProcess]) -> None:  # noqa: F811
-    spawn("durable_worker", "--concurrency", "2", env=DB)
+    spawn("durable_worker", "--concurrency", "4", env=DB)  # threads for turns beside the 2 capped steps
     spawn("durable_poller", "--interval-ms", "100", env=DB)
 
 
