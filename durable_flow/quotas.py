@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import async_to_sync
 from django.db import connection
 
+from durable_flow.cel import compile_cel, evaluate_cel
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.validation import max_length
 
@@ -119,21 +120,16 @@ class CelKey:
 
     @classmethod
     def compile(cls, expression: str) -> CelKey:
-        import celpy
-
-        env = celpy.Environment()
         try:
-            program = env.program(env.compile(expression))
-        except Exception as exc:  # noqa: BLE001 - celpy's parse errors share no public base class
-            raise InvalidQuota(f"quota key {expression!r} is not a valid CEL expression: {exc}") from None
+            program = compile_cel(expression)
+        except ValueError as exc:
+            raise InvalidQuota(f"quota key {exc}") from None
         return cls(expression=expression, program=program)
 
     def __call__(self, input: Any) -> str | None:
-        from celpy import CELEvalError, json_to_cel
-
         try:
-            value = self.program.evaluate({"input": json_to_cel(input)})
-        except CELEvalError as exc:
+            value = evaluate_cel(self.program, input=input)
+        except LookupError as exc:
             raise InvalidQuota(f"quota key {self.expression!r} failed on this input: {exc.args[0]}") from None
         if value is None:
             return None

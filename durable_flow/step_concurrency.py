@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from durable_flow.admission.base import Constraint
+from durable_flow.cel import compile_cel, evaluate_cel
 from durable_flow.exceptions import InvalidInput, RegistrationError
 
 Scope = Literal["fn", "env", "account"]
@@ -47,23 +48,14 @@ class CelExpression:
 
     @classmethod
     def compile(cls, expression: str) -> CelExpression:
-        import celpy
-
-        env = celpy.Environment()
         try:
-            program = env.program(env.compile(expression))
-        except Exception as exc:  # noqa: BLE001 - celpy's parse errors share no public base class
-            raise ValueError(f"key {expression!r} is not a valid CEL expression: {exc}") from None
+            program = compile_cel(expression)
+        except ValueError as exc:
+            raise ValueError(f"key {exc}") from None
         return cls(expression=expression, program=program)
 
     def __call__(self, input: Any, run_id: str, workflow: str) -> Any:
-        from celpy import CELEvalError, json_to_cel
-
-        activation = {"input": json_to_cel(input), "run_id": json_to_cel(run_id), "workflow": json_to_cel(workflow)}
-        try:
-            return self.program.evaluate(activation)
-        except CELEvalError as exc:
-            raise LookupError(exc.args[0]) from None
+        return evaluate_cel(self.program, input=input, run_id=run_id, workflow=workflow)
 
     def __str__(self) -> str:
         return self.expression
