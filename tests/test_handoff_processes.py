@@ -8,7 +8,6 @@ Two stacks: `db` admission + `db` transport (SQLite, or PostgreSQL with DATABASE
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.reliability.evidence import max_overlap, most_in_trailing
-from tests.test_flow_control_processes import read_intervals
+from tests.test_flow_control_processes import read_intervals, unique
 from tests.test_rq_transport import clear_rq
 
 STACKS = {"db": ("db", "db"), "redis+rq": ("redis", "rq")}
@@ -55,10 +54,6 @@ def stack(request: pytest.FixtureRequest, transactional_db: None, settings: Any)
     if admission == "redis":
         clear_rq(django_rq.get_connection("durable"))
     reset_settings()
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def starts(marker: Path) -> list[float]:

@@ -218,7 +218,7 @@ class RedisAdmissionBackend(AdmissionBackend):
                 op,
                 queue,
                 ticket,
-                max(-PRIORITY_BOUND, min(PRIORITY_BOUND, priority)),
+                _bounded(priority),
                 key,
                 self.instance_id,
                 self.instance_ttl_ms,
@@ -281,7 +281,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         for start in range(0, len(requests), 500):  # bounded script calls, however many are parked
             extra: list[Any] = []
             for request in requests[start : start + 500]:
-                extra += [request.ticket, max(-PRIORITY_BOUND, min(PRIORITY_BOUND, request.priority)), request.key]
+                extra += [request.ticket, _bounded(request.priority), request.key]
             held += [_text(t) for t in self._run("reoffer", queue, extra=extra)]
         return held
 
@@ -344,6 +344,11 @@ class RedisAdmissionBackend(AdmissionBackend):
         self._stop.set()
         if self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=5)
+
+
+def _bounded(priority: int) -> int:
+    """A priority clamped to +-PRIORITY_BOUND, which the script's encoding holds exactly."""
+    return max(-PRIORITY_BOUND, min(PRIORITY_BOUND, priority))
 
 
 def _text(value: bytes | str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import partial
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from django.db import close_old_connections, transaction
 
-from durable_flow.admission.base import AdmissionRequest, Grant, Ticket
+from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
@@ -49,9 +48,7 @@ class GrantTimer:
     queue has at most one pending instant, the earliest asked for.
     """
 
-    def __init__(
-        self, grant: Callable[[str], object], now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6
-    ) -> None:
+    def __init__(self, grant: Callable[[str], object], now_ms: Callable[[], int] = system_clock_ms) -> None:
         self._grant = grant
         self._now_ms = now_ms
         self._heap: list[tuple[int, str]] = []
