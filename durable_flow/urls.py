@@ -12,5 +12,7 @@ urlpatterns = [
     path("runs/<path:run_id>/rerun/", views.rerun_run, name="rerun"),
     path("runs/<path:run_id>/signals/", views.send_signal, name="signal"),
     path("runs/<path:run_id>/", views.run_detail, name="detail"),
+    # Not under runs/: a run may be named "bulk".
+    re_path(r"^bulk/(?P<action>cancel|retry)/$", views.bulk_operation, name="bulk"),
     re_path(r"^queues/(?P<name>[^/]+)/(?P<operation>pause|resume|update)/$", views.steer_queue, name="steer_queue"),
 ]

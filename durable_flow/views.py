@@ -6,6 +6,8 @@ POST /api/runs/<run_id>/cancel/  → the run after cancel
 POST /api/runs/<run_id>/retry/   → the run, resumed from where it failed
 POST /api/runs/<run_id>/rerun/   {"run_id": "..."?} → 201, the new run (linked by `rerun_of`)
 POST /api/runs/<run_id>/signals/ {"name": "...", "payload": ...} → 202
+POST /api/bulk/cancel/ | bulk/retry/      {"status": [...], "workflow", "queue", "tag", "q", "range",
+                                           "since", "until"} or {"all": true} → {"done", "refused", "batches"}
 POST /api/queues/<name>/pause/ | resume/ | update/ {"concurrency"?, "rate_limit"?} → the queue
 
 Operations need a model permission besides staff status (`durable_flow.start_workflowrun`,
@@ -23,10 +25,11 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
-from durable_flow import api
+from durable_flow import api, bulk
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import FlowQueue, WorkflowRun
+from durable_flow.run_filters import runs_from_json
 from durable_flow.validation import max_length, storable_text
 
 MAX_BODY_BYTES = 2_000_000
@@ -172,6 +175,25 @@ def send_signal(request: HttpRequest, run_id: str) -> HttpResponse:
     run = api.get_run(run_id)
     record_operation(request.user, run, f"Sent signal {name!r} from the JSON API")
     return JsonResponse({"run_id": run.id, "signal": name, "status": run.status}, status=202)
+
+
+@require_POST
+@staff_api
+def bulk_operation(request: HttpRequest, action: str) -> HttpResponse:
+    """Cancel or retry every run a JSON filter matches (the dashboard's "by filter" actions),
+    in batches of `bulk.BATCH_SIZE` runs a transaction, each run audited under the caller."""
+    permission = "cancel_workflowrun" if action == "cancel" else "retry_workflowrun"
+    if not request.user.has_perm(f"durable_flow.{permission}"):
+        return JsonResponse(
+            {"error": "PermissionDenied", "message": f"needs the durable_flow.{permission} permission"}, status=403
+        )
+    runs = runs_from_json(_body(request))
+    message = f"{action.capitalize()} (JSON API, by filter)"
+    if action == "cancel":
+        result = bulk.cancel_matching(runs, request.user, message)
+    else:
+        result = bulk.retry_matching(runs, request.user, message)
+    return JsonResponse({"done": result.done, "refused": result.refused, "batches": result.batches})
 
 
 @require_POST

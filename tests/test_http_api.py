@@ -90,3 +90,46 @@ def test_a_quota_refusal_maps_to_429_with_retry_after() -> None:
     assert response.status_code == 429
     assert response["Retry-After"] == "1"
     assert json.loads(response.content)["limit"] == 8
+
+
+def test_bulk_cancel_by_a_json_filter_cancels_the_matching_runs_only(client: Client) -> None:
+    for n in range(3):
+        post(client, "/api/runs/", {"workflow": "tests.sleeper", "input": 600, "run_id": f"sleep-{n}"})
+    post(client, "/api/runs/", {"workflow": "tests.three_steps", "input": 1, "run_id": "other"})
+    response = post(client, "/api/bulk/cancel/", {"workflow": "tests.sleeper", "status": ["suspended"]})
+    assert response.status_code == 200
+    assert response.json() == {"done": 3, "refused": [], "batches": 1}
+    statuses = dict(WorkflowRun.objects.values_list("id", "status"))
+    assert {statuses[f"sleep-{n}"] for n in range(3)} == {RunStatus.CANCELLED}
+    assert statuses["other"] != RunStatus.CANCELLED
+    again = post(client, "/api/bulk/cancel/", {"workflow": "tests.sleeper"})
+    assert again.json()["done"] == 0  # already terminal: nothing to cancel
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({}, '"all": true'),
+        ({"stauts": "failed"}, "unknown filter 'stauts'"),
+        ({"status": "exploded"}, 'filter "status"'),
+        ({"status": [1]}, "a string or a list of strings"),
+        ({"workflow": {"$ne": 1}}, 'filter "workflow" must be a string'),
+        ({"since": "yesterday"}, 'filter "since"'),
+        ({"all": "yes"}, '"all" must be true or false'),
+        ("[1]", "JSON object"),
+    ],
+)
+def test_bulk_filters_that_are_wrong_are_a_400_naming_the_filter(client: Client, body: Any, fragment: str) -> None:
+    post(client, "/api/runs/", {"workflow": "tests.sleeper", "input": 600, "run_id": "kept"})
+    response = post(client, "/api/bulk/cancel/", body)
+    assert response.status_code == 400 and response.json()["error"] == "InvalidInput"
+    assert fragment in response.json()["message"]
+    assert WorkflowRun.objects.get(pk="kept").status == RunStatus.SUSPENDED
+
+
+def test_bulk_all_needs_the_operations_permission(client: Client) -> None:
+    post(client, "/api/runs/", {"workflow": "tests.sleeper", "input": 600, "run_id": "kept"})
+    assert post(client, "/api/bulk/retry/", {"all": True}).status_code == 403  # no retry permission
+    assert client.get("/api/bulk/cancel/").status_code == 405
+    assert post(client, "/api/bulk/cancel/", {"all": True}).json()["done"] == 1
+    assert WorkflowRun.objects.get(pk="kept").status == RunStatus.CANCELLED

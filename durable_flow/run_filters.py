@@ -1,0 +1,99 @@
+"""Which runs an operator means: one validated form turns filters (a query string on the
+dashboard, a JSON object on the API) into a queryset, so a page, its pagination links, the
+dashboard's bulk actions and the API's bulk endpoints all select the same runs."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
+from django.utils import timezone
+
+from durable_flow.exceptions import InvalidInput
+from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
+
+#: The time-range presets of the filter bar, as `?range=` values.
+RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+
+
+class RunFilterForm(forms.Form):
+    """The filter bar. Every field is optional; an invalid value is a 400 with the form's error."""
+
+    q = forms.CharField(required=False, max_length=200, label="Run id or input")
+    status = forms.MultipleChoiceField(required=False, choices=RunStatus.choices)
+    workflow = forms.CharField(required=False, max_length=200)
+    queue = forms.CharField(required=False, max_length=100)
+    tag = forms.CharField(required=False, max_length=200)
+    range = forms.ChoiceField(
+        required=False, choices=[("", "any time")] + [(key, f"last {key}") for key in RANGES], label="Started"
+    )
+    since = forms.DateTimeField(required=False, label="From")
+    until = forms.DateTimeField(required=False, label="To")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        for name in ("q", "workflow", "queue", "tag"):
+            if "\x00" in (data.get(name) or ""):
+                self.add_error(name, "must not contain a NUL character")
+        return data
+
+
+def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
+    """The runs matching a valid `RunFilterForm`'s cleaned data, newest first."""
+    runs = WorkflowRun.objects.all()
+    if data.get("status"):
+        runs = runs.filter(status__in=data["status"])
+    if data.get("workflow"):
+        runs = runs.filter(workflow=data["workflow"])
+    if data.get("queue"):
+        runs = runs.filter(pk__in=StepCheckpoint.objects.filter(queue=data["queue"]).values("run_id"))
+    if data.get("tag"):
+        # A JSON list's text holds `"tag"` (quoted) on SQLite and PostgreSQL alike; JSON
+        # containment is not available on SQLite.
+        runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(tags_text__contains=json.dumps(data["tag"]))
+    if data.get("range"):
+        runs = runs.filter(created_at__gte=timezone.now() - RANGES[data["range"]])
+    if data.get("since"):
+        runs = runs.filter(created_at__gte=data["since"])
+    if data.get("until"):
+        runs = runs.filter(created_at__lte=data["until"])
+    if data.get("q"):
+        text = data["q"]
+        runs = runs.annotate(input_text=Cast("input", TextField())).filter(
+            Q(pk=text) | Q(pk__startswith=text) | Q(input_text__icontains=text)
+        )
+    return runs.order_by("-created_at", "pk")
+
+
+def runs_from_json(body: dict[str, Any]) -> QuerySet[WorkflowRun]:
+    """The runs a JSON filter (the API's bulk endpoints) matches, through the same form.
+
+    Keys are the form's fields (`status` a string or a list of strings, the others strings);
+    an unknown key, a value of the wrong type or an invalid value raises `InvalidInput` naming
+    it, and an empty filter must say `"all": true`, so a typo never selects every run."""
+    body = dict(body)
+    select_all = body.pop("all", False)
+    if not isinstance(select_all, bool):
+        raise InvalidInput('"all" must be true or false')
+    fields = RunFilterForm.base_fields
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise InvalidInput(f"unknown filter {unknown[0]!r}; filters are {', '.join(fields)} (and all)")
+    data: dict[str, Any] = {}
+    for name, value in body.items():
+        values = value if name == "status" and isinstance(value, list) else [value]
+        if not all(isinstance(item, str) for item in values):
+            kinds = "a string or a list of strings" if name == "status" else "a string"
+            raise InvalidInput(f'filter "{name}" must be {kinds}')
+        data[name] = values if name == "status" else value
+    if not any(data.values()) and not select_all:
+        raise InvalidInput('an empty filter would select every run: name a filter, or send "all": true')
+    form = RunFilterForm(data)
+    if not form.is_valid():
+        name, errors = next(iter(form.errors.items()))
+        raise InvalidInput(f'filter "{name}": {" ".join(errors)}')
+    return filtered_runs(form.cleaned_data)
