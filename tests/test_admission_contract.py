@@ -28,9 +28,7 @@ class TestDatabaseAdmissionBackend(AdmissionBackendContract, StepConcurrencyCont
         return DatabaseAdmissionBackend(clock=clock)
 
 
-class TestRedisAdmissionBackend(AdmissionBackendContract):
-    """Not held to `StepConcurrencyContract` yet: the redis backend refuses step concurrency
-    (`SUPPORTS_CONSTRAINTS` is False; see README "Not built yet")."""
+class TestRedisAdmissionBackend(AdmissionBackendContract, StepConcurrencyContract):
 
     @pytest.fixture(autouse=True)
     def _redis_prefix(self) -> Iterator[None]:

@@ -3,7 +3,10 @@ steps the engine lets execute at once (turns and steps driven by hand)."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow import start, workflow
 from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput, RegistrationError
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
@@ -18,6 +22,8 @@ from durable_flow.step_concurrency import parse_concurrency, plan_run
 from tests import sc_workflows
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def executing(account: str | None = None) -> int:
@@ -83,28 +89,43 @@ def test_a_key_that_is_not_a_string_refuses_the_start(engine: Engine, payload: A
     assert not WorkflowRun.objects.exists()
 
 
+class NoConstraintsBackend(LocalAdmissionBackend):
+    """A third-party backend that does not claim step concurrency (every shipped one does)."""
+
+    SUPPORTS_CONSTRAINTS = False
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_backend_that_cannot_enforce_constraints_refuses_the_start(engine: Engine) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r'DURABLE_FLOW\["ADMISSION"\]'):
+        plan_run(sc_workflows.per_account, {"account": "a"}, "r1", "default", NoConstraintsBackend())
+
+
+def test_every_shipped_backend_enforces_step_concurrency() -> None:
     from durable_flow.admission.redis import RedisAdmissionBackend
 
-    with pytest.raises(ImproperlyConfigured, match=r'DURABLE_FLOW\["ADMISSION"\]'):
-        plan_run(
-            sc_workflows.per_account,
-            {"account": "a"},
-            "r1",
-            "default",
-            RedisAdmissionBackend.__new__(RedisAdmissionBackend),
-        )
+    assert all(b.SUPPORTS_CONSTRAINTS for b in (LocalAdmissionBackend, DatabaseAdmissionBackend, RedisAdmissionBackend))
 
 
 # -- how many execute -----------------------------------------------------------------------
-@pytest.fixture(params=["local", "db"])
-def manual_sc(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Engine:
+@pytest.fixture(params=["local", "db", "redis"])
+def manual_sc(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Iterator[Engine]:
     engine = local_engine(clock, ManualTransport())
     if request.param == "db":
         engine.admission = DatabaseAdmissionBackend(clock=lambda: clock.ms)
+    elif request.param == "redis":
+        from durable_flow.admission.redis import RedisAdmissionBackend
+
+        prefix = f"test:sc:{uuid.uuid4().hex[:12]}"
+        engine.admission = RedisAdmissionBackend(url=REDIS_URL, clock=lambda: clock.ms, key_prefix=prefix)
     transport_of(engine).bind(engine)
-    return engine
+    yield engine
+    if request.param == "redis":
+        engine.admission.close()
+        client = engine.admission.redis
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
 
 
 def test_two_accounts_each_execute_at_most_their_limit(manual_sc: Engine) -> None:
@@ -222,7 +243,8 @@ def test_check_warns_when_the_backend_cannot_enforce_step_concurrency(settings: 
     from durable_flow.checks import check_settings
     from durable_flow.conf import reset_settings
 
-    settings.DURABLE_FLOW = {**settings.DURABLE_FLOW, "ADMISSION": {"BACKEND": "redis"}}
+    backend = f"{__name__}.NoConstraintsBackend"
+    settings.DURABLE_FLOW = {**settings.DURABLE_FLOW, "ADMISSION": {"BACKEND": backend}}
     reset_settings()
     try:
         warnings = [m for m in check_settings() if m.id == "durable_flow.W001"]

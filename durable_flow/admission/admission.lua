@@ -33,6 +33,22 @@ local me, hb_prefix, channel = ARGV[6], ARGV[10], ARGV[11]
 
 local call = redis.call
 
+-- Step concurrency: resources.lua (in front of this file) keeps resource holders and lines. Calls
+-- gated by their constraints alone use the pseudo-queue '' (no cap, no window; its waiters wait in
+-- resource lines only). A freed resource may go to a waiter of another queue: `use_keys` points
+-- the queue keys at it for that grant.
+local PREFIX = string.sub(K_QUEUES, 1, -8)
+local R = new_resources(PREFIX, call)
+local FREE_CFG = { fairness = 'fifo', order = 'fifo', retry_ms = 1000 }
+
+local function use_keys(q)
+  local b = PREFIX .. ':q:' .. q .. ':'
+  K_SLOTS, K_OWNERS, K_WAITERS, K_STARTS = b .. 'slots', b .. 'owners', b .. 'waiters', b .. 'starts'
+  K_FRESH, K_GRP, K_GIDX, K_KPRIO, K_FKEY = b .. 'fresh', b .. 'grp', b .. 'gidx', b .. 'kprio', b .. 'fkey'
+  K_SERVED, K_META, K_MARKS = b .. 'served', b .. 'meta', b .. 'marks'
+  queue = q
+end
+
 local function now_ms()
   if ARGV[9] ~= '' then
     return tonumber(ARGV[9])
@@ -130,6 +146,10 @@ end
 -- Returns 0 when the slot is gone (its owner died and it was reclaimed): the step must re-admit.
 if op == 'adopt' then
   local owner = call('HGET', K_SLOTS, ticket)
+  if not owner and queue ~= '' then
+    use_keys('') -- a slot of a call gated by its constraints alone
+    owner = call('HGET', K_SLOTS, ticket)
+  end
   if not owner then
     return 0
   end
@@ -147,6 +167,16 @@ end
 local now = now_ms()
 local raw = call('HGET', K_QUEUES, queue)
 local cfg = raw and cjson.decode(raw) or nil
+local cs = op == 'admit' and R.parse(ARGV, 12) or {}
+if queue ~= '' and ((op == 'admit' and not cfg and #cs > 0) or (op == 'release'
+    and call('HEXISTS', K_SLOTS, ticket) == 0 and call('HEXISTS', K_WAITERS, ticket) == 0
+    and call('HEXISTS', PREFIX .. ':q::slots', ticket) + call('HEXISTS', PREFIX .. ':q::waiters', ticket) > 0)) then
+  use_keys('')
+end
+local pseudo = queue == ''
+if pseudo then
+  cfg = FREE_CFG
+end
 local rate = cfg and cfg.rate_limit or nil
 if type(rate) ~= 'table' then
   rate = nil
@@ -206,6 +236,7 @@ end
 -- release: free the slot (whoever owns it) and withdraw the waiter; then grant the room on,
 -- below, unless ARGV[12] is '0' (a paused queue).
 local freed = 0
+local rfreed = {} -- resources freed by this call (a release, reclaimed slots), granted on below
 if op == 'release' then
   local key_mode, lifo = parse_mode(call('HGET', K_META, 'mode'))
   remove_waiter(key_mode, lifo, ticket)
@@ -215,7 +246,9 @@ if op == 'release' then
     owner_dec(owner)
     freed = 1
   end
-  if not cfg or ARGV[12] == '0' then
+  R.unwait(ticket)
+  R.free(ticket, rfreed)
+  if (not cfg or ARGV[12] == '0') and #rfreed == 0 then
     return {freed, ''}
   end
 end
@@ -258,6 +291,7 @@ if any_dead then
   for i = 1, #slots, 2 do
     if dead[slots[i + 1]] then
       call('HDEL', K_SLOTS, slots[i])
+      R.free(slots[i], rfreed)
     end
   end
   for o in pairs(dead) do
@@ -371,16 +405,31 @@ local function grant(out)
   if free ~= nil and (room == nil or free < room) then
     room = free
   end
+  local aside = {}
   while room == nil or room > 0 do
     local t = best_waiter()
     if not t then
       break
     end
-    take_slot(t)
-    out[#out + 1] = t
-    if room then
-      room = room - 1
+    local tcs = R.constraints(t)
+    if R.fits(tcs) then
+      take_slot(t)
+      R.take(t, tcs)
+      out[#out + 1] = t
+      if room then
+        room = room - 1
+      end
+    elseif #aside >= R.SCAN then
+      break
+    else
+      -- Blocked by its step concurrency: set aside for this call, so it holds up nobody behind it.
+      local p, a, k = parse_waiter(call('HGET', K_WAITERS, t))
+      index_remove(key_mode, lifo, t, p, a, k)
+      aside[#aside + 1] = { t, p, a, k }
     end
+  end
+  for _, w in ipairs(aside) do
+    index_add(key_mode, lifo, w[1], w[2], w[3], w[4])
   end
   local reopen = ''
   if rate and call('HLEN', K_WAITERS) > 0 then
@@ -395,15 +444,68 @@ local function grant(out)
   return reopen
 end
 
+-- The pseudo-queue's take: no cap, no window, no ranking.
+local function take_free(t, tcs)
+  call('HDEL', K_WAITERS, t)
+  call('HSET', K_SLOTS, t, me)
+  call('HINCRBY', K_OWNERS, me, 1)
+  R.take(t, tcs)
+end
+
+-- resources.lua's gate: give waiter t its slot on queue q (any queue) if q has room now.
+local function gate(q, t)
+  local saved = { queue, cfg, rate, key_mode, lifo }
+  if q ~= queue then
+    local raw_q = q ~= '' and call('HGET', K_QUEUES, q) or nil
+    local cfg_q = (q == '' and FREE_CFG) or (raw_q and cjson.decode(raw_q)) or nil
+    if not cfg_q then
+      return false
+    end
+    use_keys(q)
+    cfg, rate = cfg_q, type(cfg_q.rate_limit) == 'table' and cfg_q.rate_limit or nil
+    key_mode, lifo = cfg.fairness == 'key', cfg.order == 'lifo'
+  end
+  local ok = call('HEXISTS', K_WAITERS, t) == 1
+  if ok and q == '' then
+    call('HDEL', K_WAITERS, t)
+    call('HSET', K_SLOTS, t, me)
+    call('HINCRBY', K_OWNERS, me, 1)
+  elseif ok then
+    -- Its queue's index must be built for the config's mode (the next decision there rebuilds it).
+    local free, room = free_slots(), nil
+    if rate then
+      room = window(K_MARKS)
+    end
+    ok = call('HGET', K_META, 'mode') == cfg.fairness .. '/' .. cfg.order
+      and (free == nil or free > 0) and (room == nil or room > 0)
+    if ok then
+      take_slot(t)
+    end
+  end
+  if saved[1] ~= queue then
+    use_keys(saved[1])
+    cfg, rate, key_mode, lifo = saved[2], saved[3], saved[4], saved[5]
+  end
+  return ok
+end
+
 if op == 'release' then
   local out = {freed, ''}
-  out[2] = grant(out)
+  if not pseudo and ARGV[12] ~= '0' then
+    out[2] = grant(out)
+  end
+  R.grant_freed(rfreed, gate, out, ARGV[12] == '0' and queue or nil)
   return out
 end
 
 if op == 'grant' then
   local out = {''}
-  out[1] = grant(out)
+  if pseudo then
+    rfreed = R.waited_for() -- the safety net: every resource somebody waits for
+  else
+    out[1] = grant(out)
+  end
+  R.grant_freed(rfreed, gate, out, nil)
   return out
 end
 
@@ -411,12 +513,17 @@ end
 -- that hold a slot already; registers the others as waiters unless they are (keeping their place).
 if op == 'reoffer' then
   local held = {}
-  for i = 12, #ARGV, 3 do
-    local t = ARGV[i]
+  for i = 12, #ARGV, 4 do
+    local t, p = ARGV[i], tonumber(ARGV[i + 1])
     if call('HEXISTS', K_SLOTS, t) == 1 then
       held[#held + 1] = t
     elseif call('HEXISTS', K_WAITERS, t) == 0 then
-      add_waiter(t, tonumber(ARGV[i + 1]), ARGV[i + 2])
+      if pseudo then
+        call('HSET', K_WAITERS, t, p .. '|0|' .. ARGV[i + 2])
+      else
+        add_waiter(t, p, ARGV[i + 2])
+      end
+      R.wait(t, queue, p, cjson.decode(ARGV[i + 3]))
     end
   end
   return held
@@ -425,9 +532,27 @@ end
 -- admit. Returns {admitted, now, retry_at, reason, granted...}: the caller joins the line and the
 -- room is granted; it is admitted if it was among the granted, and the others granted are
 -- returned for the engine to dispatch.
-add_waiter(ticket, tonumber(ARGV[4]), ARGV[5])
 local out = {0, now, '', ''}
-grant(out)
+R.grant_freed(rfreed, gate, out, nil) -- reclaimed resources go to those already waiting
+if pseudo then
+  if call('HEXISTS', K_SLOTS, ticket) == 0 then
+    if R.fits(cs) then
+      take_free(ticket, cs)
+      out[#out + 1] = ticket
+    else
+      if call('HEXISTS', K_WAITERS, ticket) == 0 then
+        call('HSET', K_WAITERS, ticket, ARGV[4] .. '|0|' .. ARGV[5])
+      end
+      R.wait(ticket, '', tonumber(ARGV[4]), cs)
+    end
+  else
+    out[#out + 1] = ticket
+  end
+else
+  add_waiter(ticket, tonumber(ARGV[4]), ARGV[5])
+  R.wait(ticket, queue, tonumber(ARGV[4]), cs)
+  grant(out)
+end
 local others = {}
 for i = 5, #out do
   if out[i] == ticket then
@@ -437,7 +562,9 @@ for i = 5, #out do
   end
 end
 local reply = {out[1], now, '', ''}
-if out[1] == 0 then
+if out[1] == 0 and not R.fits(cs) then
+  reply[3], reply[4] = now + cfg.retry_ms, 'step_concurrency'
+elseif out[1] == 0 then
   local room, reopen = nil, nil
   if rate then
     room, reopen = window(K_MARKS)

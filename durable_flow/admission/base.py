@@ -58,6 +58,15 @@ class Constraint:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceUsage:
+    """One step-concurrency resource (a constraint's evaluated key) as the dashboard shows it."""
+
+    resource: str
+    active: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionRequest:
     """One call asking for a slot. `ticket` names it (`run_id/step_key`) across retries,
     so a call that re-asks keeps its place in line.
@@ -188,4 +197,10 @@ class AdmissionBackend(Configurable, ABC):
     def next_waiters(self, queue: str, limit: int) -> list[str] | None:
         """The tickets admission would grant next on `queue`, best first (for the dashboard),
         or None when the backend cannot tell."""
+        return None
+
+    def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage] | None:
+        """The busiest step-concurrency resources whose name starts with `prefix` (a
+        constraint's, e.g. `sc:fn:<workflow>:`), most active first, then most waiting; at most
+        `limit`. None (the default) when the backend cannot tell."""
         return None

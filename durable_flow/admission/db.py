@@ -36,6 +36,7 @@ from durable_flow.admission.base import (
     AdmissionRequest,
     Clock,
     Grant,
+    ResourceUsage,
     system_clock_ms,
 )
 from durable_flow.admission.db_resources import (
@@ -374,6 +375,10 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
     def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Per resource: (slots held, calls waiting), by any process."""
         return db_resources.usage(resources)
+
+    def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
+        """The busiest step-concurrency resources, by any process."""
+        return db_resources.busiest(prefix, limit)
 
     def in_flight(self, queue: str) -> int:
         """Slots held now, by any process."""

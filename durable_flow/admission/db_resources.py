@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models import Max
+from django.db.models import Count, Max
 
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
+from durable_flow.admission.resources import top_usage
 from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
 
 if TYPE_CHECKING:
@@ -99,6 +100,16 @@ def waiters_on(resource: str, counts: Counts) -> Iterable[AdmissionResourceWaite
 
 def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
     return from_rows(waiter.constraints) if waiter.constrained else ()
+
+
+def busiest(prefix: str, limit: int) -> list[ResourceUsage]:
+    """The busiest resources named `prefix...`: two grouped counts over the rows in use."""
+    counts: dict[str, list[int]] = {}
+    for index, model in enumerate((AdmissionHold, AdmissionResourceWaiter)):
+        rows = model.objects.filter(resource__startswith=prefix).values_list("resource").annotate(n=Count("id"))
+        for resource, n in rows:
+            counts.setdefault(resource, [0, 0])[index] = n
+    return top_usage({r: (a, w) for r, (a, w) in counts.items()}, limit)
 
 
 def usage(resources: Sequence[str]) -> dict[str, tuple[int, int]]:

@@ -22,10 +22,11 @@ from durable_flow.admission.base import (
     AdmissionRequest,
     Clock,
     Grant,
+    ResourceUsage,
     system_clock_ms,
 )
 from durable_flow.admission.policy import QueueState, rank, window_used
-from durable_flow.admission.resources import ResourceState, grant_freed
+from durable_flow.admission.resources import ResourceState, grant_freed, top_usage
 from durable_flow.queues import QueueConfig
 
 #: Where calls gated by their constraints alone wait (no registered queue).
@@ -133,6 +134,13 @@ class LocalAdmissionBackend(AdmissionBackend):
         """Per resource: (slots held, calls waiting), in this process."""
         with self._lock:
             return {r: (self._resources.active(r), self._resources.waiting_on(r)) for r in resources}
+
+    def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
+        """The busiest step-concurrency resources (in this process)."""
+        with self._lock:
+            names = {r for r in (*self._resources.held, *self._resources.waiting) if r.startswith(prefix)}
+            counts = {r: (self._resources.active(r), self._resources.waiting_on(r)) for r in names}
+        return top_usage(counts, limit)
 
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window (in this process)."""

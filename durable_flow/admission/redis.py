@@ -80,17 +80,18 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_flow.admission import redis_resources
 from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
     AdmissionRequest,
     Clock,
     Grant,
+    ResourceUsage,
 )
 from durable_flow.admission.policy import oldest_mark_needed
 from durable_flow.options import Option, non_empty_str, positive_int
@@ -106,7 +107,6 @@ DEFAULT_KEY_PREFIX = "df:adm"
 PRIORITY_BOUND = 10**15
 """Priorities are clamped to +-1e15 so the script's fixed-width encoding stays exact."""
 
-SCRIPT_PATH = Path(__file__).with_name("admission.lua")
 _QUEUE_KEYS = (
     "slots",
     "owners",
@@ -135,6 +135,8 @@ def _redis_url(value: Any) -> str | None:
 
 class RedisAdmissionBackend(AdmissionBackend):
     """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
+
+    SUPPORTS_CONSTRAINTS = True  # resources.lua, see redis_resources
 
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
@@ -167,7 +169,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         self.prefix = key_prefix
         self.instance_id = uuid.uuid4().hex
         self.heartbeat_key = f"{key_prefix}:inst:{self.instance_id}"
-        self._script = self.redis.register_script(SCRIPT_PATH.read_text())
+        self._script = self.redis.register_script(redis_resources.script_source())
         self._lock = threading.Lock()
         self._registered: set[str] = set()
         self._known: dict[str, tuple[bool, float]] = {}
@@ -259,7 +261,14 @@ class RedisAdmissionBackend(AdmissionBackend):
     def try_admit_timed(self, request: AdmissionRequest) -> tuple[AdmissionDecision, int]:
         """The decision and the time (epoch ms) it was made at, as the script saw it: the
         server's clock, so admission logs from several processes line up."""
-        reply = self._run("admit", request.queue, request.ticket, request.priority, request.key)
+        reply = self._run(
+            "admit",
+            request.queue,
+            request.ticket,
+            request.priority,
+            request.key,
+            extra=redis_resources.constraint_args(request.constraints),
+        )
         now = int(reply[1])
         granted = tuple(_text(t) for t in reply[4:])
         if int(reply[0]) == 1:
@@ -281,7 +290,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         for start in range(0, len(requests), 500):  # bounded script calls, however many are parked
             extra: list[Any] = []
             for request in requests[start : start + 500]:
-                extra += [request.ticket, _bounded(request.priority), request.key]
+                extra += redis_resources.reoffer_args(request, _bounded(request.priority))
             held += [_text(t) for t in self._run("reoffer", queue, extra=extra)]
         return held
 
@@ -316,6 +325,14 @@ class RedisAdmissionBackend(AdmissionBackend):
         seconds, micros = self.redis.time() if self.clock is None else divmod(int(self.clock()) * 1000, 1_000_000)
         start = oldest_mark_needed(rate, int(seconds) * 1000 + int(micros) // 1000)
         return int(self.redis.zcount(f"{self.prefix}:q:{queue}:starts", start, "+inf"))
+
+    def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per resource: (slots held, calls waiting), by any process."""
+        return redis_resources.resource_usage(self.redis, self.prefix, resources)
+
+    def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
+        """The busiest step-concurrency resources, by any process (see `redis_resources`)."""
+        return redis_resources.constraint_usage(self.redis, self.prefix, prefix, limit)
 
     # -- heartbeat ----------------------------------------------------------------------------
     def _beat(self) -> None:

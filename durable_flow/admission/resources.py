@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from durable_flow.admission.base import Constraint
+from durable_flow.admission.base import Constraint, ResourceUsage
 
 if TYPE_CHECKING:
     from durable_flow.admission.policy import QueueState
@@ -110,3 +110,12 @@ def grant_freed(
                 resources.take(waiter.ticket, waiter.constraints)
                 granted.append(waiter.ticket)
     return granted
+
+
+def top_usage(counts: dict[str, tuple[int, int]], limit: int) -> list[ResourceUsage]:
+    """The `limit` busiest of `counts` (resource -> (active, waiting)): most active, then most
+    waiting, then by name; resources with neither are left out."""
+    ranked = sorted(
+        (item for item in counts.items() if item[1][0] or item[1][1]), key=lambda i: (-i[1][0], -i[1][1], i[0])
+    )
+    return [ResourceUsage(resource, active, waiting) for resource, (active, waiting) in ranked[:limit]]

@@ -42,7 +42,7 @@ class ResultsMixin(EngineBase):
         if run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
             self.record_result(run_id, key, attempt, cancelled=True, also=also)
             return "skipped"
-        if cp.holds_slot and cp.queue and not self.admission.adopt(cp.queue, cp.ticket):
+        if cp.holds_slot and not self.admission.adopt(cp.queue, cp.ticket):  # a queue's or step concurrency's slot
             # The slot went with a dead process and may be someone else's now: running anyway
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
