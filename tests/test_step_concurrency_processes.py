@@ -1,5 +1,6 @@
 """Step concurrency with real `db` workers and a poller (SQLite, or PostgreSQL with
-DATABASE_URL): limits hold from the stamps the steps write, per key, across processes."""
+DATABASE_URL), and with real RQ workers on `redis` admission: limits hold from the stamps the
+steps write, per key, across processes."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import pytest
 from durable_flow import start
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine, get_engine, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.test_flow_control_processes import max_overlap, read_intervals
-from tests.test_handoff_processes import run_workers
+from tests.test_handoff_processes import run_workers, stack  # noqa: F401 - the fixture
 
 ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_LOG": "WARNING"}
 
@@ -57,13 +58,37 @@ def all_completed(runs: list[str], timeout: float, what: str) -> None:
 def test_two_accounts_never_exceed_their_limit_and_run_side_by_side(
     db_stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
+    two_accounts_side_by_side(db_stack, spawn, tmp_path)
+
+
+@pytest.mark.parametrize("stack", ["redis+rq"], indirect=True)
+def test_two_accounts_on_rq_workers_and_redis_admission(
+    stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    """The same limits with the slots in Redis (one Lua call per decision) and RQ work horses."""
+    forget_resources()
+    two_accounts_side_by_side(stack, spawn, tmp_path)
+
+
+def forget_resources() -> None:
+    """Drop step-concurrency keys an earlier session of this test id may have left in Redis."""
+    backend = get_engine().admission
+    client, prefix = backend.redis, backend.prefix  # type: ignore[attr-defined]
+    for pattern in (f"{prefix}:res:*", f"{prefix}:q::*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def two_accounts_side_by_side(env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path) -> None:
+    """Two accounts x 20 one-step runs of 0.2 s under a limit of 2 per account."""
     marker = tmp_path / "marker"
     runs = [
         start("sc.per_account", {"account": acct, "seconds": 0.2, "id": f"{acct}-{i}"}).id
         for i in range(20)
         for acct in ("a", "b")
     ]
-    run_workers(spawn, {**db_stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    run_workers(spawn, {**env, "DURABLE_FLOW_TEST_MARKER": str(marker)})
     all_completed(runs, 240, "40 runs of two accounts to complete")
     a, b = intervals_of(marker, "a-"), intervals_of(marker, "b-")
     assert len(a) == len(b) == 20
