@@ -130,7 +130,7 @@ def _overview(snap: Mapping[str, Any], _: str) -> dict[str, str]:
 
 
 def _queues(snap: Mapping[str, Any], _: str) -> dict[str, str]:
-    return pages.fragments(["queues-table"], pages.queues_context(snap))
+    return pages.fragments(pages.QUEUES_FRAGMENTS, pages.queues_context(snap))
 
 
 def _queue(snap: Mapping[str, Any], name: str) -> dict[str, str] | None:

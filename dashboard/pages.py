@@ -148,8 +148,17 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
-    """The queues page: the queue table with backlog sparklines."""
-    return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap)))}
+    """The queues page: the queue table with backlog sparklines, and the busiest keys of each
+    step-concurrency constraint (from the admission backend)."""
+    return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap))), "constraints": _constraints()}
+
+
+def _constraints() -> list[dict[str, Any]]:
+    from durable_flow.conf import get_settings
+    from durable_flow.constraint_usage import constraint_rows
+    from durable_flow.engine import get_engine
+
+    return constraint_rows(get_engine().admission, get_settings().environment)
 
 
 def workers_context(snap: Mapping[str, Any]) -> dict[str, Any]:
@@ -223,6 +232,7 @@ def fragments(names: list[str], context: Mapping[str, Any]) -> dict[str, str]:
 
 OVERVIEW_FRAGMENTS = ["problems", "run-counts", "overview-chart", "queues-table", "quotas", "workers-summary"]
 QUEUE_FRAGMENTS = ["queue-stats", "queue-why", "queue-charts", "queue-keys"]
+QUEUES_FRAGMENTS = ["queues-table", "step-concurrency"]
 
 
 def parse_resize_form(post: Mapping[str, Any]) -> dict[str, Any]:

@@ -314,6 +314,14 @@ class FlowQueueAdmin(admin.ModelAdmin):
     def config_summary(self, obj: FlowQueue) -> str:
         return ", ".join(f"{k}={v}" for k, v in obj.config.items() if v not in (None, "fifo") and k != "name")
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Beside the queues: the busiest keys of each step-concurrency constraint."""
+        from durable_flow.constraint_usage import constraint_rows
+        from durable_flow.engine import get_engine
+
+        rows = constraint_rows(get_engine().admission, get_settings().environment)
+        return super().changelist_view(request, {**(extra_context or {}), "constraints": rows})
+
     @admin.display(description="Waiting now")
     def waiting(self, obj: FlowQueue) -> int:
         return queries.waiting_calls(obj.name).count()
