@@ -29,7 +29,6 @@ class TestDatabaseAdmissionBackend(AdmissionBackendContract, StepConcurrencyCont
 
 
 class TestRedisAdmissionBackend(AdmissionBackendContract, StepConcurrencyContract):
-
     @pytest.fixture(autouse=True)
     def _redis_prefix(self) -> Iterator[None]:
         """Each test gets its own key prefix; its keys (and only those) are deleted after."""

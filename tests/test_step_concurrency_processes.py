@@ -64,7 +64,8 @@ def test_two_accounts_never_exceed_their_limit_and_run_side_by_side(
 @pytest.mark.parametrize("stack", ["redis+rq"], indirect=True)
 def test_two_accounts_on_rq_workers_and_redis_admission(
     stack: dict[str, str],  # noqa: F811 - the imported fixture, parametrised to one stack
-    spawn: Callable[..., ManagedProcess], tmp_path: Path
+    spawn: Callable[..., ManagedProcess],
+    tmp_path: Path,
 ) -> None:
     """The same limits with the slots in Redis (one Lua call per decision) and RQ work horses."""
     forget_resources()
