@@ -4,8 +4,6 @@ their constraints block, and the busiest-keys read model. Real Redis; each test 
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,28 +14,11 @@ from durable_flow.admission.base import AdmissionRequest, Constraint, ResourceUs
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
-
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(REDIS_URL)
-    yield connection
-    connection.close()
+from tests.test_admission_redis import REDIS_URL, client, prefix  # noqa: F401 - the fixtures
 
 
 @pytest.fixture
-def prefix(client: redis.Redis) -> Iterator[str]:
-    value = f"test:res:{uuid.uuid4().hex[:12]}"
-    yield value
-    keys = list(client.scan_iter(match=f"{value}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-
-
-@pytest.fixture
-def make(prefix: str) -> Iterator[Callable[[], RedisAdmissionBackend]]:
+def make(prefix: str) -> Iterator[Callable[[], RedisAdmissionBackend]]:  # noqa: F811
     made: list[RedisAdmissionBackend] = []
     clock = FakeClock()
 
@@ -56,7 +37,8 @@ def ask(backend: RedisAdmissionBackend, ticket: str, *constraints: Constraint, q
 
 
 def test_a_dead_process_resource_slots_go_to_the_waiters(
-    make: Callable[[], RedisAdmissionBackend], client: redis.Redis
+    make: Callable[[], RedisAdmissionBackend],
+    client: redis.Redis,  # noqa: F811 - the imported fixture
 ) -> None:
     dying, alive = make(), make()
     c = Constraint("sc:fn:wf:a", 2)
@@ -73,7 +55,8 @@ def test_a_dead_process_resource_slots_go_to_the_waiters(
 
 
 def test_a_step_executing_elsewhere_keeps_its_slot_once_adopted(
-    make: Callable[[], RedisAdmissionBackend], client: redis.Redis
+    make: Callable[[], RedisAdmissionBackend],
+    client: redis.Redis,  # noqa: F811 - the imported fixture
 ) -> None:
     admitting, executing, other = make(), make(), make()
     c = Constraint("sc:fn:wf:a", 1)
