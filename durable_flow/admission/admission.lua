@@ -548,6 +548,8 @@ if pseudo then
   else
     out[#out + 1] = ticket
   end
+elseif call('HEXISTS', K_SLOTS, ticket) == 1 then
+  out[#out + 1] = ticket -- granted just now, a reclaimed resource's waiter
 else
   add_waiter(ticket, tonumber(ARGV[4]), ARGV[5])
   R.wait(ticket, queue, tonumber(ARGV[4]), cs)
