@@ -124,15 +124,19 @@ def test_runs_that_sleep_free_their_slot(
 
 
 def test_two_constraints_hold_together_across_processes(
-    db_stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    spawn: Callable[..., ManagedProcess],
+    tmp_path: Path,
 ) -> None:
+    if stack["DURABLE_FLOW_ADMISSION"] == "redis":
+        forget_resources()
     marker = tmp_path / "marker"
     runs = [
         start("sc.two", {"account": acct, "seconds": 0.2, "id": f"{acct}-{i}"}).id
         for i in range(6)
         for acct in ("a", "b", "c", "d")
     ]
-    run_workers(spawn, {**db_stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    run_workers(spawn, {**stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
     all_completed(runs, 240, "24 runs under two constraints to complete")
     every: list[Any] = []
     for acct in "abcd":
