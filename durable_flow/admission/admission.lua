@@ -467,9 +467,7 @@ local function gate(q, t)
   end
   local ok = call('HEXISTS', K_WAITERS, t) == 1
   if ok and q == '' then
-    call('HDEL', K_WAITERS, t)
-    call('HSET', K_SLOTS, t, me)
-    call('HINCRBY', K_OWNERS, me, 1)
+    take_free(t, {}) -- its resources are taken by the caller, grant_freed
   elseif ok then
     -- Its queue's index must be built for the config's mode (the next decision there rebuilds it).
     local free, room = free_slots(), nil

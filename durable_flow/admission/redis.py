@@ -5,7 +5,8 @@ django-rq `RQ_QUEUES` entry, or `"URL"`); every option is explained in `RedisAdm
 
 This module (and `redis` / `django_rq`) is imported only when this backend is selected.
 
-Every decision, release, grant and step start is one `EVALSHA` of `admission.lua`, which
+Every decision, release, grant and step start is one `EVALSHA` of `admission.lua` (with
+`resources.lua`, step concurrency, in front of it: see `redis_resources`), which
 applies exactly the rules of `policy`: a call joins the waiting line and the room there is
 (free slots, rate-window room) is granted to the rightful next waiters, best first; a release
 grants the freed slot on in the same call. The script reads the server's `TIME` (one clock for
@@ -33,6 +34,8 @@ P:q:Q:fkey            zset     rank index (fairness "key"), see below
 P:q:Q:served          hash     fairness key -> serve number of its last admission
 P:q:Q:meta            hash     counters `arrival`, `serve`, `starts`; `mode` the index was built for
 P:q:Q:marks           zset     grants in the rate window (pacing): member serve number, score ms
+P:q::...              (as Q)   the pseudo-queue `""` of calls gated by step concurrency alone
+P:res:...             various  step-concurrency resources: see `resources.lua`
 ====================  =======  ==============================================================
 
 Ranking without a scan. The order is `policy.rank`: (-priority, key last served [fairness
