@@ -25,7 +25,7 @@ HINTS = {
     "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
     "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
     "E006": "SAMPLE_INTERVAL_S is at least 1 s and SAMPLE_RETENTION_S at least 3600 s (the charts show an hour).",
-    "W001": "Use the 'local' or 'db' admission backend, or drop concurrency= (see README, Step concurrency).",
+    "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see README, Step concurrency).",
 }
 
 

@@ -205,6 +205,6 @@ def plan_run(definition: Any, input: Any, run_id: str, environment: str, admissi
 
         raise ImproperlyConfigured(
             f'workflow {definition.name!r} declares step concurrency, which DURABLE_FLOW["ADMISSION"] '
-            f"({type(admission).__name__}) cannot enforce: use the 'local' or 'db' admission backend"
+            f"({type(admission).__name__}) cannot enforce: use the 'local', 'db' or 'redis' admission backend"
         )
     return evaluate(definition.name, definition.concurrency, input, run_id, environment)
