@@ -83,6 +83,21 @@ def test_a_shared_resource_goes_to_the_key_served_least_recently(make: Callable[
     assert backend.release("", "a1/1").tickets == ("a2/1",)
 
 
+def test_calls_needing_the_shared_resource_alone_take_their_turn_as_one_key(
+    make: Callable[[], RedisAdmissionBackend],
+) -> None:
+    backend = make()
+    shared, acct_a = Constraint("sc:acct:openai", 1), Constraint("sc:fn:wf:a", 5)
+    assert ask(backend, "h/1", shared).admitted  # a call of a workflow with only the shared key
+    assert not ask(backend, "s1/1", shared).admitted
+    assert not ask(backend, "s2/1", shared).admitted
+    assert not ask(backend, "a1/1", shared, acct_a).admitted
+    # The shared-only calls were just served; account a never was: it goes first, then they alternate.
+    assert backend.release("", "h/1").tickets == ("a1/1",)
+    assert backend.release("", "a1/1").tickets == ("s1/1",)
+    assert backend.release("", "s1/1").tickets == ("s2/1",)
+
+
 def test_a_queue_grant_passes_over_calls_their_constraints_block(make: Callable[[], RedisAdmissionBackend]) -> None:
     backend = make()
     backend.register(QueueConfig(name="q", concurrency=1))

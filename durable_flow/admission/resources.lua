@@ -16,12 +16,15 @@
 --   P:res:active    zset   r -> active count, only while > 0 (the busiest keys, for the dashboard)
 --   P:res:waiting   zset   r -> waiting count, only while > 0
 --   P:res:served    hash   r -> serve number of its last grant (least-recently-served key first)
+--   P:res:solo      hash   r -> serve number of the last grant of r to a call with no other resource
 --   P:res:meta      hash   counters `arrival` and `serve`
 --
 -- Fairness across keys: a freed resource's line is read in (priority, arrival) order, up to SCAN
--- entries; among the waiters that fit, those whose *other* resources (e.g. their account's key,
--- under a shared ceiling) were served least recently go first, so one key's backlog on a shared
--- resource cannot starve the other keys. Within one key the order stays arrival (FIFO).
+-- entries; among the waiters that fit, those whose *other* resource (e.g. their account's key,
+-- under a shared ceiling) was served least recently go first, so one key's backlog on a shared
+-- resource cannot starve the other keys. Calls that need the shared resource alone form one more
+-- key of their own (`solo`), served in turn with the others. Within one key the order stays
+-- arrival (FIFO).
 --
 -- Resource keys are named inside the script (as the heartbeat keys are), so this needs a single,
 -- non-cluster Redis, like the rest of the backend.
@@ -30,7 +33,7 @@ local function new_resources(prefix, call)
   local R = { SCAN = 200 }
   local K_HOLD, K_NEED, K_CEIL = prefix .. ':res:hold', prefix .. ':res:need', prefix .. ':res:ceil'
   local K_ACTIVE, K_WAITING = prefix .. ':res:active', prefix .. ':res:waiting'
-  local K_SERVED, K_META = prefix .. ':res:served', prefix .. ':res:meta'
+  local K_SERVED, K_SOLO, K_META = prefix .. ':res:served', prefix .. ':res:solo', prefix .. ':res:meta'
 
   local function held_key(r) return prefix .. ':res:' .. r .. ':held' end
   local function line_key(r) return prefix .. ':res:' .. r .. ':line' end
@@ -125,6 +128,9 @@ local function new_resources(prefix, call)
       end
       call('HSET', K_SERVED, c[1], serve)
     end
+    if #cs == 1 then
+      call('HSET', K_SOLO, cs[1][1], serve)
+    end
     call('HSET', K_HOLD, t, cjson.encode(cs))
   end
 
@@ -149,15 +155,15 @@ local function new_resources(prefix, call)
     return call('ZRANGE', K_WAITING, 0, -1)
   end
 
-  -- When the other resources of a waiter (its keys besides `r`) were last served; -1: never.
+  -- When a waiter's other key (its resource besides `r`; `solo` when it has none) was last
+  -- served; -1: never.
   local function served_other(n, r)
-    local latest = -1
     for _, c in ipairs(n.c) do
       if c[1] ~= r then
-        latest = math.max(latest, tonumber(call('HGET', K_SERVED, c[1]) or '-1'))
+        return tonumber(call('HGET', K_SERVED, c[1]) or '-1')
       end
     end
-    return latest
+    return tonumber(call('HGET', K_SOLO, r) or '-1')
   end
 
   -- Offer freed resources to their waiters, in any queue but `skip_queue` (a paused one).
