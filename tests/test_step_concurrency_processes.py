@@ -4,29 +4,31 @@ steps write, per key, across processes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from durable_flow import start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, get_engine, set_engine
+from durable_flow.engine import get_engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.test_flow_control_processes import max_overlap, read_intervals
 from tests.test_handoff_processes import run_workers, stack  # noqa: F401 - the fixture
 
-ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_LOG": "WARNING"}
 
-
-@pytest.fixture
-def db_stack(transactional_db: None) -> Iterator[dict[str, str]]:
-    set_engine(Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings()))
-    yield ENV
+@pytest.fixture(autouse=True)
+def forget_resources(stack: dict[str, str]) -> None:  # noqa: F811 - the imported fixture
+    """Drop step-concurrency keys an earlier session of this test id may have left in Redis."""
+    if stack["DURABLE_FLOW_ADMISSION"] != "redis":
+        return
+    backend = get_engine().admission
+    client, prefix = backend.redis, backend.prefix  # type: ignore[attr-defined]
+    for pattern in (f"{prefix}:res:*", f"{prefix}:q::*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)
 
 
 def intervals_of(marker: Path, prefix: str) -> list[tuple[float, float]]:
@@ -56,33 +58,10 @@ def all_completed(runs: list[str], timeout: float, what: str) -> None:
 
 
 def test_two_accounts_never_exceed_their_limit_and_run_side_by_side(
-    db_stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
-) -> None:
-    two_accounts_side_by_side(db_stack, spawn, tmp_path)
-
-
-@pytest.mark.parametrize("stack", ["redis+rq"], indirect=True)
-def test_two_accounts_on_rq_workers_and_redis_admission(
-    stack: dict[str, str],  # noqa: F811 - the imported fixture, parametrised to one stack
+    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
-    """The same limits with the slots in Redis (one Lua call per decision) and RQ work horses."""
-    forget_resources()
-    two_accounts_side_by_side(stack, spawn, tmp_path)
-
-
-def forget_resources() -> None:
-    """Drop step-concurrency keys an earlier session of this test id may have left in Redis."""
-    backend = get_engine().admission
-    client, prefix = backend.redis, backend.prefix  # type: ignore[attr-defined]
-    for pattern in (f"{prefix}:res:*", f"{prefix}:q::*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
-
-
-def two_accounts_side_by_side(env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path) -> None:
     """Two accounts x 20 one-step runs of 0.2 s under a limit of 2 per account."""
     marker = tmp_path / "marker"
     runs = [
@@ -90,7 +69,7 @@ def two_accounts_side_by_side(env: dict[str, str], spawn: Callable[..., ManagedP
         for i in range(20)
         for acct in ("a", "b")
     ]
-    run_workers(spawn, {**env, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    run_workers(spawn, {**stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
     all_completed(runs, 240, "40 runs of two accounts to complete")
     a, b = intervals_of(marker, "a-"), intervals_of(marker, "b-")
     assert len(a) == len(b) == 20
@@ -100,11 +79,13 @@ def two_accounts_side_by_side(env: dict[str, str], spawn: Callable[..., ManagedP
 
 
 def test_parallel_steps_of_one_run_never_exceed_the_limit(
-    db_stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    spawn: Callable[..., ManagedProcess],
+    tmp_path: Path,
 ) -> None:
     marker = tmp_path / "marker"
     run = start("sc.fan", {"seconds": 0.2, "id": "fan"}).id
-    run_workers(spawn, {**db_stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    run_workers(spawn, {**stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
     all_completed([run], 180, "the fan-out run to complete")
     intervals = read_intervals(marker)
     assert len(intervals) == 10
@@ -112,11 +93,13 @@ def test_parallel_steps_of_one_run_never_exceed_the_limit(
 
 
 def test_runs_that_sleep_free_their_slot(
-    db_stack: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    spawn: Callable[..., ManagedProcess],
+    tmp_path: Path,
 ) -> None:
     marker = tmp_path / "marker"
     runs = [start("sc.sleeper", {"seconds": 0.05, "id": f"s{i}", "sleep": 1}).id for i in range(100)]
-    run_workers(spawn, {**db_stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
+    run_workers(spawn, {**stack, "DURABLE_FLOW_TEST_MARKER": str(marker)})
     all_completed(runs, 400, "100 sleeping runs to complete")
     intervals = read_intervals(marker)
     assert len({step_id for step_id, _ in read_intervals_by_id(marker)}) == 200
@@ -128,8 +111,6 @@ def test_two_constraints_hold_together_across_processes(
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
-    if stack["DURABLE_FLOW_ADMISSION"] == "redis":
-        forget_resources()
     marker = tmp_path / "marker"
     runs = [
         start("sc.two", {"account": acct, "seconds": 0.2, "id": f"{acct}-{i}"}).id
