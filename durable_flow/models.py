@@ -307,7 +307,9 @@ class StepAttempt(models.Model):
     error = models.JSONField(default=None, null=True, blank=True)
     late = models.BooleanField(default=False, help_text="Answered after the step had moved on; ignored.")
     operator_retry_at = models.DateTimeField(
-        null=True, blank=True, help_text="When an operator retried the run after this attempt failed for good."
+        null=True,
+        blank=True,
+        help_text="When an operator retried the run after this attempt failed for good or was cancelled.",
     )
 
     class Meta:

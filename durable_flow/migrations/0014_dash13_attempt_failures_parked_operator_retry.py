@@ -25,7 +25,9 @@ class Migration(migrations.Migration):
             model_name="stepattempt",
             name="operator_retry_at",
             field=models.DateTimeField(
-                blank=True, help_text="When an operator retried the run after this attempt failed for good.", null=True
+                blank=True,
+                help_text="When an operator retried the run after this attempt failed for good or was cancelled.",
+                null=True,
             ),
         ),
     ]
