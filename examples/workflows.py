@@ -116,7 +116,7 @@ def chat_turn(ctx: Any, payload: dict[str, Any]) -> str:
 def export_part(payload: dict[str, Any]) -> str:
     """Pretend to write one part of a customer's data export (the customer's store allows one
     writer at a time)."""
-    time.sleep(1.0)
+    time.sleep(payload.get("seconds", 1.0))
     return f"{payload['customer_id']}/{payload['part']}"
 
 
@@ -124,5 +124,5 @@ def export_part(payload: dict[str, Any]) -> str:
 def customer_export(ctx: Any, payload: dict[str, Any]) -> list[str]:
     """Three parts, started together: step concurrency lets one step per customer execute at a
     time (across all of that customer's exports), while other customers' exports go on."""
-    parts = [{"customer_id": payload["customer_id"], "part": n} for n in range(3)]
+    parts = [{**payload, "part": n} for n in range(3)]
     return ctx.all(export_part, parts)
