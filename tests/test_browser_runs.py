@@ -102,6 +102,7 @@ def test_find_why_a_run_failed_and_retry_it_until_it_completes(
         assert "attempt 5 of 6" in page.inner_text("#timeline")
         # Each retry by hand: the time the run sat failed is the operator's delay, not a queue wait.
         assert len(page.query_selector_all(".seg.k-operator")) == 2
+        shoot(page, "dashboard-run-retried")
         page.close()
 
 
