@@ -10,7 +10,7 @@ from durable_flow import start
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
-from examples import workflows as demo_workflows  # noqa: F401  (registers the demo's workflows)
+from examples import exports  # noqa: F401  (registers the demo's customer exports)
 from tests.engine_support import transport_of
 
 
