@@ -27,6 +27,11 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+def table(outputs: Outputs, bench: str, pattern: str) -> list[tuple[str, ...]]:
+    """The rows of `bench`'s output that `pattern` (one line each) matches; [] if it did not run."""
+    return re.compile(pattern, re.MULTILINE).findall(outputs.get(bench, ""))
+
+
 def poller_chart(outputs: Outputs) -> Figure | None:
     """Tick time against parked not-due runs, per database, with its empty-table baseline."""
     row = re.compile(rf"^\s*({NUMBER}) parked not-due runs:\s+({NUMBER}) ms", re.MULTILINE)
@@ -56,8 +61,9 @@ def poller_chart(outputs: Outputs) -> Figure | None:
 
 def waiters_chart(outputs: Outputs) -> Figure | None:
     """Cap-full decisions/s and handoffs/s against the waiters in line, per backend (log-log)."""
-    row = re.compile(rf"^(local|db \(SQLite\)|redis)\s+({NUMBER})\s+({NUMBER})\s+\d+\s+({NUMBER})\s+\d+$", re.M)
-    rows = row.findall(outputs.get("waiters", ""))
+    rows = table(
+        outputs, "waiters", rf"^(local|db \(SQLite\)|redis)\s+({NUMBER})\s+({NUMBER})\s+\d+\s+({NUMBER})\s+\d+$"
+    )
     if not rows:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharex=True)
@@ -112,8 +118,7 @@ def transport_chart(outputs: Outputs) -> Figure | None:
 
 def caps_chart(outputs: Outputs) -> Figure | None:
     """Steps/s through one contended queue against its cap, per stack, with the ideal cap / step."""
-    row = re.compile(rf"^(db-sqlite|db-postgres|rq-redis)\s+(\d+)\s+({NUMBER})\s+({NUMBER})", re.M)
-    rows = row.findall(outputs.get("caps", ""))
+    rows = table(outputs, "caps", rf"^(db-sqlite|db-postgres|rq-redis)\s+(\d+)\s+({NUMBER})\s+({NUMBER})")
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
