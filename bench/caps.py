@@ -2,7 +2,7 @@
 """Contended throughput against the cap: does a queue of concurrency N run N times the steps?
 
     .venv/bin/python bench/caps.py                      # caps 1, 2, 4, 8 on db-sqlite and rq-redis
-    .venv/bin/python bench/caps.py --quick              # fewer runs per cap, db-sqlite only
+    .venv/bin/python bench/caps.py --quick              # 60 runs per cap instead of 150
     .venv/bin/python bench/caps.py --stacks rq-redis --caps 1,4
 
 For each cap, `--runs` runs of `tests.queued` (a 50 ms step) go through a fresh FIFO queue of
@@ -35,7 +35,7 @@ STEP_S = 0.05
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer runs per cap, db-sqlite only")
+    parser.add_argument("--quick", action="store_true", help="60 runs per cap instead of 150")
     parser.add_argument("--caps", default="1,2,4,8", help="comma-separated queue concurrencies")
     parser.add_argument("--stacks", default=None, help="of db-sqlite, db-postgres, rq-redis")
     parser.add_argument("--runs", type=int, default=None, help="runs per cap (default 150, --quick 60)")
@@ -99,7 +99,7 @@ def main() -> None:
     if args.child:
         child(args.child, caps, runs)
         return
-    stacks = (args.stacks or ("db-sqlite" if args.quick else "db-sqlite,rq-redis")).split(",")
+    stacks = (args.stacks or "db-sqlite,rq-redis").split(",")
     extra = ("--caps", args.caps, "--runs", str(runs))
     results = {stack: contention.run_stack(stack, args, script=__file__, extra=extra) for stack in stacks}
     report(results, caps, runs)
