@@ -37,7 +37,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="60 runs per cap instead of 150")
     parser.add_argument("--caps", default="1,2,4,8", help="comma-separated queue concurrencies")
-    parser.add_argument("--stacks", default=None, help="of db-sqlite, db-postgres, rq-redis")
+    parser.add_argument(
+        "--stacks", default=None, help="of db-sqlite, db-postgres, rq-redis (default the first and last)"
+    )
     parser.add_argument("--runs", type=int, default=None, help="runs per cap (default 150, --quick 60)")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--child", choices=list(contention.STACKS), help=argparse.SUPPRESS)
