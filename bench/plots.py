@@ -43,7 +43,7 @@ def poller_chart(outputs: Outputs) -> Figure | None:
     series = {name: points for name, points in series.items() if len(points) > 1}
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     for (name, points), colour in zip(series.items(), ("C0", "C1"), strict=False):
         base = points[0][1]
         sizes, times = zip(*points[1:], strict=True)
@@ -55,7 +55,7 @@ def poller_chart(outputs: Outputs) -> Figure | None:
     ax.set_xlabel("parked not-due runs")
     ax.set_ylabel("median tick (ms)")
     ax.set_title("Poller tick vs parked runs (bench/poller.py)")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the plot, off the points
     return fig
 
 
@@ -135,6 +135,7 @@ def caps_chart(outputs: Outputs) -> Figure | None:
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xticks(caps, [str(cap) for cap in caps])
+    ax.margins(x=0.1)  # room for the last point's label
     ax.set_xlabel("queue concurrency (cap)")
     ax.set_ylabel("steps started per second")
     ax.set_title("Contended throughput vs the cap, 50 ms steps (bench/caps.py)")
