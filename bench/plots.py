@@ -180,26 +180,32 @@ def rss_chart(outputs: Outputs) -> Figure | None:
     return fig
 
 
-CHARTS: dict[str, tuple[str, Callable[[Outputs], Figure | None]]] = {
-    "poller.png": ("Poller tick vs parked runs", poller_chart),
-    "waiters.png": ("Admission vs waiters", waiters_chart),
-    "transport.png": ("Throughput vs worker processes", transport_chart),
-    "caps.png": ("Contended throughput vs the cap", caps_chart),
-    "fairness.png": ("Fairness: Jain's index", fairness_chart),
-    "rss.png": ("Worker RSS over a long run", rss_chart),
+#: file name: (title, the bench whose output it draws (a name prefix), the drawing).
+CHARTS: dict[str, tuple[str, str, Callable[[Outputs], Figure | None]]] = {
+    "poller.png": ("Poller tick vs parked runs", "poller", poller_chart),
+    "waiters.png": ("Admission vs waiters", "waiters", waiters_chart),
+    "transport.png": ("Throughput vs worker processes", "transport", transport_chart),
+    "caps.png": ("Contended throughput vs the cap", "caps", caps_chart),
+    "fairness.png": ("Fairness: Jain's index", "fairness", fairness_chart),
+    "rss.png": ("Worker RSS over a long run", "rss", rss_chart),
 }
 
 
-def render(outputs: Outputs, directory: Path) -> dict[str, str]:
-    """Write every chart the outputs allow into `directory`; {file name: title} of those written."""
+def render(outputs: Outputs, directory: Path) -> tuple[dict[str, str], list[str]]:
+    """Write every chart the outputs allow into `directory`: {file name: title} of those written,
+    and a complaint for each chart whose bench ran but printed nothing it could read (its output
+    format changed under the chart)."""
     written: dict[str, str] = {}
-    for filename, (title, make) in CHARTS.items():
+    unread: list[str] = []
+    for filename, (title, bench, make) in CHARTS.items():
         fig = make(outputs)
         if fig is None:
+            if any(name.startswith(bench) for name in outputs):
+                unread.append(f"{filename} not drawn: bench {bench!r} ran, but its output has nothing the chart reads")
             continue
         if fig.get_layout_engine() is None:
             fig.tight_layout()
         fig.savefig(directory / filename, dpi=100, metadata={"Software": None})
         plt.close(fig)
         written[filename] = title
-    return written
+    return written, unread

@@ -162,7 +162,9 @@ def service_version(command: list[str]) -> str:
         return f"{command[0]}: not found"
 
 
-def write_page(results: list[Result], about: list[str], quick: bool, charts: dict[str, str], when: str) -> Path:
+def write_page(
+    results: list[Result], about: list[str], quick: bool, charts: dict[str, str], when: str, unread: list[str]
+) -> Path:
     lines = [
         "# Benchmarks",
         "",
@@ -181,6 +183,7 @@ def write_page(results: list[Result], about: list[str], quick: bool, charts: dic
     if charts:
         lines += ["", "## Charts", ""]
         lines += [f"![{title}](bench/{name})\n" for name, title in charts.items()]
+    lines += [f"- **{complaint}**" for complaint in unread]
     lines += ["", "## Full outputs", ""]
     for result in results:
         lines += [f"### {result.name}", "", "```", result.output, "```", ""]
@@ -207,10 +210,12 @@ def main() -> None:
         about, quick, when = machine(), args.quick, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         results = [run(name, argv) for name, argv in plan(args.quick, only)]
     CHARTS.mkdir(parents=True, exist_ok=True)
-    charts = plots.render({result.name: result.output for result in results if result.returncode == 0}, CHARTS)
+    charts, unread = plots.render({result.name: result.output for result in results if result.returncode == 0}, CHARTS)
+    for complaint in unread:
+        print(f"warning: {complaint}", file=sys.stderr)
     rows = [{k: v for k, v in vars(result).items() if k != "headlines"} for result in results]
     saved.write_text(json.dumps({"machine": about, "quick": quick, "when": when, "results": rows}, indent=1) + "\n")
-    page = write_page(results, about, quick, charts, when)
+    page = write_page(results, about, quick, charts, when, unread)
     print(f"wrote {page.relative_to(ROOT)}" + (f" and {len(charts)} chart(s) in docs/bench/" if charts else ""))
     if any(result.returncode != 0 for result in results):
         sys.exit(1)
