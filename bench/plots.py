@@ -124,11 +124,13 @@ def caps_chart(outputs: Outputs) -> Figure | None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     caps = sorted({int(cap) for _, cap, _, _ in rows})
     ax.plot(caps, [cap / 0.05 for cap in caps], "k--", linewidth=1, label="ideal: cap / 50 ms")
-    for stack in dict.fromkeys(name for name, *_ in rows):
+    for index, stack in enumerate(dict.fromkeys(name for name, *_ in rows)):
         points = [(int(cap), number(rate)) for name, cap, rate, _ in rows if name == stack]
         ax.plot(*zip(*points, strict=True), "o-", label=stack)
+        # One stack's labels up and to the left of its points, the next's down and to the right.
+        offset, align = ((-6, 4), "right") if index % 2 == 0 else ((6, -12), "left")
         for cap, rate in points:
-            ax.annotate(f"{rate:.3g}", (cap, rate), textcoords="offset points", xytext=(6, -10), fontsize=8)
+            ax.annotate(f"{rate:.3g}", (cap, rate), textcoords="offset points", xytext=offset, ha=align, fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))

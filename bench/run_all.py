@@ -2,7 +2,7 @@
 """Run every benchmark in bench/ and write docs/benchmarks.md (and PNG charts under docs/bench/).
 
     .venv/bin/python bench/run_all.py            # every bench at full size (~40 minutes on 2 busy cores)
-    .venv/bin/python bench/run_all.py --quick    # the smaller sizes each bench offers (~25 minutes)
+    .venv/bin/python bench/run_all.py --quick    # the smaller sizes each bench offers (15-40 minutes, with the load)
     .venv/bin/python bench/run_all.py --only fairness,poller
     .venv/bin/python bench/run_all.py --rewrite  # the page and charts again from the last run's outputs
 
@@ -119,7 +119,13 @@ def headlines(result: Result) -> list[str]:
     if result.name == "waiters":
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
     if result.name in ("rss", "history"):
-        return [line for line in lines if re.search(r"MiB|wf/s|ratio", line) and "each tenth" not in line]
+        return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio", line) and "each tenth" not in line]
+    if result.name == "hotpath":
+        return lines[next((i for i, line in enumerate(lines) if line.startswith("summary")), len(lines)) :]
+    if result.name == "contention":
+        passed = sum(line.endswith("PASS") for line in lines)
+        missed = [re.sub(r"\s{2,}", "  ", line) for line in lines if line.endswith("MISS")]
+        return [*missed, f"{passed} other targets: PASS"]
     return [line for line in lines if HEADLINE.search(line)]
 
 
