@@ -66,5 +66,5 @@ def test_a_released_slot_shows_at_once(busy: ManualTransport, admin_client: Any)
 def test_the_dashboard_run_page_shows_the_evaluated_keys(busy: ManualTransport, admin_client: Any) -> None:
     run = start("sc.two", {"account": "acme", "seconds": 0})
     html = admin_client.get(f"/dashboard/runs/{run.id}/").content.decode()
-    facts = html[html.index('id="run-step-concurrency"') :]
-    assert "sc:acct:openai (limit 5)" in facts[:300] and "sc:fn:sc.two:acme (limit 2)" in facts[:300]
+    facts = html[html.index('id="step-concurrency"') :][:300]
+    assert "sc:acct:openai (at most 5 executing)" in facts and "sc:fn:sc.two:acme (at most 2 executing)" in facts
