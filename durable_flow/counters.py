@@ -16,7 +16,7 @@ import logging
 from functools import partial
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Model
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,33 @@ def add_admissions(queue: str, count: int) -> None:
     """Add `count` to `queue`'s admissions: one UPDATE, plus an INSERT the first time."""
     from durable_flow.models import QueueCounter
 
-    rows = QueueCounter.objects.filter(queue=queue)
-    if rows.update(admissions=F("admissions") + count):
+    _increment(QueueCounter, {"queue": queue}, "admissions", count)
+
+
+def _increment(model: type[Model], row: dict[str, str], column: str, count: int) -> None:
+    """Add `count` to `column` of the counter row `row` identifies, creating the row first if
+    it is missing (concurrent creators: the constraint keeps one, each UPDATE adds once)."""
+    rows = model.objects.filter(**row)  # type: ignore[attr-defined]
+    if rows.update(**{column: F(column) + count}):
         return
-    QueueCounter.objects.bulk_create([QueueCounter(queue=queue)], ignore_conflicts=True)
-    rows.update(admissions=F("admissions") + count)
+    model.objects.bulk_create([model(**row)], ignore_conflicts=True)  # type: ignore[attr-defined]
+    rows.update(**{column: F(column) + count})
+
+
+def count_start(workflow: str, outcome: str) -> None:
+    """Count one start that debounce or singleton handled without creating a run (`debounced`,
+    `skipped`) or by cancelling the key's run (`replaced`), once the start's transaction commits."""
+    from durable_flow.models import StartCounter
+
+    add = partial(_increment, StartCounter, {"workflow": workflow, "outcome": outcome}, "starts", 1)
+    transaction.on_commit(add, robust=True)
+
+
+def start_outcomes() -> dict[tuple[str, str], int]:
+    """Every `(workflow, outcome)` start count so far."""
+    from durable_flow.models import StartCounter
+
+    return {(w, o): n for w, o, n in StartCounter.objects.values_list("workflow", "outcome", "starts")}
 
 
 def admissions() -> dict[str, int]:

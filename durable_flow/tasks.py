@@ -99,6 +99,7 @@ def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
 STATUS_MAP: Mapping[str, Any] = {
     # Parked (admission, run_after sleep, backoff) or waiting for a worker: ready to run.
     RunStatus.PENDING: TaskResultStatus.READY,
+    RunStatus.DEBOUNCED: TaskResultStatus.READY,
     RunStatus.SUSPENDED: TaskResultStatus.READY,
     RunStatus.RUNNING: TaskResultStatus.RUNNING,
     RunStatus.CANCELLING: TaskResultStatus.RUNNING,
