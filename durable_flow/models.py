@@ -245,23 +245,6 @@ class QueueCounter(models.Model):
         return self.queue
 
 
-class StartCounter(models.Model):
-    """Starts that debounce or singleton turned away from creating a run, per workflow and
-    outcome (`debounced`, `skipped`, `replaced`), ever: shared by every process for Prometheus
-    and the dashboard, advanced like `QueueCounter` (`durable_flow.counters`)."""
-
-    workflow = models.CharField(max_length=200)
-    outcome = models.CharField(max_length=20)
-    starts = models.BigIntegerField(default=0)
-
-    class Meta:
-        ordering = ["workflow", "outcome"]
-        constraints = [models.UniqueConstraint(fields=["workflow", "outcome"], name="df_start_counter_outcome")]
-
-    def __str__(self) -> str:
-        return f"{self.workflow} {self.outcome}"
-
-
 class WorkerHeartbeat(models.Model):
     """A worker process's last report: its live concurrency and health, for the dashboard."""
 
@@ -395,6 +378,7 @@ from durable_flow.admission.models import (  # noqa: E402
     AdmissionStart,
     AdmissionWaiter,
 )
+from durable_flow.start_models import StartCounter  # noqa: E402
 
 __all__ = [
     "SETTLED_STEP_STATUSES",

@@ -6,8 +6,10 @@ a wall-clock margin."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from durable_flow.counters import start_outcomes
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
-from tests.conftest import MovableClock
+from tests.conftest import ManagedProcess, MovableClock, wait_for
 
 BEGUN: list[Any] = []
 
@@ -323,3 +325,43 @@ def test_concurrent_singleton_cancels_leave_one_run_in_progress(engine: Engine) 
     assert statuses.count(RunStatus.CANCELLED) == 11
     assert len([s for s in statuses if s in ("pending", "running", "suspended")]) == 1
     assert start_outcomes()[("sc.latest_wins", "replaced")] == 11
+
+
+# -- real processes -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def db_engine(transactional_db: None) -> Engine:
+    """Starts runs on the `db` transport, so the poller and worker processes pick them up."""
+    from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.conf import get_settings
+    from durable_flow.engine import set_engine
+    from durable_flow.transports.db import DatabaseTransport
+
+    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
+    set_engine(engine)
+    return engine
+
+
+def test_fifty_starts_in_two_seconds_run_once_with_the_last_input_on_real_processes(
+    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    """A poller and a worker process, real time: 50 starts 40 ms apart (the 5 s period is over
+    a hundred times the gap), then exactly one run, which adds one to the last input."""
+    marker = tmp_path / "marker"
+    env = {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker)}
+    spawn("durable_poller", env=env)
+    spawn("durable_worker", "--concurrency", "2", env=env)
+    ids = set()
+    for n in range(50):
+        ids.add(api.start("tests.debounced", {"user": "ann", "n": n}).pk)
+        time.sleep(0.04)
+    (run_id,) = ids
+    run = wait_for(
+        lambda: WorkflowRun.objects.filter(pk=run_id, status=RunStatus.COMPLETED).first(),
+        timeout=60,
+        what="the debounced run to complete",
+    )
+    assert run.output == 50 and WorkflowRun.objects.filter(workflow="tests.debounced").count() == 1
+    executions = [line.split()[:2] for line in marker.read_text().splitlines()]
+    assert executions == [["add_one", "49"]]
