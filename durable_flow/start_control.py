@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from durable_flow.exceptions import RegistrationError
-from durable_flow.keys import Key, evaluate_key, parse_key
+from durable_flow.exceptions import InvalidInput, RegistrationError
+from durable_flow.keys import MAX_KEY_LENGTH, Key, evaluate_key, parse_key
 from durable_flow.quotas import lock_key
 
 if TYPE_CHECKING:
@@ -116,11 +116,13 @@ def parse_start_control(workflow: str, debounce: object, singleton: object) -> S
 
 @dataclass(frozen=True)
 class StartGate:
-    """One start's evaluated debounce or singleton: what `apply` does inside its transaction."""
+    """One start's evaluated debounce or singleton: what `apply` does inside its transaction.
+    `label` names the declaring workflow or task in the counts (`StartCounter.workflow`)."""
 
     control: StartControl
     key: str
     workflow: str
+    label: str
 
     @property
     def lock_name(self) -> str:
@@ -156,7 +158,7 @@ class StartGate:
         run.step_concurrency = fields["step_concurrency"]
         run.wake_at = _capped(now + spec.period, run.debounce_until)
         run.save(update_fields=["input", "step_concurrency", "wake_at", "updated_at"])
-        count_start(self.workflow, "debounced")
+        count_start(self.label, "debounced")
         return run
 
     def _singleton(self, engine: Engine, spec: SingletonSpec) -> WorkflowRun | None:
@@ -171,11 +173,11 @@ class StartGate:
         if not current:
             return None
         if spec.mode == "skip":
-            count_start(self.workflow, "skipped")
+            count_start(self.label, "skipped")
             return current[0]
         for run in current:
             engine.cancel(run.pk)
-        count_start(self.workflow, "replaced")
+        count_start(self.label, "replaced")
         return None
 
 
@@ -186,12 +188,24 @@ def _capped(wake_at: Any, until: Any) -> Any:
 def plan(definition: WorkflowDefinition, input: Any, run_id: str) -> StartGate | None:
     """The gate a start of `definition` passes, its key evaluated now (before any transaction):
     `InvalidInput` when the key is not a non-empty string, and nothing is created."""
-    control = definition.start_control
-    if control is None:
+    if definition.start_control is None:
         return None
+    return evaluate(definition.start_control, input, run_id, definition.name)
+
+
+def evaluate(control: StartControl, input: Any, run_id: str, workflow: str, task: str | None = None) -> StartGate:
+    """`control`'s gate for one start of `workflow`. A `task` (its module path) declared it on a
+    `django.tasks` task: every task runs as the workflow `durable_flow.task`, so the stored key
+    is `<task>:<key>`, keeping each task's keys apart. `InvalidInput` for a bad key."""
     kind = "debounce" if isinstance(control, DebounceSpec) else "singleton"
-    key = evaluate_key(control.key, f"workflow {definition.name!r}: {kind}", input, run_id, definition.name)
-    return StartGate(control=control, key=key, workflow=definition.name)
+    label = workflow if task is None else task
+    where = f"{'workflow' if task is None else 'task'} {label!r}: {kind}"
+    key = evaluate_key(control.key, where, input, run_id, workflow)
+    if task is not None:
+        key = f"{task}:{key}"
+        if len(key) > MAX_KEY_LENGTH:
+            raise InvalidInput(f"{where} key {key!r} is over {MAX_KEY_LENGTH} characters with the task's path")
+    return StartGate(control=control, key=key, workflow=workflow, label=label)
 
 
 def usage() -> list[dict[str, Any]]:

@@ -52,12 +52,14 @@ class LifecycleMixin(EngineBase):
         run_id: str | None = None,
         tags: Iterable[str] = (),
         quota: QuotaSpec | Mapping[str, Any] | None = None,
+        gate: start_control.StartGate | None = None,
     ) -> WorkflowRun:
         """Create a run and queue its first turn. Idempotent on `run_id`.
 
         Over its start quota (`quota`, else the workflow's) it raises `ConcurrencyLimitError`
         and creates nothing; an existing `run_id` is returned without a quota check. A workflow's
-        debounce or singleton may return a run that already exists instead (`start_control`)."""
+        debounce or singleton (or `gate`, a task's) may return a run that already exists instead
+        (`start_control`)."""
         definition = resolve_workflow(workflow)
         ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
         if isinstance(tags, str) or not isinstance(tags, Iterable):
@@ -71,7 +73,7 @@ class LifecycleMixin(EngineBase):
         new_id = run_id if run_id is not None else new_run_id()
         constraints = step_concurrency.plan_run(definition, input, new_id, self.settings.environment, self.admission)
         check = quotas.plan(definition.name, definition.quota, quota, input)
-        gate = start_control.plan(definition, input, new_id)
+        gate = gate or start_control.plan(definition, input, new_id)
         fields: dict[str, Any] = {
             "workflow": definition.name,
             "version": definition.version,
