@@ -133,7 +133,8 @@ class StartGate:
         """Under the key's lock: the run this start resolves to without creating one (a
         debounced run it was folded into, or the singleton's run in progress when skipping),
         or None, having set in `fields` what the new run needs (its key; `debounced` status and
-        wake time). Must run in the transaction that INSERTs the run."""
+        wake time). Must run in the transaction that INSERTs the run. A run returned carries
+        `start_outcome` (`"debounced"` or `"skipped"`), so a caller can tell it was not created."""
         lock_key(self.lock_name)
         fields["start_key"] = self.key
         if isinstance(self.control, DebounceSpec):
@@ -159,6 +160,7 @@ class StartGate:
         run.wake_at = _capped(now + spec.period, run.debounce_until)
         run.save(update_fields=["input", "step_concurrency", "wake_at", "updated_at"])
         count_start(self.label, "debounced")
+        run.start_outcome = "debounced"  # type: ignore[attr-defined]
         return run
 
     def _singleton(self, engine: Engine, spec: SingletonSpec) -> WorkflowRun | None:
@@ -174,6 +176,7 @@ class StartGate:
             return None
         if spec.mode == "skip":
             count_start(self.label, "skipped")
+            current[0].start_outcome = "skipped"  # type: ignore[attr-defined]
             return current[0]
         for run in current:
             engine.cancel(run.pk)
@@ -219,7 +222,8 @@ def usage() -> list[dict[str, Any]]:
     from durable_flow.registry import workflows
 
     declared = {name: d.start_control for name, d in workflows().items() if d.start_control is not None}
-    if not declared:
+    counts = start_outcomes()
+    if not declared and not counts:
         return []
     waiting = dict(
         WorkflowRun.objects.filter(status=RunStatus.DEBOUNCED, workflow__in=list(declared))
@@ -227,7 +231,6 @@ def usage() -> list[dict[str, Any]]:
         .annotate(n=Count("id"))
         .values_list("workflow", "n")
     )
-    counts = start_outcomes()
     rows = []
     for name, control in sorted(declared.items()):
         if isinstance(control, DebounceSpec):
@@ -245,4 +248,9 @@ def usage() -> list[dict[str, Any]]:
                 **{outcome: counts.get((name, outcome), 0) for outcome in OUTCOMES},
             }
         )
+    # Tasks (`tasks.debounce`/`tasks.singleton`) are declared on functions no registry lists:
+    # they show once they have counted a start.
+    for label in sorted({label for label, _ in counts} - set(declared)):
+        outcomes = {outcome: counts.get((label, outcome), 0) for outcome in OUTCOMES}
+        rows.append({"workflow": label, "rule": "task", "key": "", "debouncing": None, **outcomes})
     return rows

@@ -270,6 +270,33 @@ def test_outcomes_show_in_the_metrics_and_on_the_overview(engine: Engine, django
     assert '<td class="debounced num">2</td>' in row
 
 
+def test_the_json_api_answers_200_when_no_run_was_created_and_400_for_a_bad_key(
+    engine: Engine, django_user_model: Any
+) -> None:
+    import json
+
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    user = django_user_model.objects.create_user("api", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="start_workflowrun"))
+    client = Client()
+    client.force_login(user)
+
+    def post(body: dict[str, Any]) -> Any:
+        return client.post("/api/runs/", data=json.dumps(body), content_type="application/json")
+
+    first = post({"workflow": "sc.debounced", "input": {"user": "ann", "n": 1}})
+    folded = post({"workflow": "sc.debounced", "input": {"user": "ann", "n": 2}})
+    assert (first.status_code, folded.status_code) == (201, 200)
+    assert folded.json()["id"] == first.json()["id"] and folded.json()["status"] == "debounced"
+    assert folded.json()["input"] == {"user": "ann", "n": 2}
+    assert post({"workflow": "sc.only_one", "input": {"account": "a1"}}).status_code == 201
+    assert post({"workflow": "sc.only_one", "input": {"account": "a1"}}).status_code == 200
+    bad = post({"workflow": "sc.only_one", "input": {"account": 5}})
+    assert bad.status_code == 400 and "singleton key" in bad.content.decode()
+
+
 # -- concurrent starts ----------------------------------------------------------------------------
 
 
