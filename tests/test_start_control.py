@@ -297,6 +297,18 @@ def test_the_json_api_answers_200_when_no_run_was_created_and_400_for_a_bad_key(
     assert bad.status_code == 400 and "singleton key" in bad.content.decode()
 
 
+def test_the_admin_shows_a_runs_start_key_and_finds_runs_by_it(engine: Engine, django_user_model: Any) -> None:
+    from django.test import Client
+
+    run = api.start("sc.capped", {"user": "ann", "n": 1})
+    client = Client()
+    client.force_login(django_user_model.objects.create_superuser("root", password="pw"))
+    page = client.get(f"/admin/durable_flow/workflowrun/{run.pk}/change/").content.decode()
+    assert "Start key" in page and "Debounce until" in page
+    found = client.get("/admin/durable_flow/workflowrun/", {"q": "ann"}).content.decode()
+    assert run.pk in found
+
+
 # -- concurrent starts ----------------------------------------------------------------------------
 
 
