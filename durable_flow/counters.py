@@ -8,6 +8,10 @@ pass there). The increment runs after the admitting transaction commits, in its 
 autocommit UPDATE: a turn that rolls back counts nothing, and the counter row is locked for one
 statement only, never for the length of a turn. A process killed between the commit and the
 increment loses that one count (an undercount, never a double count).
+
+Debounce and singleton count the starts they fold, skip or replace (`count_start`, in
+`StartCounter`) inside the start's own transaction instead: a start is short and already holds
+its key's lock, so the count commits or rolls back with what it counts, without a commit of its own.
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ def _increment(model: type[Model], row: dict[str, str], column: str, count: int)
 
 def count_start(workflow: str, outcome: str) -> None:
     """Count one start that debounce or singleton handled without creating a run (`debounced`,
-    `skipped`) or by cancelling the key's run (`replaced`), once the start's transaction commits."""
+    `skipped`) or by cancelling the key's run (`replaced`), in the start's own transaction: it
+    already holds the key's lock and is short, so the count commits (or rolls back) with what it
+    counts, at no extra commit."""
     from durable_flow.models import StartCounter
 
-    add = partial(_increment, StartCounter, {"workflow": workflow, "outcome": outcome}, "starts", 1)
-    transaction.on_commit(add, robust=True)
+    _increment(StartCounter, {"workflow": workflow, "outcome": outcome}, "starts", 1)
 
 
 def start_outcomes() -> dict[tuple[str, str], int]:
