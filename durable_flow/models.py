@@ -86,8 +86,9 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-created_at"], name="df_run_created"),
             # A start quota's check: one COUNT(*) of a key's runs in the counted statuses.
             models.Index(fields=["concurrency_key", "status"], name="df_run_quota_status"),
-            # Debounce and singleton: a start finds the key's pending or in-progress run.
-            models.Index(fields=["start_key", "status"], name="df_run_start_key_status"),
+            # Debounce and singleton: a start finds the key's pending or in-progress run by the key,
+            # never by scanning every debounced run (wake_at is in it so it beats status+wake_at).
+            models.Index(fields=["start_key", "status", "wake_at"], name="df_run_start_key_status"),
         ]
 
     def __str__(self) -> str:

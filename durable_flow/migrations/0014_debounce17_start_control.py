@@ -39,7 +39,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='workflowrun',
-            index=models.Index(fields=['start_key', 'status'], name='df_run_start_key_status'),
+            index=models.Index(fields=['start_key', 'status', 'wake_at'], name='df_run_start_key_status'),
         ),
         migrations.AddConstraint(
             model_name='startcounter',
