@@ -44,6 +44,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("poller (PostgreSQL)", "poller.py", ["--postgres"], ["--postgres", "--parked", "20000", "--ticks", "20"]),
     ("admission", "admission.py", [], ["--quick"]),
     ("quota", "quota.py", [], ["--quick"]),
+    ("start_control", "start_control.py", [], ["--quick"]),
     ("transport", "transport.py", [], ["--quick"]),
     ("fairness", "fairness.py", ["--json"], ["--json"]),
     ("contention", "contention.py", [], []),  # the lead's; its options are its own
