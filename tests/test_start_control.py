@@ -201,6 +201,17 @@ def test_cancel_mode_cancels_the_run_in_progress_and_starts_the_new_one(engine: 
     assert start_outcomes()[("sc.latest_wins", "replaced")] == 1
 
 
+def test_a_replacing_start_refused_by_its_quota_leaves_the_run_in_progress(engine: Engine) -> None:
+    """The cancel and the refusal share one transaction: refused, nothing is cancelled or counted."""
+    from durable_flow import ConcurrencyLimitError
+
+    first = api.start("sc.latest_wins", {"account": "a1"})
+    with pytest.raises(ConcurrencyLimitError):
+        api.start("sc.latest_wins", {"account": "a1"}, quota={"key": "closed", "limit": 0})
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.SUSPENDED
+    assert len(runs("sc.latest_wins")) == 1 and ("sc.latest_wins", "replaced") not in start_outcomes()
+
+
 # -- bad declarations and bad keys ----------------------------------------------------------------
 
 
