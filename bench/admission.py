@@ -42,16 +42,16 @@ PG_DB = "durable_flow_bench"
 WAITERS = 10_000
 
 
-def setup_django(database_url: str | None) -> None:
+def setup_django(database_url: str | None, test_id: str = "bench") -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"
-    os.environ["DURABLE_FLOW_TEST_ID"] = "bench"
+    os.environ["DURABLE_FLOW_TEST_ID"] = test_id
     os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
     if database_url:
         os.environ["DATABASE_URL"] = database_url
     else:
         os.environ.pop("DATABASE_URL", None)
         for suffix in ("", "-wal", "-shm"):
-            (ROOT / "var" / f"test-bench.sqlite3{suffix}").unlink(missing_ok=True)
+            (ROOT / "var" / f"test-{test_id}.sqlite3{suffix}").unlink(missing_ok=True)
     import django
 
     django.setup()
@@ -87,7 +87,10 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def measure_backend(backend: Any, seconds: float, fill: Callable[[Any, str, int], None] | None = None) -> dict:
+def measure_backend(
+    backend: Any, seconds: float, fill: Callable[[Any, str, int], None] | None = None, waiters: int = WAITERS
+) -> dict:
+    """Uncontended pairs, then a cap-full decision and release + grant with `waiters` in line."""
     from durable_flow.admission.base import AdmissionRequest
     from durable_flow.queues import QueueConfig
 
@@ -122,12 +125,12 @@ def measure_backend(backend: Any, seconds: float, fill: Callable[[Any, str, int]
         assert backend.try_admit(AdmissionRequest(queue, f"h{i}/1")).admitted
     started = time.perf_counter()
     if fill is not None:
-        fill(backend, queue, WAITERS)
+        fill(backend, queue, waiters)
     else:
-        for i in range(WAITERS):
+        for i in range(waiters):
             assert not backend.try_admit(AdmissionRequest(queue, f"w{i}/1")).admitted
     results["fill_s"] = time.perf_counter() - started
-    middle = AdmissionRequest(queue, f"w{WAITERS // 2}/1")
+    middle = AdmissionRequest(queue, f"w{waiters // 2}/1")
 
     def full(_: int) -> None:
         assert backend.try_admit(middle).reason == "concurrency"
@@ -140,7 +143,7 @@ def measure_backend(backend: Any, seconds: float, fill: Callable[[Any, str, int]
         assert len(granted) == 1
         holders.extend(granted)
 
-    results["rank"] = summary(timed_loop(seconds, handoff, limit=WAITERS // 2))
+    results["rank"] = summary(timed_loop(seconds, handoff, limit=waiters // 2))
     return results
 
 

@@ -90,8 +90,11 @@ def pg_admin(sql: str) -> None:
         conn.execute(sql)
 
 
-def run_stack(stack: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Run one stack's child on throwaway storage; its figures, or {"error": ...}."""
+def run_stack(
+    stack: str, args: argparse.Namespace, script: str = __file__, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Run one stack's child (`script --child`, e.g. bench/caps.py's) on throwaway storage; its
+    figures, or {"error": ...}."""
     admission, transport, postgres = STACKS[stack]
     tag = uuid.uuid4().hex[:8]
     test_id = f"bench-contention-{tag}"
@@ -113,7 +116,7 @@ def run_stack(stack: str, args: argparse.Namespace) -> dict[str, Any]:
         env["DATABASE_URL"] = f"{PG_SERVER}/{database}"
     else:
         env.pop("DATABASE_URL", None)
-    command = [PYTHON, __file__, "--child", stack, "--redis-url", args.redis_url]
+    command = [PYTHON, script, "--child", stack, "--redis-url", args.redis_url, *extra]
     if args.quick:
         command.append("--quick")
     try:

@@ -9,8 +9,9 @@ the `db` transport, so it also writes their turn `Task` rows, as in production. 
 ticks, outside the timing, those runs are parked again (suspended, due a second ago) and
 their tasks deleted, so every tick starts from the same state. We take the median of
 `--ticks` ticks after a few warm-up ones, first with no other runs in the table, then with
-`--parked` (100,000) runs parked not due (suspended, or running with a step deadline, due
-between one and 31 days from now), and print both and their ratio. Parking 100,000 rows takes
+each size of `--parked` (1,000, 10,000 and 100,000; the rows are added to those already
+parked) runs parked not due (suspended, or running with a step deadline, due between one and
+31 days from now), and print each against the first and their ratio. Parking 100,000 rows takes
 tens of seconds on a loaded machine, so the earliest parked row falls due a day out, not minutes
 out: none may fall due while the bench runs (a tick that woke one would abort the run). A tick
 that scanned the parked runs would grow with them; one that walks the `(status, wake_at)` index
@@ -34,13 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
-PG_DATABASE = "durable_flow_bench_poller"
+PG_DATABASE = f"durable_flow_bench_poller_{os.getpid()}"  # its own: other sessions may run this bench too
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--postgres", action="store_true", help=f"use PostgreSQL ({PG_SERVER}/{PG_DATABASE})")
-    parser.add_argument("--parked", type=int, default=100_000, help="not-due runs in the second measurement")
+    parser.add_argument(
+        "--parked", default="1000,10000,100000", help="comma-separated counts of not-due runs, each measured"
+    )
     parser.add_argument("--due", type=int, default=100, help="due runs each timed tick wakes")
     parser.add_argument("--ticks", type=int, default=60, help="timed ticks per measurement (median reported)")
     return parser.parse_args()
@@ -111,9 +114,10 @@ def measure(due_ids: list[str], ticks: int, warmup: int = 5) -> tuple[float, flo
     return statistics.median(waking), statistics.median(empty)
 
 
-def park(count: int) -> None:
-    """`count` runs not due: suspended (sleeping) or running (step deadline), due in 1 to 31 days
-    (a margin no parking phase or measurement, however slow, comes near)."""
+def park(first: int, count: int, spread: int) -> None:
+    """Runs `first` to `count` - 1 parked not due: suspended (sleeping) or running (step deadline),
+    due in 1 to 31 days over `spread` rows (a margin no parking phase or measurement, however slow,
+    comes near)."""
     from django.db import connection
     from django.utils import timezone
 
@@ -121,14 +125,14 @@ def park(count: int) -> None:
 
     now = timezone.now()
     batch: list[WorkflowRun] = []
-    for i in range(count):
+    for i in range(first, count):
         batch.append(
             WorkflowRun(
                 id=f"parked-{i:07d}",
                 workflow="bench.sleeper",
                 input=i,
                 status=RunStatus.RUNNING if i % 10 == 0 else RunStatus.SUSPENDED,
-                wake_at=now + timedelta(days=1) + timedelta(days=30) * (i / count),
+                wake_at=now + timedelta(days=1) + timedelta(days=30) * (i / spread),
             )
         )
         if len(batch) == 5000:
@@ -148,30 +152,39 @@ def main() -> None:
     from durable_flow.models import RunStatus, WorkflowRun
 
     vendor = connection.vendor
+    sizes = sorted(int(size) for size in args.parked.split(","))
+    rows: list[tuple[int, float, float, float]] = []  # parked, tick, empty tick, parking seconds
     try:
         due_ids = sorted(f"due-{i:04d}" for i in range(args.due))
         WorkflowRun.objects.bulk_create(
             [WorkflowRun(id=run_id, workflow="bench.sleeper", status=RunStatus.SUSPENDED) for run_id in due_ids]
         )
-        base_wake, base_empty = measure(due_ids, args.ticks)
-        started = time.perf_counter()
-        park(args.parked)
-        park_s = time.perf_counter() - started
-        parked_wake, parked_empty = measure(due_ids, args.ticks)
+        rows.append((0, *measure(due_ids, args.ticks), 0.0))
+        parked = 0
+        for size in sizes:
+            started = time.perf_counter()
+            park(parked, size, sizes[-1])
+            park_s, parked = time.perf_counter() - started, size
+            rows.append((size, *measure(due_ids, args.ticks), park_s))
     finally:
         connections.close_all()
         if args.postgres:
             pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
 
-    ratio = parked_wake / base_wake
+    base_wake, base_empty = rows[0][1], rows[0][2]
     print(f"poller tick on {vendor}: median of {args.ticks} ticks, each waking {args.due} due runs (batch 500)")
-    print(f"  {0:>7,} parked not-due runs: {base_wake * 1000:8.2f} ms   (empty tick {base_empty * 1000:.2f} ms)")
-    print(
-        f"  {args.parked:>7,} parked not-due runs: {parked_wake * 1000:8.2f} ms   "
-        f"(empty tick {parked_empty * 1000:.2f} ms; parking took {park_s:.1f} s)"
-    )
+    for size, wake, empty, park_s in rows:
+        parking = f"; parking took {park_s:.1f} s" if size else ""
+        print(
+            f"  {size:>7,} parked not-due runs: {wake * 1000:8.2f} ms   (empty tick {empty * 1000:.2f} ms{parking})"
+            + (f"   x{wake / base_wake:.2f}" if size else "")
+        )
+    size, wake, empty, _ = rows[-1]
+    ratio = wake / base_wake
     verdict = "OK" if ratio < 1.5 else "OVER TARGET"
-    print(f"  ratio: {ratio:.2f} (target < 1.5: {verdict}); empty-tick ratio {parked_empty / base_empty:.2f}")
+    print(
+        f"  ratio: {ratio:.2f} at {size:,} parked (target < 1.5: {verdict}); empty-tick ratio {empty / base_empty:.2f}"
+    )
 
 
 if __name__ == "__main__":

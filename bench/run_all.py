@@ -1,20 +1,21 @@
 #!/usr/bin/env python
-"""Run every benchmark in bench/ and write docs/benchmarks.md (and SVG charts under docs/bench/).
+"""Run every benchmark in bench/ and write docs/benchmarks.md (and PNG charts under docs/bench/).
 
-    .venv/bin/python bench/run_all.py            # every bench at full size (~10 minutes)
-    .venv/bin/python bench/run_all.py --quick    # the smaller sizes each bench offers
+    .venv/bin/python bench/run_all.py            # every bench at full size (~40 minutes on 2 busy cores)
+    .venv/bin/python bench/run_all.py --quick    # the smaller sizes each bench offers (15-40 minutes, with the load)
     .venv/bin/python bench/run_all.py --only fairness,poller
+    .venv/bin/python bench/run_all.py --rewrite  # the page and charts again from the last run's outputs
 
 Each bench is a script that prints its figures as ratios against a baseline it measures in the
 same run; this runs them one after another (never side by side: they would measure each other),
 keeps each one's full output, and writes one page with the machine, the date, a headline per
 bench (its lines naming a ratio, a target or a verdict) and the full outputs. Any bench/*.py this
-file does not know (a new one, e.g. bench/contention.py) runs with no arguments. A bench that
-fails is reported as failed on the page, and the command exits non-zero.
+file does not know (a new one) runs with no arguments; the helper modules in HELPERS do not run.
+A bench that fails is reported as failed on the page, and the command exits non-zero.
 
-Charts are plain SVG written here (no plotting dependency): workflows/s against worker processes
-(bench/transport.py) and Jain's index per backend under fairness="key" and FIFO
-(bench/fairness.py).
+The charts are PNG files drawn with matplotlib by bench/plots.py, from the benches' printed
+output: poller tick vs parked runs, admission vs waiters, throughput vs worker processes,
+contended throughput vs the cap, Jain's index under fairness="key" vs FIFO, worker RSS.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from html import escape
 from pathlib import Path
+
+import plots
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -38,17 +40,27 @@ DOCS = ROOT / "docs"
 CHARTS = DOCS / "bench"
 
 #: Known benches in the order they run, with their arguments at full size and in --quick mode.
-#: A script may appear twice (SQLite and PostgreSQL runs of the poller bench).
+#: A script may appear twice (SQLite and PostgreSQL runs of the poller bench). Where the size is
+#: the figure (100,000 parked runs or runs of history, 5,000 workflows of RSS: issues 14 and 15),
+#: --quick keeps it and shortens only the rest.
 KNOWN: list[tuple[str, str, list[str], list[str]]] = [
-    ("poller (SQLite)", "poller.py", [], ["--parked", "20000", "--ticks", "20"]),
-    ("poller (PostgreSQL)", "poller.py", ["--postgres"], ["--postgres", "--parked", "20000", "--ticks", "20"]),
+    ("poller (SQLite)", "poller.py", [], ["--ticks", "20"]),
+    ("poller (PostgreSQL)", "poller.py", ["--postgres"], ["--postgres", "--ticks", "20"]),
     ("admission", "admission.py", [], ["--quick"]),
+    ("waiters", "waiters.py", [], ["--quick"]),
     ("quota", "quota.py", [], ["--quick"]),
     ("start_control", "start_control.py", [], ["--quick"]),
     ("transport", "transport.py", [], ["--quick"]),
+    ("caps", "caps.py", [], ["--quick"]),
     ("fairness", "fairness.py", ["--json"], ["--json"]),
-    ("contention", "contention.py", [], []),  # the lead's; its options are its own
+    ("rss", "rss.py", [], []),
+    ("history", "history.py", [], ["--runs", "300"]),
+    ("hotpath", "hotpath.py", [], ["--runs", "50"]),
+    ("peer_dbos", "peer_dbos.py", [], ["--runs", "200"]),
+    ("contention", "contention.py", [], ["--quick"]),
 ]
+#: Modules in bench/ that other benches import; not benches themselves.
+HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py"}
 HEADLINE = re.compile(r"ratio|target|overshoot|jain|verdict|worst", re.IGNORECASE)
 
 
@@ -64,7 +76,7 @@ class Result:
 
 def plan(quick: bool, only: set[str] | None) -> list[tuple[str, list[str]]]:
     """(name, argv) of every bench to run: the known ones present, then any other script."""
-    present = {path.name for path in BENCH.glob("*.py")} - {"run_all.py", "__init__.py"}
+    present = {path.name for path in BENCH.glob("*.py")} - HELPERS
     runs = [(name, [script, *(fast if quick else full)]) for name, script, full, fast in KNOWN if script in present]
     known = {script for _, script, _, _ in KNOWN}
     runs += [(path.removesuffix(".py"), [path]) for path in sorted(present - known)]
@@ -104,7 +116,17 @@ def headlines(result: Result) -> list[str]:
             f" (ratio {row[3]}), over db {row[4]} wf/s (ratio {row[5]})"
             for row in rows
             if len(row) == 6 and row[0].isdigit()
-        ]
+        ] + [line for line in lines if line.startswith("target")]
+    if result.name == "waiters":
+        return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
+    if result.name in ("rss", "history"):
+        return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio", line) and "each tenth" not in line]
+    if result.name == "hotpath":
+        return lines[next((i for i, line in enumerate(lines) if line.startswith("summary")), len(lines)) :]
+    if result.name == "contention":
+        passed = sum(line.endswith("PASS") for line in lines)
+        missed = [re.sub(r"\s{2,}", "  ", line) for line in lines if line.endswith("MISS")]
+        return [*missed, f"{passed} other targets: PASS"]
     return [line for line in lines if HEADLINE.search(line)]
 
 
@@ -116,75 +138,6 @@ def fairness_headlines(data: dict) -> list[str]:
     worst = min(row["key"]["jain"] for row in data["backends"].values())
     verdict = "met" if worst >= 0.99 else "MISSED"
     return [*rows, f'target Jain >= 0.99 under fairness="key" ({data["tenants"]} tenants, one flooding): {verdict}']
-
-
-# -- charts --------------------------------------------------------------------------------------
-def bar_chart(title: str, groups: list[str], series: dict[str, list[float]], unit: str) -> str:
-    """A grouped bar chart as a standalone SVG document."""
-    width, height, left, bottom, top = 640, 320, 60, 40, 40
-    colours = ["#4c78a8", "#f58518", "#54a24b", "#e45756"]
-    peak = max((v for values in series.values() for v in values), default=1) or 1
-    plot_w, plot_h = width - left - 20, height - top - bottom
-    group_w = plot_w / max(len(groups), 1)
-    bar_w = group_w * 0.8 / max(len(series), 1)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif"'
-        f' font-size="12"><rect width="100%" height="100%" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="black"/>',
-        f'<text x="12" y="{top + plot_h / 2}" transform="rotate(-90 12 {top + plot_h / 2})"'
-        f' text-anchor="middle">{escape(unit)}</text>',
-    ]
-    for s, (label, values) in enumerate(series.items()):
-        for g, value in enumerate(values):
-            bar_h = plot_h * value / peak
-            x = left + g * group_w + group_w * 0.1 + s * bar_w
-            y = top + plot_h - bar_h
-            parts.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{bar_h:.1f}" fill="{colours[s % 4]}"/>'
-            )
-            parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">{value:.3g}</text>')
-        parts.append(
-            f'<rect x="{left + 10 + s * 150}" y="{height - 14}" width="10" height="10" fill="{colours[s % 4]}"/>'
-            f'<text x="{left + 24 + s * 150}" y="{height - 5}">{escape(label)}</text>'
-        )
-    for g, group in enumerate(groups):
-        x = left + g * group_w + group_w / 2
-        parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{escape(group)}</text>')
-    parts.append("</svg>\n")
-    return "\n".join(parts)
-
-
-def transport_chart(result: Result) -> str | None:
-    """Workflows/s (and raw RQ jobs/s) against worker processes, from bench/transport.py's table."""
-    rows = [line.split() for line in result.output.splitlines()]
-    rows = [row for row in rows if len(row) == 6 and all(re.fullmatch(r"[\d.]+", cell) for cell in row)]
-    if not rows:
-        return None
-    return bar_chart(
-        "Throughput vs worker processes (bench/transport.py)",
-        [f"{row[0]} process(es)" for row in rows],
-        {
-            "raw RQ jobs/s": [float(row[1]) for row in rows],
-            "durable_flow/rq wf/s": [float(row[2]) for row in rows],
-            "durable_flow/db wf/s": [float(row[4]) for row in rows],
-        },
-        "per second",
-    )
-
-
-def fairness_chart(result: Result) -> str | None:
-    data = json.loads(result.output)
-    names = list(data["backends"])
-    return bar_chart(
-        f"Jain's index over {data['tenants']} tenants, one flooding (bench/fairness.py)",
-        names,
-        {
-            'fairness="key"': [data["backends"][n]["key"]["jain"] for n in names],
-            "FIFO": [data["backends"][n]["fifo"]["jain"] for n in names],
-        },
-        "Jain's index (1 = even)",
-    )
 
 
 # -- the page ------------------------------------------------------------------------------------
@@ -216,7 +169,9 @@ def service_version(command: list[str]) -> str:
         return f"{command[0]}: not found"
 
 
-def write_page(results: list[Result], about: list[str], quick: bool, charts: dict[str, str], when: str) -> Path:
+def write_page(
+    results: list[Result], about: list[str], quick: bool, charts: dict[str, str], when: str, unread: list[str]
+) -> Path:
     lines = [
         "# Benchmarks",
         "",
@@ -234,7 +189,8 @@ def write_page(results: list[Result], about: list[str], quick: bool, charts: dic
         lines.append(f"| `{' '.join(result.command)}` | {result.seconds:.0f} s | {status}{heads} |")
     if charts:
         lines += ["", "## Charts", ""]
-        lines += [f"![{title}](bench/{name})" for name, title in charts.items()]
+        lines += [f"![{title}](bench/{name})\n" for name, title in charts.items()]
+    lines += [f"- **{complaint}**" for complaint in unread]
     lines += ["", "## Full outputs", ""]
     for result in results:
         lines += [f"### {result.name}", "", "```", result.output, "```", ""]
@@ -261,20 +217,12 @@ def main() -> None:
         about, quick, when = machine(), args.quick, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         results = [run(name, argv) for name, argv in plan(args.quick, only)]
     CHARTS.mkdir(parents=True, exist_ok=True)
-    charts: dict[str, str] = {}
-    for result in results:
-        if result.returncode != 0:
-            continue
-        makers = {"transport": ("transport.svg", transport_chart), "fairness": ("fairness.svg", fairness_chart)}
-        if result.name in makers:
-            filename, make = makers[result.name]
-            svg = make(result)
-            if svg:
-                (CHARTS / filename).write_text(svg)
-                charts[filename] = f"{result.name} chart"
+    charts, unread = plots.render({result.name: result.output for result in results if result.returncode == 0}, CHARTS)
+    for complaint in unread:
+        print(f"warning: {complaint}", file=sys.stderr)
     rows = [{k: v for k, v in vars(result).items() if k != "headlines"} for result in results]
     saved.write_text(json.dumps({"machine": about, "quick": quick, "when": when, "results": rows}, indent=1) + "\n")
-    page = write_page(results, about, quick, charts, when)
+    page = write_page(results, about, quick, charts, when, unread)
     print(f"wrote {page.relative_to(ROOT)}" + (f" and {len(charts)} chart(s) in docs/bench/" if charts else ""))
     if any(result.returncode != 0 for result in results):
         sys.exit(1)

@@ -28,6 +28,7 @@ class Sample:
     admissions: int
     completions: int
     failures: int
+    failed_attempts: int
 
     def per_min(self, count: int) -> float:
         return round(count * 60 / self.interval_s, 2)
@@ -55,6 +56,7 @@ class History:
                 admissions=sum(s.admissions for s in group),
                 completions=sum(s.completions for s in group),
                 failures=sum(s.failures for s in group),
+                failed_attempts=sum(s.failed_attempts for s in group),
             )
             for at, group in sorted(by_time.items())
         ]
@@ -79,7 +81,17 @@ def history(now: datetime) -> History:
     for row in (
         QueueSample.objects.filter(at__gt=since)
         .order_by("at")
-        .values_list("queue", "at", "interval_s", "waiting", "in_flight", "admissions", "completions", "failures")
+        .values_list(
+            "queue",
+            "at",
+            "interval_s",
+            "waiting",
+            "in_flight",
+            "admissions",
+            "completions",
+            "failures",
+            "failed_attempts",
+        )
     ):
         queues[row[0]].append(Sample(*row[1:]))
     workers: dict[str, list[tuple[int, int, float]]] = defaultdict(list)

@@ -61,15 +61,27 @@ def _every(samples: list[Sample]) -> float:
     return samples[-1].interval_s if samples else get_settings().sample_interval_s
 
 
+FAILURE_LABELS = {
+    "throughput": "completed / min",
+    "attempt_failures": "failed attempts / min (retried ones too)",
+    "failures": "failed for good / min",
+}
+
+
 def overview_charts(past: History, now: datetime) -> list[Any]:
-    """Throughput and failures per minute; and the backlog, on its own scale."""
+    """Throughput and failures per minute (every failed attempt, and steps failed for good); and
+    the backlog, on its own scale."""
     totals = past.totals()
     every = _every(totals)
     return [
         charts.line_chart(
-            "Steps completed and failed per minute",
-            {"throughput": _rate(totals, "completions"), "failures": _rate(totals, "failures")},
-            {"throughput": "completed / min", "failures": "failed / min"},
+            "Steps completed, attempts failed and steps failed for good, per minute",
+            {
+                "throughput": _rate(totals, "completions"),
+                "attempt_failures": _rate(totals, "failed_attempts"),
+                "failures": _rate(totals, "failures"),
+            },
+            FAILURE_LABELS,
             now,
             SPAN,
             every,
@@ -206,9 +218,10 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
             {
                 "admissions": _rate(samples, "admissions"),
                 "throughput": _rate(samples, "completions"),
+                "attempt_failures": _rate(samples, "failed_attempts"),
                 "failures": _rate(samples, "failures"),
             },
-            {"admissions": "admitted / min", "throughput": "completed / min", "failures": "failed / min"},
+            {"admissions": "admitted / min", **FAILURE_LABELS},
             now,
             SPAN,
             _every(samples),

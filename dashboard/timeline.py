@@ -1,5 +1,6 @@
 """A run's timeline: one row per step attempt (and per sleep, signal wait and child run) on a
-time axis, each made of segments (queue wait, transport wait, execution, backoff, ...).
+time axis, each made of segments (queue wait, transport wait, execution, backoff, ...), under a
+first row for the run's turns: when the workflow waited for a worker to replay it.
 
 Computed from the durable record only (checkpoints, `StepAttempt` rows, signals), so it
 draws the same for a run that is still going and for one finished a week ago. Positions are
@@ -15,7 +16,15 @@ from typing import Any
 from django.urls import reverse
 from django.utils import timezone
 
-from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+)
 
 #: More rows than this are cut (a fan-out of thousands); the table below says how many.
 MAX_ROWS = 300
@@ -30,6 +39,8 @@ SEGMENT_LABELS = {
     "signal": "signal wait",
     "child": "child run",
     "lost": "lost (worker gone)",
+    "turn": "turn: waiting for a worker, then replay",
+    "operator": "operator's delay (stopped until retried)",
 }
 
 
@@ -126,6 +137,11 @@ def _step_rows(cp: StepCheckpoint, attempts: list[StepAttempt], now: datetime) -
         if a.retry_at and a.finished_at:
             row.segments.append(Segment("backoff", a.finished_at, a.retry_at))
         ready = a.retry_at
+        if a.operator_retry_at and a.finished_at:
+            # Failed for good (or cancelled) until a person retried the run: their delay, then
+            # the next attempt's queue wait counts from the retry.
+            row.segments.append(Segment("operator", a.finished_at, max(a.operator_retry_at, a.finished_at)))
+            ready = a.operator_retry_at
     if cp.status == StepStatus.WAITING:
         # Waiting for admission now (first attempt, or after a backoff): a bar growing to now.
         row = Row(cp.key, cp.name, "step", "waiting", latest + 1, cp.max_attempts)
@@ -143,11 +159,57 @@ def _other_row(cp: StepCheckpoint, now: datetime) -> Row:
     # A sleep still going is drawn up to now (an hour-long sleep would squash every other bar);
     # its wake time is a note.
     end = cp.finished_at or now
+    if cp.kind == StepKind.SLEEP and cp.wake_at and cp.finished_at:
+        end = min(cp.finished_at, cp.wake_at)  # settled by the turn that woke it: that wait is the turn's
     if cp.kind == StepKind.SLEEP and cp.wake_at and not cp.finished_at:
         row.note = "wakes at " + cp.wake_at.strftime("%H:%M:%S.") + f"{cp.wake_at.microsecond // 1000:03d}"
     row.segments.append(Segment(kind, cp.created_at, max(end, cp.created_at)))
     if cp.kind == StepKind.CHILD and cp.child_run_id:
         row.link = reverse("dashboard:run", args=[cp.child_run_id])
+    return row
+
+
+def _wake_times(run: WorkflowRun, checkpoints: list[StepCheckpoint]) -> list[datetime]:
+    """When the run could go on: its start, and each call's end (a result, a signal, a child's
+    end; a sleep's due time, since the turn that woke it is what settles it)."""
+    times = [run.created_at]
+    for cp in checkpoints:
+        if cp.finished_at is None:
+            continue
+        if cp.kind == StepKind.SLEEP and cp.wake_at:
+            times.append(min(cp.wake_at, cp.finished_at))
+        else:
+            times.append(cp.finished_at)
+    return sorted(times)
+
+
+def turn_row(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: datetime) -> Row:
+    """The run's turns, derived from the durable record (no per-turn row is written, to keep
+        turns at their few statements): a turn ran when it wrote its calls' checkpoints
+        (`created_at`) or finished the run; it could have run from the latest wake before it that
+        no earlier turn saw. The bar between the two is waiting for a worker (or the poller, for a
+        sleep) plus the replay up to the call. A run that is pending now draws a bar growing to now.
+
+        A turn after a step's result usually runs inline, in the result's transaction: its bar is
+        the replay alone, a few milliseconds. A turn that made no new call leaves no trace, so a bar
+        starts at the latest wake: a lower bound when results arrived while a turn was queued. An
+    operator's retry queues a turn that re-admits the reset steps; that wait shows in their rows."""
+    row = Row("", "Workflow turns", "turn", "", note=f"{run.turns} replayed")
+    wakes = _wake_times(run, checkpoints)
+    ran = sorted(cp.created_at for cp in checkpoints)
+    if run.finished_at and run.status in (RunStatus.COMPLETED, RunStatus.FAILED):
+        ran.append(run.finished_at)
+    last: datetime | None = None
+    for at in ran:
+        woken = [w for w in wakes if w <= at and (last is None or w > last)]
+        if woken:
+            row.segments.append(Segment("turn", woken[-1], at))
+        last = at
+    if run.status == RunStatus.PENDING:
+        # Pending: a turn is queued, since the run was last set pending (its start, a wake, a retry).
+        queued = max(run.updated_at, run.created_at)
+        row.segments.append(Segment("turn", queued, max(now, queued)))
+        row.status = "waiting"
     return row
 
 
@@ -158,7 +220,8 @@ def build_timeline(run: WorkflowRun, now: datetime | None = None) -> Timeline:
     attempts: dict[int, list[StepAttempt]] = {}
     for a in StepAttempt.objects.filter(run=run).order_by("attempt"):
         attempts.setdefault(a.checkpoint_id, []).append(a)
-    rows: list[Row] = []
+    turns = turn_row(run, checkpoints, now)
+    rows: list[Row] = [turns] if turns.segments else []
     for cp in checkpoints:
         if cp.kind == StepKind.STEP:
             rows.extend(_step_rows(cp, attempts.get(cp.pk, []), now))

@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db.models import F
+
 from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint
 
 
@@ -55,3 +57,11 @@ def attempt_finished(
 def set_retry_at(cp: StepCheckpoint, attempt: int, retry_at: datetime | None) -> None:
     """The failed attempt's backoff ends at `retry_at` (the next attempt's earliest start)."""
     StepAttempt.objects.filter(checkpoint=cp, attempt=attempt).update(retry_at=retry_at)
+
+
+def operator_retried(checkpoint_ids: list[int], now: datetime) -> None:
+    """An operator retried the run of these failed or cancelled steps at `now`: stamp each one's
+    latest attempt, so the timeline can tell their delay from the next attempt's queue wait."""
+    StepAttempt.objects.filter(
+        checkpoint_id__in=checkpoint_ids, attempt=F("checkpoint__attempt"), operator_retry_at__isnull=True
+    ).update(operator_retry_at=now)

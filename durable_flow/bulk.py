@@ -26,6 +26,7 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
+from durable_flow.attempts import operator_retried
 from durable_flow.audit import record_operations
 from durable_flow.engine import get_engine, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, WorkflowNotFound
@@ -222,6 +223,7 @@ def _reset_set(engine: Any, ids: list[str]) -> None:
     by_name: dict[str, list[int]] = defaultdict(list)
     for pk, name in steps.values_list("pk", "name"):
         by_name[name].append(pk)
+    operator_retried([pk for pks in by_name.values() for pk in pks], engine.now())
     for name, pks in by_name.items():
         StepCheckpoint.objects.filter(pk__in=pks).update(
             status=StepStatus.WAITING,

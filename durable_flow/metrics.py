@@ -147,19 +147,22 @@ class DurableFlowCollector(Collector):
 
     @staticmethod
     def _admissions() -> Metric:
-        """Step attempts admitted per queue, ever: the persisted `QueueCounter` rows (every
-        process adds to them), 0 for a registered queue that admitted nothing yet."""
-        from durable_flow.counters import admissions
+        """Step attempts per named queue and decision, ever: `admitted` (a direct admission or a
+        grant to a waiter) and `parked` (joined the waiting line). The persisted `QueueCounter`
+        rows, which every process adds to; 0 for a registered queue that saw nothing yet."""
+        from durable_flow.counters import decisions
 
         family = CounterMetricFamily(
             "durable_flow_admissions",
-            "Step attempts admitted through a queue (a direct admission or a grant to a waiter).",
+            "Step attempts through a named queue: decision=admitted (a direct admission or a grant to a "
+            "waiter), decision=parked (waited in the queue's line first; such an attempt counts under both).",
             labels=["queue", "decision"],
         )
-        counts = dict.fromkeys(FlowQueue.objects.values_list("name", flat=True), 0)
-        counts.update(admissions())
-        for queue, count in sorted(counts.items()):
-            family.add_metric([queue, "admitted"], count)
+        counts = {name: {"admitted": 0, "parked": 0} for name in FlowQueue.objects.values_list("name", flat=True)}
+        counts.update(decisions())
+        for queue, by_decision in sorted(counts.items()):
+            for decision in ("admitted", "parked"):
+                family.add_metric([queue, decision], by_decision[decision])
         return family
 
     @staticmethod

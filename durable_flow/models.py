@@ -238,6 +238,7 @@ class QueueCounter(models.Model):
 
     queue = models.CharField(primary_key=True, max_length=100)
     admissions = models.BigIntegerField(default=0, help_text="Step attempts admitted through the queue, ever.")
+    parked = models.BigIntegerField(default=0, help_text="Step attempts that waited in the queue's line, ever.")
 
     class Meta:
         ordering = ["queue"]
@@ -316,6 +317,11 @@ class StepAttempt(models.Model):
     retry_at = models.DateTimeField(null=True, blank=True, help_text="End of the backoff after this failure.")
     error = models.JSONField(default=None, null=True, blank=True)
     late = models.BooleanField(default=False, help_text="Answered after the step had moved on; ignored.")
+    operator_retry_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When an operator retried the run after this attempt failed for good or was cancelled.",
+    )
 
     class Meta:
         ordering = ["checkpoint_id", "attempt"]
@@ -343,6 +349,9 @@ class QueueSample(models.Model):
     admissions = models.PositiveIntegerField(default=0, help_text="Steps dispatched through the queue.")
     completions = models.PositiveIntegerField(default=0, help_text="Steps that completed.")
     failures = models.PositiveIntegerField(default=0, help_text="Steps that failed for good.")
+    failed_attempts = models.PositiveIntegerField(
+        default=0, help_text="Step attempts that failed, retried or not (from the attempt history)."
+    )
 
     class Meta:
         ordering = ["queue", "at"]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
+from durable_flow.attempts import operator_retried
 from durable_flow.engine import get_engine, one, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
@@ -80,6 +81,7 @@ def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
     )
     for cp in unsettled:
         if cp.kind == StepKind.STEP:
+            operator_retried([cp.pk], get_engine().now())
             cp.status, cp.holds_slot, cp.wake_at, cp.finished_at = StepStatus.WAITING, False, None, None
             cp.max_attempts = cp.attempt + _attempt_budget(cp.name)
             cp.save(update_fields=["status", "holds_slot", "wake_at", "finished_at", "max_attempts"])

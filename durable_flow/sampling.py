@@ -4,7 +4,9 @@ than `POLLER["SAMPLE_RETENTION_S"]`.
 
 Gauges (waiting, in flight) come from the admission backend, the one place that knows them
 under every backend; counts of what happened in the interval (admissions, completions,
-failures) from the step checkpoints' timestamps. Sample times are aligned to the interval, so
+failures for good) from the step checkpoints' timestamps, and failed attempts (each failure,
+retried or not) from the attempt history (`StepAttempt`), since a checkpoint keeps only its
+latest attempt and a failure that was retried would otherwise never show. Sample times are aligned to the interval, so
 the counts cover `(at - interval, at]` exactly and two pollers write the same rows (the second
 copy is dropped by the unique constraint) instead of double counting.
 """
@@ -17,8 +19,10 @@ from typing import Any
 from django.db.models import Count, Min, Q
 
 from durable_flow.models import (
+    AttemptStatus,
     FlowQueue,
     QueueSample,
+    StepAttempt,
     StepCheckpoint,
     StepKind,
     StepStatus,
@@ -36,7 +40,8 @@ def aligned(now: datetime, interval_s: float) -> datetime:
 
 
 def _step_counts(start: datetime, end: datetime) -> dict[str, dict[str, int]]:
-    """Per queue: steps dispatched, completed and failed for good within `(start, end]`."""
+    """Per queue: steps dispatched, completed and failed for good, and attempts that failed
+    (retried or not), within `(start, end]`."""
     steps = StepCheckpoint.objects.filter(kind=StepKind.STEP)
     counts: dict[str, dict[str, int]] = {}
     dispatched = (
@@ -58,6 +63,14 @@ def _step_counts(start: datetime, end: datetime) -> dict[str, dict[str, int]]:
     )
     for queue, done, failed in settled:
         counts.setdefault(queue, {}).update(completions=done, failures=failed)
+    failed_attempts = (
+        StepAttempt.objects.filter(status=AttemptStatus.FAILED, finished_at__gt=start, finished_at__lte=end)
+        .values_list("checkpoint__queue")
+        .annotate(n=Count("id"))
+        .values_list("checkpoint__queue", "n")
+    )
+    for queue, n in failed_attempts:
+        counts.setdefault(queue, {})["failed_attempts"] = n
     return counts
 
 
@@ -109,6 +122,7 @@ def take_samples(engine: Any, now: datetime | None = None) -> datetime:
                 admissions=numbers.get("admissions", 0),
                 completions=numbers.get("completions", 0),
                 failures=numbers.get("failures", 0),
+                failed_attempts=numbers.get("failed_attempts", 0),
             )
         )
     QueueSample.objects.bulk_create(rows, ignore_conflicts=True)

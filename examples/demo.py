@@ -4,8 +4,10 @@ Creates the demo staff user once, starts the web server (daphne: dashboard + adm
 workers and the timer poller as child processes, then keeps work moving: checkout runs all the
 time, a burst of 20 partner calls into the throttled queue every minute (backlog and
 backpressure on the flow view), an invoice import that fails during a partner outage (retry it
-from its page), an order waiting for the signal `approve`, and a start quota refusing a third
-chat turn. Ctrl-C stops everything once, gracefully (workers drain).
+from its page), an order waiting for the signal `approve`, and with every burst: a start quota
+refusing a third chat turn (logged here; "Start quotas" on the overview counts it) and customer
+exports under per-key step concurrency (one step per customer executes at a time; the others'
+timelines show their queue wait). Ctrl-C stops everything once, gracefully (workers drain).
 
 Options (environment): DEMO_PORT (default 8000; `make demo PORT=8001`), DEMO_HOST.
 """
@@ -88,6 +90,22 @@ def chat_turns() -> None:
             print(f"  quota refused a start: {exc}", flush=True)
 
 
+def customer_exports() -> None:
+    """Two exports for one customer and one for another: the first customer's six steps take
+    turns one at a time (`concurrency={"limit": 1, "key": "input.customer_id"}`), the other's
+    three run beside them."""
+    from durable_flow import start
+
+    stamp = int(time.time())
+    for n, customer in enumerate(["cust-7", "cust-7", "cust-9"]):
+        start("examples.customer_export", {"customer_id": customer}, run_id=f"export-{customer}-{stamp}-{n}")
+    print(
+        "  per-key step concurrency: 2 exports for cust-7 (one step at a time) and 1 for cust-9 "
+        "(see /dashboard/runs/?workflow=examples.customer_export)",
+        flush=True,
+    )
+
+
 def main() -> int:
     port = port_from_env()
     check_port_free(HOST, port)
@@ -132,7 +150,6 @@ def main() -> int:
             flush=True,
         )
         story_once()
-        chat_turns()
     last_burst = 0.0
     tick = 0
     try:
@@ -143,12 +160,12 @@ def main() -> int:
                 break
             if time.monotonic() - last_burst >= BURST_EVERY_S:
                 burst()
+                chat_turns()  # two start, the third is refused (each chat holds its quota ~20 s)
+                customer_exports()
                 last_burst = time.monotonic()
             start("examples.checkout", random.randint(1, 10_000))
             if tick % 5 == 0:
                 start("examples.nightly_sync", TENANTS)
-            if tick % 40 == 20:
-                chat_turns()
             tick += 1
             for _ in range(30):
                 if stopping:

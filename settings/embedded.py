@@ -17,7 +17,7 @@ RQ_QUEUES = {"default": {"URL": "redis://127.0.0.1:6379/0"}}
 RQ_SHOW_ADMIN_LINK = False  # the db transport uses no RQ queue, so the admin lists none
 
 DURABLE_FLOW = {
-    "WORKFLOWS": ["examples.workflows"],
+    "WORKFLOWS": ["examples.workflows", "examples.exports"],  # exports: step concurrency (db admission)
     "QUEUES": [
         {"name": "shipping-api", "rate_limit": {"limit": 100, "period_ms": 60_000}},
         {"name": "pdf-render", "concurrency": 5, "retry_ms": 500},

@@ -100,6 +100,9 @@ def test_find_why_a_run_failed_and_retry_it_until_it_completes(
         page.reload()
         assert page.inner_text("#run-status") == "completed"
         assert "attempt 5 of 6" in page.inner_text("#timeline")
+        # Each retry by hand: the time the run sat failed is the operator's delay, not a queue wait.
+        assert len(page.query_selector_all(".seg.k-operator")) == 2
+        shoot(page, "dashboard-run-retried")
         page.close()
 
 
@@ -110,7 +113,9 @@ def test_read_a_runs_timeline(server: str, browser: Any, workers: None) -> None:
         page = login(browser, server, width)
         page.goto(f"{server}/dashboard/runs/{run.id}/")
         rows = page.query_selector_all("#timeline .tl-row")
-        assert len(rows) == 3  # two steps and the sleep
+        assert len(rows) == 4  # the run's turns, two steps and the sleep
+        turn = page.get_attribute('.tl-row[data-key=""] .seg.k-turn', "title")  # the first turn's wait
+        assert turn.startswith("turn: waiting for a worker, then replay: ")
         assert page.query_selector('.tl-row[data-key="3"] .seg.k-sleep') is not None
         assert "wakes at" in page.inner_text('.tl-row[data-key="3"]')
         assert page.query_selector_all(".seg.k-execution")

@@ -24,7 +24,9 @@ from dashboard.snapshot import human_period, snapshot
 from durable_flow import api, start
 from durable_flow.engine import Engine
 from durable_flow.models import FlowQueue, QueueSample, WorkerHeartbeat, WorkerSample
+from durable_flow.poller import TimerPoller
 from durable_flow.sampling import aligned, prune_samples, take_samples
+from tests import workflows
 from tests.engine_support import ManualTransport
 
 
@@ -67,6 +69,45 @@ def test_samples_count_the_interval_and_are_written_once_per_queue_and_interval(
 
     take_samples(manual, clock())  # a second poller in the same interval
     assert QueueSample.objects.filter(queue="sampled", at=at).count() == 1
+
+
+def test_samples_count_each_failed_attempt_apart_from_steps_failed_for_good(engine: Engine, clock: Any) -> None:
+    api.register_queue("shaky", concurrency=2)
+    workflows.FAILURES_LEFT["sampled"] = 2
+    interval = engine.settings.sample_interval_s
+    began = clock()
+    run = start("tests.flaky_queued", {"key": "sampled", "queue": "shaky"})  # fails, backs off 1 s
+    poller = TimerPoller(engine)
+    for backoff_s in (1, 2):  # second attempt fails, backs off 2 s; third completes
+        clock.advance(seconds=backoff_s)
+        poller.tick()
+    doomed = start("tests.fails", None)  # fails, and again after 1 s: failed for good
+    clock.advance(seconds=1)
+    poller.tick()
+    assert run.__class__.objects.get(pk=run.pk).status == "completed"
+    assert doomed.__class__.objects.get(pk=doomed.pk).status == "failed"
+    # Every interval from the first call to now, once each: the sums cover every event.
+    at, last = aligned(began, interval), aligned(clock(), interval) + timedelta(seconds=interval)
+    while at <= last:
+        take_samples(engine, at)
+        at += timedelta(seconds=interval)
+    shaky = QueueSample.objects.filter(queue="shaky")
+    assert sum(shaky.values_list("failed_attempts", flat=True)) == 2  # both retried
+    assert sum(shaky.values_list("failures", flat=True)) == 0
+    assert sum(shaky.values_list("completions", flat=True)) == 1
+    unqueued = QueueSample.objects.filter(queue="")
+    assert sum(unqueued.values_list("failed_attempts", flat=True)) == 2  # its two attempts
+    assert sum(unqueued.values_list("failures", flat=True)) == 1  # one step failed for good
+
+
+def test_the_charts_draw_failed_attempts_and_steps_failed_for_good_apart(staff_client: Client, engine: Engine) -> None:
+    api.register_queue("q", concurrency=1)
+    at = aligned(timezone.now(), 10)
+    QueueSample.objects.create(queue="q", at=at, interval_s=10, failed_attempts=3, failures=1, completions=5)
+    for url in (reverse("dashboard:index"), reverse("dashboard:queue", args=["q"])):
+        html = staff_client.get(url).content.decode()
+        assert "failed attempts / min (retried ones too)" in html and "failed for good / min" in html
+        assert 'class="s-attempt_failures' in html
 
 
 def test_samples_older_than_the_retention_are_pruned(transactional_db: None) -> None:

@@ -107,10 +107,12 @@ def test_run_detail_shows_every_attempt_with_its_error_and_a_timeline(
         TimerPoller(engine).tick()
     run.refresh_from_db()
     timeline = build_timeline(run, now=clock())
-    assert [(r.attempt, r.status) for r in timeline.rows] == [(1, "failed"), (2, "failed"), (3, "completed")]
-    assert [s.kind for s in timeline.rows[0].segments] == ["transport", "failed", "backoff"]
-    assert timeline.rows[0].segments[-1].seconds == 1.0
-    assert timeline.rows[1].segments[-1].seconds == 2.0
+    assert timeline.rows[0].kind == "turn"  # the run's turns come first
+    steps = timeline.rows[1:]
+    assert [(r.attempt, r.status) for r in steps] == [(1, "failed"), (2, "failed"), (3, "completed")]
+    assert [s.kind for s in steps[0].segments] == ["transport", "failed", "backoff"]
+    assert steps[0].segments[-1].seconds == 1.0
+    assert steps[1].segments[-1].seconds == 2.0
     page = admin_client.get(f"/dashboard/runs/{run.id}/").content.decode()
     assert page.count("attempt 1 of 4") == 1 and "attempt 3 of 4" in page
     assert "flaky t failing, 2 left" in page and "flaky t failing, 1 left" in page

@@ -20,11 +20,12 @@ from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.conf import get_settings, parse_settings, reset_settings
-from durable_flow.counters import admissions, count_admission
+from durable_flow.counters import admissions, count_admission, decisions
 from durable_flow.engine import Engine, set_engine
 from durable_flow.metrics import bucketize
-from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
+from tests import sc_workflows  # noqa: F401  (registers the sc.* workflows)
 from tests.conftest import ManagedProcess, wait_for
 
 TOKEN = "s3cret-scrape-token-0123456789"
@@ -118,7 +119,8 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert before[("durable_flow_queue_rate_period_seconds", (("queue", "metered"),))] == 60
     assert before[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
     admitted = ("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "metered")))
-    assert before[admitted] == 0
+    parked = ("durable_flow_admissions_total", (("decision", "parked"), ("queue", "metered")))
+    assert (before[admitted], before[parked]) == (0, 0)
 
     spawn("durable_poller", env=PROCESS_ENV)
     spawn("durable_worker", "--concurrency", "2", env=PROCESS_ENV)
@@ -140,6 +142,7 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert during[("durable_flow_runs", (("status", "running"), ("workflow", "tests.file_gated")))] == 1
     assert during[("durable_flow_runs", (("status", "suspended"), ("workflow", "tests.file_gated")))] == 2
     assert during[admitted] == 1  # counted by the worker process, read by this one
+    assert during[parked] == 2  # the two behind it waited in line
 
     gate.touch()
     wait_for(
@@ -152,6 +155,7 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert after[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
     assert after[("durable_flow_queue_waiting", (("queue", "metered"),))] == 0
     assert after[admitted] == 3  # one direct admission, two grants to waiters
+    assert after[parked] == 2  # a granted waiter counts under both; nothing parked twice
     assert after[("durable_flow_queue_wait_seconds_gcount", (("queue", "metered"),))] == 3
     assert after[("durable_flow_queue_wait_seconds_bucket", (("le", "+Inf"), ("queue", "metered")))] == 3
     assert after[("durable_flow_step_duration_seconds_gcount", (("step", "tests.file_gate"),))] == 3
@@ -204,10 +208,42 @@ def test_admissions_total_counts_direct_admissions_and_grants_once_each(manual: 
     transport = transport_of(manual)
     transport.run_turns()
     assert len(transport.steps) == 2 and admissions() == {"render": 2}  # three wait for a slot
+    assert decisions() == {"render": {"admitted": 2, "parked": 3}}
     transport.run_all()  # each result grants its slot to the next waiter
     assert WorkflowRun.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.COMPLETED).count() == 5
-    assert admissions() == {"render": 5}
-    assert scrape(staff_client)[("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "render")))] == 5
+    assert decisions() == {"render": {"admitted": 5, "parked": 3}}
+    scraped = scrape(staff_client)
+    assert scraped[("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "render")))] == 5
+    assert scraped[("durable_flow_admissions_total", (("decision", "parked"), ("queue", "render")))] == 3
+
+
+def test_a_waiter_offered_again_without_a_slot_is_not_counted_twice(manual: Engine) -> None:
+    from tests.engine_support import transport_of
+
+    register_queue("narrow", concurrency=1)
+    start("tests.queued", {"queue": "narrow", "value": 1})
+    waiter = start("tests.queued", {"queue": "narrow", "value": 2})
+    transport = transport_of(manual)
+    transport.run_turns()
+    manual.wake(waiter.id)  # replays the parked call: still no slot
+    transport.run_turns()
+    assert decisions() == {"narrow": {"admitted": 1, "parked": 1}}
+
+
+def test_steps_on_no_queue_are_not_counted_even_when_step_concurrency_parks_them(
+    manual: Engine, staff_client: Client
+) -> None:
+    from tests.engine_support import transport_of
+
+    manual.admission = DatabaseAdmissionBackend()
+    transport = transport_of(manual)
+    transport.bind(manual)
+    runs = [start("sc.per_account", {"account": "a", "seconds": 0, "id": i}) for i in range(3)]
+    transport.run_turns()
+    assert StepCheckpoint.objects.filter(run__in=[r.id for r in runs], status=StepStatus.WAITING).count() == 1
+    transport.run_all()
+    assert decisions() == {}  # two admitted, one parked, all per key: no queue "" series
+    assert not [labels for (name, labels) in scrape(staff_client) if name == "durable_flow_admissions_total"]
 
 
 def test_an_admission_in_a_rolled_back_transaction_is_not_counted(transactional_db: None) -> None:

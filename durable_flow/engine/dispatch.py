@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant
-from durable_flow.counters import count_admission
+from durable_flow.counters import count_admission, count_parked
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.exceptions import RunNotFound, StepNotFound
@@ -98,12 +98,16 @@ class DispatchMixin(EngineBase):
         return False
 
     def _park(self, cp: StepCheckpoint) -> None:
-        """Record the call as waiting for a grant."""
+        """Record the call as waiting for a grant (counted once per attempt that joins the line:
+        durable_flow_admissions_total{decision="parked"})."""
         if cp.pk is None:
             cp.save()
         elif cp.status != StepStatus.WAITING:
             cp.status = StepStatus.WAITING
             cp.save(update_fields=["status"])
+        else:
+            return  # already in line (a re-offer that found no slot): counted when it joined
+        count_parked(cp.queue)
 
     def step_timeout(self, cp: StepCheckpoint) -> float | None:
         """Seconds an attempt may run before it is re-dispatched, or None for no limit."""

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_flow', '0013_task_claim_steps_first'),
+        ('durable_flow', '0014_dash13_attempt_failures_parked_operator_retry'),
     ]
 
     operations = [

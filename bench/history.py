@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Does throughput hold when the tables carry a long history of finished runs?
+
+    .venv/bin/python bench/history.py             # 100,000 completed runs of history (~3 minutes)
+    .venv/bin/python bench/history.py --quick     # 20,000, fewer runs timed
+
+On the embedded default (SQLite file of its own, `db` transport and admission), one
+`durable_worker --concurrency 8` runs `--runs` one-step no-op workflows started up front, and
+the bench times them between the 10 % and 90 % completion marks (bench/transport.py's
+`steady_rate`), first on empty tables: the baseline. Then `--history` completed runs of the same
+workflow are bulk-inserted as the engine leaves them (the run, its step's checkpoint and the
+attempt row), and the same number of fresh workflows is timed again with a fresh worker.
+A hot path that reads by primary key and partial indexes does not see the history
+(target: with history / empty >= 0.9, noise allowing; the ratio is printed as it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import timedelta
+
+import fleet
+
+BATCH = 5000
+
+
+def add_history(count: int) -> None:
+    """`count` completed one-step runs, each with its completed checkpoint and attempt row."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
+
+    now = timezone.now() - timedelta(days=1)
+    for offset in range(0, count, BATCH):
+        ids = [f"history-{i:07d}" for i in range(offset, min(count, offset + BATCH))]
+        with transaction.atomic():
+            WorkflowRun.objects.bulk_create(
+                WorkflowRun(
+                    id=run_id,
+                    workflow=fleet.WORKFLOW,
+                    status=RunStatus.COMPLETED,
+                    input={"id": run_id, "seconds": 0},
+                    output={"id": run_id},
+                    turns=2,
+                    finished_at=now,
+                )
+                for run_id in ids
+            )
+            checkpoints = StepCheckpoint.objects.bulk_create(
+                StepCheckpoint(
+                    run_id=run_id,
+                    key="slow",
+                    sequence=0,
+                    name="tests.slow",
+                    status=StepStatus.COMPLETED,
+                    output={"id": run_id},
+                    attempt=1,
+                    dispatched_at=now,
+                    finished_at=now,
+                )
+                for run_id in ids
+            )
+            StepAttempt.objects.bulk_create(
+                StepAttempt(
+                    checkpoint=checkpoint,
+                    run_id=checkpoint.run_id,
+                    attempt=1,
+                    status=AttemptStatus.COMPLETED,
+                    started_at=now,
+                    finished_at=now,
+                )
+                for checkpoint in checkpoints
+            )
+
+
+def timed(prefix: str, runs: int) -> float:
+    """Workflows/s of one fresh worker over `runs` fresh workflows."""
+    fleet.start_runs(prefix, runs)
+    procs = fleet.workers(1, concurrency=8)
+    try:
+        return fleet.steady_rate(lambda: fleet.completed(prefix), runs, procs, timeout=900)
+    finally:
+        fleet.stop(procs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="20,000 runs of history, 200 timed")
+    parser.add_argument("--history", type=int, default=None, help="completed runs inserted (default 100,000)")
+    parser.add_argument("--runs", type=int, default=None, help="workflows timed per phase (default 600)")
+    args = parser.parse_args()
+    history = args.history or (20_000 if args.quick else 100_000)
+    runs = args.runs or (200 if args.quick else 600)
+    with fleet.sqlite_stack("history"):
+        empty = timed("empty", runs)
+        started = time.perf_counter()
+        add_history(history)
+        insert_s = time.perf_counter() - started
+        loaded = timed("loaded", runs)
+    ratio = loaded / empty
+    print(f"throughput with a history of completed runs (SQLite, db transport, 1 worker x 8 threads, {runs} runs)")
+    print(f"  empty tables:                      {empty:7.1f} wf/s")
+    print(f"  {history:>7,} completed runs of history: {loaded:7.1f} wf/s   (inserted in {insert_s:.1f} s)")
+    verdict = "unchanged" if ratio >= 0.9 else "SLOWER"
+    print(f"  ratio with history / empty: {ratio:.2f} (target >= 0.9: {verdict})")
+
+
+if __name__ == "__main__":
+    main()
