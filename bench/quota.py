@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,8 +210,10 @@ def drop_pg_database() -> None:
         conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def bench_main(run_one: Callable[[str, bool], None], script: str, doc: str | None) -> None:
+    """`--only`/`--quick` for a benchmark on this harness: each database in a child process of
+    `script` (Django sets up once per process), the PostgreSQL database created and dropped here."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -222,7 +225,7 @@ def main() -> None:
         if database == "postgres" and not create_pg_database():
             continue
         try:
-            command = [sys.executable, __file__, "--child", "--only", database] + (["--quick"] if args.quick else [])
+            command = [sys.executable, script, "--child", "--only", database] + (["--quick"] if args.quick else [])
             subprocess.run(command, check=True, cwd=ROOT)
         finally:
             if database == "postgres":
@@ -230,4 +233,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(run_one, __file__, __doc__)

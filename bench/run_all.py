@@ -49,6 +49,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("admission", "admission.py", [], ["--quick"]),
     ("waiters", "waiters.py", [], ["--quick"]),
     ("quota", "quota.py", [], ["--quick"]),
+    ("start_control", "start_control.py", [], ["--quick"]),
     ("transport", "transport.py", [], ["--quick"]),
     ("caps", "caps.py", [], ["--quick"]),
     ("fairness", "fairness.py", ["--json"], ["--json"]),

@@ -18,7 +18,7 @@ from dashboard.history import SPAN, History, Sample, history
 from durable_flow.conf import get_settings
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
 
-RUN_STATUS_ORDER = ["failed", "running", "pending", "suspended", "cancelling", "completed", "cancelled"]
+RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
 
 def runs_url(status: str | None = None) -> str:
@@ -243,7 +243,15 @@ def fragments(names: list[str], context: Mapping[str, Any]) -> dict[str, str]:
     return {name: render_to_string(f"dashboard/fragments/{name}.html", dict(context)) for name in names}
 
 
-OVERVIEW_FRAGMENTS = ["problems", "run-counts", "overview-chart", "queues-table", "quotas", "workers-summary"]
+OVERVIEW_FRAGMENTS = [
+    "problems",
+    "run-counts",
+    "overview-chart",
+    "queues-table",
+    "quotas",
+    "start-control",
+    "workers-summary",
+]
 QUEUE_FRAGMENTS = ["queue-stats", "queue-why", "queue-charts", "queue-keys"]
 QUEUES_FRAGMENTS = ["queues-table", "step-concurrency"]
 

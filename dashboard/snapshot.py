@@ -12,7 +12,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from dashboard import history as hist
-from durable_flow import quotas
+from durable_flow import quotas, start_control
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.models import (
@@ -241,6 +241,7 @@ def snapshot() -> dict[str, Any]:
         "workers": workers,
         "runs": runs,
         "quotas": quotas.usage(),
+        "start_control": start_control.usage(),
         "problems": problems(queues, workers, runs, now),
         "at": now.isoformat(),
     }

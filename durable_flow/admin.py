@@ -81,7 +81,7 @@ class CheckpointInline(admin.TabularInline):
 class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
     list_display = ["id", "workflow", "status", "concurrency_key", "created_at", "updated_at", "wake_at", "turns"]
     list_filter = ["status", "workflow", "checkpoints__queue"]
-    search_fields = ["id", "workflow", "=concurrency_key"]
+    search_fields = ["id", "workflow", "=concurrency_key", "=start_key"]
     date_hierarchy = "created_at"
     readonly_fields = [
         "id",
@@ -94,6 +94,8 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         "wake_at",
         "tags",
         "concurrency_key",
+        "start_key",
+        "debounce_until",
         "step_concurrency",
         "parent",
         "parent_step_key",

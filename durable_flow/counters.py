@@ -15,6 +15,10 @@ never a double count).
 Only named queues are counted: a step on no queue (`queue=""`) that step concurrency alone
 gates is admitted and parked per key, not per queue, and a `queue=""` series would read as a
 queue that does not exist.
+
+Debounce and singleton count the starts they fold, skip or replace (`count_start`, in
+`StartCounter`) inside the start's own transaction instead: a start is short and already holds
+its key's lock, so the count commits or rolls back with what it counts, without a commit of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from functools import partial
 from typing import Literal
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Model
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +51,34 @@ def add_count(queue: str, column: Decision, count: int) -> None:
     """Add `count` to `queue`'s `column`: one UPDATE, plus an INSERT the first time."""
     from durable_flow.models import QueueCounter
 
-    rows = QueueCounter.objects.filter(queue=queue)
+    _increment(QueueCounter, {"queue": queue}, column, count)
+
+
+def _increment(model: type[Model], row: dict[str, str], column: str, count: int) -> None:
+    """Add `count` to `column` of the counter row `row` identifies, creating the row first if
+    it is missing (concurrent creators: the constraint keeps one, each UPDATE adds once)."""
+    rows = model.objects.filter(**row)  # type: ignore[attr-defined]
     if rows.update(**{column: F(column) + count}):
         return
-    QueueCounter.objects.bulk_create([QueueCounter(queue=queue)], ignore_conflicts=True)
+    model.objects.bulk_create([model(**row)], ignore_conflicts=True)  # type: ignore[attr-defined]
     rows.update(**{column: F(column) + count})
+
+
+def count_start(workflow: str, outcome: str) -> None:
+    """Count one start that debounce or singleton handled without creating a run (`debounced`,
+    `skipped`) or by cancelling the key's run (`replaced`), in the start's own transaction: it
+    already holds the key's lock and is short, so the count commits (or rolls back) with what it
+    counts, at no extra commit."""
+    from durable_flow.models import StartCounter
+
+    _increment(StartCounter, {"workflow": workflow, "outcome": outcome}, "starts", 1)
+
+
+def start_outcomes() -> dict[tuple[str, str], int]:
+    """Every `(workflow, outcome)` start count so far."""
+    from durable_flow.models import StartCounter
+
+    return {(w, o): n for w, o, n in StartCounter.objects.values_list("workflow", "outcome", "starts")}
 
 
 def admissions() -> dict[str, int]:

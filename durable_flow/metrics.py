@@ -89,6 +89,7 @@ class DurableFlowCollector(Collector):
         yield self._runs()
         yield from self._queues()
         yield self._admissions()
+        yield self._start_outcomes()
         yield self._queue_wait(now - window)
         yield self._step_duration(now - window)
         yield from self._workers(now, settings.heartbeat_ttl_s)
@@ -162,6 +163,21 @@ class DurableFlowCollector(Collector):
         for queue, by_decision in sorted(counts.items()):
             for decision in ("admitted", "parked"):
                 family.add_metric([queue, decision], by_decision[decision])
+        return family
+
+    @staticmethod
+    def _start_outcomes() -> Metric:
+        """Starts debounce or singleton handled without a new run of their own (`debounced`,
+        `skipped`) or by cancelling the key's run (`replaced`): the persisted `StartCounter` rows."""
+        from durable_flow.counters import start_outcomes
+
+        family = CounterMetricFamily(
+            "durable_flow_start_outcomes",
+            "Starts folded into a debounced run, skipped by a singleton, or replacing its run.",
+            labels=["workflow", "outcome"],
+        )
+        for (workflow, outcome), count in sorted(start_outcomes().items()):
+            family.add_metric([workflow, outcome], count)
         return family
 
     @staticmethod

@@ -18,6 +18,8 @@ def new_run_id() -> str:
 
 class RunStatus(models.TextChoices):
     PENDING = "pending", "Pending"
+    # Started with `debounce`: waits (durably, `wake_at`) for its period to pass with no new start.
+    DEBOUNCED = "debounced", "Debounced"
     RUNNING = "running", "Running"
     SUSPENDED = "suspended", "Suspended"
     CANCELLING = "cancelling", "Cancelling"
@@ -61,6 +63,12 @@ class WorkflowRun(models.Model):
     rerun_of = models.CharField(
         max_length=200, blank=True, default="", help_text="The run this one re-runs (same workflow and input)."
     )
+    start_key = models.CharField(
+        max_length=200, null=True, blank=True, default=None, help_text="The debounce or singleton key of its start."
+    )
+    debounce_until = models.DateTimeField(
+        null=True, blank=True, help_text="The latest a debounced run can be pushed back to (`max_wait`)."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -78,6 +86,9 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-created_at"], name="df_run_created"),
             # A start quota's check: one COUNT(*) of a key's runs in the counted statuses.
             models.Index(fields=["concurrency_key", "status"], name="df_run_quota_status"),
+            # Debounce and singleton: a start finds the key's pending or in-progress run by the key,
+            # never by scanning every debounced run (wake_at is in it so it beats status+wake_at).
+            models.Index(fields=["start_key", "status", "wake_at"], name="df_run_start_key_status"),
         ]
 
     def __str__(self) -> str:
@@ -377,6 +388,7 @@ from durable_flow.admission.models import (  # noqa: E402
     AdmissionStart,
     AdmissionWaiter,
 )
+from durable_flow.start_models import StartCounter  # noqa: E402
 
 __all__ = [
     "SETTLED_STEP_STATUSES",
@@ -395,6 +407,7 @@ __all__ = [
     "QuotaRefusal",
     "RunStatus",
     "Signal",
+    "StartCounter",
     "StepAttempt",
     "StepCheckpoint",
     "StepKind",

@@ -26,8 +26,10 @@ from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus,
 
 
 def due_runs(now: datetime) -> QuerySet[WorkflowRun]:
-    """Parked runs whose `wake_at` has come, earliest first (the `(status, wake_at)` index)."""
-    return WorkflowRun.objects.filter(status__in=WAKEABLE, wake_at__lte=now).order_by("wake_at")
+    """Parked runs whose `wake_at` has come, earliest first (the `(status, wake_at)` index); a
+    debounced run is due when its period has passed with no new start."""
+    due = (*WAKEABLE, RunStatus.DEBOUNCED)
+    return WorkflowRun.objects.filter(status__in=due, wake_at__lte=now).order_by("wake_at")
 
 
 def stale_pending_runs(lost_after: datetime) -> QuerySet[WorkflowRun]:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # Literal status names rather than `RunStatus`: `@workflow` parses quotas at import time, before
 # Django's app registry is ready, so this module must not import the models at the top.
 #: Every non-terminal status occupies a slot unless the quota narrows it.
-ACTIVE_STATUSES: tuple[str, ...] = ("pending", "running", "suspended", "cancelling")
+ACTIVE_STATUSES: tuple[str, ...] = ("debounced", "pending", "running", "suspended", "cancelling")
 RUN_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "cancelled", "completed", "failed")
 TAG_PREFIX = "concurrency:"
 #: Marks a child checkpoint whose start was refused, so a replay raises the same error.

@@ -17,6 +17,7 @@ from asgiref.sync import async_to_sync
 
 from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
+from durable_flow.start_control import StartControl, parse_start_control
 from durable_flow.step_concurrency import ConcurrencySpec, parse_concurrency
 from durable_flow.validation import max_length
 
@@ -74,6 +75,7 @@ class WorkflowDefinition:
     version: str = "1"
     quota: QuotaSpec | None = None
     concurrency: tuple[ConcurrencySpec, ...] = ()
+    start_control: StartControl | None = None
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
@@ -121,6 +123,8 @@ def workflow(
     version: str | int = "1",
     quota: QuotaSpec | Mapping[str, Any] | None = None,
     concurrency: int | Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
+    debounce: Mapping[str, Any] | None = None,
+    singleton: Mapping[str, Any] | None = None,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -130,17 +134,26 @@ def workflow(
     with `ConcurrencyLimitError` when `limit` runs of its key are in flight; see `quotas.py`.
     `concurrency` (`10`, `{"limit": 2, "key": "input.account_id"}`, or a list of two) caps the
     step attempts executing at once per evaluated key; see `step_concurrency.py`.
+    `debounce` (`{"key": "input.user", "period": timedelta(seconds=5), "max_wait": ...}`) folds
+    starts of one key into one later run with the latest input; `singleton` (`{"key": ...,
+    "mode": "skip" | "cancel"}`) keeps one run per key in progress; see `start_control.py`.
     """
     _check_name(name, "workflow")
     quota_spec = parse_workflow_quota(name, quota)
     concurrency_specs = parse_concurrency(name, concurrency)
+    control = parse_start_control(name, debounce, singleton)
 
     def decorate(fn: WorkflowFn) -> WorkflowDefinition:
         existing = _workflows.get(name)
         if existing is not None and not _same_function(existing.fn, fn):
             raise RegistrationError(f"workflow {name!r} is already registered by {existing.fn.__module__}")
         definition = WorkflowDefinition(
-            name=name, fn=fn, version=str(version), quota=quota_spec, concurrency=concurrency_specs
+            name=name,
+            fn=fn,
+            version=str(version),
+            quota=quota_spec,
+            concurrency=concurrency_specs,
+            start_control=control,
         )
         _workflows[name] = definition
         return definition

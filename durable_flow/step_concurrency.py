@@ -23,42 +23,17 @@ INSERT, so one CEL implementation for the whole project wins.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from durable_flow.admission.base import Constraint
-from durable_flow.cel import compile_cel, evaluate_cel
-from durable_flow.exceptions import InvalidInput, RegistrationError
+from durable_flow.exceptions import RegistrationError
+from durable_flow.keys import Key, describe_key, evaluate_key, parse_key
 
 Scope = Literal["fn", "env", "account"]
 SCOPES: tuple[Scope, ...] = ("fn", "env", "account")
 MAX_CONSTRAINTS = 2
-MAX_KEY_LENGTH = 200
-
-KeyFn = Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class CelExpression:
-    """A CEL key expression compiled once; evaluated with `input`, `run_id` and `workflow`."""
-
-    expression: str
-    program: Any
-
-    @classmethod
-    def compile(cls, expression: str) -> CelExpression:
-        try:
-            program = compile_cel(expression)
-        except ValueError as exc:
-            raise ValueError(f"key {exc}") from None
-        return cls(expression=expression, program=program)
-
-    def __call__(self, input: Any, run_id: str, workflow: str) -> Any:
-        return evaluate_cel(self.program, input=input, run_id=run_id, workflow=workflow)
-
-    def __str__(self) -> str:
-        return self.expression
 
 
 @dataclass(frozen=True)
@@ -67,34 +42,17 @@ class ConcurrencySpec:
 
     limit: int
     scope: Scope = "fn"
-    key: CelExpression | KeyFn | None = None
+    key: Key | None = None
 
     def describe(self) -> str:
         """The key as written (for errors and the admin)."""
-        if self.key is None:
-            return "(no key)"
-        if isinstance(self.key, CelExpression):
-            return self.key.expression
-        return getattr(self.key, "__qualname__", repr(self.key))
+        return "(no key)" if self.key is None else describe_key(self.key)
 
     def resource(self, workflow: str, environment: str, input: Any, run_id: str) -> str:
         """The resource this constraint names for one run; `InvalidInput` if the key is not a string."""
         if self.key is None:
             return f"sc:fn:{workflow}"
-        try:
-            if isinstance(self.key, CelExpression):
-                value = self.key(input, run_id, workflow)
-            else:
-                value = self.key(input)
-        except Exception as exc:  # noqa: BLE001 - a key that fails on this input refuses the start
-            raise InvalidInput(
-                f"workflow {workflow!r}: concurrency key {self.describe()!r} failed on this input: {exc}"
-            ) from None
-        if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
-            raise InvalidInput(
-                f"workflow {workflow!r}: concurrency key {self.describe()!r} must evaluate to a non-empty string "
-                f"of at most {MAX_KEY_LENGTH} characters, got {value!r}"
-            )
+        value = evaluate_key(self.key, f"workflow {workflow!r}: concurrency", input, run_id, workflow)
         if self.scope == "fn":
             return f"sc:fn:{workflow}:{value}"
         if self.scope == "env":
@@ -142,18 +100,7 @@ def _parse_one(workflow: str, entry: object) -> ConcurrencySpec | None:
     if scope not in SCOPES:
         raise RegistrationError(f"{where} scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     raw_key = entry.get("key")
-    key: CelExpression | KeyFn | None
-    if raw_key is None:
-        key = None
-    elif isinstance(raw_key, str):
-        try:
-            key = CelExpression.compile(raw_key)
-        except ValueError as exc:
-            raise RegistrationError(f"{where}: {exc}") from None
-    elif callable(raw_key):
-        key = raw_key
-    else:
-        raise RegistrationError(f"{where} key must be a CEL expression or a callable, got {type(raw_key).__name__}")
+    key = None if raw_key is None else parse_key(where, raw_key)
     if scope != "fn" and key is None:
         raise RegistrationError(f"{where}: scope {scope!r} requires a key")
     if limit == 0:

@@ -54,9 +54,12 @@ def run_task(ctx: Any, payload: dict[str, Any]) -> Any:
     the task's `queue_name`, at the task's priority (admission order and broker priority)."""
     if payload.get("run_after"):
         ctx.sleep_until(datetime.fromisoformat(payload["run_after"]))
+    call = {key: payload[key] for key in ("task", "args", "kwargs", "takes_context") if key in payload}
+    # The run's own id, not the payload's: a debounced task's run keeps the latest call's payload,
+    # whose result id was never created.
     return ctx.step(
         call_task,
-        {key: payload[key] for key in ("task", "args", "kwargs", "takes_context", "result_id") if key in payload},
+        {**call, "result_id": ctx.run_id},
         queue=payload.get("queue") or None,
         priority=payload.get("priority", 0),
     )

@@ -14,13 +14,15 @@ Written against the `django-tasks` backport (Django 5.2); on Django 6 the same c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.crypto import get_random_string
 
-from durable_flow import api
-from durable_flow.exceptions import ConcurrencyLimitError, RunNotFound
+from durable_flow import api, start_control
+from durable_flow.exceptions import ConcurrencyLimitError, RegistrationError, RunNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
@@ -44,10 +46,19 @@ except ImportError:  # Django 5.2: the `django-tasks` backport.
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
-__all__ = ["DurableFlowBackend", "InvalidTaskError", "TaskResultDoesNotExist", "quota", "task_context"]
+__all__ = [
+    "DurableFlowBackend",
+    "InvalidTaskError",
+    "TaskResultDoesNotExist",
+    "debounce",
+    "quota",
+    "singleton",
+    "task_context",
+]
 
 F = TypeVar("F")
 QUOTA_ATTRIBUTE = "__durable_flow_quota__"
+START_CONTROL_ATTRIBUTE = "__durable_flow_start_control__"
 
 
 def quota(
@@ -85,6 +96,63 @@ def quota(
     return declare
 
 
+def debounce(
+    *, key: Callable[..., str] | str, period: timedelta, max_wait: timedelta | None = None
+) -> Callable[[F], F]:
+    """Debounce a task: calls with the same key within `period` collapse into one run, begun once
+    `period` passes with no new call, with the latest call's args (see "Debounce and singleton").
+
+        @task
+        @debounce(key=lambda user_id: f"user:{user_id}", period=timedelta(seconds=5))
+        def reindex(user_id): ...
+
+    `key` is called with the call's args and kwargs (not a `takes_context` context), or is a CEL
+    expression over `input` (`{"args", "kwargs"}`); keys are per task. `enqueue` returns the
+    pending run's result (status `READY`). A bad declaration raises `RegistrationError` at
+    import. Stack it under or over `@task`."""
+    return _declare_start_control({"key": key, "period": period, "max_wait": max_wait}, None)
+
+
+def singleton(*, key: Callable[..., str] | str, mode: str = "skip") -> Callable[[F], F]:
+    """One run of the task per key in progress: `skip` returns the run in progress's result,
+    `cancel` cancels it and starts this call (see "Debounce and singleton"). `key` as `debounce`."""
+    return _declare_start_control(None, {"key": key, "mode": mode})
+
+
+def _declare_start_control(debounced: dict[str, Any] | None, single: dict[str, Any] | None) -> Callable[[F], F]:
+    options = debounced or single or {}
+    key = options["key"]
+    if callable(key):
+
+        @functools.wraps(key)  # errors name the user's function, not this wrapper
+        def by_call(call: dict[str, Any]) -> Any:
+            return key(*call["args"], **call["kwargs"])
+
+        options = {**options, "key": by_call}
+
+    def declare(target: F) -> F:
+        func = getattr(target, "func", target)
+        name = f"{func.__module__}.{func.__qualname__}"
+        if getattr(func, START_CONTROL_ATTRIBUTE, None) is not None:
+            raise RegistrationError(f"task {name!r}: debounce and singleton cannot be combined")
+        control = start_control.parse_start_control(
+            name, options if debounced is not None else None, options if single is not None else None
+        )
+        setattr(func, START_CONTROL_ATTRIBUTE, control)
+        return target
+
+    return declare
+
+
+def _start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> start_control.StartGate | None:
+    """This call's debounce or singleton, its key evaluated (`InvalidInput` if not a string)."""
+    control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
+    if control is None:
+        return None
+    call = {"args": list(args), "kwargs": dict(kwargs)}
+    return start_control.evaluate(control, call, result_id, TASK_WORKFLOW, task=task.module_path)
+
+
 def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
     """The per-start quota of this call (its key resolved), or None when it is unlimited."""
     spec: QuotaSpec | None = getattr(task.func, QUOTA_ATTRIBUTE, None)
@@ -99,6 +167,7 @@ def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
 STATUS_MAP: Mapping[str, Any] = {
     # Parked (admission, run_after sleep, backoff) or waiting for a worker: ready to run.
     RunStatus.PENDING: TaskResultStatus.READY,
+    RunStatus.DEBOUNCED: TaskResultStatus.READY,
     RunStatus.SUSPENDED: TaskResultStatus.READY,
     RunStatus.RUNNING: TaskResultStatus.RUNNING,
     RunStatus.CANCELLING: TaskResultStatus.RUNNING,
@@ -122,6 +191,8 @@ class DurableFlowBackend(BaseTaskBackend):
         Non-JSON args raise `TypeError`/`ValueError` from the framework's own normalisation,
         before anything is stored. A task declared with `@quota` refuses the call with
         `ConcurrencyLimitError` (naming the task) when its key is full; nothing is stored then.
+        A task declared with `@debounce` or `@singleton` may return the result of the key's pending
+        or in-progress run instead of a new one.
         """
         self.validate_task(task)
         result_id = get_random_string(32)  # the framework's own id length
@@ -150,18 +221,23 @@ class DurableFlowBackend(BaseTaskBackend):
             "backend": self.alias,
             "result_id": result_id,
         }
+        from durable_flow.engine import get_engine
+
         try:
             # `start` is atomic on its own (run + first turn), and outside the caller's
             # transaction a refusal is counted in `QuotaRefusal` like any other.
-            run = api.start(
+            run = get_engine().start(
                 TASK_WORKFLOW,
                 payload,
                 run_id=result_id,
                 tags=[f"task:{task.module_path}"],
                 quota=_start_quota(task, result.args, result.kwargs),
+                gate=_start_gate(task, result.args, result.kwargs, result_id),
             )
         except ConcurrencyLimitError as exc:
             raise ConcurrencyLimitError(exc.key, exc.limit, exc.active, task.module_path) from None
+        if run.pk != result_id:  # folded into a debounced call, or skipped by a singleton
+            return self._result(run)
         object.__setattr__(result, "enqueued_at", run.created_at)
         return result
 

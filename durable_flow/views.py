@@ -1,6 +1,7 @@
 """A small JSON API for staff: start, inspect, cancel, re-run and signal runs (session auth + CSRF).
 
-POST /api/runs/                  {"workflow": "...", "input": ..., "run_id": "..."?}  → 201 (200 if it existed)
+POST /api/runs/                  {"workflow": "...", "input": ..., "run_id": "..."?}  → 201 (200 if it existed,
+                                 or a debounce or singleton returned a pending or running one)
 GET  /api/runs/<run_id>/         → the run and its checkpoints
 POST /api/runs/<run_id>/cancel/  → the run after cancel
 POST /api/runs/<run_id>/retry/   → the run, resumed from where it failed
@@ -125,6 +126,7 @@ def start_run(request: HttpRequest) -> HttpResponse:
         storable_text(run_id, '"run_id"', max_length("WorkflowRun", "id"))
     existed = run_id is not None and WorkflowRun.objects.filter(pk=run_id).exists()
     run = api.start(workflow, body.get("input"), run_id=run_id)
+    existed = existed or hasattr(run, "start_outcome")  # folded into a debounced run, or skipped
     if not existed:
         record_operation(request.user, run, "Started from the JSON API")
     return JsonResponse(run_json(run), status=200 if existed else 201)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
-from durable_flow.tasks import quota
+from durable_flow.tasks import debounce, quota, singleton
 from tests.tasks_framework import TaskContext, task
 
 CALLS: list[Any] = []
@@ -58,3 +59,23 @@ def per_tenant(tenant: str, n: int) -> int:
 @task
 def per_team(team: str | None = None) -> str | None:
     return team
+
+
+@task(takes_context=True)
+@debounce(key=lambda user, n: f"user:{user}", period=timedelta(seconds=5))  # the args, no context
+def reindex(context: TaskContext, user: str, n: int) -> dict[str, Any]:
+    """Debounced per user (tests/test_start_control_tasks.py)."""
+    return {"id": context.task_result.id, "n": n}
+
+
+@singleton(key="input.args[0]", mode="skip")
+@task
+def sync_account(account: str) -> str:
+    return account
+
+
+@task
+@singleton(key="input.args[0]", mode="skip")
+def other_sync(account: str) -> str:
+    """Same keys as `sync_account`: a task's keys are its own."""
+    return account

@@ -424,3 +424,9 @@ async def whereami_async(_: Any) -> dict[str, Any]:
 @workflow("tests.whereami")
 def whereami_flow(ctx: Any, fail_key: str) -> list[Any]:
     return [ctx.step(whereami, fail_key), ctx.step(whereami_async, None)]
+
+
+@workflow("tests.debounced", debounce={"key": '"user:" + input.user', "period": timedelta(seconds=5)})
+def debounced_flow(ctx: Any, input: dict[str, Any]) -> int:
+    """Begins once starts of its user stop for 5 s (tests/test_start_control.py, real processes)."""
+    return ctx.step(add_one, input["n"])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 
-from durable_flow import quotas, step_concurrency
+from durable_flow import quotas, start_control, step_concurrency
 from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
@@ -52,11 +52,14 @@ class LifecycleMixin(EngineBase):
         run_id: str | None = None,
         tags: Iterable[str] = (),
         quota: QuotaSpec | Mapping[str, Any] | None = None,
+        gate: start_control.StartGate | None = None,
     ) -> WorkflowRun:
         """Create a run and queue its first turn. Idempotent on `run_id`.
 
         Over its start quota (`quota`, else the workflow's) it raises `ConcurrencyLimitError`
-        and creates nothing; an existing `run_id` is returned without a quota check."""
+        and creates nothing; an existing `run_id` is returned without a quota check. A workflow's
+        debounce or singleton (or `gate`, a task's) may return a run that already exists instead
+        (`start_control`)."""
         definition = resolve_workflow(workflow)
         ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
         if isinstance(tags, str) or not isinstance(tags, Iterable):
@@ -70,6 +73,7 @@ class LifecycleMixin(EngineBase):
         new_id = run_id if run_id is not None else new_run_id()
         constraints = step_concurrency.plan_run(definition, input, new_id, self.settings.environment, self.admission)
         check = quotas.plan(definition.name, definition.quota, quota, input)
+        gate = gate or start_control.plan(definition, input, new_id)
         fields: dict[str, Any] = {
             "workflow": definition.name,
             "version": definition.version,
@@ -82,13 +86,17 @@ class LifecycleMixin(EngineBase):
             fields["id"] = new_id
         try:
             with transaction.atomic():
+                # Debounce/singleton first: a start folded into a pending run takes no quota slot.
+                if gate is not None and (resolved := gate.apply(self, fields)) is not None:
+                    return resolved
                 if check is not None:
                     # Under the key's lock: a same-id start that won meanwhile is returned, not refused.
                     if run_id is not None and (existing := one(WorkflowRun.objects.filter(pk=run_id))):
                         return existing
                     check.enforce()
                 run = WorkflowRun.objects.create(**fields)
-                self.transport.enqueue_turn(run.id)
+                if run.status == RunStatus.PENDING:  # a debounced run waits for the poller
+                    self.transport.enqueue_turn(run.id)
         except ConcurrencyLimitError as exc:
             quotas.record_refusal(exc)
             raise

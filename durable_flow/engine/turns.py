@@ -55,8 +55,8 @@ class TurnsMixin(EngineBase):
         """One turn of a run whose row this transaction has locked. `checkpoints`, when given,
         are all of the run's, read under this lock (a result's transaction has them already);
         a run's first turn has none to read."""
-        if run.status in TERMINAL_RUN_STATUSES or run.status == RunStatus.CANCELLING:
-            return run
+        if run.status in TERMINAL_RUN_STATUSES or run.status in (RunStatus.CANCELLING, RunStatus.DEBOUNCED):
+            return run  # a debounced run begins when the poller wakes it, not on a stray turn
         try:
             definition = get_workflow(run.workflow)
         except DurableFlowError as exc:

@@ -1,0 +1,69 @@
+"""Debounce and singleton on `django.tasks` tasks: `@debounce`/`@singleton` beside `@task`,
+decided at `enqueue` exactly as at a workflow's start (tests/test_start_control.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from durable_flow.counters import start_outcomes
+from durable_flow.engine import Engine
+from durable_flow.exceptions import InvalidInput, RegistrationError
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.poller import TimerPoller
+from durable_flow.tasks import debounce, singleton
+from tests import task_functions
+from tests.conftest import MovableClock
+from tests.engine_support import transport_of
+from tests.tasks_framework import TaskResultStatus, default_task_backend
+
+
+def test_calls_of_a_debounced_task_make_one_run_with_the_last_args(manual: Engine, clock: MovableClock) -> None:
+    results = [task_functions.reindex.enqueue("ann", n) for n in range(5)]
+    assert {r.id for r in results} == {results[0].id}
+    assert results[-1].status == TaskResultStatus.READY and results[-1].args == ["ann", 4]
+    other = task_functions.reindex.enqueue("bob", 9)
+    assert other.id != results[0].id
+    transport_of(manual).run_all()
+    assert WorkflowRun.objects.get(pk=results[0].id).status == RunStatus.DEBOUNCED  # nothing ran yet
+
+    clock.advance(seconds=5)
+    assert sorted(TimerPoller(manual).tick()) == sorted([results[0].id, other.id])
+    transport_of(manual).run_all()
+    done = default_task_backend.get_result(results[0].id)
+    # The task's context names the run that ran, not the folded call's own (never created) id.
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == {"id": results[0].id, "n": 4}
+    assert start_outcomes()[("tests.task_functions.reindex", "debounced")] == 4
+
+
+def test_a_singleton_task_skips_while_its_key_runs_and_keys_are_per_task(manual: Engine) -> None:
+    first = task_functions.sync_account.enqueue("a1")
+    assert task_functions.sync_account.enqueue("a1").id == first.id
+    assert task_functions.other_sync.enqueue("a1").id != first.id  # another task, its own keys
+    assert WorkflowRun.objects.count() == 2
+    assert start_outcomes()[("tests.task_functions.sync_account", "skipped")] == 1
+    from durable_flow.start_control import usage
+
+    row = next(row for row in usage() if row["workflow"] == "tests.task_functions.sync_account")
+    assert (row["rule"], row["skipped"], row["debouncing"]) == ("task", 1, None)
+    transport_of(manual).run_all()
+    assert default_task_backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    assert task_functions.sync_account.enqueue("a1").id != first.id  # finished: a new run
+
+
+def test_a_task_key_that_is_not_a_string_refuses_the_enqueue(manual: Engine) -> None:
+    with pytest.raises(InvalidInput, match=r"task 'tests\.task_functions\.sync_account': singleton key"):
+        task_functions.sync_account.enqueue(7)
+    assert not WorkflowRun.objects.exists()
+
+
+def test_a_bad_task_declaration_fails_at_import() -> None:
+    def fn(account: str) -> None: ...
+
+    with pytest.raises(RegistrationError, match="mode must be one of skip, cancel"):
+        singleton(key="input.args[0]", mode="newest")(fn)
+    with pytest.raises(RegistrationError, match="period must be a positive timedelta"):
+        debounce(key="input.args[0]", period=timedelta(0))(fn)
+    with pytest.raises(RegistrationError, match="cannot be combined"):
+        singleton(key="input.args[0]")(debounce(key="input.args[0]", period=timedelta(seconds=1))(fn))
