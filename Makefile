@@ -22,15 +22,15 @@ demo: venv
 	DEMO_PORT=$(PORT) exec $(PY) -m examples.demo
 
 ## Lint, then the whole suite on SQLite and the database-dependent tests (marked `postgresql`,
-## see tests/conftest.py) on PostgreSQL (Redis and PostgreSQL are started if down).
+## see tests/conftest.py) on PostgreSQL, side by side (.ci/test-passes; TEST_PASSES=serial for
+## one after the other). Redis and PostgreSQL are started if down.
 ## `make test-postgresql` runs the whole suite on PostgreSQL.
 test: venv
 	bash .ci/ensure-services
 	bash .ci/ensure-browser
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
-	$(VENV)/bin/pytest -q
-	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest -q -m postgresql
+	VENV=$(VENV) PG_URL=$(PG_URL) bash .ci/test-passes
 
 test-postgresql: venv
 	bash .ci/ensure-services
