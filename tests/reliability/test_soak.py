@@ -89,7 +89,7 @@ def test_the_soak_settles_under_random_kills(
 
     max_kills = max(6, RUNS // 12)
     while not work.settled() and len(fleet.kills) < max_kills:
-        assert work.elapsed() < work.settle_budget_s, f"not settled in {work.settle_budget_s:.0f}s (seed {SEED})"
+        assert not work.stalled(), f"no run settled for a while during the chaos (seed {SEED})"
         time.sleep(rng.uniform(0.5, 2.0))  # the chaos schedule, not a verdict's margin
         work.cancel_two()
         fleet.kill_one(rng)

@@ -114,7 +114,7 @@ def test_the_soak_settles_through_redis_and_postgresql_outages(
     fleet = Fleet(spawn, {**work.env("rq"), "REDIS_URL": own_redis.url()})
     work.submit()
     fleet_pids = {process.proc.pid for process in [*fleet.workers, fleet.poller]}
-    wait_for(lambda: fleet_pids <= beating_pids(own_redis), timeout=120, what="the fleet to start up")
+    wait_for(lambda: fleet_pids <= beating_pids(own_redis), timeout=300, what="the fleet to start up")
 
     outages: list[Outage] = []
     while not work.settled() and len(outages) < 2 * ROUNDS:
