@@ -47,7 +47,7 @@ class Server:
     def start(self) -> None:
         args = ("-b", "127.0.0.1", "-p", str(self.port), "settings.asgi:application")
         self.process = self.spawn(*args, module="daphne", env=DB)
-        wait_for(self.listening, timeout=30, what="daphne to listen")
+        wait_for(self.listening, timeout=120, what="daphne to listen")
 
     def stop(self) -> None:
         assert self.process is not None

@@ -44,6 +44,12 @@ TENANTS = 6
 #: REDISPATCH_AFTER_S backstop, 20 s here).
 STALL_S = 120.0
 
+#: A worker silent this long is dead, in the soak (3 s in the other tests): on a busy machine a
+#: live worker's heartbeat thread can be starved past 3 s, and the poller would re-drive its
+#: steps as if it had been killed (a re-execution no kill explains). A killed worker's steps
+#: come back this much later.
+HEARTBEAT_TTL_S = 10
+
 #: The worker and poller environment per stack. On `rq`, a job a worker popped (LMPOP) and lost
 #: before registering it in RQ's started registry (killed, or Redis went down, in the next round
 #: trip) is in no list or registry: only the REDISPATCH_AFTER_S backstop brings it back. The
@@ -128,6 +134,7 @@ class Workload:
             **STACKS[stack],
             "DURABLE_FLOW_SOAK_LOG": str(self.log),
             "DURABLE_FLOW_MAINTENANCE_S": "1",
+            "DURABLE_FLOW_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S),
             "DURABLE_FLOW_LOG": "WARNING",
         }
 
