@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PORT   ?= 8000
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test test-postgresql lint venv clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +21,19 @@ demo: venv
 	$(PY) manage.py migrate --noinput
 	DEMO_PORT=$(PORT) exec $(PY) -m examples.demo
 
-## Lint, then the whole suite on SQLite and on PostgreSQL (Redis and PostgreSQL are started if down).
+## Lint, then the whole suite on SQLite and the database-dependent tests (marked `postgresql`,
+## see tests/conftest.py) on PostgreSQL, side by side (.ci/test-passes; TEST_PASSES=serial for
+## one after the other). Redis and PostgreSQL are started if down.
+## `make test-postgresql` runs the whole suite on PostgreSQL.
 test: venv
 	bash .ci/ensure-services
 	bash .ci/ensure-browser
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
-	$(VENV)/bin/pytest -q
+	VENV=$(VENV) PG_URL=$(PG_URL) bash .ci/test-passes
+
+test-postgresql: venv
+	bash .ci/ensure-services
 	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest -q
 
 lint: venv

@@ -38,7 +38,9 @@ DURABLE_FLOW = {
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
-    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": 3},
+    # TTL_S: 3 s lets process tests see a killed worker die soon; the soak raises it (a starved
+    # worker must not be taken for dead: its steps would re-run with no kill to explain it).
+    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": float(os.environ.get("DURABLE_FLOW_HEARTBEAT_TTL_S", "3"))},
     # The chaos soak (tests/reliability/) shortens the recovery timings to settle sooner; browser
     # tests sample every second to see the charts move (the default is 10 s).
     "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),

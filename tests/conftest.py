@@ -24,6 +24,51 @@ from tests import workflows
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The tests whose verdict depends on the database, marked `postgresql`: `make test` runs the
+#: whole suite on SQLite, then only these on PostgreSQL (`-m postgresql`). They exercise what
+#: differs between the two: row locks and `SKIP LOCKED` (claims, pollers, quotas, admission,
+#: bulk operations), the server clock, the SQL the hot path and the metrics collector send,
+#: several threads or processes on one database, outages and the soak. The rest (pure logic,
+#: views and the JSON API through the same ORM calls, settings checks, the Redis backend, the
+#: browser) runs on SQLite only; `DATABASE_URL=... pytest` without `-m` runs everything on
+#: PostgreSQL. An entry is a node-id prefix: a module, a class or a test.
+POSTGRESQL_PASS = (
+    "tests/reliability/test_soak.py",
+    "tests/reliability/test_soak_outages.py",
+    "tests/test_admission_contract.py::TestDatabaseAdmissionBackend",
+    "tests/test_admission_db_clock.py",
+    "tests/test_bulk_operations.py",
+    "tests/test_current_step.py",
+    "tests/test_engine_cancel.py",
+    "tests/test_engine_fanout.py",
+    "tests/test_engine_lifecycle.py",
+    "tests/test_engine_recovery.py",
+    "tests/test_engine_robustness.py",
+    "tests/test_flow_control.py",
+    "tests/test_flow_control_processes.py",
+    "tests/test_handoff_processes.py",
+    "tests/test_hot_path.py",
+    "tests/test_metrics.py",
+    "tests/test_operations.py",
+    "tests/test_outages.py",
+    "tests/test_processes.py",
+    "tests/test_queue_operations.py",
+    "tests/test_quotas.py",
+    "tests/test_rq_transport.py",
+    "tests/test_start_control.py",
+    "tests/test_start_control_tasks.py",
+    "tests/test_step_concurrency.py",
+    "tests/test_step_concurrency_processes.py",
+    "tests/test_tasks.py::test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`)."""
+    for item in items:
+        if item.nodeid.startswith(POSTGRESQL_PASS):
+            item.add_marker(pytest.mark.postgresql)
+
 
 class MovableClock:
     """A datetime clock for the engine that tests move by hand."""

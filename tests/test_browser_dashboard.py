@@ -62,7 +62,7 @@ def server(transactional_db: None, spawn: Callable[..., ManagedProcess]) -> str:
         with socket.socket() as sock:
             return sock.connect_ex(("127.0.0.1", port)) == 0
 
-    wait_for(up, timeout=30, what="daphne to listen")
+    wait_for(up, timeout=120, what="daphne to listen")  # a start-up on a busy machine: an event, not a verdict
     return f"http://127.0.0.1:{port}"
 
 

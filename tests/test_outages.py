@@ -7,15 +7,12 @@ The test owns a Redis server on a free port (no persistence), so killing it dist
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connection
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.queue import Queue
 
 from durable_flow import start
@@ -25,43 +22,9 @@ from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport
 from tests.conftest import ManagedProcess, wait_for
+from tests.own_redis import OwnRedis, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class OwnRedis:
-    """A redis-server this test starts, kills and restarts on the same port."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = Redis(port=self.port)
-        wait_for(lambda: self._pings(client), timeout=30, what="the test's redis-server to answer")
-
-    @staticmethod
-    def _pings(client: Redis) -> bool:
-        try:
-            return bool(client.ping())
-        except (RedisConnectionError, OSError):  # not up yet
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture

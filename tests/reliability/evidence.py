@@ -32,9 +32,24 @@ class Kill:
 
 
 @dataclass
+class Outage:
+    """A span (epoch seconds) when Redis or the database was down, as the outage soak made it."""
+
+    what: str
+    start: float
+    end: float
+
+
+#: How long after an outage ends a step that ran in it may still be re-run: its worker notices
+#: the lost connection on its next statement, and backs off up to 5 s (`worker/outage.py`).
+OUTAGE_REACH_S = 10.0
+
+
+@dataclass
 class Evidence:
     executions: list[Execution] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
+    outages: list[Outage] = field(default_factory=list)
 
     @property
     def killed_pids(self) -> dict[int, float]:
@@ -50,15 +65,30 @@ class Evidence:
         """Steps that ran more than once in processes that were never killed.
 
         The engine runs a step at least once and records one result; a second execution is
-        expected only when a process that held the step was killed. Executions in killed
-        processes are excused, so at most one execution per step may come from the survivors.
+        expected only when a process that held the step was killed, or when the service that
+        records its result was down around the time it ran (the result was not recorded, so the
+        step is dispatched again). Those executions are excused, so at most one execution per step
+        may be left.
         """
         killed = self.killed_pids
         return [
             step
             for step, runs in self.by_step().items()
-            if sum(1 for execution in runs if execution.pid not in killed) > 1
+            if sum(1 for execution in runs if execution.pid not in killed and not self._in_outage(execution)) > 1
         ]
+
+    def _in_outage(self, execution: Execution) -> bool:
+        end = execution.end if execution.end is not None else execution.start
+        return any(execution.start <= o.end + OUTAGE_REACH_S and end >= o.start for o in self.outages)
+
+    def outage_reexecutions(self) -> int:
+        """Executions excused by an outage alone (the at-least-once cost of the outages)."""
+        killed = self.killed_pids
+        return sum(
+            sum(1 for e in runs if e.pid not in killed and self._in_outage(e))
+            for runs in self.by_step().values()
+            if len(runs) > 1
+        )
 
     def reexecutions(self) -> int:
         """Executions beyond the first, over all steps (the at-least-once cost of the kills)."""
@@ -82,9 +112,9 @@ class Evidence:
         return spans
 
 
-def read_evidence(log: Path, kills: list[Kill]) -> Evidence:
+def read_evidence(log: Path, kills: list[Kill], outages: list[Outage] | None = None) -> Evidence:
     """Pair each `start` line with the next `end` line of the same step in the same process."""
-    evidence = Evidence(kills=list(kills))
+    evidence = Evidence(kills=list(kills), outages=list(outages or []))
     open_runs: dict[tuple[str, int, int], Execution] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
         event, run, stage_text, pid_text, at_text = line.split()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.evidence import Kill, busiest_window, max_overlap, read_evidence
+from tests.reliability.evidence import OUTAGE_REACH_S, Kill, Outage, busiest_window, max_overlap, read_evidence
 
 
 def write_log(path: Path, lines: list[str]) -> Path:
@@ -31,6 +31,17 @@ def test_two_survivors_running_one_step_is_unexplained(tmp_path: Path) -> None:
     evidence = read_evidence(log, [Kill(pid=300, at=1.5, role="worker")])
     assert evidence.unexplained_reexecutions() == [("r1", 2)]
     assert evidence.reexecutions() == 1
+
+
+def test_a_re_execution_is_explained_by_an_outage_only_within_its_reach(tmp_path: Path) -> None:
+    reach = OUTAGE_REACH_S
+    near = write_log(tmp_path / "near", ["start r1 1 100 50.0", "end r1 1 100 50.1", "start r1 1 100 90.0"])
+    far = write_log(tmp_path / "far", [f"start r1 1 100 {50 + reach + 1}", "end r1 1 100 99.0", "start r1 1 100 100"])
+    outage = [Outage("redis", 40.0, 50.0 - reach / 2)]
+    assert read_evidence(near, [], outage).unexplained_reexecutions() == []
+    assert read_evidence(near, [], outage).outage_reexecutions() == 1
+    assert read_evidence(near, []).unexplained_reexecutions() == [("r1", 1)]
+    assert read_evidence(far, [], outage).unexplained_reexecutions() == [("r1", 1)]
 
 
 def test_an_execution_cut_by_a_kill_overlaps_until_the_kill(tmp_path: Path) -> None:

@@ -1,0 +1,270 @@
+"""The chaos soak's parts, shared by its variants (`test_soak.py`: random kills;
+`test_soak_outages.py`: Redis and PostgreSQL outages): the soaked fleet, the workload, and the
+verdict read once everything has settled.
+
+`SOAK_RUNS` scales the number of runs (default 120, the size `make test` runs; `SOAK_RUNS=1000`
+is the long one) and `SOAK_SEED` replays a chaos schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import django_rq
+from django.db import connection
+
+from durable_flow import cancel, register_queue, start
+from durable_flow.engine import Engine
+from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
+from tests.conftest import ManagedProcess, wait_for
+from tests.reliability.evidence import Kill, Outage, busiest_window, max_overlap, read_evidence
+from tests.workflows import soak_value
+
+RUNS = int(os.environ.get("SOAK_RUNS", "120"))
+SEED = int(os.environ.get("SOAK_SEED", str(random.randrange(1_000_000))))
+WORKERS = 3
+CAP, FAIR_CAP = 3, 2
+WINDOW_LIMIT, WINDOW_MS = 15, 1000
+#: A start is counted on the backend's clock a moment before the step stamps it (another clock
+#: read, another thread's turn), so the window is checked over a span this much shorter than its
+#: period: N per any period implies N per any shorter span.
+STAMP_SLACK_MS = 250
+STEP_MS = 30
+TENANTS = 6
+#: The soak fails as stuck when no run has settled for this long. Progress, not a total time: on
+#: a busy machine the soak is slower, not stuck (the longest quiet spell by design is the `rq`
+#: REDISPATCH_AFTER_S backstop, 20 s here).
+STALL_S = 120.0
+
+#: A worker silent this long is dead, in the soak (3 s in the other tests): on a busy machine a
+#: live worker's heartbeat thread can be starved past 3 s, and the poller would re-drive its
+#: steps as if it had been killed (a re-execution no kill explains). A killed worker's steps
+#: come back this much later.
+HEARTBEAT_TTL_S = 10
+
+#: The worker and poller environment per stack. On `rq`, a job a worker popped (LMPOP) and lost
+#: before registering it in RQ's started registry (killed, or Redis went down, in the next round
+#: trip) is in no list or registry: only the REDISPATCH_AFTER_S backstop brings it back. The
+#: soak hits that gap; shortened here so it settles within the test.
+STACKS = {
+    "db": {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_ADMISSION": "db"},
+    "rq": {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_ADMISSION": "redis", "DURABLE_FLOW_REDISPATCH_AFTER_S": "20"},
+}
+
+
+def clear_rq() -> None:
+    """Remove RQ's keys from the test's Redis database (never database 0, never other keys)."""
+    redis = django_rq.get_connection("durable")
+    assert redis.connection_pool.connection_kwargs.get("db", 0) != 0, "tests never touch Redis database 0"
+    keys = list(redis.scan_iter("rq:*", count=1000))
+    if keys:
+        redis.delete(*keys)
+
+
+class Fleet:
+    """The soaked processes: workers and one poller, each killed and replaced at random."""
+
+    def __init__(self, spawn: Callable[..., ManagedProcess], env: dict[str, str]) -> None:
+        self._spawn = spawn
+        self._env = env
+        self.workers = [self._worker() for _ in range(WORKERS)]
+        self.poller = self._poller()
+        self.kills: list[Kill] = []
+
+    def _worker(self) -> ManagedProcess:
+        return self._spawn("durable_worker", "--concurrency", "4", env=self._env)
+
+    def _poller(self) -> ManagedProcess:
+        return self._spawn("durable_poller", env=self._env)
+
+    def kill_one(self, rng: random.Random) -> None:
+        """SIGKILL a worker (or, one time in four, the poller) and start its replacement."""
+        if rng.random() < 0.25:
+            victim, role = self.poller, "poller"
+            self.poller = self._poller()
+        else:
+            index = rng.randrange(len(self.workers))
+            victim, role = self.workers[index], "worker"
+            self.workers[index] = self._worker()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait(30)
+        self.kills.append(Kill(pid=victim.proc.pid, at=time.time(), role=role))
+
+    def dead(self) -> list[ManagedProcess]:
+        """The current workers and poller that have exited (none should, unless killed)."""
+        return [process for process in [*self.workers, self.poller] if process.proc.poll() is not None]
+
+
+def unique(name: str) -> str:
+    """Queue names are fresh per test: Redis state outlives the test database."""
+    return f"soak-{name}-{uuid.uuid4().hex[:8]}"
+
+
+def expected_output(n: int) -> int:
+    for stage in (1, 2, 3):
+        n = soak_value(n, stage)
+    return n
+
+
+@dataclass
+class Workload:
+    """RUNS three-step runs through a capped, a sliding-window and a fair queue (tenant 0 floods
+    the fair queue with half of them), and the few the soak cancels on the way."""
+
+    log: Path
+    rng: random.Random
+    queues: tuple[str, str, str] = field(default_factory=lambda: (unique("capped"), unique("window"), unique("fair")))
+    inputs: dict[str, int] = field(default_factory=dict)
+    cancelled: set[str] = field(default_factory=set)
+    to_cancel: list[str] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
+    _progress: tuple[int, float] = (0, 0.0)
+
+    def env(self, stack: str) -> dict[str, str]:
+        """The fleet's environment: the stack, the evidence log, quick maintenance passes."""
+        return {
+            **STACKS[stack],
+            "DURABLE_FLOW_SOAK_LOG": str(self.log),
+            "DURABLE_FLOW_MAINTENANCE_S": "1",
+            "DURABLE_FLOW_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S),
+            "DURABLE_FLOW_LOG": "WARNING",
+        }
+
+    def register_queues(self) -> None:
+        capped, window, fair = self.queues
+        register_queue(capped, concurrency=CAP, retry_ms=200)
+        register_queue(window, rate_limit={"limit": WINDOW_LIMIT, "period_ms": WINDOW_MS, "algorithm": "sliding"})
+        register_queue(fair, concurrency=FAIR_CAP, retry_ms=200, fairness="key")
+
+    def submit(self) -> None:
+        capped, window, fair = self.queues
+        for i in range(RUNS):
+            tenant = 0 if i % 2 == 0 else 1 + i % (TENANTS - 1)
+            payload = {"n": i, "capped": capped, "window": window, "fair": fair, "tenant": f"t{tenant}", "ms": STEP_MS}
+            self.inputs[start("tests.soak", payload).id] = i
+        self.to_cancel = self.rng.sample(self.run_ids, max(2, RUNS // 25))
+
+    @property
+    def run_ids(self) -> list[str]:
+        return list(self.inputs)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    def cancel_two(self) -> None:
+        """Cancel the next two of the chosen runs (those already finished stay as they are)."""
+        for run_id in self.to_cancel[:2]:
+            if cancel(run_id).status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
+                self.cancelled.add(run_id)
+        del self.to_cancel[:2]
+
+    def terminal(self) -> int:
+        return WorkflowRun.objects.filter(
+            pk__in=self.run_ids, status__in=[RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
+        ).count()
+
+    def settled(self) -> bool:
+        return self.terminal() == len(self.inputs)
+
+    def stalled(self) -> bool:
+        """True when no run has settled for STALL_S (the clock restarts at each settled run)."""
+        count, now = self.terminal(), time.monotonic()
+        if count > self._progress[0] or not self._progress[1]:
+            self._progress = (count, now)
+        return now - self._progress[1] > STALL_S
+
+    def wait_settled(self, engine: Engine, seed: int) -> float:
+        """Wait for every run to end, then every slot and waiter to drain; the time it took."""
+        while not self.settled():
+            if self.stalled():
+                raise AssertionError(
+                    f"no soak run settled for {STALL_S:.0f}s, {self._progress[0]} of {len(self.inputs)} settled "
+                    f"(seed {seed})\n{stuck_report(engine, self.run_ids, self.queues)}"
+                )
+            time.sleep(0.5)
+        for queue in self.queues:
+            wait_for(
+                lambda q=queue: engine.admission.in_flight(q) == 0 and engine.admission.waiting(q) == 0,
+                timeout=STALL_S,
+                what=f"{queue}'s slots and waiters to drain (seed {seed})",
+            )
+        return self.elapsed()
+
+    def check(
+        self,
+        label: str,
+        seed: int,
+        kills: list[Kill],
+        settled_s: float,
+        capsys: Any,
+        outages: list[Outage] | None = None,
+    ) -> None:
+        """Print the counts, then assert each guarantee (see `test_soak.py`'s docstring)."""
+        runs = {run.id: run for run in WorkflowRun.objects.filter(pk__in=self.run_ids)}
+        lost = [r for r in self.run_ids if runs[r].status not in (RunStatus.COMPLETED, RunStatus.CANCELLED)]
+        wrong = [
+            r
+            for r, run in runs.items()
+            if run.status == RunStatus.COMPLETED and run.output != expected_output(self.inputs[r])
+        ]
+        uncancelled = [r for r in self.cancelled if runs[r].status != RunStatus.CANCELLED]
+        unasked = [r for r, run in runs.items() if run.status == RunStatus.CANCELLED and r not in self.cancelled]
+        leaked = StepCheckpoint.objects.filter(run_id__in=self.run_ids, holds_slot=True).count()
+
+        evidence = read_evidence(self.log, kills, outages)
+        extra = ""
+        if outages is not None:
+            redis_down = sum(o.what == "redis" for o in outages)
+            extra = f"outages {redis_down} Redis, {len(outages) - redis_down} PostgreSQL, "
+        unexplained = evidence.unexplained_reexecutions()
+        cap_peak, fair_peak = max_overlap(evidence.intervals(1)), max_overlap(evidence.intervals(3))
+        window_peak = busiest_window(evidence.starts(2), (WINDOW_MS - STAMP_SLACK_MS) / 1000)
+        with capsys.disabled():
+            print(
+                f"\nsoak[{label}/{connection.vendor}] seed {seed}: runs {RUNS}, kills {len(kills)} "
+                f"({sum(k.role == 'poller' for k in kills)} poller), {extra}cancelled {len(self.cancelled)}, "
+                f"time {settled_s:.1f}s, lost {len(lost)}, wrong outputs {len(wrong)}, "
+                f"re-executions {evidence.reexecutions()} (after an outage {evidence.outage_reexecutions()}, "
+                f"unexplained {len(unexplained)}), leaked {leaked}, "
+                f"cap peak {cap_peak}/{CAP}, fair peak {fair_peak}/{FAIR_CAP}, "
+                f"window peak {window_peak}/{WINDOW_LIMIT}"
+            )
+
+        assert not lost, f"runs not completed nor cancelled: {lost[:10]} (seed {seed})"
+        assert not wrong, f"runs with a wrong output: {wrong[:10]}"
+        assert not uncancelled and not unasked, (uncancelled, unasked)
+        assert leaked == 0
+        assert not unexplained, f"steps re-run with no kill or outage to explain it (seed {seed}):\n" + "\n".join(
+            f"  {run_id} stage {stage}: executions {evidence.by_step()[(run_id, stage)]}; checkpoint "
+            f"{list(StepCheckpoint.objects.filter(run_id=run_id).values_list('key', 'attempt', 'worker', 'status'))}"
+            for run_id, stage in unexplained[:5]
+        )
+        assert cap_peak <= CAP and fair_peak <= FAIR_CAP, (cap_peak, fair_peak)
+        assert window_peak <= WINDOW_LIMIT, window_peak
+
+
+def stuck_report(engine: Engine, run_ids: list[str], queues: tuple[str, ...]) -> str:
+    """What the runs that did not settle are waiting on, for the failure message."""
+    lines = [
+        f"queue {q}: in_flight {engine.admission.in_flight(q)}, waiting {engine.admission.waiting(q)}" for q in queues
+    ]
+    stuck = WorkflowRun.objects.filter(pk__in=run_ids).exclude(
+        status__in=[RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
+    )
+    lines.append(f"{stuck.count()} runs not settled; the first ten:")
+    for run in stuck[:10]:
+        lines.append(f"  {run.id} {run.status} wake_at={run.wake_at} turns={run.turns}")
+        for cp in run.checkpoints.order_by("sequence"):
+            lines.append(
+                f"    {cp.key} {cp.status} attempt={cp.attempt} worker={cp.worker!r} slot={cp.holds_slot}"
+                f" queue={cp.queue} dispatched_at={cp.dispatched_at} wake_at={cp.wake_at}"
+            )
+    return "\n".join(lines)
