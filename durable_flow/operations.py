@@ -145,9 +145,12 @@ def update_queue(
         name=name,
         concurrency=current.concurrency if isinstance(concurrency, _Unset) else concurrency,
         rate_limit=current.rate_limit if isinstance(rate_limit, _Unset) else rate_limit,
+        # A new rate_limit (one window or a [global, per-key] list) replaces both windows.
+        key_rate_limit=current.key_rate_limit if isinstance(rate_limit, _Unset) else None,
         retry_ms=current.retry_ms,
         fairness=current.fairness,
         order=current.order,
+        throttle=current.throttle,
     )
     engine = get_engine()
     engine.register_queue(config)
