@@ -17,6 +17,8 @@ Scenarios (each runs for a fixed time, so the whole bench stays short):
 - cap full:    10,000 waiters, every slot held; a decision for the waiter in the middle;
 - handoff:     the same line: a holder releases its slot and the release grants it to the
                rightful next of 10,000 waiters, in the same call.
+- per-key:     per-key window and GCRA decisions against a plain window, and the state left
+               after 100,000 distinct keys went idle (`bench/admission_keyed.py`).
 """
 
 from __future__ import annotations
@@ -417,6 +419,9 @@ def main() -> None:
         + ", ".join(f"{name} {row['fill_s']:.1f} s" for name, row in rows.items() if isinstance(row, dict))
         + "; db rows are bulk-inserted)"
     )
+    from bench.admission_keyed import report as keyed_report  # per-key windows and GCRA rows
+
+    keyed_report(seconds, 10_000 if args.quick else 100_000)
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

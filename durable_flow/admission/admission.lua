@@ -224,17 +224,23 @@ local function tbucket(k)
   return ''
 end
 
--- GCRA: nil when a call conforms now, else the first whole ms it will.
-local function gcra_until(tk)
+-- GCRA: nil when a call conforms now (`lead` ms early), else the first whole ms it will.
+local function gcra_until(tk, lead)
   local tat = tonumber(call('GET', tk))
   if not tat then
     return nil
   end
   local tau = (thr.burst - 1) * (thr.period_ms / thr.limit)
-  if tat - tau <= now then
+  lead = lead or 0
+  if tat - tau - lead <= now then
     return nil
   end
-  return math.ceil(tat - tau)
+  return math.ceil(tat - tau - lead)
+end
+
+-- `keyed.start_lead_ms`: how far grants may run ahead of the throttle's start side.
+local function start_lead()
+  return math.min(1000, 4 * (thr.period_ms / thr.limit))
 end
 
 local function gcra_take(tk)
@@ -243,25 +249,44 @@ local function gcra_take(tk)
   call('SET', tk, string.format('%.17g', tat), 'PX', math.ceil(tat - now) + TTL_SLACK)
 end
 
--- `keyed.throttle_blocks_all`: a queue-wide throttle's next conforming instant, or nil.
+local function later(a, b)
+  if not a then
+    return b
+  end
+  if not b or a > b then
+    return a
+  end
+  return b
+end
+
+-- The per-key start window: sliding ones widened like `policy.start_margin_ms`.
+local function kstart_period()
+  if krate.algorithm == 'fixed' then
+    return krate.period_ms
+  end
+  return krate.period_ms + math.min(50, math.floor(krate.period_ms / 20))
+end
+
+-- `keyed.throttle_blocks_all`: a queue-wide throttle's next conforming instant (its grant and its
+-- start TAT), or nil.
 local function throttle_blocks_all()
   if not thr or thr.per == 'key' then
     return nil
   end
-  return gcra_until(KROOT .. 'kt:g:')
+  return later(gcra_until(KROOT .. 'kt:g:'), gcra_until(KROOT .. 'kt:s:', start_lead()))
 end
 
--- `keyed.key_blocked_until`: when a waiter of key `k` may be granted, or nil if it may now.
+-- `keyed.key_blocked_until`: when a waiter of key `k` may be granted (its window and throttle,
+-- each over grants and over starts), or nil if it may now.
 local function key_blocked_until(k)
   local untl = nil
   if krate then
     untl = kwin_until(KROOT .. 'kw:' .. k, krate, krate.period_ms)
+    untl = later(untl, kwin_until(KROOT .. 'ks:' .. k, krate, kstart_period()))
   end
   if thr and thr.per == 'key' then
-    local at = gcra_until(KROOT .. 'kt:g:' .. k)
-    if at and (not untl or at > untl) then
-      untl = at
-    end
+    untl = later(untl, gcra_until(KROOT .. 'kt:g:' .. k))
+    untl = later(untl, gcra_until(KROOT .. 'kt:s:' .. k, start_lead()))
   end
   return untl
 end
@@ -274,14 +299,6 @@ local function keyed_take(k)
   if thr then
     gcra_take(KROOT .. 'kt:g:' .. tbucket(k))
   end
-end
-
--- The per-key start window: sliding ones widened like `policy.start_margin_ms`.
-local function kstart_period()
-  if krate.algorithm == 'fixed' then
-    return krate.period_ms
-  end
-  return krate.period_ms + math.min(50, math.floor(krate.period_ms / 20))
 end
 
 -- `keyed.start_wait`: the latest instant the key's start window or throttle bucket reopens (0: now).

@@ -16,7 +16,15 @@ from __future__ import annotations
 from django.db.models import Count
 
 from durable_flow.admission import keyed
-from durable_flow.admission.keyed import GLOBAL_BUCKET, bucket, gcra_retry_at, gcra_take, key_window_start
+from durable_flow.admission.keyed import (
+    GLOBAL_BUCKET,
+    bucket,
+    gcra_retry_at,
+    gcra_take,
+    key_window_start,
+    later,
+    start_lead_ms,
+)
 from durable_flow.admission.policy import key_start_window, window_retry_at
 from durable_flow.models import AdmissionKeyMark, AdmissionKeyTat, AdmissionSlot, AdmissionWaiter
 from durable_flow.queues import QueueConfig
@@ -50,19 +58,20 @@ def throttle_blocks_all(config: QueueConfig, now: int) -> int | None:
     throttle = config.throttle
     if throttle is None or throttle.per == "key":
         return None
-    return gcra_retry_at(throttle, _tat(config, GRANT, GLOBAL_BUCKET), now)
+    grants = gcra_retry_at(throttle, _tat(config, GRANT, GLOBAL_BUCKET), now)
+    return later(grants, gcra_retry_at(throttle, _tat(config, START, GLOBAL_BUCKET), now, start_lead_ms(throttle)))
 
 
 def key_blocked_until(config: QueueConfig, key: str, now: int) -> int | None:
     """`keyed.key_blocked_until` for one key."""
     until = None
-    if config.key_rate_limit is not None:
+    if config.key_rate_limit is not None and (start_rate := key_start_window(config)) is not None:
         until = keyed.key_window_retry_at(config.key_rate_limit, _marks(config, GRANT, key), now)
+        until = later(until, keyed.key_window_retry_at(start_rate, _marks(config, START, key), now))
     throttle = config.throttle
     if throttle is not None and throttle.per == "key":
-        at = gcra_retry_at(throttle, _tat(config, GRANT, key), now)
-        if at is not None and (until is None or at > until):
-            until = at
+        until = later(until, gcra_retry_at(throttle, _tat(config, GRANT, key), now))
+        until = later(until, gcra_retry_at(throttle, _tat(config, START, key), now, start_lead_ms(throttle)))
     return until
 
 
@@ -71,19 +80,19 @@ def blocked_keys(config: QueueConfig, now: int) -> dict[str, int]:
     active in the last period (those with marks or a future TAT), never the waiting line."""
     prune(config, now)
     candidates: set[str] = set()
-    rate = config.key_rate_limit
-    if rate is not None:
-        full = (
-            AdmissionKeyMark.objects.filter(queue=config.name, kind=GRANT, at_ms__gte=key_window_start(rate, now))
-            .values("fairness_key")
-            .annotate(n=Count("id"))
-            .filter(n__gte=rate.limit)
-        )
-        candidates.update(row["fairness_key"] for row in full)
+    for kind, rate in ((GRANT, config.key_rate_limit), (START, key_start_window(config))):
+        if rate is not None:
+            full = (
+                AdmissionKeyMark.objects.filter(queue=config.name, kind=kind, at_ms__gte=key_window_start(rate, now))
+                .values("fairness_key")
+                .annotate(n=Count("id"))
+                .filter(n__gte=rate.limit)
+            )
+            candidates.update(row["fairness_key"] for row in full)
     throttle = config.throttle
     if throttle is not None and throttle.per == "key":
         # A slightly wider filter than the rule; `key_blocked_until` decides exactly (floats).
-        ahead = AdmissionKeyTat.objects.filter(queue=config.name, kind=GRANT, tat__gt=now + throttle.tolerance_ms - 1)
+        ahead = AdmissionKeyTat.objects.filter(queue=config.name, tat__gt=now + throttle.tolerance_ms - 1)
         candidates.update(ahead.values_list("bucket", flat=True))
     blocked = {key: key_blocked_until(config, key, now) for key in candidates}
     return {key: until for key, until in blocked.items() if until is not None}

@@ -6,6 +6,12 @@ three to the same answers.
 Like a queue's global window, each limit is kept twice: once over *grants* (so a key whose
 window is full is skipped when room is handed out, and its waiters never hold up the line for
 other keys) and once over *step starts* (`try_start`, what the limit promises the provider).
+A key is granted only while *both* have room: were grants paced by their own window alone,
+grants delayed in transport and then delivered together would leave steps sleeping in
+`try_start`, and since new grants keep coming at the start rate that backlog would never drain;
+it would hold worker threads that other keys' calls need. Gated on the start side too, a key
+that has a backlog of granted-but-unstarted steps gets no more grants until it has caught up
+(a throttle's start side lets grants run `start_lead_ms` ahead, to cover the transport).
 
 GCRA (the Generic Cell Rate Algorithm, as `redis-cell` does it) keeps one number per bucket,
 the theoretical arrival time `tat`: a call conforms when `tat - tolerance <= now` and then
@@ -32,11 +38,18 @@ def bucket(throttle: Throttle, key: str) -> str:
     return key if throttle.per == "key" else GLOBAL_BUCKET
 
 
-def gcra_retry_at(throttle: Throttle, tat: float | None, now_ms: int) -> int | None:
-    """None when a call conforms now; else the first whole millisecond it will."""
-    if tat is None or tat - throttle.tolerance_ms <= now_ms:
+def gcra_retry_at(throttle: Throttle, tat: float | None, now_ms: int, lead: float = 0.0) -> int | None:
+    """None when a call conforms now (`lead` ms early); else the first whole ms it will."""
+    if tat is None or tat - throttle.tolerance_ms - lead <= now_ms:
         return None
-    return math.ceil(tat - throttle.tolerance_ms)
+    return math.ceil(tat - throttle.tolerance_ms - lead)
+
+
+def start_lead_ms(throttle: Throttle) -> float:
+    """How far ahead of the throttle's start side grants may run: enough to cover the transport
+    between a grant and its start (up to 1 s), while at most 4 more granted steps than the burst
+    can be waiting in `try_start`."""
+    return min(1000.0, 4 * (throttle.period_ms / throttle.limit))
 
 
 def gcra_take(throttle: Throttle, tat: float | None, now_ms: int) -> float:
@@ -101,25 +114,41 @@ def sweep(config: QueueConfig, state: KeyedState, now_ms: int, start_rate: RateL
             del tats[key]
 
 
+def start_rate_of(config: QueueConfig) -> RateLimit | None:
+    """The per-key window step starts are counted in (`policy.key_start_window`)."""
+    from durable_flow.admission.policy import key_start_window  # policy imports this module
+
+    return key_start_window(config)
+
+
+def later(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else max(a, b)
+
+
 def throttle_blocks_all(config: QueueConfig, state: KeyedState, now_ms: int) -> int | None:
-    """When a global (not per-key) throttle lets the next grant through, or None if it does now."""
+    """When a global (not per-key) throttle lets the next grant through (its grant and its start
+    TAT both conform), or None if it does now."""
     throttle = config.throttle
     if throttle is None or throttle.per == "key":
         return None
-    return gcra_retry_at(throttle, state.tat.get(GLOBAL_BUCKET), now_ms)
+    grants = gcra_retry_at(throttle, state.tat.get(GLOBAL_BUCKET), now_ms)
+    lead = start_lead_ms(throttle)
+    return later(grants, gcra_retry_at(throttle, state.start_tat.get(GLOBAL_BUCKET), now_ms, lead))
 
 
 def key_blocked_until(config: QueueConfig, state: KeyedState, key: str, now_ms: int) -> int | None:
     """When a waiter of `key` may next be granted as far as its per-key limits go (the key's
-    window and a per-key throttle), or None if it may now."""
+    window and a per-key throttle, each over grants and over starts), or None if it may now."""
     until = None
     if config.key_rate_limit is not None:
         until = key_window_retry_at(config.key_rate_limit, state.marks.get(key), now_ms)
+        start_rate = start_rate_of(config)
+        assert start_rate is not None
+        until = later(until, key_window_retry_at(start_rate, state.starts.get(key), now_ms))
     throttle = config.throttle
     if throttle is not None and throttle.per == "key":
-        at = gcra_retry_at(throttle, state.tat.get(key), now_ms)
-        if at is not None and (until is None or at > until):
-            until = at
+        until = later(until, gcra_retry_at(throttle, state.tat.get(key), now_ms))
+        until = later(until, gcra_retry_at(throttle, state.start_tat.get(key), now_ms, start_lead_ms(throttle)))
     return until
 
 
