@@ -232,13 +232,18 @@ def redis_figures(seconds: float) -> dict:
         trivial = client.register_script("return 1")
         out["evalsha"] = summary(timed_loop(seconds, lambda _: trivial(keys=[], args=[])))
     finally:
-        for backend in backends:
-            backend.close()
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        clean_redis(client, prefix, backends)
     return out
+
+
+def clean_redis(client: Any, prefix: str, backends: list[Any]) -> None:
+    """Stop the backends' heartbeats, delete every key under `prefix`, close the client."""
+    for backend in backends:
+        backend.close()
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 # -- through the engine (db backend, SQLite) ------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.admission import REDIS_URL, setup_django, summary, timed_loop  # noqa: E402
+from bench.admission import REDIS_URL, clean_redis, setup_django, summary, timed_loop  # noqa: E402
 
 TENANTS = 1_000
 BIG = 10**9
@@ -152,11 +152,7 @@ def redis_figures(seconds: float, keys: int) -> dict[str, Any]:
         served = client.hlen(f"{prefix}:q:bk-idle:served")
         out["idle"] = {"peak": peak, "left": backend.keyed_keys("bk-idle"), "unit": "keys", "served": served}
     finally:
-        backend.close()
-        names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if names:
-            client.delete(*names)
-        client.close()
+        clean_redis(client, prefix, [backend])
     return out
 
 
