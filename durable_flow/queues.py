@@ -169,6 +169,18 @@ def _rate_limits(raw: object, where: str) -> tuple[RateLimit | None, RateLimit |
     return windows.get("global"), windows.get("key")
 
 
+def resized_windows(current: QueueConfig, new: object) -> tuple[RateLimit | None, RateLimit | None]:
+    """(global, per-key) windows after `update_queue(rate_limit=new)`: None removes both, a list
+    replaces both, one window replaces only its own kind (so resizing the global window from
+    the dashboard keeps a per-key one)."""
+    if new is None:
+        return None, None
+    rate, per_key = _rate_limits(new, f"queue {current.name!r}.rate_limit")
+    if isinstance(new, Sequence) and not isinstance(new, str):
+        return rate, per_key
+    return (current.rate_limit, per_key) if per_key is not None else (rate, current.key_rate_limit)
+
+
 def _throttle(raw: Mapping[str, Any], where: str) -> Throttle:
     unknown = sorted(set(raw) - {"limit", "period_ms", "burst", "per"})
     if unknown:

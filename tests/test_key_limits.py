@@ -149,3 +149,27 @@ def test_the_queue_page_shows_the_busiest_keys_window_use(engine: Any, transacti
     table = page[page.index('id="queue-key-windows"') :]
     assert table.index("tenant-a") < table.index("tenant-b")  # busiest first
     assert "3 / 5" in table and "1 / 5" in table and "60%" in table
+
+
+@pytest.mark.parametrize(
+    ("new", "expected"),
+    [
+        ({"limit": 50, "period_ms": 1000}, (RateLimit(50, 1000), RateLimit(10, 1000, "sliding"))),
+        ({"limit": 3, "period_ms": 500, "per": "key"}, (RateLimit(100, 1000), RateLimit(3, 500))),
+        ([{"limit": 3, "period_ms": 500, "per": "key"}], (None, RateLimit(3, 500))),
+        (None, (None, None)),
+    ],
+)
+def test_resizing_a_window_keeps_the_other_kind(engine: Any, new: Any, expected: tuple[Any, Any]) -> None:
+    """One window replaces only its own kind (the dashboard's resize form sends the global one);
+    a list replaces both, None removes both; the throttle is kept."""
+    from durable_flow import api
+
+    api.register_queue(
+        "both",
+        rate_limit=[{"limit": 100, "period_ms": 1000}, PER_KEY],
+        throttle={"limit": 5, "period_ms": 1000, "burst": 2},
+    )
+    config = api.update_queue("both", rate_limit=new)
+    assert (config.rate_limit, config.key_rate_limit) == expected
+    assert config.throttle == Throttle(5, 1000, burst=2)
