@@ -295,7 +295,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         available = self._room(config, marks, now)
         waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
         constrained = waiters.filter(constrained=True).exists()
-        blocked = db_keyed.blocked_keys(config, now) if config.keyed else {}
+        blocked = db_keyed.blocked_keys(config, now) if config.keyed else set()
         while available is None or available > 0:
             if config.keyed and db_keyed.throttle_blocks_all(config, now) is not None:
                 break

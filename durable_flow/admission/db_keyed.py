@@ -75,11 +75,12 @@ def key_blocked_until(config: QueueConfig, key: str, now: int) -> int | None:
     return until
 
 
-def blocked_keys(config: QueueConfig, now: int) -> dict[str, int]:
-    """Every key its own limits block now -> when it reopens (pruning first). Reads only keys
-    active in the last period (those with marks or a future TAT), never the waiting line."""
+def blocked_keys(config: QueueConfig, now: int) -> set[str]:
+    """Every key its own limits block now (pruning first), in a few set-wise queries: over the
+    keys active in the last period (those with marks or a future TAT), never the waiting line,
+    and with no query per key (when each reopens is asked only for keys that wait)."""
     prune(config, now)
-    candidates: set[str] = set()
+    blocked: set[str] = set()
     for kind, rate in ((GRANT, config.key_rate_limit), (START, key_start_window(config))):
         if rate is not None:
             full = (
@@ -88,17 +89,19 @@ def blocked_keys(config: QueueConfig, now: int) -> dict[str, int]:
                 .annotate(n=Count("id"))
                 .filter(n__gte=rate.limit)
             )
-            candidates.update(row["fairness_key"] for row in full)
+            blocked.update(row["fairness_key"] for row in full)
     throttle = config.throttle
     if throttle is not None and throttle.per == "key":
-        # A slightly wider filter than the rule; `key_blocked_until` decides exactly (floats).
-        ahead = AdmissionKeyTat.objects.filter(queue=config.name, tat__gt=now + throttle.tolerance_ms - 1)
-        candidates.update(ahead.values_list("bucket", flat=True))
-    blocked = {key: key_blocked_until(config, key, now) for key in candidates}
-    return {key: until for key, until in blocked.items() if until is not None}
+        # The SQL filter is a hair wider than the rule (floats); `gcra_retry_at` decides exactly.
+        lead = {GRANT: 0.0, START: start_lead_ms(throttle)}
+        ahead = AdmissionKeyTat.objects.filter(queue=config.name, tat__gt=now + throttle.tolerance_ms - 1e-3)
+        for name, kind, tat in ahead.values_list("bucket", "kind", "tat"):
+            if gcra_retry_at(throttle, tat, now, lead[kind]) is not None:
+                blocked.add(name)
+    return blocked
 
 
-def reopens_at(config: QueueConfig, marks: list[int], now: int, blocked: dict[str, int]) -> int | None:
+def reopens_at(config: QueueConfig, marks: list[int], now: int, blocked: set[str]) -> int | None:
     """`policy.window_reopens_at`: when waiters held back by a window or throttle alone may
     next be granted."""
     rate = config.rate_limit
@@ -117,7 +120,7 @@ def reopens_at(config: QueueConfig, marks: list[int], now: int, blocked: dict[st
         return at
     waiting = AdmissionWaiter.objects.filter(queue=config.name, fairness_key__in=list(blocked))
     keys = set(waiting.values_list("fairness_key", flat=True).distinct())
-    return min((blocked[key] for key in keys), default=None)
+    return min((until for key in keys if (until := key_blocked_until(config, key, now)) is not None), default=None)
 
 
 def key_free(config: QueueConfig, key: str, now: int) -> bool:
@@ -126,10 +129,10 @@ def key_free(config: QueueConfig, key: str, now: int) -> bool:
     return throttle_blocks_all(config, now) is None and key_blocked_until(config, key, now) is None
 
 
-def recheck(config: QueueConfig, key: str, now: int, blocked: dict[str, int]) -> None:
+def recheck(config: QueueConfig, key: str, now: int, blocked: set[str]) -> None:
     """After a grant of `key`: add it to `blocked` if that grant spent its limits."""
-    if (until := key_blocked_until(config, key, now)) is not None:
-        blocked[key] = until
+    if key_blocked_until(config, key, now) is not None:
+        blocked.add(key)
 
 
 def blocked_until(config: QueueConfig, key: str, now: int) -> int | None:
