@@ -17,6 +17,8 @@ Scenarios (each runs for a fixed time, so the whole bench stays short):
 - cap full:    10,000 waiters, every slot held; a decision for the waiter in the middle;
 - handoff:     the same line: a holder releases its slot and the release grants it to the
                rightful next of 10,000 waiters, in the same call.
+- per-key:     per-key window and GCRA decisions against a plain window, and the state left
+               after 100,000 distinct keys went idle (`bench/admission_keyed.py`).
 """
 
 from __future__ import annotations
@@ -233,13 +235,18 @@ def redis_figures(seconds: float) -> dict:
         trivial = client.register_script("return 1")
         out["evalsha"] = summary(timed_loop(seconds, lambda _: trivial(keys=[], args=[])))
     finally:
-        for backend in backends:
-            backend.close()
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        clean_redis(client, prefix, backends)
     return out
+
+
+def clean_redis(client: Any, prefix: str, backends: list[Any]) -> None:
+    """Stop the backends' heartbeats, delete every key under `prefix`, close the client."""
+    for backend in backends:
+        backend.close()
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 # -- through the engine (db backend, SQLite) ------------------------------------------------------
@@ -420,6 +427,9 @@ def main() -> None:
         + ", ".join(f"{name} {row['fill_s']:.1f} s" for name, row in rows.items() if isinstance(row, dict))
         + "; db rows are bulk-inserted)"
     )
+    from bench.admission_keyed import report as keyed_report  # per-key windows and GCRA rows
+
+    keyed_report(seconds, 10_000 if args.quick else 100_000)
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

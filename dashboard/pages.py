@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from dashboard import charts
 from dashboard.history import SPAN, History, Sample, history
 from durable_flow.conf import get_settings
+from durable_flow.engine import get_engine
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
@@ -195,6 +196,15 @@ def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
     return [{**row, "fairness_key": row["fairness_key"] or "(each run its own key)"} for row in rows]
 
 
+def key_windows(queue: str, rate: Mapping[str, Any] | None, top: int = 10) -> list[dict[str, Any]] | None:
+    """The busiest keys of a per-key window: step starts in each key's current window against
+    its limit (None without a per-key window, or when the backend cannot tell)."""
+    usage = get_engine().admission.key_window_usage(queue, top) if rate else None
+    if usage is None or rate is None:
+        return None
+    return [{"key": key, "used": used, "pct": min(100, round(100 * used / rate["limit"]))} for key, used in usage]
+
+
 def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     """The queue page, or None for an unknown queue."""
     row = next((q for q in snap["queues"] if q["name"] == name), None)
@@ -214,6 +224,7 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
         "in_flight_pct": min(100, round(100 * (row["in_flight"] or 0) / cap)) if cap else None,
         "window_pct": min(100, round(100 * (row["window_used"] or 0) / rate["limit"])) if rate else None,
         "keys": busiest_keys(name),
+        "key_windows": key_windows(name, row.get("key_rate_limit")),
         "depth_chart": charts.line_chart(
             f"{name}: waiting and in flight over the last hour",
             {"backlog": _gauge(samples, "waiting"), "in_flight": _gauge(samples, "in_flight")},

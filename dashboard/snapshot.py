@@ -112,6 +112,8 @@ def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
             "slots": in_flight,
             "concurrency": config.get("concurrency"),
             "rate_limit": rate,
+            "key_rate_limit": config.get("key_rate_limit"),
+            "throttle": config.get("throttle"),
             "retry_ms": config.get("retry_ms", 1000),
             "fairness": config.get("fairness", "fifo"),
             "window_used": window_used,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durable_flow.exceptions import InvalidInput
@@ -102,17 +102,25 @@ def register_queue(
     name: str,
     *,
     concurrency: int | None = None,
-    rate_limit: RateLimit | Mapping[str, Any] | None = None,
+    rate_limit: RateLimit | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     retry_ms: int = 1000,
     fairness: str = "fifo",
     order: str = "fifo",
+    throttle: Mapping[str, Any] | None = None,
 ) -> QueueConfig:
-    """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values."""
+    """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values.
+    `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window."""
     from durable_flow.engine import get_engine
     from durable_flow.queues import QueueConfig
 
     config = QueueConfig.build(
-        name=name, concurrency=concurrency, rate_limit=rate_limit, retry_ms=retry_ms, fairness=fairness, order=order
+        name=name,
+        concurrency=concurrency,
+        rate_limit=rate_limit,
+        retry_ms=retry_ms,
+        fairness=fairness,
+        order=order,
+        throttle=throttle,
     )
     return get_engine().register_queue(config)
 

@@ -381,7 +381,9 @@ class WorkerSample(models.Model):
 # here so Django registers them with this app and `durable_flow.models` names every model.
 from durable_flow.admission.models import (  # noqa: E402
     AdmissionHold,
+    AdmissionKeyMark,
     AdmissionKeyServed,
+    AdmissionKeyTat,
     AdmissionMark,
     AdmissionResourceWaiter,
     AdmissionSlot,
@@ -394,7 +396,9 @@ __all__ = [
     "SETTLED_STEP_STATUSES",
     "TERMINAL_RUN_STATUSES",
     "AdmissionHold",
+    "AdmissionKeyMark",
     "AdmissionKeyServed",
+    "AdmissionKeyTat",
     "AdmissionMark",
     "AdmissionResourceWaiter",
     "AdmissionSlot",

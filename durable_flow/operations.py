@@ -17,7 +17,7 @@ from durable_flow.attempts import operator_retried
 from durable_flow.engine import get_engine, one, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
-from durable_flow.queues import QueueConfig, RateLimit, queue_from_dict
+from durable_flow.queues import QueueConfig, RateLimit, queue_from_dict, resized_windows
 from durable_flow.registry import get_step, get_workflow
 from durable_flow.validation import max_length, storable_text
 
@@ -139,17 +139,23 @@ def update_queue(
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
 ) -> QueueConfig:
     """Resize a queue live from any process: a new `concurrency` and/or `rate_limit` (None
-    removes it). Shrinking revokes no running step (the excess drains as results land);
-    growing admits waiters at once. Exact across processes on the `db` and `redis` backends,
-    which read the shared config at each decision; `local` applies it to this process only."""
+    removes it; see `resized_windows` for a per-key window). Shrinking revokes no running step
+    (the excess drains as results land); growing admits waiters at once. Exact across processes
+    on the `db` and `redis` backends, which read the shared config at each decision; `local`
+    applies it to this process only."""
     current = queue_from_dict(_queue_row(name).config)
+    windows = (current.rate_limit, current.key_rate_limit)
+    if not isinstance(rate_limit, _Unset):
+        windows = resized_windows(current, rate_limit)
     config = QueueConfig.build(
         name=name,
         concurrency=current.concurrency if isinstance(concurrency, _Unset) else concurrency,
-        rate_limit=current.rate_limit if isinstance(rate_limit, _Unset) else rate_limit,
+        rate_limit=windows[0],
+        key_rate_limit=windows[1],
         retry_ms=current.retry_ms,
         fairness=current.fairness,
         order=current.order,
+        throttle=current.throttle,
     )
     engine = get_engine()
     engine.register_queue(config)

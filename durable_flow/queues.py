@@ -7,7 +7,7 @@ build the same `QueueConfig`. Invalid values raise `InvalidQueueConfig` naming t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS, max_length
 Algorithm = Literal["fixed", "sliding"]
 Fairness = Literal["fifo", "key"]
 Order = Literal["fifo", "lifo"]
+Per = Literal["global", "key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,27 @@ class RateLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class Throttle:
+    """GCRA: starts spaced `period_ms / limit` apart, up to `burst` at once; it delays, never
+    drops. `per="key"` gives every fairness key its own stored timestamp (TAT)."""
+
+    limit: int
+    period_ms: int
+    burst: int = 1
+    per: Per = "global"
+
+    @property
+    def interval_ms(self) -> float:
+        """The spacing between starts once the burst is spent."""
+        return self.period_ms / self.limit
+
+    @property
+    def tolerance_ms(self) -> float:
+        """How far ahead of now the TAT may run and still admit: what makes a burst."""
+        return (self.burst - 1) * (self.period_ms / self.limit)
+
+
+@dataclass(frozen=True, slots=True)
 class QueueConfig:
     """A named cap that `ctx.step(..., queue=name)` calls opt into."""
 
@@ -38,6 +60,13 @@ class QueueConfig:
     retry_ms: int = 1000
     fairness: Fairness = "fifo"
     order: Order = "fifo"
+    key_rate_limit: RateLimit | None = None
+    throttle: Throttle | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a per-key window or a throttle applies (see `admission.keyed`)."""
+        return self.key_rate_limit is not None or self.throttle is not None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form persisted on `FlowQueue.config` and shown in the admin."""
@@ -48,15 +77,15 @@ class QueueConfig:
         """Parse and validate a settings dict; `where` prefixes error messages."""
         if not isinstance(raw, Mapping):
             raise InvalidQueueConfig(f"{where}: expected a dict, got {type(raw).__name__}")
-        known = {"name", "concurrency", "rate_limit", "retry_ms", "fairness", "order"}
+        known = {"name", "concurrency", "rate_limit", "retry_ms", "fairness", "order", "throttle"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
-        rate = raw.get("rate_limit")
         return cls.build(
             name=raw.get("name"),  # type: ignore[arg-type]
             concurrency=raw.get("concurrency"),
-            rate_limit=_rate_limit(rate, f"{where}.rate_limit") if rate is not None else None,
+            rate_limit=raw.get("rate_limit"),
+            throttle=raw.get("throttle"),
             retry_ms=raw.get("retry_ms", 1000),
             fairness=raw.get("fairness", "fifo"),
             order=raw.get("order", "fifo"),
@@ -69,13 +98,16 @@ class QueueConfig:
         *,
         name: str,
         concurrency: int | None = None,
-        rate_limit: RateLimit | Mapping[str, Any] | None = None,
+        rate_limit: RateLimit | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         retry_ms: int = 1000,
         fairness: str = "fifo",
         order: str = "fifo",
         where: str = "queue",
+        key_rate_limit: RateLimit | None = None,
+        throttle: Throttle | Mapping[str, Any] | None = None,
     ) -> QueueConfig:
-        """Validate keyword options (the `register_queue` form)."""
+        """Validate keyword options (the `register_queue` form). `rate_limit` is one window or
+        a list of a global and a per-key one (`"per": "key"`)."""
         longest = max_length("FlowQueue", "name")
         if not isinstance(name, str) or not name.strip() or len(name) > longest or "\x00" in name:
             raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most {longest} characters is required")
@@ -84,10 +116,14 @@ class QueueConfig:
             raise InvalidQueueConfig(
                 f"{where}.concurrency: must be an integer from 1 to {MAX_COUNT} or omitted, got {concurrency!r}"
             )
-        if isinstance(rate_limit, Mapping):
-            rate_limit = _rate_limit(rate_limit, f"{where}.rate_limit")
-        elif rate_limit is not None and not isinstance(rate_limit, RateLimit):
-            raise InvalidQueueConfig(f"{where}.rate_limit: expected a dict with limit and period_ms")
+        rate_limit, per_key = _rate_limits(rate_limit, f"{where}.rate_limit")
+        if per_key is not None and key_rate_limit is not None:
+            raise InvalidQueueConfig(f"{where}.rate_limit: a per-key window is given twice")
+        key_rate_limit = key_rate_limit or per_key
+        if isinstance(throttle, Mapping):
+            throttle = _throttle(throttle, f"{where}.throttle")
+        elif throttle is not None and not isinstance(throttle, Throttle):
+            raise InvalidQueueConfig(f"{where}.throttle: expected a dict with limit, period_ms and burst")
         if not _is_int(retry_ms) or not 1 <= retry_ms <= MAX_DURATION_MS:
             raise InvalidQueueConfig(
                 f"{where}.retry_ms: must be an integer from 1 to {MAX_DURATION_MS} (milliseconds), got {retry_ms!r}"
@@ -103,6 +139,8 @@ class QueueConfig:
             retry_ms=retry_ms,
             fairness=fairness,  # type: ignore[arg-type]
             order=order,  # type: ignore[arg-type]
+            key_rate_limit=key_rate_limit,
+            throttle=throttle,
         )
 
 
@@ -110,20 +148,71 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _rate_limit(raw: Mapping[str, Any], where: str) -> RateLimit:
-    if not isinstance(raw, Mapping):
-        raise InvalidQueueConfig(f"{where}: expected a dict with limit and period_ms")
-    unknown = sorted(set(raw) - {"limit", "period_ms", "algorithm"})
+def _rate_limits(raw: object, where: str) -> tuple[RateLimit | None, RateLimit | None]:
+    """(global window, per-key window) from one window, a `RateLimit`, or a list of both."""
+    if raw is None or isinstance(raw, RateLimit):
+        return raw, None
+    if isinstance(raw, Mapping):
+        entries: list[tuple[str, Any]] = [(where, raw)]
+    elif isinstance(raw, Sequence) and not isinstance(raw, str) and 1 <= len(raw) <= 2:
+        entries = [(f"{where}[{i}]", entry) for i, entry in enumerate(raw)]
+    else:
+        raise InvalidQueueConfig(f"{where}: expected a dict with limit and period_ms, or a list of two")
+    windows: dict[str, RateLimit] = {}
+    for at, entry in entries:
+        if isinstance(entry, Mapping) and entry.get("per", "global") not in ("global", "key"):
+            raise InvalidQueueConfig(f"{at}.per: must be 'global' or 'key', got {entry.get('per')!r}")
+        per = entry.get("per", "global") if isinstance(entry, Mapping) else "global"
+        if per in windows:
+            raise InvalidQueueConfig(f"{at}: at most one {per} window (give one global and one per-key)")
+        windows[per] = _rate_limit(entry, at)
+    return windows.get("global"), windows.get("key")
+
+
+def resized_windows(current: QueueConfig, new: object) -> tuple[RateLimit | None, RateLimit | None]:
+    """(global, per-key) windows after `update_queue(rate_limit=new)`: None removes both, a list
+    replaces both, one window replaces only its own kind (so resizing the global window from
+    the dashboard keeps a per-key one)."""
+    if new is None:
+        return None, None
+    rate, per_key = _rate_limits(new, f"queue {current.name!r}.rate_limit")
+    if isinstance(new, Sequence) and not isinstance(new, str):
+        return rate, per_key
+    return (current.rate_limit, per_key) if per_key is not None else (rate, current.key_rate_limit)
+
+
+def _throttle(raw: Mapping[str, Any], where: str) -> Throttle:
+    unknown = sorted(set(raw) - {"limit", "period_ms", "burst", "per"})
     if unknown:
         raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
-    limit, period_ms = raw.get("limit"), raw.get("period_ms")
-    algorithm = raw.get("algorithm", "fixed")
+    limit, period_ms, burst = raw.get("limit"), raw.get("period_ms"), raw.get("burst", 1)
+    per = raw.get("per", "global")
+    _check_limit_and_period(limit, period_ms, where)
+    if not _is_int(burst) or not 1 <= burst <= MAX_COUNT:  # type: ignore[operator]
+        raise InvalidQueueConfig(f"{where}.burst: must be an integer from 1 to {MAX_COUNT}, got {burst!r}")
+    if per not in ("global", "key"):
+        raise InvalidQueueConfig(f"{where}.per: must be 'global' or 'key', got {per!r}")
+    return Throttle(limit=limit, period_ms=period_ms, burst=burst, per=per)  # type: ignore[arg-type]
+
+
+def _check_limit_and_period(limit: object, period_ms: object, where: str) -> None:
     if not _is_int(limit) or not 1 <= limit <= MAX_COUNT:  # type: ignore[operator]
         raise InvalidQueueConfig(f"{where}.limit: must be an integer from 1 to {MAX_COUNT}, got {limit!r}")
     if not _is_int(period_ms) or not 1 <= period_ms <= MAX_DURATION_MS:  # type: ignore[operator]
         raise InvalidQueueConfig(
             f"{where}.period_ms: must be an integer from 1 to {MAX_DURATION_MS} (milliseconds), got {period_ms!r}"
         )
+
+
+def _rate_limit(raw: Mapping[str, Any], where: str) -> RateLimit:
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueConfig(f"{where}: expected a dict with limit and period_ms")
+    unknown = sorted(set(raw) - {"limit", "period_ms", "algorithm", "per"})
+    if unknown:
+        raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
+    limit, period_ms = raw.get("limit"), raw.get("period_ms")
+    algorithm = raw.get("algorithm", "fixed")
+    _check_limit_and_period(limit, period_ms, where)
     if algorithm not in ("fixed", "sliding"):
         raise InvalidQueueConfig(f"{where}.algorithm: must be 'fixed' or 'sliding', got {algorithm!r}")
     return RateLimit(limit=limit, period_ms=period_ms, algorithm=algorithm)  # type: ignore[arg-type]
@@ -132,8 +221,13 @@ def _rate_limit(raw: Mapping[str, Any], where: str) -> RateLimit:
 def queue_from_dict(data: Mapping[str, Any]) -> QueueConfig:
     """Rebuild a config from its `as_dict()` form (as stored on `FlowQueue`)."""
     data = dict(data)
-    rate = data.pop("rate_limit", None)
-    return QueueConfig.build(rate_limit=RateLimit(**rate) if rate else None, **data)
+    rate, per_key, throttle = data.pop("rate_limit", None), data.pop("key_rate_limit", None), data.pop("throttle", None)
+    return QueueConfig.build(
+        rate_limit=RateLimit(**rate) if rate else None,
+        key_rate_limit=RateLimit(**per_key) if per_key else None,
+        throttle=Throttle(**throttle) if throttle else None,
+        **data,
+    )
 
 
 def write_queues(queues: Iterable[QueueConfig], using: str = "default") -> None:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ({"QUEUES": [{"name": "q", "concurrency": 0}]}, "DURABLE_FLOW[\"QUEUES\"][0] 'q'.concurrency"),
         (
             {"QUEUES": [{"name": "q"}, {"name": "r", "rate_limit": {"limit": 1}}]},
-            'DURABLE_FLOW["QUEUES"][1].rate_limit.period_ms',
+            "DURABLE_FLOW[\"QUEUES\"][1] 'r'.rate_limit.period_ms",
         ),
         ({"QUEUES": [{"name": "q"}, {"name": "q"}]}, "queue 'q' is declared twice"),
         ({"POLLER": {"INTERVAL_MS": 0}}, 'DURABLE_FLOW["POLLER"]: INTERVAL_MS'),

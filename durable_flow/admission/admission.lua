@@ -207,6 +207,153 @@ local function window(k_marks, period)
   return 0, tonumber(m[2]) + period
 end
 
+-- ---------------------------------------------------------------------------------------------
+-- Per-key rate windows and the GCRA throttle (`admission/keyed.py` is the rulebook). Their state
+-- lives in keys named per fairness key (so, like the heartbeat lookups, a single Redis):
+--   R kw:<key>      zset   the key's grants in its window (member "ms:seq", score ms)
+--   R ks:<key>      zset   the key's step starts in its (widened) start window
+--   R kt:g:<bucket> string a throttle bucket's TAT over grants ("%.17g": exact doubles)
+--   R kt:s:<bucket> string the same over step starts
+-- where R is this queue's key root ("P:q:Q:") and a bucket is the key, or '' for a queue-wide
+-- throttle. Every one carries a PX TTL, so an idle key's state expires by itself: a window's
+-- once its last mark is out, a TAT's once it is past (both are then as good as absent). A test
+-- clock (ARGV[9]) runs apart from Redis' own, so its TTLs get ten minutes of slack.
+local KROOT = string.sub(K_SLOTS, 1, #K_SLOTS - 5)
+local krate = cfg and type(cfg.key_rate_limit) == 'table' and cfg.key_rate_limit or nil
+local thr = cfg and type(cfg.throttle) == 'table' and cfg.throttle or nil
+local keyed_on = krate ~= nil or thr ~= nil
+local TTL_SLACK = (ARGV[9] ~= '') and 600000 or 1000
+
+-- When a key's window over zset `z` (`rate` r, `period` ms) reopens, or nil if it has room.
+local function kwin_until(z, r, period)
+  local start = now - period + 1
+  if r.algorithm == 'fixed' then
+    start = now - now % period
+  end
+  call('ZREMRANGEBYSCORE', z, '-inf', '(' .. start)
+  local used = call('ZCARD', z)
+  if used < r.limit then
+    return nil
+  end
+  if r.algorithm == 'fixed' then
+    return start + period
+  end
+  local m = call('ZRANGE', z, used - r.limit, used - r.limit, 'WITHSCORES')
+  return tonumber(m[2]) + period
+end
+
+local function kwin_add(z, period)
+  call('ZADD', z, now, now .. ':' .. call('HINCRBY', K_META, 'kseq', 1))
+  call('PEXPIRE', z, period + TTL_SLACK)
+end
+
+local function tbucket(k)
+  if thr.per == 'key' then
+    return k
+  end
+  return ''
+end
+
+-- GCRA: nil when a call conforms now (`lead` ms early), else the first whole ms it will.
+local function gcra_until(tk, lead)
+  local tat = tonumber(call('GET', tk))
+  if not tat then
+    return nil
+  end
+  local tau = (thr.burst - 1) * (thr.period_ms / thr.limit)
+  lead = lead or 0
+  if tat - tau - lead <= now then
+    return nil
+  end
+  return math.ceil(tat - tau - lead)
+end
+
+-- `keyed.start_lead_ms`: how far grants may run ahead of the throttle's start side.
+local function start_lead()
+  return math.min(1000, 4 * (thr.period_ms / thr.limit))
+end
+
+local function gcra_take(tk)
+  local tat = tonumber(call('GET', tk)) or now
+  tat = math.max(tat, now) + thr.period_ms / thr.limit
+  call('SET', tk, string.format('%.17g', tat), 'PX', math.ceil(tat - now) + TTL_SLACK)
+end
+
+local function later(a, b)
+  if not a then
+    return b
+  end
+  if not b or a > b then
+    return a
+  end
+  return b
+end
+
+-- The per-key start window: sliding ones widened like `policy.start_margin_ms`.
+local function kstart_period()
+  if krate.algorithm == 'fixed' then
+    return krate.period_ms
+  end
+  return krate.period_ms + math.min(50, math.floor(krate.period_ms / 20))
+end
+
+-- `keyed.throttle_blocks_all`: a queue-wide throttle's next conforming instant (its grant and its
+-- start TAT), or nil.
+local function throttle_blocks_all()
+  if not thr or thr.per == 'key' then
+    return nil
+  end
+  return later(gcra_until(KROOT .. 'kt:g:'), gcra_until(KROOT .. 'kt:s:', start_lead()))
+end
+
+-- `keyed.key_blocked_until`: when a waiter of key `k` may be granted (its window and throttle,
+-- each over grants and over starts), or nil if it may now.
+local function key_blocked_until(k)
+  local untl = nil
+  if krate then
+    untl = kwin_until(KROOT .. 'kw:' .. k, krate, krate.period_ms)
+    untl = later(untl, kwin_until(KROOT .. 'ks:' .. k, krate, kstart_period()))
+  end
+  if thr and thr.per == 'key' then
+    untl = later(untl, gcra_until(KROOT .. 'kt:g:' .. k))
+    untl = later(untl, gcra_until(KROOT .. 'kt:s:' .. k, start_lead()))
+  end
+  return untl
+end
+
+-- `keyed.take`: count a grant of key `k`.
+local function keyed_take(k)
+  if krate then
+    kwin_add(KROOT .. 'kw:' .. k, krate.period_ms)
+  end
+  if thr then
+    gcra_take(KROOT .. 'kt:g:' .. tbucket(k))
+  end
+end
+
+-- `keyed.start_wait`: the latest instant the key's start window or throttle bucket reopens (0: now).
+local function keyed_start_wait(k)
+  local latest = 0
+  if krate then
+    latest = kwin_until(KROOT .. 'ks:' .. k, krate, kstart_period()) or 0
+  end
+  if thr then
+    latest = math.max(latest, gcra_until(KROOT .. 'kt:s:' .. tbucket(k)) or 0)
+  end
+  return latest
+end
+
+-- `keyed.count_start`: count a step start of key `k`.
+local function keyed_count_start(k)
+  if krate then
+    kwin_add(KROOT .. 'ks:' .. k, kstart_period())
+  end
+  if thr then
+    gcra_take(KROOT .. 'kt:s:' .. tbucket(k))
+  end
+end
+-- ---------------------------------------------------------------------------------------------
+
 local function free_slots()
   if type(cfg.concurrency) == 'number' then
     return math.max(0, cfg.concurrency - call('HLEN', K_SLOTS))
@@ -217,19 +364,33 @@ end
 -- start: a granted step is about to run. Count it in the rate window of step starts, or say how
 -- many ms to wait until the window has room (0: started).
 if op == 'start' then
-  if not rate then
+  if not rate and not keyed_on then
     return {0, now}
   end
-  -- A sliding start window is widened by `policy.start_margin_ms` (see there).
-  local period = rate.period_ms
-  if rate.algorithm ~= 'fixed' then
-    period = period + math.min(50, math.floor(period / 20))
+  local wait_until = 0
+  if rate then
+    -- A sliding start window is widened by `policy.start_margin_ms` (see there).
+    local period = rate.period_ms
+    if rate.algorithm ~= 'fixed' then
+      period = period + math.min(50, math.floor(period / 20))
+    end
+    local room, reopen = window(K_STARTS, period)
+    if room == 0 then
+      wait_until = reopen
+    end
   end
-  local room, reopen = window(K_STARTS, period)
-  if room == 0 then
-    return {math.max(1, reopen - now), now}
+  if keyed_on then
+    wait_until = math.max(wait_until, keyed_start_wait(ARGV[5]))
   end
-  call('ZADD', K_STARTS, now, now .. ':' .. call('HINCRBY', K_META, 'starts', 1))
+  if wait_until > 0 then
+    return {math.max(1, wait_until - now), now}
+  end
+  if rate then
+    call('ZADD', K_STARTS, now, now .. ':' .. call('HINCRBY', K_META, 'starts', 1))
+  end
+  if keyed_on then
+    keyed_count_start(ARGV[5])
+  end
   return {0, now}
 end
 
@@ -352,6 +513,67 @@ local function best_waiter()
   return string.sub(m, 16 + #kk + 17)
 end
 
+-- Per-key limits: the rightful next waiter whose key's own limits have room (`policy._best_fitting`):
+-- a blocked key's waiters are skipped, never in the way. `cache` memoizes key -> until (false:
+-- free). Costs one step per skipped entry: per blocked waiter ahead in fairness "fifo", per blocked
+-- key's group in fairness "key" (plus its never-served waiters, which no limit can block yet).
+local function waiter_key(t)
+  local _, _, k = parse_waiter(call('HGET', K_WAITERS, t))
+  return k
+end
+
+local function kblocked(cache, k)
+  local v = cache[k]
+  if v == nil then
+    v = key_blocked_until(k) or false
+    cache[k] = v
+  end
+  return v ~= false
+end
+
+local function best_allowed_waiter(cache)
+  local fi, gi = 0, 0
+  while true do
+    local f = call('ZRANGEBYLEX', K_FRESH, '-', '+', 'LIMIT', fi, 1)[1]
+    local g = nil
+    if key_mode then
+      g = call('ZRANGEBYLEX', K_GIDX, '-', '+', 'LIMIT', gi, 1)[1]
+    end
+    if not f and not g then
+      return nil
+    end
+    if f and (not g or string.sub(f, 1, 16) <= string.sub(g, 1, 16)) then
+      local t = string.sub(f, 33)
+      if not kblocked(cache, waiter_key(t)) then
+        return t
+      end
+      fi = fi + 1
+    else
+      local P, kk = string.sub(g, 1, 16), string.sub(g, 33)
+      if not kblocked(cache, string.sub(kk, 7)) then
+        local m = call('ZRANGEBYLEX', K_GRP, '[' .. P .. kk, '(' .. P .. kk .. ':', 'LIMIT', 0, 1)[1]
+        return string.sub(m, 16 + #kk + 17)
+      end
+      gi = gi + 1
+    end
+  end
+end
+
+-- `keyed.reopens_at` over the keys a grant found blocked (it scanned every waiter when it found
+-- none to grant, so `cache` holds every waiting key).
+local function keyed_reopen(cache)
+  local at = throttle_blocks_all()
+  if at then
+    return at
+  end
+  for _, v in pairs(cache) do
+    if v and (not at or v < at) then
+      at = v
+    end
+  end
+  return at
+end
+
 -- The waiter takes a slot: mark the grant window, record its key as served and re-rank the key.
 local function take_slot(t)
   local p, a, key = parse_waiter(call('HGET', K_WAITERS, t))
@@ -361,6 +583,9 @@ local function take_slot(t)
   local serve = call('HINCRBY', K_META, 'serve', 1)
   if rate then
     call('ZADD', K_MARKS, now, serve)
+  end
+  if keyed_on then
+    keyed_take(key)
   end
   local previous = call('HGET', K_SERVED, key)
   call('HSET', K_SERVED, key, serve)
@@ -405,14 +630,25 @@ local function grant(out)
   if free ~= nil and (room == nil or free < room) then
     room = free
   end
-  local aside = {}
+  local aside, kcache = {}, {}
   while room == nil or room > 0 do
-    local t = best_waiter()
+    if keyed_on and throttle_blocks_all() then
+      break
+    end
+    local t
+    if keyed_on then
+      t = best_allowed_waiter(kcache)
+    else
+      t = best_waiter()
+    end
     if not t then
       break
     end
     local tcs = R.constraints(t)
     if R.fits(tcs) then
+      if keyed_on then
+        kcache[waiter_key(t)] = nil
+      end
       take_slot(t)
       R.take(t, tcs)
       out[#out + 1] = t
@@ -432,12 +668,17 @@ local function grant(out)
     index_add(key_mode, lifo, w[1], w[2], w[3], w[4])
   end
   local reopen = ''
-  if rate and call('HLEN', K_WAITERS) > 0 then
+  if (rate or keyed_on) and call('HLEN', K_WAITERS) > 0 then
     free = free_slots()
     if free == nil or free > 0 then
-      local r, at = window(K_MARKS)
-      if r == 0 then
-        reopen = at
+      if rate then
+        local r, at = window(K_MARKS)
+        if r == 0 then
+          reopen = at
+        end
+      end
+      if reopen == '' and keyed_on then
+        reopen = keyed_reopen(kcache) or ''
       end
     end
   end
@@ -461,6 +702,11 @@ local function gate(q, t)
     if not cfg_q then
       return false
     end
+    if type(cfg_q.key_rate_limit) == 'table' or type(cfg_q.throttle) == 'table' then
+      -- Per-key limits are read for this call's queue only: that queue's own next grant (or the
+      -- poller's grant tick) hands the freed resource on, with its key's limits checked.
+      return false
+    end
     use_keys(q)
     cfg, rate = cfg_q, type(cfg_q.rate_limit) == 'table' and cfg_q.rate_limit or nil
     key_mode, lifo = cfg.fairness == 'key', cfg.order == 'lifo'
@@ -476,6 +722,7 @@ local function gate(q, t)
     end
     ok = call('HGET', K_META, 'mode') == cfg.fairness .. '/' .. cfg.order
       and (free == nil or free > 0) and (room == nil or room > 0)
+      and not (q == saved[1] and keyed_on and (throttle_blocks_all() or key_blocked_until(waiter_key(t))))
     if ok then
       take_slot(t)
     end
@@ -569,8 +816,14 @@ elseif out[1] == 0 then
   if rate then
     room, reopen = window(K_MARKS)
   end
+  local kat = nil
+  if room ~= 0 and keyed_on then
+    kat = throttle_blocks_all() or key_blocked_until(ARGV[5])
+  end
   if room == 0 then
     reply[3], reply[4] = reopen, 'rate_limited'
+  elseif kat then
+    reply[3], reply[4] = kat, 'rate_limited'
   else
     local free = free_slots()
     reply[3] = now + cfg.retry_ms

@@ -168,10 +168,11 @@ class AdmissionBackend(Configurable, ABC):
         place of those that are). Decides nothing; `grant` follows."""
 
     @abstractmethod
-    def try_start(self, queue: str, ticket: str) -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
         """A granted step is about to run: count its start in the queue's rate window (on the
         backend's clock), or return how many ms to wait until the window has room. 0 means
-        started (always, for a queue without a rate limit)."""
+        started (always, for a queue without a rate limit). `key` is the call's fairness key
+        (default: the ticket's run id), for a per-key window or throttle."""
 
     # -- optional, with defaults -------------------------------------------------------------
     def adopt(self, queue: str, ticket: str) -> bool:
@@ -192,6 +193,12 @@ class AdmissionBackend(Configurable, ABC):
     def window_usage(self, queue: str) -> int | None:
         """Step starts counted in `queue`'s current rate window; None when the queue has no
         rate limit, is unknown, or (the default) the backend cannot tell."""
+        return None
+
+    def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
+        """The busiest fairness keys of a per-key window: (key, step starts in its current
+        window), most first, at most `limit`; None without a per-key window or (the default)
+        when the backend cannot tell."""
         return None
 
     def next_waiters(self, queue: str, limit: int) -> list[str] | None:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from django.db import connection, transaction
 
-from durable_flow.admission import db_resources
+from durable_flow.admission import db_keyed, db_resources
 from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
@@ -49,6 +49,7 @@ from durable_flow.admission.db_resources import (
 from durable_flow.admission.policy import (
     NEVER_SERVED,
     oldest_mark_needed,
+    start_key,
     start_window,
     window_retry_at,
     window_room,
@@ -141,7 +142,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                 # Nobody in line: the caller is next by definition, so an uncontended admission
                 # writes a slot (and a mark) but never a waiter row.
                 available = self._room(config, marks, now)
-                if (available is None or available > 0) and counts.fits(request.constraints):
+                free_key = not config.keyed or db_keyed.key_free(config, request.key, now)
+                if (available is None or available > 0) and free_key and counts.fits(request.constraints):
                     self._take_slot(row, config, waiter, now, marks)
                     counts.take(request.ticket, request.constraints)
                     return AdmissionDecision.admit()
@@ -156,7 +158,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                 return AdmissionDecision.admit(others)
             if not counts.fits(request.constraints):
                 return AdmissionDecision.block(now + config.retry_ms, "step_concurrency", others)
-            return self._blocked(config, marks, now, others)
+            return self._blocked(config, marks, now, others, request.key)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic():
@@ -227,23 +229,31 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                     db_resources.wait(r.ticket, queue, r.priority, r.constraints)
             return [t for t in tickets if t in held]
 
-    def try_start(self, queue: str, ticket: str) -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
         raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
         known = queue_from_dict(raw) if raw is not None else self._configs.get(queue)
-        if known is None or known.rate_limit is None:
+        if known is None or (known.rate_limit is None and not known.keyed):
             return 0  # no window to count in: no lock taken
         with transaction.atomic():
             _, config = self._locked_queue(queue)
-            rate = start_window(config.rate_limit) if config is not None and config.rate_limit else None
-            if rate is None:
+            if config is None or (config.rate_limit is None and not config.keyed):
                 return 0
+            rate = start_window(config.rate_limit) if config.rate_limit else None
             now = self._now()
-            AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_mark_needed(rate, now)).delete()
-            starts = list(AdmissionStart.objects.filter(queue=queue).order_by("at_ms").values_list("at_ms", flat=True))
-            retry_at = window_retry_at(rate, starts, now)
-            if retry_at is not None:
+            retry_at = None
+            if rate is not None:
+                AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_mark_needed(rate, now)).delete()
+                starts = AdmissionStart.objects.filter(queue=queue).order_by("at_ms")
+                retry_at = window_retry_at(rate, list(starts.values_list("at_ms", flat=True)), now)
+            key = start_key(ticket, key)
+            if config.keyed:
+                retry_at = max(retry_at or 0, db_keyed.start_wait(config, key, now))
+            if retry_at:
                 return max(1, retry_at - now)
-            AdmissionStart.objects.create(queue=queue, at_ms=now)
+            if rate is not None:
+                AdmissionStart.objects.create(queue=queue, at_ms=now)
+            if config.keyed:
+                db_keyed.count_start(config, key, now)
             return 0
 
     def _now(self) -> int:
@@ -286,27 +296,25 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         available = self._room(config, marks, now)
         waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
         constrained = waiters.filter(constrained=True).exists()
+        blocked = db_keyed.blocked_keys(config, now) if config.keyed else set()
         while available is None or available > 0:
+            if config.keyed and db_keyed.throttle_blocks_all(config, now) is not None:
+                break
+            candidates = waiters.exclude(fairness_key__in=list(blocked)) if blocked else waiters
             if constrained:
-                best = next((w for w in waiters if counts.fits(waiter_constraints(w))), None)
+                best = next((w for w in candidates if counts.fits(waiter_constraints(w))), None)
             else:
-                best = waiters.first()
+                best = candidates.first()
             if best is None:
                 break
             self._take_slot(row, config, best, now, marks)
             counts.take(best.ticket, waiter_constraints(best))
             granted.append(best.ticket)
+            if config.keyed:
+                db_keyed.recheck(config, best.fairness_key, now, blocked)
             if available is not None:
                 available -= 1
-        retry_at = None
-        rate = config.rate_limit
-        if rate is not None and AdmissionWaiter.objects.filter(queue=config.name).exists():
-            full = (
-                config.concurrency is not None
-                and AdmissionSlot.objects.filter(queue=config.name).count() >= config.concurrency
-            )
-            retry_at = None if full else window_retry_at(rate, marks, now)
-        return Grant(tuple(granted), retry_at)
+        return Grant(tuple(granted), db_keyed.reopens_at(config, marks, now, blocked))
 
     @staticmethod
     def _take_slot(row: FlowQueue, config: QueueConfig, waiter: AdmissionWaiter, now: int, marks: list[int]) -> None:
@@ -317,6 +325,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         if config.rate_limit is not None:
             AdmissionMark.objects.create(queue=config.name, at_ms=now)
             marks.append(now)
+        if config.keyed:
+            db_keyed.take(config, waiter.fairness_key, now)
         if config.fairness == "key":
             serve = row.next_serve
             row.next_serve = serve + 1
@@ -327,10 +337,14 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             AdmissionWaiter.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(key_served=serve)
 
     @staticmethod
-    def _blocked(config: QueueConfig, marks: list[int], now: int, granted: tuple[str, ...]) -> AdmissionDecision:
-        """Why a waiter that was not granted waits: the window, the cap, or others ahead."""
+    def _blocked(
+        config: QueueConfig, marks: list[int], now: int, granted: tuple[str, ...], key: str
+    ) -> AdmissionDecision:
+        """Why a waiter that was not granted waits: a window or throttle, the cap, or others ahead."""
         rate = config.rate_limit
         if rate is not None and (retry_at := window_retry_at(rate, marks, now)) is not None:
+            return AdmissionDecision.block(retry_at, "rate_limited", granted)
+        if config.keyed and (retry_at := db_keyed.blocked_until(config, key, now)):
             return AdmissionDecision.block(retry_at, "rate_limited", granted)
         in_flight = AdmissionSlot.objects.filter(queue=config.name).count()
         if config.concurrency is not None and in_flight >= config.concurrency:
@@ -387,6 +401,11 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
     def waiting(self, queue: str) -> int:
         """Waiters parked now, by any process."""
         return AdmissionWaiter.objects.filter(queue=queue).count()
+
+    def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
+        """The busiest keys of the per-key window, by any process."""
+        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        return db_keyed.usage(queue_from_dict(row), self._now(), limit) if row is not None else None
 
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window, by any process."""

@@ -104,10 +104,27 @@ class LocalAdmissionBackend(AdmissionBackend):
                 return policy.reoffer(self._free, constrained, now, self._resources)
             return policy.reoffer(state, requests, now, self._resources)
 
-    def try_start(self, queue: str, ticket: str) -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
         with self._lock:
             state = self._queues.get(queue)
-            return policy.try_start(state, self.clock()) if state is not None else 0
+            return policy.try_start(state, self.clock(), policy.start_key(ticket, key)) if state is not None else 0
+
+    def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
+        """The busiest keys of the per-key window (in this process)."""
+        with self._lock:
+            state = self._queues.get(queue)
+            window = policy.key_start_window(state.config) if state is not None else None
+            if state is None or window is None:
+                return None
+            now = self.clock()
+            used = [(key, window_used(window, marks, now)) for key, marks in state.keyed.starts.items()]
+            return sorted((u for u in used if u[1]), key=lambda u: (-u[1], u[0]))[:limit]
+
+    def keyed_size(self, queue: str) -> int:
+        """Per-key windows and throttle buckets held (for the idle-key bench)."""
+        with self._lock:
+            state = self._queues.get(queue)
+            return state.keyed.size() if state is not None else 0
 
     def next_waiters(self, queue: str, limit: int) -> list[str]:
         """The tickets admission would grant next, best first."""

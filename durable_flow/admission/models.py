@@ -99,3 +99,34 @@ class AdmissionResourceWaiter(models.Model):
             models.Index(fields=["resource", "-priority", "id"], name="df_rwaiter_rank"),
             models.Index(fields=["ticket"], name="df_rwaiter_ticket"),
         ]
+
+
+class AdmissionKeyMark(models.Model):
+    """A grant (`kind` "g") or step start ("s") of one fairness key in a per-key rate window;
+    deleted once outside the window, so an idle key leaves no row."""
+
+    queue = models.CharField(max_length=100)
+    fairness_key = models.CharField(max_length=200)
+    kind = models.CharField(max_length=1)
+    at_ms = models.BigIntegerField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["queue", "kind", "fairness_key", "at_ms"], name="df_keymark_key"),
+            models.Index(fields=["queue", "kind", "at_ms"], name="df_keymark_at"),
+        ]
+
+
+class AdmissionKeyTat(models.Model):
+    """A throttle bucket's theoretical arrival time (GCRA), for grants (`kind` "g") or step
+    starts ("s"); the bucket is a fairness key, or "" for a queue-wide throttle. Deleted once
+    the TAT is past, when the bucket is as good as new."""
+
+    queue = models.CharField(max_length=100)
+    bucket = models.CharField(max_length=200)
+    kind = models.CharField(max_length=1)
+    tat = models.FloatField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "kind", "bucket"], name="df_keytat_bucket")]
+        indexes = [models.Index(fields=["queue", "kind", "tat"], name="df_keytat_tat")]

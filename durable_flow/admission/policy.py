@@ -21,7 +21,8 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant
+from durable_flow.admission import keyed
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, Ticket
 from durable_flow.admission.resources import ResourceState
 from durable_flow.queues import QueueConfig, RateLimit
 
@@ -99,6 +100,7 @@ class QueueState:
     served: dict[str, int] = field(default_factory=dict)
     next_arrival: int = 0
     next_serve: int = 0
+    keyed: keyed.KeyedState = field(default_factory=keyed.KeyedState)  # per-key windows, throttle
 
     def prune(self, now_ms: int) -> None:
         """Forget window marks outside every window."""
@@ -107,6 +109,8 @@ class QueueState:
             for marks, window in ((self.marks, rate), (self.starts, start_window(rate))):
                 if marks:
                     del marks[: bisect.bisect_left(marks, oldest_mark_needed(window, now_ms))]
+        if self.config.keyed:
+            keyed.sweep(self.config, self.keyed, now_ms, key_start_window(self.config))
 
 
 def outranked_by(waiter: Waiter, others: Iterable[Waiter], config: QueueConfig, served: dict[str, int]) -> int:
@@ -154,11 +158,15 @@ def grant(state: QueueState, now_ms: int, resources: ResourceState | None = None
     state.prune(now_ms)
     granted: list[str] = []
     available = room(state, now_ms)
+    blocked = _KeyBlocks(state, now_ms)
     while state.waiters and (available is None or available > 0):
-        best = _best_fitting(state, resources)
+        if keyed.throttle_blocks_all(state.config, state.keyed, now_ms) is not None:
+            break
+        best = _best_fitting(state, resources, blocked)
         if best is None:
             break
         take_slot(state, best, now_ms)
+        blocked.forget(best.fairness_key)
         if resources is not None:
             resources.take(best.ticket, best.constraints)
         granted.append(best.ticket)
@@ -167,25 +175,55 @@ def grant(state: QueueState, now_ms: int, resources: ResourceState | None = None
     return Grant(tuple(granted), window_reopens_at(state, now_ms))
 
 
-def _best_fitting(state: QueueState, resources: ResourceState | None) -> Waiter | None:
-    """The best-ranked waiter whose constraints fit (any constraint-free waiter fits)."""
+class _KeyBlocks:
+    """Which fairness keys' own limits hold their waiters back during one grant (memoized)."""
+
+    def __init__(self, state: QueueState, now_ms: int) -> None:
+        self.state, self.now_ms, self.until = state, now_ms, dict[str, int | None]()
+
+    def blocks(self, key: str) -> bool:
+        if not self.state.config.keyed:
+            return False
+        if key not in self.until:
+            self.until[key] = keyed.key_blocked_until(self.state.config, self.state.keyed, key, self.now_ms)
+        return self.until[key] is not None
+
+    def forget(self, key: str) -> None:
+        self.until.pop(key, None)
+
+
+def _best_fitting(state: QueueState, resources: ResourceState | None, blocked: _KeyBlocks) -> Waiter | None:
+    """The best-ranked waiter whose constraints fit (any constraint-free waiter fits) and whose
+    key's own limits have room: a blocked key's waiters are skipped, never in the way."""
 
     def key(w: Waiter) -> tuple[int, int, int]:
         return rank(w, state.config, state.served)
 
-    if resources is None or not any(w.constraints for w in state.waiters.values()):
+    constrained = resources is not None and any(w.constraints for w in state.waiters.values())
+    if not constrained and not state.config.keyed:
         return min(state.waiters.values(), key=key)
-    return next((w for w in sorted(state.waiters.values(), key=key) if resources.fits(w.constraints)), None)
+    return next(
+        (
+            w
+            for w in sorted(state.waiters.values(), key=key)
+            if not blocked.blocks(w.fairness_key) and (resources is None or resources.fits(w.constraints))
+        ),
+        None,
+    )
 
 
 def window_reopens_at(state: QueueState, now_ms: int) -> int | None:
     """When waiters still blocked only by the rate window may next be granted, or None."""
-    rate = state.config.rate_limit
-    if rate is None or not state.waiters:
+    config, rate = state.config, state.config.rate_limit
+    if (rate is None and not config.keyed) or not state.waiters:
         return None
-    if state.config.concurrency is not None and len(state.slots) >= state.config.concurrency:
+    if config.concurrency is not None and len(state.slots) >= config.concurrency:
         return None  # a release grants them
-    return window_retry_at(rate, state.marks, now_ms)
+    if rate is not None and (at := window_retry_at(rate, state.marks, now_ms)) is not None:
+        return at
+    if not config.keyed:
+        return None
+    return keyed.reopens_at(config, state.keyed, (w.fairness_key for w in state.waiters.values()), now_ms)
 
 
 def take_slot(state: QueueState, waiter: Waiter, now_ms: int) -> None:
@@ -194,6 +232,8 @@ def take_slot(state: QueueState, waiter: Waiter, now_ms: int) -> None:
     state.slots[waiter.ticket] = now_ms
     if state.config.rate_limit is not None:
         bisect.insort(state.marks, now_ms)
+    if state.config.keyed:
+        keyed.take(state.config, state.keyed, waiter.fairness_key, now_ms)
     state.served[waiter.fairness_key] = state.next_serve
     state.next_serve += 1
 
@@ -219,6 +259,8 @@ def decide(
         return AdmissionDecision.block(now_ms + config.retry_ms, "step_concurrency", others)
     rate = config.rate_limit
     if rate is not None and (retry_at := window_retry_at(rate, state.marks, now_ms)) is not None:
+        return AdmissionDecision.block(retry_at, "rate_limited", others)
+    if config.keyed and (retry_at := keyed_block(state, request.key, now_ms)) is not None:
         return AdmissionDecision.block(retry_at, "rate_limited", others)
     if config.concurrency is not None and len(state.slots) >= config.concurrency:
         return AdmissionDecision.block(now_ms + config.retry_ms, "concurrency", others)
@@ -270,15 +312,40 @@ def start_window(rate: RateLimit) -> RateLimit:
     return RateLimit(limit=rate.limit, period_ms=rate.period_ms + start_margin_ms(rate.period_ms), algorithm="sliding")
 
 
-def try_start(state: QueueState, now_ms: int) -> int:
-    """A granted step is about to run: count its start in the rate window, or say how long
-    (ms) to wait until the window has room. 0 means started."""
-    rate = state.config.rate_limit
-    if rate is None:
+def keyed_block(state: QueueState, key: str, now_ms: int) -> int | None:
+    """When a call of `key`, blocked by a global throttle or its key's own limits, may next be
+    granted; None when neither blocks it."""
+    return keyed.throttle_blocks_all(state.config, state.keyed, now_ms) or keyed.key_blocked_until(
+        state.config, state.keyed, key, now_ms
+    )
+
+
+def key_start_window(config: QueueConfig) -> RateLimit | None:
+    """The per-key window step starts are counted in (widened like `start_window`)."""
+    return start_window(config.key_rate_limit) if config.key_rate_limit is not None else None
+
+
+def start_key(ticket: str, key: str) -> str:
+    """The fairness key a start counts under: the given one, else the ticket's run id (as
+    `AdmissionRequest.key`)."""
+    return key or Ticket.parse(ticket).run_id
+
+
+def try_start(state: QueueState, now_ms: int, key: str = "") -> int:
+    """A granted step is about to run: count its start in the rate window (and, with per-key
+    limits, in its key's window and its throttle bucket), or say how long (ms) to wait until
+    every one has room. 0 means started; nothing is counted unless all agree."""
+    rate, config = state.config.rate_limit, state.config
+    if rate is None and not config.keyed:
         return 0
     state.prune(now_ms)
-    retry_at = window_retry_at(start_window(rate), state.starts, now_ms)
-    if retry_at is not None:
+    retry_at = window_retry_at(start_window(rate), state.starts, now_ms) if rate is not None else None
+    if config.keyed:
+        retry_at = max(retry_at or 0, keyed.start_wait(config, state.keyed, key, now_ms, key_start_window(config)))
+    if retry_at:
         return max(1, retry_at - now_ms)
-    bisect.insort(state.starts, now_ms)
+    if rate is not None:
+        bisect.insort(state.starts, now_ms)
+    if config.keyed:
+        keyed.count_start(config, state.keyed, key, now_ms, key_start_window(config))
     return 0

@@ -83,6 +83,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -96,7 +97,7 @@ from durable_flow.admission.base import (
     Grant,
     ResourceUsage,
 )
-from durable_flow.admission.policy import oldest_mark_needed
+from durable_flow.admission.policy import key_start_window, oldest_mark_needed, start_key
 from durable_flow.options import Option, non_empty_str, positive_int
 from durable_flow.queues import QueueConfig, queue_from_dict
 
@@ -297,12 +298,12 @@ class RedisAdmissionBackend(AdmissionBackend):
             held += [_text(t) for t in self._run("reoffer", queue, extra=extra)]
         return held
 
-    def try_start(self, queue: str, ticket: str) -> int:
-        return self.try_start_timed(queue, ticket)[0]
+    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+        return self.try_start_timed(queue, ticket, key)[0]
 
-    def try_start_timed(self, queue: str, ticket: str) -> tuple[int, int]:
+    def try_start_timed(self, queue: str, ticket: str, key: str = "") -> tuple[int, int]:
         """`try_start` and the server time (epoch ms) the start was counted at."""
-        wait_ms, now = self._run("start", queue, ticket)
+        wait_ms, now = self._run("start", queue, ticket, key=start_key(ticket, key))
         return int(wait_ms), int(now)
 
     def adopt(self, queue: str, ticket: str) -> bool:
@@ -337,6 +338,27 @@ class RedisAdmissionBackend(AdmissionBackend):
         """The busiest step-concurrency resources, by any process (see `redis_resources`)."""
         return redis_resources.constraint_usage(self.redis, self.prefix, prefix, limit)
 
+    def key_window_usage(self, queue: str, limit: int, scan: int = 10_000) -> list[tuple[str, int]] | None:
+        """The busiest keys of the per-key window, by any process: a SCAN over the queue's live
+        per-key start windows (idle ones have expired), at most `scan` of them."""
+        raw = self.redis.hget(f"{self.prefix}:queues", queue)
+        config = queue_from_dict(json.loads(raw)) if raw else None
+        if config is None or (rate := key_start_window(config)) is None:
+            return None
+        now = self.clock() if self.clock is not None else int(self.redis.time()[0]) * 1000
+        root = f"{self.prefix}:q:{queue}:ks:"
+        names = list(islice(self.redis.scan_iter(match=_glob_escape(root) + "*", count=1000), scan))
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.zcount(name, oldest_mark_needed(rate, now), "+inf")
+        used = [(_text(n)[len(root) :], int(c)) for n, c in zip(names, pipe.execute(), strict=True) if c]
+        return sorted(used, key=lambda u: (-u[1], u[0]))[:limit]
+
+    def keyed_keys(self, queue: str) -> int:
+        """Per-key window and throttle keys held for `queue` (the idle-key bench counts them)."""
+        root = _glob_escape(f"{self.prefix}:q:{queue}:")
+        return sum(1 for pattern in ("kw:*", "ks:*", "kt:*") for _ in self.redis.scan_iter(root + pattern, 1000))
+
     # -- heartbeat ----------------------------------------------------------------------------
     def _beat(self) -> None:
         self.redis.set(self.heartbeat_key, self._heartbeat_value, px=self.instance_ttl_ms)
@@ -369,6 +391,11 @@ class RedisAdmissionBackend(AdmissionBackend):
 def _bounded(priority: int) -> int:
     """A priority clamped to +-PRIORITY_BOUND, which the script's encoding holds exactly."""
     return max(-PRIORITY_BOUND, min(PRIORITY_BOUND, priority))
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal in a SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _text(value: bytes | str) -> str:

@@ -232,5 +232,5 @@ class HandoffMixin(EngineBase):
         """A granted step is about to run: count its start in its queue's rate window, waiting
         in this worker until the window has room. The admission window already paces grants,
         so the wait is at most the transport's jitter (bounded by one period)."""
-        while (wait_ms := self.admission.try_start(cp.queue, cp.ticket)) > 0:
+        while (wait_ms := self.admission.try_start(cp.queue, cp.ticket, cp.fairness_key)) > 0:
             self.sleep(wait_ms / 1000)

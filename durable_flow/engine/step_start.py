@@ -24,20 +24,22 @@ def _statement() -> str:
         f"UPDATE {checkpoints} SET {q('worker')} = %s "
         f"WHERE {q('run_id')} = %s AND {q('key')} = %s AND {q('attempt')} = %s AND {q('status')} = %s "
         f"RETURNING {q('id')}, {q('name')}, {q('input')}, {q('queue')}, {q('holds_slot')}, {q('dispatched_at')}, "
+        f"{q('fairness_key')}, "
         f"(SELECT {q('status')} FROM {runs} WHERE {q('id')} = %s)"
     )
 
 
 def start_attempt(run_id: str, key: str, attempt: int, worker_id: str) -> tuple[StepCheckpoint | None, str]:
     """Mark attempt `attempt` of the step as run by `worker_id` if it is still the dispatched
-    one. Returns the checkpoint (its id, name, input, queue, holds_slot and dispatched_at loaded) and the run's
-    status, or `(None, "")` when no such attempt is in flight (stale, settled or missing)."""
+    one. Returns the checkpoint (its id, name, input, queue, fairness_key, holds_slot and
+    dispatched_at loaded) and the run's status, or `(None, "")` when no such attempt is in
+    flight (stale, settled or missing)."""
     with connection.cursor() as cursor:
         cursor.execute(_statement(), [worker_id, run_id, key, attempt, StepStatus.DISPATCHED.value, run_id])
         row = cursor.fetchone()
     if row is None:
         return None, ""
-    pk, name, raw_input, queue, holds_slot, dispatched_at, run_status = row
+    pk, name, raw_input, queue, holds_slot, dispatched_at, fairness_key, run_status = row
     input_field = StepCheckpoint._meta.get_field("input")
     cp = StepCheckpoint(
         pk=pk,
@@ -46,6 +48,7 @@ def start_attempt(run_id: str, key: str, attempt: int, worker_id: str) -> tuple[
         name=name,
         input=input_field.from_db_value(raw_input, None, connection),
         queue=queue,
+        fairness_key=fairness_key,  # the start counts in its key's window (`await_start`)
         holds_slot=bool(holds_slot),
         dispatched_at=_datetime(dispatched_at),
         attempt=attempt,

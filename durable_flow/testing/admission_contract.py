@@ -22,9 +22,10 @@ from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Gran
 from durable_flow.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
 from durable_flow.testing.handoff_contract import HandoffContract
+from durable_flow.testing.keyed_contract import KeyedLimitsContract
 
 
-class AdmissionBackendContract(HandoffContract):
+class AdmissionBackendContract(HandoffContract, KeyedLimitsContract):
     """Every test names one rule of admission."""
 
     def make_backend(self, clock: FakeClock) -> AdmissionBackend:
