@@ -48,6 +48,8 @@ POSTGRESQL_PASS = (
     "tests/test_flow_control_processes.py",
     "tests/test_handoff_processes.py",
     "tests/test_hot_path.py",
+    "tests/test_key_limits.py",
+    "tests/test_key_limits_processes.py",
     "tests/test_metrics.py",
     "tests/test_operations.py",
     "tests/test_outages.py",
