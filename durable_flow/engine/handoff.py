@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from django.db import close_old_connections, transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
+from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
@@ -164,7 +165,7 @@ class HandoffMixin(EngineBase):
                 queue = cp.queue
                 if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
                     cp.holds_slot = True
-                    self.dispatch(cp)
+                    self.dispatch(cp, inline_to=inline_handoff.taker())
                     self._mark_running(run, cp.wake_at)
                     return True
                 if cp.holds_slot:
