@@ -10,6 +10,7 @@ import pytest
 from django.db.models.signals import post_save
 
 from durable_flow import register_queue, start
+from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.engine import Engine, inline_handoff
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
@@ -109,3 +110,39 @@ def test_a_worker_runs_the_granted_steps_in_the_thread_that_freed_their_slots(
     assert all(WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED for run in runs)
     assert step_tasks == []
     assert not Task.objects.exists()
+
+
+# -- the start window's margin, checked at the call -------------------------------------------------
+class SlowToAnswer(LocalAdmissionBackend):
+    """The local backend, answering its first `try_start` `late_ms` after counting the start
+    (on the test's clock): a worker descheduled, or a backend slow to reply."""
+
+    def __init__(self, clock: MovableClock, late_ms: int) -> None:
+        super().__init__(clock=lambda: clock.ms)
+        self.moved = clock
+        self.late_ms = late_ms
+        self.counted = 0
+
+    def try_start(self, queue: str, ticket: str) -> int:
+        wait_ms = super().try_start(queue, ticket)
+        if wait_ms == 0:
+            self.counted += 1
+            if self.counted == 1:
+                self.moved.advance(milliseconds=self.late_ms)
+        return wait_ms
+
+
+@pytest.mark.parametrize(("late_ms", "counts"), [(60, 2), (40, 1)])
+def test_a_step_called_later_than_the_window_margin_is_counted_again(
+    held: tuple[Engine, HeldTransport], clock: MovableClock, late_ms: int, counts: int
+) -> None:
+    """Sliding 5 per 1,000 ms has a 50 ms margin: a start answered 60 ms after its count is
+    counted again before the call (the late count stays, on the safe side); 40 ms is in time."""
+    engine, transport = held
+    engine.admission = SlowToAnswer(clock, late_ms)
+    register_queue("api", rate_limit={"limit": 5, "period_ms": 1000, "algorithm": "sliding"})
+    run = start("tests.queued", queued("api", 1))
+    transport.run_step()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert engine.admission.counted == counts
+    assert engine.admission.window_usage("api") == counts
