@@ -6,9 +6,11 @@ with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers never block on each other's
 SQLite the IMMEDIATE write transaction serialises claimers. A claimed task is deleted when
 done; a worker that dies leaves its lease to lapse, and the task is claimed again.
 
-An idle claimer polls every `POLL_INTERVAL_S`, but a task enqueued by its own process (most
-are: a result's release grants the next waiter in the worker that recorded it) wakes it at
-once when the enqueueing transaction commits, so a handed-off slot does not wait for a poll.
+An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable?) and claims
+only when there is: the claim is a write, which on SQLite takes the write lock even when it
+finds nothing. A task enqueued by its own process wakes it at once when the enqueueing
+transaction commits. (A slot freed by a result is not a task at all: the worker thread that
+recorded the result runs the granted step itself, `engine/inline_handoff.py`.)
 """
 
 from __future__ import annotations
