@@ -147,7 +147,6 @@ class HandoffMixin(EngineBase):
         if grant.retry_at_ms is not None:
             self.grant_timer.schedule(queue, grant.retry_at_ms)
         if grant.tickets:
-            inline_handoff.note_grant()
             transaction.on_commit(partial(self.dispatch_granted, queue, grant.tickets))
         return len(grant.tickets)
 

@@ -40,7 +40,6 @@ class _Sink:
         self.worker_id = worker_id
         self.taken: list[HandedStep] = []
         self.pending = False  # a dispatch for this thread is in a transaction not committed yet
-        self.granted = False  # the result being recorded granted its slot on
 
 
 _local = threading.local()
@@ -66,22 +65,6 @@ def taker() -> str:
     if sink is None or sink.taken or sink.pending:
         return ""
     return sink.worker_id
-
-
-def note_grant() -> None:
-    """The transaction being recorded on this thread granted a slot: a step is handed to the
-    thread once it commits (if its dispatch goes well)."""
-    sink: _Sink | None = getattr(_local, "sink", None)
-    if sink is not None:
-        sink.granted = True
-
-
-def handing_on() -> bool:
-    """Whether this thread's result is handing its slot on to a step the thread runs next. The
-    run's own next turn then goes to the transport, for another thread, instead of being taken
-    inline: the granted step is not kept waiting behind a replay of the finished run."""
-    sink: _Sink | None = getattr(_local, "sink", None)
-    return sink is not None and sink.granted and not sink.taken and not sink.pending
 
 
 def hand_over(run_id: str, step_key: str, attempt: int) -> None:

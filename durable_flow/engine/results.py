@@ -10,7 +10,6 @@ from django.db import DataError, transaction
 
 from durable_flow.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.current import running_step
-from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run_for_result, retry_on_conflict
 from durable_flow.engine.step_start import start_attempt
@@ -120,9 +119,7 @@ class ResultsMixin(EngineBase):
                 self.settle(cp, StepStatus.FAILED, error=error, fields=released)
             else:
                 self.settle(cp, StepStatus.COMPLETED, output=output, fields=released)
-            if inline_handoff.handing_on():
-                self._wake_if_group_settled(cp)  # another thread's turn: the handoff goes first
-            elif not cp.group:
+            if not cp.group:
                 self._continue(run, checkpoints)  # every checkpoint of the run is in hand
             elif self._group_settled(cp):
                 self._continue(run)
