@@ -37,8 +37,11 @@ what the step saw, against its theoretical value in the same run:
 
 The step's stamp is the host's clock, taken a moment after the backend counted the start on its
 own clock (the database's, or Redis's `TIME`); on a loaded machine that moment varies by tens of
-ms, so a window read from the stamps can see one start more than the backend counted. The
-figures are printed raw; the brief's targets are applied to them as they are.
+ms. A sliding window counts over its period plus a margin (min(50 ms, 5 %)) and the worker
+counts a start again when its call would come later than the margin after its count, so the
+stamps should never show more than the limit in a trailing period (see the README's "Rate
+limits count step starts"). The figures are printed raw; the brief's targets are applied to
+them as they are.
 """
 
 from __future__ import annotations

@@ -15,16 +15,23 @@ from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint
 def attempt_started(cp: StepCheckpoint, attempt: int, worker: str, now: datetime) -> None:
     """A worker begins executing `attempt` of the step (again, if a broker redelivered it:
     the latest start counts)."""
-    StepAttempt.objects.update_or_create(
-        checkpoint=cp,
-        attempt=attempt,
-        defaults={
-            "run_id": cp.run_id,
-            "worker": worker,
-            "dispatched_at": cp.dispatched_at if cp.attempt == attempt else None,
-            "started_at": now,
-            "status": AttemptStatus.RUNNING,
-        },
+    # One upsert statement (not update_or_create's SELECT, savepoint, INSERT, release): this
+    # is on every step's start, between a slot's handoff and the step's call.
+    StepAttempt.objects.bulk_create(
+        [
+            StepAttempt(
+                checkpoint=cp,
+                attempt=attempt,
+                run_id=cp.run_id,
+                worker=worker,
+                dispatched_at=cp.dispatched_at if cp.attempt == attempt else None,
+                started_at=now,
+                status=AttemptStatus.RUNNING,
+            )
+        ],
+        update_conflicts=True,
+        unique_fields=["checkpoint", "attempt"],
+        update_fields=["run_id", "worker", "dispatched_at", "started_at", "status"],
     )
 
 

@@ -8,6 +8,7 @@ removed, never other databases).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -296,27 +297,19 @@ def test_adaptive_worker_grows_under_load_on_the_db_transport(transactional_db, 
         "durable_worker",
         "--concurrency",
         '{"mode": "adaptive", "min": 1, "max": 6, "tick_ms": 150}',
-        env={"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker), "DURABLE_FLOW_LOG": "WARNING"},
+        env={"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker), "DURABLE_FLOW_LOG": "INFO"},
     )
     runs = [start("tests.slow_one", {"id": f"a{i}", "seconds": 0.15}) for i in range(30)]
-    # Every heartbeat seen while the runs drain: on a busy machine the loop may cut the limit
-    # again once queuing shows (a right move too), so the growth is read where it happened.
-    beats: list[WorkerHeartbeat] = []
-
-    def drained() -> bool:
-        beat = live_heartbeat(proc)
-        if beat is not None:
-            beats.append(beat)
-        return all(run_status(run.id) == RunStatus.COMPLETED for run in runs)
-
-    wait_for(drained, timeout=60, what="runs completed")
-    beats.append(wait_for(lambda: live_heartbeat(proc), timeout=5, what="heartbeat"))
-    assert all(beat.transport == "db" and beat.mode == "adaptive" for beat in beats)
-    grown = [beat for beat in beats if beat.live_limit > 1]
-    assert grown, "a saturated pool with flat latency grows"
-    assert any(beat.last_adjustment_reason.startswith(("slow start", "grow")) for beat in grown), [
-        beat.last_adjustment_reason for beat in grown
-    ]
+    wait_for(lambda: all(run_status(run.id) == RunStatus.COMPLETED for run in runs), timeout=60, what="runs completed")
+    beat = wait_for(lambda: live_heartbeat(proc), timeout=5, what="heartbeat")
+    assert beat.transport == "db" and beat.mode == "adaptive"
+    # Read from the worker's log of its moves, not from its last heartbeat: on a loaded machine a
+    # pool that grew may rightly shrink again before the runs finish (latency inflated by other
+    # processes reads as queuing), which made the last-limit check flaky.
+    moves = re.findall(r"concurrency (\d+) -> (\d+): (\w+)", proc.log_path.read_text(errors="replace"))
+    assert any(int(new) > int(old) and why in ("slow", "grow") for old, new, why in moves), (
+        f"a saturated pool with flat latency grows; moves: {moves}"
+    )
 
 
 @pytest.fixture(autouse=True)

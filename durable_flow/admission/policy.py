@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from durable_flow.admission import keyed
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, Ticket
 from durable_flow.admission.resources import ResourceState
+from durable_flow.admission.waiter_line import NEVER_SERVED, WaiterLine
 from durable_flow.queues import QueueConfig, RateLimit
-
-NEVER_SERVED = -1
 
 
 @dataclass(slots=True)
@@ -96,7 +95,7 @@ class QueueState:
     slots: dict[str, int] = field(default_factory=dict)  # ticket -> admitted at (ms)
     marks: list[int] = field(default_factory=list)  # admissions (grants), for pacing
     starts: list[int] = field(default_factory=list)  # step starts: what a rate limit promises
-    waiters: dict[str, Waiter] = field(default_factory=dict)
+    waiters: WaiterLine = field(default_factory=WaiterLine)  # by ticket, indexed by rank
     served: dict[str, int] = field(default_factory=dict)
     next_arrival: int = 0
     next_serve: int = 0
@@ -131,6 +130,7 @@ def add_waiter(
     else:
         waiter.priority, waiter.fairness_key, waiter.seen_ms = request.priority, request.key, now_ms
         waiter.constraints = request.constraints
+        state.waiters[request.ticket] = waiter  # re-indexed under its new rank
     if resources is not None:
         resources.wait(request.ticket, state.config.name, request.constraints)
     return waiter
@@ -199,9 +199,8 @@ def _best_fitting(state: QueueState, resources: ResourceState | None, blocked: _
     def key(w: Waiter) -> tuple[int, int, int]:
         return rank(w, state.config, state.served)
 
-    constrained = resources is not None and any(w.constraints for w in state.waiters.values())
-    if not constrained and not state.config.keyed:
-        return min(state.waiters.values(), key=key)
+    if not state.config.keyed and (resources is None or not state.waiters.any_constrained):
+        return state.waiters.best(state.config, state.served)  # O(log n): see `WaiterLine`
     return next(
         (
             w

@@ -22,6 +22,7 @@ from durable_flow.engine.dispatch import DispatchMixin
 from durable_flow.engine.handoff import GrantTimer, HandoffMixin
 from durable_flow.engine.lifecycle import LifecycleMixin
 from durable_flow.engine.results import ResultsMixin
+from durable_flow.engine.start_margins import StartMargins
 from durable_flow.engine.turns import TurnsMixin
 from durable_flow.pausing import PausedQueues
 from durable_flow.queues import QueueConfig, write_queues
@@ -54,6 +55,7 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMix
         self.sleep = sleep
         self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
         self.grant_timer = GrantTimer(self.grant)
+        self.start_margins = StartMargins()
         for config in self.settings.queues:
             self.admission.register(config)
         transport.bind(self)

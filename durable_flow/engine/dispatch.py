@@ -11,6 +11,7 @@ from django.db import transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant
 from durable_flow.counters import count_admission, count_parked
+from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.exceptions import RunNotFound, StepNotFound
@@ -119,8 +120,10 @@ class DispatchMixin(EngineBase):
             return None
         return definition.timeout.total_seconds() if definition.timeout else None
 
-    def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False) -> None:
-        """Send a new attempt of the step to the transport (inside the turn's transaction)."""
+    def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False, inline_to: str = "") -> None:
+        """Send a new attempt of the step to the transport (inside the turn's transaction), or
+        with `inline_to`, to that worker's current thread once this transaction commits
+        (`inline_handoff`: the attempt is stamped with the worker, so a crash re-drives it)."""
         now = self.now()
         cp.attempt += 1
         if timeout_redispatch:
@@ -128,7 +131,7 @@ class DispatchMixin(EngineBase):
             cp.max_attempts += 1
         cp.status = StepStatus.DISPATCHED
         cp.dispatched_at = now
-        cp.worker = ""
+        cp.worker = inline_to
         timeout = self.step_timeout(cp)
         cp.wake_at = now + timedelta(seconds=timeout) if timeout else None
         if cp.pk is None:
@@ -139,7 +142,10 @@ class DispatchMixin(EngineBase):
             )
         if cp.holds_slot and not timeout_redispatch:
             count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
-        self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
+        if inline_to:
+            inline_handoff.hand_over(cp.run_id, cp.key, cp.attempt)
+        else:
+            self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
 
     @retry_on_conflict
     def readmit(self: Engine, run_id: str, key: str, attempt: int) -> None:

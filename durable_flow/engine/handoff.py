@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING
 from django.db import close_old_connections, transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
+from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
+from durable_flow.engine.start_margins import StartMargins
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.step_concurrency import constraints_of
 
@@ -39,6 +41,9 @@ logger = logging.getLogger("durable_flow.engine")
 #: How far past a reopening instant the timer looks again when the backend's clock (the
 #: database's or Redis's) ran behind this host's and the window was still full.
 CLOCK_SKEW_RETRY_MS = 5
+#: How many times a start counted longer ago than its window's margin is counted again before
+#: the step is called anyway (each late count uses up a place in the window).
+LATE_START_RECOUNTS = 2
 
 
 class GrantTimer:
@@ -123,6 +128,7 @@ class HandoffMixin(EngineBase):
     """Granting room to parked waiters and dispatching them from their checkpoints."""
 
     grant_timer: GrantTimer
+    start_margins: StartMargins
 
     def grant(self: Engine, queue: str) -> int:
         """Grant whatever room `queue` has now and dispatch the granted steps; how many."""
@@ -164,7 +170,7 @@ class HandoffMixin(EngineBase):
                 queue = cp.queue
                 if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
                     cp.holds_slot = True
-                    self.dispatch(cp)
+                    self.dispatch(cp, inline_to=inline_handoff.taker())
                     self._mark_running(run, cp.wake_at)
                     return True
                 if cp.holds_slot:
@@ -231,6 +237,28 @@ class HandoffMixin(EngineBase):
     def await_start(self: Engine, cp: StepCheckpoint) -> None:
         """A granted step is about to run: count its start in its queue's rate window, waiting
         in this worker until the window has room. The admission window already paces grants,
-        so the wait is at most the transport's jitter (bounded by one period)."""
-        while (wait_ms := self.admission.try_start(cp.queue, cp.ticket, cp.fairness_key)) > 0:
-            self.sleep(wait_ms / 1000)
+        so the wait is at most the transport's jitter (bounded by one period).
+
+        The count happened after this worker sent it, so a step called within the window's
+        margin of sending is within the margin of its count (`start_margins`). One called
+        later (the worker was descheduled, the backend slow to answer) is counted again: the
+        late count stays in the window as a start that never ran, erring on the safe side."""
+        margin_ms = self.start_margins.ms(cp.queue)
+        for attempt in range(1, LATE_START_RECOUNTS + 2):
+            sent = self.now()
+            while (wait_ms := self.admission.try_start(cp.queue, cp.ticket, cp.fairness_key)) > 0:
+                self.sleep(wait_ms / 1000)
+                sent = self.now()
+            late_ms = (self.now() - sent).total_seconds() * 1000
+            if margin_ms is None or late_ms <= margin_ms:
+                return
+            again = attempt <= LATE_START_RECOUNTS
+            logger.log(
+                logging.INFO if again else logging.WARNING,
+                "start of %s on %r: %.0f ms after its count (margin %d ms); %s",
+                cp.ticket,
+                cp.queue,
+                late_ms,
+                margin_ms,
+                "counting it again" if again else "calling it anyway",
+            )

@@ -6,9 +6,11 @@ with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers never block on each other's
 SQLite the IMMEDIATE write transaction serialises claimers. A claimed task is deleted when
 done; a worker that dies leaves its lease to lapse, and the task is claimed again.
 
-An idle claimer polls every `POLL_INTERVAL_S`, but a task enqueued by its own process (most
-are: a result's release grants the next waiter in the worker that recorded it) wakes it at
-once when the enqueueing transaction commits, so a handed-off slot does not wait for a poll.
+An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable?) and claims
+only when there is: the claim is a write, which on SQLite takes the write lock even when it
+finds nothing. A task enqueued by its own process wakes it at once when the enqueueing
+transaction commits. (A slot freed by a result is not a task at all: the worker thread that
+recorded the result runs the granted step itself, `engine/inline_handoff.py`.)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
@@ -140,14 +143,26 @@ class DatabaseTaskSource(TaskSource):
 
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         deadline = time.monotonic() + wait_s
+        idle = False
         while True:
             seen = _generation
-            tasks = self._claim_once(worker_id, limit)
+            # An idle claimer looks before it claims: on SQLite the claim is a write that takes
+            # the database's write lock even when it finds nothing, so idle threads polling with
+            # it would queue up in front of every result and dispatch transaction.
+            tasks = self._claim_once(worker_id, limit) if not idle or self._any_claimable() else []
             if tasks or time.monotonic() >= deadline:
                 return tasks
+            idle = True
             with _new_work:  # woken early when this process commits a task
                 if _generation == seen:
                     _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+
+    @staticmethod
+    def _any_claimable() -> bool:
+        """A read (no lock): is any task claimable now?"""
+        now = timezone.now()
+        claimable = Q(claimed_by__isnull=True) | Q(lease_until__lt=now)
+        return Task.objects.filter(claimable, available_at__lte=now).exists()
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
         """One statement: lease up to `limit` claimable rows and return them. On PostgreSQL

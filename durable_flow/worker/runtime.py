@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections
 
-from durable_flow.transports.runner import ClaimedTask, EngineRunner, TaskSource
+from durable_flow.engine import inline_handoff
+from durable_flow.transports.runner import Also, ClaimedTask, EngineRunner, TaskSource
 from durable_flow.worker.concurrency import ConcurrencyController
 from durable_flow.worker.heartbeat import Heartbeat, WorkerStats, new_worker_id
 from durable_flow.worker.outage import Outage, transient_errors
@@ -77,6 +78,7 @@ class WorkerRuntime(EngineRunner):
         self.abandoned = 0
         self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
         self._tidy = threading.local()
+        self._handed = threading.local()  # the step a result's release handed to this thread
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, signum: int | None = None, *_: object) -> None:
@@ -181,30 +183,64 @@ class WorkerRuntime(EngineRunner):
                 next_beat = time.monotonic() + self.engine.settings.heartbeat_interval_s
             deadline = min(deadline, time.monotonic() + self.grace_s)  # a second SIGTERM sets grace_s = 0
         with self._running_lock:
-            leftover = list(self._running.values())
-            for task in leftover:
+            unfinished = list(self._running.values())
+            for task in unfinished:
                 self._handed_back.add(id(task))
+        # A step handed over in-process has no transport task to give back: it is stamped with
+        # this worker, whose stopped heartbeat has the poller re-drive it.
+        leftover = [task for task in unfinished if not task.inline]
         if leftover:
             logger.warning("handing back %d unfinished task(s)", len(leftover))
             self.source.hand_back(self.worker_id, leftover)
-        return len(leftover)
+        return len(unfinished)
+
+    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
+        """Run a step attempt; unless stopping, this thread accepts the step its result's
+        release is granted to, and runs it next (`engine/inline_handoff.py`)."""
+        if self._stop.is_set():
+            return super().run_step(run_id, step_key, attempt, also=also)
+        with inline_handoff.accepting(self.worker_id) as taken:
+            try:
+                return super().run_step(run_id, step_key, attempt, also=also)
+            finally:
+                self._handed.steps = taken
 
     def _execute(self, task: ClaimedTask) -> None:
+        """Run a claimed task, then each step handed to this thread in turn."""
+        current: ClaimedTask | None = task
+        while current is not None:
+            self._execute_one(current)
+            current = self._take_handed()
+
+    def _take_handed(self) -> ClaimedTask | None:
+        steps: list[inline_handoff.HandedStep] = getattr(self._handed, "steps", None) or []
+        self._handed.steps = None
+        if not steps:
+            return None
+        step = steps[0]
+        task = ClaimedTask(kind="step", run_id=step.run_id, step_key=step.step_key, attempt=step.attempt, inline=True)
+        self.stats.started()
+        with self._running_lock:
+            self._running[id(task)] = task
+        return task
+
+    def _execute_one(self, task: ClaimedTask) -> None:
         started = time.monotonic()
         ok = False
+        self._handed.steps = None
         try:
             self._tidy_connection()
-            ok = self.source.execute(self, task)
+            ok = self.run_task(task) if task.inline else self.source.execute(self, task)
         except Exception as exc:
             self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides
             # (`failed`); by default the task stays leased and is re-claimed when its lease
             # lapses. Either way the step's result is idempotent.
             logger.exception("task %s failed in the engine", task)
-            if id(task) not in self._handed_back:
+            if id(task) not in self._handed_back and not task.inline:
                 self._report(self.source.failed, task, exc)
         else:
-            if id(task) not in self._handed_back:
+            if id(task) not in self._handed_back and not task.inline:
                 self._report(self.source.done, task)
         finally:
             with self._running_lock:
@@ -232,7 +268,7 @@ class WorkerRuntime(EngineRunner):
         with self._running_lock:
             running = list(self._running.values())
         try:
-            self.source.renew(self.worker_id, running)
+            self.source.renew(self.worker_id, [task for task in running if not task.inline])
             self.heartbeat.beat(running=[f"{t.run_id}/{t.step_key}/{t.attempt}" for t in running if t.kind == "step"])
         except transient_errors() as exc:
             close_old_connections()

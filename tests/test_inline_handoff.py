@@ -1,0 +1,148 @@
+"""Inline handoff: a worker thread whose result frees a slot runs the granted step next, with no
+transport task, and a crash in between still re-drives it (the dispatch is recorded)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models.signals import post_save
+
+from durable_flow import register_queue, start
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.engine import Engine, inline_handoff
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkerHeartbeat, WorkflowRun
+from durable_flow.poller import TimerPoller
+from durable_flow.transports.db import DatabaseTransport
+from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.runtime import WorkerRuntime
+from tests.conftest import MovableClock, local_engine
+from tests.test_flow_control import HeldTransport, queued
+
+
+@pytest.fixture
+def held(clock: MovableClock, transactional_db: None) -> tuple[Engine, HeldTransport]:
+    transport = HeldTransport()
+    return local_engine(clock, transport), transport
+
+
+def test_the_step_a_result_grants_is_handed_to_the_thread_not_the_transport(
+    held: tuple[Engine, HeldTransport],
+) -> None:
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    first, second = start("tests.queued", queued("render", 1)), start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    transport.held.clear()
+    with inline_handoff.accepting("w1") as taken:
+        assert engine.execute_step(job[0], job[1], job[2], worker_id="w1") == "completed"
+    cp = StepCheckpoint.objects.get(run=second)
+    assert taken == [inline_handoff.HandedStep(second.id, cp.key, cp.attempt)]
+    assert not transport.held  # no transport task: the thread runs it next
+    assert (cp.status, cp.worker, cp.holds_slot) == (StepStatus.DISPATCHED, "w1", True)
+    assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "completed"
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
+
+
+def test_a_thread_takes_one_granted_step_and_the_transport_the_rest(held: tuple[Engine, HeldTransport]) -> None:
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    waiting = [start("tests.queued", queued("render", i)) for i in (2, 3)]
+    register_queue("render", concurrency=3)  # the next release grants both waiters
+    (job,) = transport.held
+    transport.held.clear()
+    with inline_handoff.accepting("w1") as taken:
+        engine.execute_step(job[0], job[1], job[2], worker_id="w1")
+    assert len(taken) == 1
+    assert [run_id for run_id, *_ in transport.held] == [r.id for r in waiting if r.id != taken[0].run_id]
+
+
+def test_a_handed_step_whose_worker_died_is_re_driven_by_the_poller(
+    held: tuple[Engine, HeldTransport], clock: MovableClock
+) -> None:
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    transport.held.clear()
+    with inline_handoff.accepting("w1"):
+        engine.execute_step(job[0], job[1], job[2], worker_id="w1")
+    # w1 dies before it runs the step it was handed: its heartbeat lapses.
+    now = clock()
+    WorkerHeartbeat.objects.create(
+        worker_id="w1", host="h", pid=1, transport="held", started_at=now, last_seen=now - timedelta(hours=1)
+    )
+    assert TimerPoller(engine).maintain() >= 1
+    assert [run_id for run_id, *_ in transport.held] == [second.id]
+    transport.run_step()
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
+
+
+def test_a_worker_runs_the_granted_steps_in_the_thread_that_freed_their_slots(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    """One worker thread, 3 runs parked behind a cap of 1: the first step's task is in the
+    table; the other two are handed on by the results that freed the slot, with no task."""
+    engine = local_engine(clock, DatabaseTransport())
+    register_queue("render", concurrency=1)
+    runs = [start("tests.queued", queued("render", i)) for i in range(3)]
+    for run in runs:  # their first turns: one step admitted, two calls parked
+        engine.run_turn(run.id)
+    Task.objects.filter(kind=TaskKind.TURN).delete()
+    assert Task.objects.filter(kind=TaskKind.STEP).count() == 1
+    step_tasks: list[int] = []
+
+    def count(sender: Any, instance: Task, created: bool, **_: Any) -> None:
+        if created and instance.kind == TaskKind.STEP:
+            step_tasks.append(instance.pk)
+
+    post_save.connect(count, sender=Task)
+    try:
+        source = engine.transport.source()
+        assert source is not None
+        WorkerRuntime(engine, source, build_controller(1), idle_wait_s=0.01).run(burst=True)
+    finally:
+        post_save.disconnect(count, sender=Task)
+    assert all(WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED for run in runs)
+    assert step_tasks == []
+    assert not Task.objects.exists()
+
+
+# -- the start window's margin, checked at the call -------------------------------------------------
+class SlowToAnswer(LocalAdmissionBackend):
+    """The local backend, answering its first `try_start` `late_ms` after counting the start
+    (on the test's clock): a worker descheduled, or a backend slow to reply."""
+
+    def __init__(self, clock: MovableClock, late_ms: int) -> None:
+        super().__init__(clock=lambda: clock.ms)
+        self.moved = clock
+        self.late_ms = late_ms
+        self.counted = 0
+
+    def try_start(self, queue: str, ticket: str) -> int:
+        wait_ms = super().try_start(queue, ticket)
+        if wait_ms == 0:
+            self.counted += 1
+            if self.counted == 1:
+                self.moved.advance(milliseconds=self.late_ms)
+        return wait_ms
+
+
+@pytest.mark.parametrize(("late_ms", "counts"), [(60, 2), (40, 1)])
+def test_a_step_called_later_than_the_window_margin_is_counted_again(
+    held: tuple[Engine, HeldTransport], clock: MovableClock, late_ms: int, counts: int
+) -> None:
+    """Sliding 5 per 1,000 ms has a 50 ms margin: a start answered 60 ms after its count is
+    counted again before the call (the late count stays, on the safe side); 40 ms is in time."""
+    engine, transport = held
+    engine.admission = SlowToAnswer(clock, late_ms)
+    register_queue("api", rate_limit={"limit": 5, "period_ms": 1000, "algorithm": "sliding"})
+    run = start("tests.queued", queued("api", 1))
+    transport.run_step()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert engine.admission.counted == counts
+    assert engine.admission.window_usage("api") == counts

@@ -1,0 +1,58 @@
+"""The `local` backend's waiter index finds the same next waiter as `policy.rank` over every
+waiter, through joins, refreshes, withdrawals, grants and fairness-key serves."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from durable_flow.admission.policy import Waiter, rank
+from durable_flow.admission.waiter_line import WaiterLine
+from durable_flow.queues import QueueConfig
+
+
+@pytest.mark.parametrize("fairness", ["key", "fifo"])
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+@pytest.mark.parametrize("seed", range(4))
+def test_best_is_the_waiter_rank_puts_first(fairness: str, order: str, seed: int) -> None:
+    rng = random.Random(seed)
+    config = QueueConfig(name="q", concurrency=1, fairness=fairness, order=order)
+    line = WaiterLine()
+    served: dict[str, int] = {}
+    arrival = serve = 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.45 or not line:
+            ticket = f"t{rng.randrange(400)}"
+            old = line.get(ticket)
+            waiter = Waiter(ticket, rng.randrange(3), f"k{rng.randrange(6)}", old.arrival if old else arrival, 0)
+            arrival += old is None
+            line[ticket] = waiter  # a join, or a refresh keeping its place
+        elif op < 0.6:
+            line.pop(rng.choice(list(line)))  # withdrawn (cancelled, released)
+        else:
+            best = line.best(config, served)
+            expected = min(line.values(), key=lambda w: rank(w, config, served))
+            assert best is not None
+            assert rank(best, config, served) == rank(expected, config, served)
+            del line[best.ticket]  # granted: its key is served now
+            served[best.fairness_key] = serve
+            serve += 1
+    while line:
+        best = line.best(config, served)
+        assert best is not None and best is min(line.values(), key=lambda w: rank(w, config, served))
+        del line[best.ticket]
+    assert line.best(config, served) is None
+
+
+def test_a_refreshed_waiter_moves_to_its_new_rank() -> None:
+    config = QueueConfig(name="q", concurrency=1)
+    line = WaiterLine()
+    line["a"] = Waiter("a", 0, "", 0, 0)
+    line["b"] = Waiter("b", 0, "", 1, 0)
+    assert line.best(config, {}).ticket == "a"  # type: ignore[union-attr]
+    b = line["b"]
+    b.priority = 5  # changed in place, then stored again (as `policy.add_waiter` does)
+    line["b"] = b
+    assert line.best(config, {}).ticket == "b"  # type: ignore[union-attr]
