@@ -48,6 +48,7 @@ POSTGRESQL_PASS = (
     "tests/test_flow_control_processes.py",
     "tests/test_handoff_processes.py",
     "tests/test_hot_path.py",
+    "tests/test_inline_handoff.py",
     "tests/test_key_limits.py",
     "tests/test_key_limits_processes.py",
     "tests/test_metrics.py",
