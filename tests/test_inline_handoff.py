@@ -123,8 +123,8 @@ class SlowToAnswer(LocalAdmissionBackend):
         self.late_ms = late_ms
         self.counted = 0
 
-    def try_start(self, queue: str, ticket: str) -> int:
-        wait_ms = super().try_start(queue, ticket)
+    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+        wait_ms = super().try_start(queue, ticket, key)
         if wait_ms == 0:
             self.counted += 1
             if self.counted == 1:
