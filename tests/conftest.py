@@ -16,9 +16,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from durable_flow.admission.base import AdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import DurableFlowSettings, get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.conf import DurableFlowSettings, get_settings, reset_settings
+from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
 
@@ -71,6 +72,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(POSTGRESQL_PASS):
             item.add_marker(pytest.mark.postgresql)
+
+
+def use_redis_admission(settings: Any) -> AdmissionBackend:
+    """Point this process's settings at the `redis` admission backend the worker processes of a
+    process test use (same key prefix, a short instance TTL) and build it."""
+    settings.DURABLE_FLOW = {
+        **settings.DURABLE_FLOW,
+        "ADMISSION": {
+            "BACKEND": "redis",
+            "CONNECTION": "default",
+            "INSTANCE_TTL_MS": 3000,
+            "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
+        },
+    }
+    reset_settings()
+    return build_backend(get_settings().admission)
 
 
 class MovableClock:

@@ -6,7 +6,6 @@ Runs on SQLite and, with DATABASE_URL set, on PostgreSQL.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +16,10 @@ import pytest
 from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.conf import get_settings, reset_settings
-from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
-from tests.conftest import ManagedProcess, wait_for
+from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.reliability.evidence import max_overlap
 
 
@@ -33,17 +32,7 @@ def admission(request: pytest.FixtureRequest) -> str:
 def db_engine(transactional_db: None, admission: str, settings: Any) -> Engine:
     """The test process's engine on the same admission backend as its worker processes."""
     if admission == "redis":
-        settings.DURABLE_FLOW = {
-            **settings.DURABLE_FLOW,
-            "ADMISSION": {
-                "BACKEND": "redis",
-                "CONNECTION": "default",
-                "INSTANCE_TTL_MS": 3000,
-                "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
-            },
-        }
-        reset_settings()
-        backend = build_backend(get_settings().admission)
+        backend = use_redis_admission(settings)
     else:
         backend = DatabaseAdmissionBackend()
     engine = Engine(admission=backend, transport=DatabaseTransport(), settings=get_settings())

@@ -21,7 +21,6 @@ schedule. Deselect with `-m "not soak"`. The parts live in `soak.py`; the outage
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -33,10 +32,10 @@ from django.db import connection
 
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.conf import get_settings, reset_settings
-from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
-from tests.conftest import ManagedProcess
+from tests.conftest import ManagedProcess, use_redis_admission
 from tests.reliability.soak import RUNS, SEED, STACKS, Fleet, Workload, clear_rq
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
@@ -54,18 +53,8 @@ def soak_engine(transactional_db: None, stack: str, settings: Any) -> Iterator[E
     """This process's engine on the same stack as the processes it soaks."""
     if stack == "rq":
         clear_rq()
-        settings.DURABLE_FLOW = {
-            **settings.DURABLE_FLOW,
-            "ADMISSION": {
-                "BACKEND": "redis",
-                "CONNECTION": "default",
-                "INSTANCE_TTL_MS": 3000,
-                "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
-            },
-        }
-        reset_settings()
         engine = Engine(
-            admission=build_backend(get_settings().admission),
+            admission=use_redis_admission(settings),
             transport=RQTransport(queue="durable", concurrency=4),
             settings=get_settings(),
         )

@@ -33,9 +33,9 @@ from django.db import connection
 from redis import Redis
 
 from durable_flow.conf import get_settings, reset_settings
-from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.rq import RQTransport
-from tests.conftest import ManagedProcess, wait_for
+from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.own_redis import OwnRedis, free_port
 from tests.reliability.evidence import Outage
 from tests.reliability.soak import RUNS, SEED, Fleet, Workload
@@ -66,18 +66,8 @@ def outage_engine(transactional_db: None, own_redis: OwnRedis, settings: Any) ->
     """This process's engine on the soaked stack, its Redis the test's own (as the fleet's)."""
     url = own_redis.url()
     settings.RQ_QUEUES = {"default": {"URL": url}, "durable": {"URL": url, "DEFAULT_TIMEOUT": 600}}
-    settings.DURABLE_FLOW = {
-        **settings.DURABLE_FLOW,
-        "ADMISSION": {
-            "BACKEND": "redis",
-            "CONNECTION": "default",
-            "INSTANCE_TTL_MS": 3000,
-            "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
-        },
-    }
-    reset_settings()
     engine = Engine(
-        admission=build_backend(get_settings().admission),
+        admission=use_redis_admission(settings),
         transport=RQTransport(queue="durable", concurrency=4),
         settings=get_settings(),
     )
