@@ -21,6 +21,7 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests.conftest import ManagedProcess, MovableClock, wait_for
+from tests.test_quotas import db_engine  # noqa: F401 - the fixture: starts runs on the db transport
 
 BEGUN: list[Any] = []
 
@@ -380,21 +381,10 @@ def test_concurrent_singleton_cancels_leave_one_run_in_progress(engine: Engine) 
 # -- real processes -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """Starts runs on the `db` transport, so the poller and worker processes pick them up."""
-    from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.conf import get_settings
-    from durable_flow.engine import set_engine
-    from durable_flow.transports.db import DatabaseTransport
-
-    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
-
-
 def test_fifty_starts_in_two_seconds_run_once_with_the_last_input_on_real_processes(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_engine: Engine,  # noqa: F811 - the imported fixture
+    spawn: Callable[..., ManagedProcess],
+    tmp_path: Path,
 ) -> None:
     """A poller and a worker process, real time: 50 starts 40 ms apart (the 5 s period is over
     a hundred times the gap), then exactly one run, which adds one to the last input."""
