@@ -44,6 +44,11 @@ class Outage:
 #: the lost connection on its next statement, and backs off up to 5 s (`worker/outage.py`).
 OUTAGE_REACH_S = 10.0
 
+#: How long before an outage starts a step that ended may still be re-run: its result is recorded
+#: by the worker's next statements after the step function returns (the checkpoint, the slot's
+#: release), and on a loaded machine those can come a few seconds later, into the outage.
+OUTAGE_LEAD_S = 5.0
+
 
 @dataclass
 class Evidence:
@@ -79,7 +84,7 @@ class Evidence:
 
     def _in_outage(self, execution: Execution) -> bool:
         end = execution.end if execution.end is not None else execution.start
-        return any(execution.start <= o.end + OUTAGE_REACH_S and end >= o.start for o in self.outages)
+        return any(execution.start <= o.end + OUTAGE_REACH_S and end + OUTAGE_LEAD_S >= o.start for o in self.outages)
 
     def outage_reexecutions(self) -> int:
         """Executions excused by an outage alone (the at-least-once cost of the outages)."""

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.evidence import OUTAGE_REACH_S, Kill, Outage, busiest_window, max_overlap, read_evidence
+from tests.reliability.evidence import (
+    OUTAGE_LEAD_S,
+    OUTAGE_REACH_S,
+    Kill,
+    Outage,
+    busiest_window,
+    max_overlap,
+    read_evidence,
+)
 
 
 def write_log(path: Path, lines: list[str]) -> Path:
@@ -42,6 +50,15 @@ def test_a_re_execution_is_explained_by_an_outage_only_within_its_reach(tmp_path
     assert read_evidence(near, [], outage).outage_reexecutions() == 1
     assert read_evidence(near, []).unexplained_reexecutions() == [("r1", 1)]
     assert read_evidence(far, [], outage).unexplained_reexecutions() == [("r1", 1)]
+
+
+def test_a_re_execution_is_explained_by_an_outage_that_began_while_its_result_was_recorded(tmp_path: Path) -> None:
+    # The step returned 7 ms before Redis went down: its result was being recorded then.
+    lead = OUTAGE_LEAD_S
+    log = write_log(tmp_path / "log", ["start r1 1 100 50.0", "end r1 1 100 50.03", "start r1 1 100 80.0"])
+    assert read_evidence(log, [], [Outage("redis", 50.037, 53.0)]).unexplained_reexecutions() == []
+    too_early = [Outage("redis", 50.03 + lead + 1, 60.0)]
+    assert read_evidence(log, [], too_early).unexplained_reexecutions() == [("r1", 1)]
 
 
 def test_an_execution_cut_by_a_kill_overlaps_until_the_kill(tmp_path: Path) -> None:
