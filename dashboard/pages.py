@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db.models import Count, Q
@@ -220,6 +221,7 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     return {
         "snap": snap,
         "q": row,
+        "resize": resize_initial(row),
         "admissions_per_min": admissions_per_min,
         "in_flight_pct": min(100, round(100 * (row["in_flight"] or 0) / cap)) if cap else None,
         "window_pct": min(100, round(100 * (row["window_used"] or 0) / rate["limit"])) if rate else None,
@@ -267,24 +269,94 @@ QUEUE_FRAGMENTS = ["queue-stats", "queue-why", "queue-charts", "queue-keys"]
 QUEUES_FRAGMENTS = ["queues-table", "step-concurrency"]
 
 
-def parse_resize_form(post: Mapping[str, Any]) -> dict[str, Any]:
-    """The resize form's fields → `update_queue` keyword arguments. Blank concurrency or rate
-    limit removes it; ValueError (shown to the user) for anything that is not a number."""
+#: The resize form's window groups: field prefix → the window's `per`.
+RESIZE_WINDOWS = (("rate", "global"), ("key_rate", "key"))
 
-    def number(field: str) -> int | None:
-        raw = str(post.get(field, "")).strip()
+
+def resize_initial(row: Mapping[str, Any]) -> dict[str, str]:
+    """The resize form's fields as the queue is configured now. The form sends every option
+    back (a blank one removes it), so each must show its current value: a per-key window or a
+    throttle the form did not show would be removed by resizing the cap."""
+    fields = {"concurrency": _text(row.get("concurrency"))}
+    for prefix, config_key in (("rate", "rate_limit"), ("key_rate", "key_rate_limit")):
+        window = row.get(config_key) or {}
+        fields |= {
+            f"{prefix}_limit": _text(window.get("limit")),
+            f"{prefix}_period_s": _seconds(window.get("period_ms")),
+            f"{prefix}_algorithm": window.get("algorithm", "fixed"),
+        }
+    throttle = row.get("throttle") or {}
+    return fields | {
+        "throttle_limit": _text(throttle.get("limit")),
+        "throttle_period_s": _seconds(throttle.get("period_ms")),
+        "throttle_burst": _text(throttle.get("burst")),
+        "throttle_per": throttle.get("per", "global"),
+    }
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _seconds(period_ms: object) -> str:
+    """A period in seconds as the form shows it: `60`, `0.5`, `1.25` (milliseconds kept exact)."""
+    if not isinstance(period_ms, int):
+        return ""
+    return str(Decimal(period_ms) / 1000) if period_ms % 1000 else str(period_ms // 1000)
+
+
+def parse_resize_form(post: Mapping[str, Any]) -> dict[str, Any]:
+    """The resize form's fields → `update_queue` keyword arguments, the whole config at once:
+    the cap, both windows (global and per key) and the throttle; a blank limit removes that
+    option. ValueError (shown to the user) for anything that is not a number."""
+
+    def field(name: str) -> str:
+        return str(post.get(name, "")).strip()
+
+    def number(name: str) -> int | None:
+        raw = field(name)
         if not raw:
             return None
         if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"{field.replace('_', ' ')} must be a positive whole number, got {raw!r}")
+            raise ValueError(f"{name.replace('_', ' ')} must be a positive whole number, got {raw!r}")
         return int(raw)
 
-    concurrency = number("concurrency")
-    limit, period_s = number("rate_limit"), number("rate_period_s")
-    algorithm = str(post.get("rate_algorithm", "fixed"))
-    if algorithm not in ("fixed", "sliding"):
-        raise ValueError(f"the window is fixed or sliding, got {algorithm!r}")
-    if limit is not None and period_s is None:
-        raise ValueError("a rate limit needs a period in seconds")
-    rate_limit = {"limit": limit, "period_ms": period_s * 1000, "algorithm": algorithm} if limit and period_s else None
-    return {"concurrency": concurrency, "rate_limit": rate_limit}
+    def period_ms(name: str, needed_by: str) -> int:
+        raw = field(name)
+        if not raw:
+            raise ValueError(f"{needed_by} needs a period in seconds")
+        try:
+            seconds = Decimal(raw)
+        except InvalidOperation:
+            raise ValueError(f"{name.replace('_', ' ')} must be a number of seconds, got {raw!r}") from None
+        ms = seconds * 1000
+        if not seconds.is_finite() or ms < 1 or ms != ms.to_integral_value():
+            raise ValueError(f"{name.replace('_', ' ')} must be whole milliseconds of at least 0.001 s, got {raw!r}")
+        return int(ms)
+
+    def choice(name: str, allowed: tuple[str, ...]) -> str:
+        value = field(name) or allowed[0]
+        if value not in allowed:
+            raise ValueError(f"{name.replace('_', ' ')} is one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    windows = []
+    for prefix, per in RESIZE_WINDOWS:
+        limit = number(f"{prefix}_limit")
+        if limit is None:
+            continue
+        window = {
+            "limit": limit,
+            "period_ms": period_ms(f"{prefix}_period_s", "a rate limit"),
+            "algorithm": choice(f"{prefix}_algorithm", ("fixed", "sliding")),
+        }
+        windows.append(window | ({"per": per} if per == "key" else {}))
+    throttle = None
+    if (throttle_limit := number("throttle_limit")) is not None:
+        throttle = {
+            "limit": throttle_limit,
+            "period_ms": period_ms("throttle_period_s", "a throttle"),
+            "burst": number("throttle_burst") or 1,
+            "per": choice("throttle_per", ("global", "key")),
+        }
+    return {"concurrency": number("concurrency"), "rate_limit": windows or None, "throttle": throttle}

@@ -141,11 +141,13 @@ def resume_queue(name: str) -> Any:
 
 
 def update_queue(name: str, **changes: Any) -> QueueConfig:
-    """Resize a queue live: `concurrency=` and/or `rate_limit=` (None removes one).
+    """Resize a queue live: `concurrency=`, `rate_limit=` and/or `throttle=` (None removes one).
     Shrinking never revokes running steps; growing admits waiters at once."""
     from durable_flow.operations import update_queue as update
 
-    unknown = sorted(set(changes) - {"concurrency", "rate_limit"})
+    unknown = sorted(set(changes) - {"concurrency", "rate_limit", "throttle"})
     if unknown:
-        raise InvalidInput(f"update_queue: unknown option(s) {', '.join(unknown)}; give concurrency or rate_limit")
+        raise InvalidInput(
+            f"update_queue: unknown option(s) {', '.join(unknown)}; give concurrency, rate_limit or throttle"
+        )
     return update(name, **changes)

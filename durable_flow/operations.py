@@ -17,7 +17,7 @@ from durable_flow.attempts import operator_retried
 from durable_flow.engine import get_engine, one, retry_on_conflict
 from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
-from durable_flow.queues import QueueConfig, RateLimit, queue_from_dict, resized_windows
+from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict, resized_windows
 from durable_flow.registry import get_step, get_workflow
 from durable_flow.validation import max_length, storable_text
 
@@ -136,13 +136,15 @@ def update_queue(
     name: str,
     *,
     concurrency: int | _Unset | None = UNSET,
-    rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
+    rate_limit: RateLimit | Mapping[str, Any] | list[Mapping[str, Any]] | _Unset | None = UNSET,
+    throttle: Throttle | Mapping[str, Any] | _Unset | None = UNSET,
 ) -> QueueConfig:
-    """Resize a queue live from any process: a new `concurrency` and/or `rate_limit` (None
-    removes it; see `resized_windows` for a per-key window). Shrinking revokes no running step
-    (the excess drains as results land); growing admits waiters at once. Exact across processes
-    on the `db` and `redis` backends, which read the shared config at each decision; `local`
-    applies it to this process only."""
+    """Resize a queue live from any process: a new `concurrency`, `rate_limit` and/or `throttle`
+    (None removes it; see `resized_windows` for a per-key window). Shrinking revokes no running
+    step (the excess drains as results land); growing admits waiters at once. Exact across
+    processes on the `db` and `redis` backends, which read the shared config at each decision;
+    `local` applies it to this process only. A changed throttle starts from its stored
+    timestamps (TATs): a tighter one spaces the next starts from where the old one left off."""
     current = queue_from_dict(_queue_row(name).config)
     windows = (current.rate_limit, current.key_rate_limit)
     if not isinstance(rate_limit, _Unset):
@@ -155,7 +157,7 @@ def update_queue(
         retry_ms=current.retry_ms,
         fairness=current.fairness,
         order=current.order,
-        throttle=current.throttle,
+        throttle=current.throttle if isinstance(throttle, _Unset) else throttle,
     )
     engine = get_engine()
     engine.register_queue(config)

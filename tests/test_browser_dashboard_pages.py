@@ -22,7 +22,7 @@ from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.test_browser_dashboard import CHROMIUM, SCREENSHOTS, free_port, playwright
@@ -139,6 +139,27 @@ def test_pause_a_queue_watch_waiting_grow_then_resume_and_watch_it_drain(
         timeout=60,
         what="the queue to drain",
     )
+
+
+def test_resizing_the_cap_in_the_browser_keeps_the_windows_and_the_throttle(
+    engine_db: Engine, server: Server, page: Any
+) -> None:
+    register_queue(
+        "browser-paced",
+        concurrency=2,
+        rate_limit=[{"limit": 20, "period_ms": 10_000}, {"limit": 2, "period_ms": 500, "per": "key"}],
+        throttle={"limit": 6, "period_ms": 60_000, "burst": 3, "per": "key"},
+    )
+    before = FlowQueue.objects.get(pk="browser-paced").config
+    page.goto(f"{server.url}/dashboard/queues/browser-paced/")
+    assert page.input_value("#resize-form [name=key_rate_period_s]") == "0.5"
+    assert page.input_value("#resize-form [name=throttle_per]") == "key"
+    shoot(page, "dashboard-queue-resize")
+    page.fill("#resize-form [name=concurrency]", "5")
+    page.click("#resize-form button[type=submit]")
+    page.wait_for_selector("text=Resized")
+    assert FlowQueue.objects.get(pk="browser-paced").config == before | {"concurrency": 5}
+    assert page.input_value("#resize-form [name=concurrency]") == "5"
 
 
 def test_the_charts_get_points_from_the_poller_samples(

@@ -4,6 +4,7 @@ one snapshot per tick for every open tab."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -209,9 +210,54 @@ def test_pause_resume_and_resize_from_the_queue_page(staff_client: Client, engin
     assert any(m.startswith("Resized from the dashboard") for m in messages)
 
 
+def test_the_resize_form_shows_and_sends_back_every_option(staff_client: Client, engine: Engine) -> None:
+    """Resizing the cap keeps a per-key window and a throttle the form shows; blanking the
+    throttle's limit removes it; sub-second periods round-trip exactly."""
+    api.register_queue(
+        "keyed",
+        concurrency=2,
+        rate_limit=[
+            {"limit": 30, "period_ms": 1500, "algorithm": "sliding"},
+            {"limit": 3, "period_ms": 500, "per": "key"},
+        ],
+        throttle={"limit": 4, "period_ms": 1000, "burst": 2, "per": "key"},
+    )
+    page = staff_client.get(reverse("dashboard:queue", args=["keyed"])).content.decode()
+    form = page[page.index('id="resize-form"') : page.index("</form>", page.index('id="resize-form"'))]
+    fields = dict(re.findall(r'name="(\w+)"[^>]*value="([^"]*)"', form))
+    assert fields == {
+        "csrfmiddlewaretoken": fields["csrfmiddlewaretoken"],
+        "concurrency": "2",
+        "rate_limit": "30",
+        "rate_period_s": "1.5",
+        "key_rate_limit": "3",
+        "key_rate_period_s": "0.5",
+        "throttle_limit": "4",
+        "throttle_period_s": "1",
+        "throttle_burst": "2",
+    }
+    selected = dict(re.findall(r'<select name="(\w+)">(?:(?!</select>).)*?<option value="(\w+)" selected', form, re.S))
+    assert selected == {"rate_algorithm": "sliding", "key_rate_algorithm": "fixed", "throttle_per": "key"}
+    before = FlowQueue.objects.get(pk="keyed").config
+    sent = fields | selected | {"concurrency": "5"}
+    csrf_post(staff_client, reverse("dashboard:queue-resize", args=["keyed"]), sent)
+    after = FlowQueue.objects.get(pk="keyed").config
+    assert after == before | {"concurrency": 5}
+    csrf_post(staff_client, reverse("dashboard:queue-resize", args=["keyed"]), sent | {"throttle_limit": ""})
+    assert FlowQueue.objects.get(pk="keyed").config == before | {"concurrency": 5, "throttle": None}
+
+
 def test_bad_resize_input_is_a_message_not_an_error(staff_client: Client, engine: Engine) -> None:
     api.register_queue("steer", concurrency=2)
-    for data in ({"concurrency": "two"}, {"concurrency": "1" + "0" * 30}, {"rate_limit": "5"}):
+    bad = (
+        {"concurrency": "two"},
+        {"concurrency": "1" + "0" * 30},
+        {"rate_limit": "5"},
+        {"rate_limit": "5", "rate_period_s": "0.0001"},
+        {"throttle_limit": "5", "throttle_period_s": "soon"},
+        {"throttle_limit": "5", "throttle_period_s": "1", "throttle_per": "tenant"},
+    )
+    for data in bad:
         response = csrf_post(staff_client, reverse("dashboard:queue-resize", args=["steer"]), data)
         assert response.status_code == 303
         page = staff_client.get(response["Location"]).content.decode()

@@ -19,6 +19,7 @@ from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQueueConfig, QueueNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
+from durable_flow.queues import RateLimit, Throttle
 from tests.conftest import ManagedProcess, wait_for
 from tests.test_flow_control_processes import admission, completed, db_engine, process_env, unique  # noqa: F401
 
@@ -70,6 +71,42 @@ def test_queue_operations_over_http_need_change_flowqueue_and_are_audited(engine
     assert client.post("/api/queues/nope/pause/").status_code == 404
     assert client.post("/api/queues/steered/resume/").json()["paused"] is False
     assert LogEntry.objects.filter(object_id="steered").count() == 3
+
+
+def test_update_queue_sets_changes_and_removes_a_throttle(engine: Engine) -> None:
+    api.register_queue("paced", concurrency=3, rate_limit={"limit": 9, "period_ms": 1000, "per": "key"})
+    config = api.update_queue("paced", throttle={"limit": 5, "period_ms": 1000, "burst": 2})
+    assert config.throttle == Throttle(5, 1000, burst=2)
+    assert FlowQueue.objects.get(pk="paced").config["throttle"] == {
+        "limit": 5,
+        "period_ms": 1000,
+        "burst": 2,
+        "per": "global",
+    }
+    assert api.update_queue("paced", concurrency=4).throttle == Throttle(5, 1000, burst=2)  # left as it was
+    with pytest.raises(InvalidQueueConfig, match=r"throttle\.burst"):
+        api.update_queue("paced", throttle={"limit": 5, "period_ms": 1000, "burst": 0})
+    removed = api.update_queue("paced", throttle=None)
+    assert removed.throttle is None and removed.key_rate_limit == RateLimit(9, 1000) and removed.concurrency == 4
+
+
+def test_the_json_api_update_takes_a_throttle_and_refuses_a_bad_one(engine: Engine) -> None:
+    api.register_queue("steered", concurrency=2)
+    user = get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="change_flowqueue"))
+    client = Client()
+    client.force_login(user)
+    body = {"throttle": {"limit": 10, "period_ms": 60_000, "burst": 3, "per": "key"}}
+    resized = client.post("/api/queues/steered/update/", json.dumps(body), "application/json")
+    assert resized.status_code == 200, resized.content
+    assert resized.json()["config"]["throttle"] == body["throttle"]
+    bad = client.post(
+        "/api/queues/steered/update/", json.dumps({"throttle": {"limit": 10, "every": 5}}), "application/json"
+    )
+    assert bad.status_code == 400 and "every" in bad.json()["message"], bad.json()
+    unknown = client.post("/api/queues/steered/update/", json.dumps({"burst": 3}), "application/json")
+    assert unknown.status_code == 400
+    assert FlowQueue.objects.get(pk="steered").config["throttle"] == body["throttle"]
 
 
 def test_pause_and_resume_with_real_workers(
