@@ -16,9 +16,11 @@ from django.utils.dateparse import parse_datetime
 
 from dashboard import charts
 from dashboard.history import SPAN, History, Sample, history
+from durable_flow.admission.keyed import throttle_standing
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
+from durable_flow.queues import Throttle
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
@@ -206,6 +208,21 @@ def key_windows(queue: str, rate: Mapping[str, Any] | None, top: int = 10) -> li
     return [{"key": key, "used": used, "pct": min(100, round(100 * used / rate["limit"]))} for key, used in usage]
 
 
+def throttle_buckets(queue: str, throttle: Mapping[str, Any] | None, top: int = 10) -> list[dict[str, Any]] | None:
+    """The throttle's busiest buckets: how far each one's start TAT runs ahead of now, the
+    starts it may make at once and when its next start conforms (None without a throttle, or
+    when the backend cannot tell)."""
+    usage = get_engine().admission.throttle_usage(queue, top) if throttle else None
+    if usage is None or throttle is None:
+        return None
+    config = Throttle(**throttle)
+    rows = []
+    for bucket, ahead_ms in usage:
+        free_now, next_in_ms = throttle_standing(config, ahead_ms)
+        rows.append({"key": bucket, "ahead_s": ahead_ms / 1000, "free_now": free_now, "next_in_s": next_in_ms / 1000})
+    return rows
+
+
 def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     """The queue page, or None for an unknown queue."""
     row = next((q for q in snap["queues"] if q["name"] == name), None)
@@ -227,6 +244,7 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
         "window_pct": min(100, round(100 * (row["window_used"] or 0) / rate["limit"])) if rate else None,
         "keys": busiest_keys(name),
         "key_windows": key_windows(name, row.get("key_rate_limit")),
+        "throttle_buckets": throttle_buckets(name, row.get("throttle")),
         "depth_chart": charts.line_chart(
             f"{name}: waiting and in flight over the last hour",
             {"backlog": _gauge(samples, "waiting"), "in_flight": _gauge(samples, "in_flight")},

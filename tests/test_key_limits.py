@@ -5,6 +5,7 @@ option, and idle keys leaving no state behind on every backend (the contract kit
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from typing import Any
@@ -15,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.db_keyed import rows
+from durable_flow.admission.keyed import throttle_standing
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.conf import parse_settings
 from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict
@@ -173,3 +175,66 @@ def test_resizing_a_window_keeps_the_other_kind(engine: Any, new: Any, expected:
     config = api.update_queue("both", rate_limit=new)
     assert (config.rate_limit, config.key_rate_limit) == expected
     assert config.throttle == Throttle(5, 1000, burst=2)
+
+
+# -- the throttle's standing ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("ahead_ms", "standing"),
+    [(-500, (3, 0)), (0, (3, 0)), (999, (2, 0)), (1000, (2, 0)), (2000, (1, 0)), (2001, (0, 1)), (3000, (0, 1000))],
+)
+def test_a_buckets_standing_is_its_burst_left_and_its_next_start(ahead_ms: float, standing: tuple[int, int]) -> None:
+    """10 per 10 s, bursts of 3: one start a second once the burst of 3 is spent."""
+    assert throttle_standing(Throttle(10, 10_000, burst=3), ahead_ms) == standing
+
+
+def _throttle_usage_after_starts(backend: AdmissionBackend) -> tuple[Any, Any]:
+    backend.register(QueueConfig(name="paced", throttle=Throttle(10, 10_000, burst=3, per="key")))
+    backend.register(QueueConfig(name="plain", concurrency=5))
+    for i, key in enumerate(["tenant-a"] * 3 + ["tenant-b"]):
+        assert backend.try_admit(AdmissionRequest("paced", f"run{i}/1", fairness_key=key)).admitted
+        assert backend.try_start("paced", f"run{i}/1", key) == 0
+    return backend.throttle_usage("paced", 10), backend.throttle_usage("plain", 10)
+
+
+def test_throttle_usage_ranks_buckets_by_how_far_their_starts_run_ahead_on_every_backend(
+    transactional_db: None,
+) -> None:
+    from durable_flow.admission.redis import RedisAdmissionBackend
+
+    clock = FakeClock(start_ms=1_800_000_000_000)
+    redis_backend = RedisAdmissionBackend(url=REDIS_URL, key_prefix=f"test:tu:{uuid.uuid4().hex[:10]}", clock=clock)
+    try:
+        for backend in (LocalAdmissionBackend(clock=clock), DatabaseAdmissionBackend(clock=clock), redis_backend):
+            usage, none = _throttle_usage_after_starts(backend)
+            assert usage == [("tenant-a", 3000.0), ("tenant-b", 1000.0)], type(backend).__name__
+            assert none is None
+            clock.advance(5_000)  # every TAT is past: the buckets are idle
+            assert backend.throttle_usage("paced", 10) == [], type(backend).__name__
+    finally:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{redis_backend.prefix}:*", count=1000))
+        redis_backend.close()
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def test_the_queue_page_shows_each_keys_throttle_standing(engine: Any, transactional_db: None) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    from durable_flow import api, start
+
+    api.register_queue("paced", throttle={"limit": 2, "period_ms": 60_000, "burst": 3, "per": "key"})
+    for i, key in enumerate(["tenant-a"] * 3 + ["tenant-b"]):
+        start("tests.queued", {"queue": "paced", "value": i, "key": key})
+    client = Client()
+    client.force_login(get_user_model().objects.create_user("staff", password="pw", is_staff=True))
+    page = client.get(reverse("dashboard:queue", args=["paced"])).content.decode()
+    table = page[page.index('id="queue-throttle"') : page.index("</table>", page.index('id="queue-throttle"'))]
+    assert table.index("tenant-a") < table.index("tenant-b")  # furthest ahead first
+    rows = re.findall(r'<th scope="row">([\w-]+)</th><td class="num">[\d.]+ s</td><td class="num">(\d) / 3</td>', table)
+    assert rows == [("tenant-a", "0"), ("tenant-b", "2")]  # a spent its burst; b has two starts left

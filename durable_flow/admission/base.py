@@ -201,6 +201,13 @@ class AdmissionBackend(Configurable, ABC):
         when the backend cannot tell."""
         return None
 
+    def throttle_usage(self, queue: str, limit: int) -> list[tuple[str, float]] | None:
+        """The throttle's busiest buckets on the step-start side (where the provider counts):
+        (fairness key, or "" for a queue-wide throttle; how far its TAT runs ahead of now, in
+        ms), furthest first, at most `limit`, idle buckets left out; None without a throttle
+        or (the default) when the backend cannot tell."""
+        return None
+
     def next_waiters(self, queue: str, limit: int) -> list[str] | None:
         """The tickets admission would grant next on `queue`, best first (for the dashboard),
         or None when the backend cannot tell."""

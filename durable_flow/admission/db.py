@@ -407,6 +407,11 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
         return db_keyed.usage(queue_from_dict(row), self._now(), limit) if row is not None else None
 
+    def throttle_usage(self, queue: str, limit: int) -> list[tuple[str, float]] | None:
+        """The throttle's busiest buckets, by any process."""
+        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        return db_keyed.throttle_usage(queue_from_dict(row), self._now(), limit) if row is not None else None
+
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window, by any process."""
         row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()

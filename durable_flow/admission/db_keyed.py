@@ -190,6 +190,14 @@ def usage(config: QueueConfig, now: int, limit: int) -> list[tuple[str, int]] | 
     return [(row["fairness_key"], row["n"]) for row in rows]
 
 
+def throttle_usage(config: QueueConfig, now: int, limit: int) -> list[tuple[str, float]] | None:
+    """The throttle's start-side buckets furthest ahead of `now` (the `(queue, kind, tat)` index)."""
+    if config.throttle is None:
+        return None
+    rows = AdmissionKeyTat.objects.filter(queue=config.name, kind=START, tat__gt=now).order_by("-tat", "bucket")
+    return [(name, tat - now) for name, tat in rows.values_list("bucket", "tat")[:limit]]
+
+
 def rows(queue: str) -> int:
     """Per-key rows held for `queue` (the idle-key bench counts them)."""
     return AdmissionKeyMark.objects.filter(queue=queue).count() + AdmissionKeyTat.objects.filter(queue=queue).count()

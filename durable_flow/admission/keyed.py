@@ -57,6 +57,16 @@ def gcra_take(throttle: Throttle, tat: float | None, now_ms: int) -> float:
     return max(tat if tat is not None else now_ms, now_ms) + throttle.interval_ms
 
 
+def throttle_standing(throttle: Throttle, ahead_ms: float) -> tuple[int, int]:
+    """How a bucket whose TAT runs `ahead_ms` past now stands: (starts it may make at once,
+    ms until its next start conforms). A fresh bucket has the whole burst; each start pushes
+    the TAT one interval on, and a start conforms while the TAT is at most `tolerance` ahead."""
+    ahead = max(0.0, ahead_ms)
+    if ahead > throttle.tolerance_ms:
+        return 0, math.ceil(ahead - throttle.tolerance_ms)
+    return math.floor((throttle.tolerance_ms - ahead) / throttle.interval_ms) + 1, 0
+
+
 def key_window_start(rate: RateLimit, now_ms: int) -> int:
     """The oldest mark a per-key window still counts (as `policy.oldest_mark_needed`)."""
     if rate.algorithm == "fixed":

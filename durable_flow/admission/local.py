@@ -120,6 +120,16 @@ class LocalAdmissionBackend(AdmissionBackend):
             used = [(key, window_used(window, marks, now)) for key, marks in state.keyed.starts.items()]
             return sorted((u for u in used if u[1]), key=lambda u: (-u[1], u[0]))[:limit]
 
+    def throttle_usage(self, queue: str, limit: int) -> list[tuple[str, float]] | None:
+        """The throttle's busiest buckets (in this process)."""
+        with self._lock:
+            state = self._queues.get(queue)
+            if state is None or state.config.throttle is None:
+                return None
+            now = self.clock()
+            ahead = [(name, tat - now) for name, tat in state.keyed.start_tat.items() if tat > now]
+            return sorted(ahead, key=lambda a: (-a[1], a[0]))[:limit]
+
     def keyed_size(self, queue: str) -> int:
         """Per-key windows and throttle buckets held (for the idle-key bench)."""
         with self._lock:

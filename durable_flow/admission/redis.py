@@ -354,6 +354,25 @@ class RedisAdmissionBackend(AdmissionBackend):
         used = [(_text(n)[len(root) :], int(c)) for n, c in zip(names, pipe.execute(), strict=True) if c]
         return sorted(used, key=lambda u: (-u[1], u[0]))[:limit]
 
+    def throttle_usage(self, queue: str, limit: int, scan: int = 10_000) -> list[tuple[str, float]] | None:
+        """The throttle's busiest buckets, by any process: a SCAN over the queue's live start-side
+        TATs (an idle bucket's key has expired), at most `scan` of them."""
+        raw = self.redis.hget(f"{self.prefix}:queues", queue)
+        config = queue_from_dict(json.loads(raw)) if raw else None
+        if config is None or config.throttle is None:
+            return None
+        seconds, micros = self.redis.time() if self.clock is None else (0, int(self.clock()) * 1000)
+        now = int(seconds) * 1000 + int(micros) // 1000
+        root = f"{self.prefix}:q:{queue}:kt:s:"
+        names = list(islice(self.redis.scan_iter(match=_glob_escape(root) + "*", count=1000), scan))
+        tats = self.redis.mget(names) if names else []
+        ahead = [
+            (_text(name)[len(root) :], float(tat) - now)
+            for name, tat in zip(names, tats, strict=True)
+            if tat is not None and float(tat) > now
+        ]
+        return sorted(ahead, key=lambda a: (-a[1], a[0]))[:limit]
+
     def keyed_keys(self, queue: str) -> int:
         """Per-key window and throttle keys held for `queue` (the idle-key bench counts them)."""
         root = _glob_escape(f"{self.prefix}:q:{queue}:")
