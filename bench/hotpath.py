@@ -216,6 +216,8 @@ def run_path(queue: str | None, runs: int, concurrency: int) -> float:
     source.execute = execute_tagged  # type: ignore[method-assign]
     runtime = WorkerRuntime(engine, source, FixedConcurrency(concurrency), grace_s=5)
     runtime.heartbeat.beat = COUNTER.wrap("heartbeat", runtime.heartbeat.beat)  # type: ignore[method-assign]
+    # A step handed to the thread that dispatched it (`engine/inline_handoff.py`) runs past the source.
+    runtime._run_inline = COUNTER.wrap("step", runtime._run_inline)  # type: ignore[method-assign]
     COUNTER.reset()
     COUNTER.enabled = True
     with COUNTER.tagged("start"):
