@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
-PG_DATABASE = "durable_flow_bench_hotpath"
+#: Apart per DURABLE_FLOW_TEST_ID, so sessions sharing the machine do not drop each other's.
+BENCH_ID = f"bench-hotpath-{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}"
+PG_DATABASE = BENCH_ID.replace("-", "_")
 QUEUE = "bench-hot"
 PHASES = ("start", "claim", "setup", "turn", "step", "done", "heartbeat", "grant")
 PER_WORKFLOW = ("claim", "setup", "turn", "step", "done")
@@ -67,7 +69,7 @@ def setup_django(postgres: bool) -> None:
     """settings.test on the bench's own database, migrated from scratch, db transport + db admission."""
     os.environ.update(
         {
-            "DURABLE_FLOW_TEST_ID": "bench-hotpath",
+            "DURABLE_FLOW_TEST_ID": BENCH_ID,
             "DJANGO_SETTINGS_MODULE": "settings.test",
             "DURABLE_FLOW_TRANSPORT": "db",
             "DURABLE_FLOW_ADMISSION": "db",
@@ -84,7 +86,7 @@ def setup_django(postgres: bool) -> None:
         from settings.base import VAR_DIR
 
         for suffix in ("", "-wal", "-shm"):
-            Path(f"{VAR_DIR / 'test-bench-hotpath.sqlite3'}{suffix}").unlink(missing_ok=True)
+            Path(f"{VAR_DIR / f'test-{BENCH_ID}.sqlite3'}{suffix}").unlink(missing_ok=True)
 
     import django
     from django.core.management import call_command
