@@ -12,7 +12,8 @@ real `WorkerRuntime` (the `durable_worker` loop: claim, thread pool, heartbeat, 
 runs in this process with `--concurrency` threads until no task is left. Every statement
 any thread sends goes through `connection.execute_wrapper` hooks installed on each thread's
 connection, and is attributed to a phase: `claim` (taking tasks), `turn`/`step` (running
-them through the engine; a turn recorded inline with a step's result counts under `step`),
+them through the engine; a turn recorded inline with a step's result counts under `step`, and
+so does a step the turn handed to its own thread, which is never claimed),
 `done` (deleting the task), `setup` (what the worker does around a task: the connection's
 health check), `heartbeat` (lease renewal and the heartbeat row) and `grant` (the grant timer).
 
