@@ -12,7 +12,8 @@ real `WorkerRuntime` (the `durable_worker` loop: claim, thread pool, heartbeat, 
 runs in this process with `--concurrency` threads until no task is left. Every statement
 any thread sends goes through `connection.execute_wrapper` hooks installed on each thread's
 connection, and is attributed to a phase: `claim` (taking tasks), `turn`/`step` (running
-them through the engine; a turn recorded inline with a step's result counts under `step`),
+them through the engine; a turn recorded inline with a step's result counts under `step`, and
+so does a step the turn handed to its own thread, which is never claimed),
 `done` (deleting the task), `setup` (what the worker does around a task: the connection's
 health check), `heartbeat` (lease renewal and the heartbeat row) and `grant` (the grant timer).
 
@@ -40,7 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
-PG_DATABASE = "durable_flow_bench_hotpath"
+#: Apart per DURABLE_FLOW_TEST_ID, so sessions sharing the machine do not drop each other's.
+BENCH_ID = f"bench-hotpath-{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}"
+PG_DATABASE = BENCH_ID.replace("-", "_")
 QUEUE = "bench-hot"
 PHASES = ("start", "claim", "setup", "turn", "step", "done", "heartbeat", "grant")
 PER_WORKFLOW = ("claim", "setup", "turn", "step", "done")
@@ -67,7 +70,7 @@ def setup_django(postgres: bool) -> None:
     """settings.test on the bench's own database, migrated from scratch, db transport + db admission."""
     os.environ.update(
         {
-            "DURABLE_FLOW_TEST_ID": "bench-hotpath",
+            "DURABLE_FLOW_TEST_ID": BENCH_ID,
             "DJANGO_SETTINGS_MODULE": "settings.test",
             "DURABLE_FLOW_TRANSPORT": "db",
             "DURABLE_FLOW_ADMISSION": "db",
@@ -84,7 +87,7 @@ def setup_django(postgres: bool) -> None:
         from settings.base import VAR_DIR
 
         for suffix in ("", "-wal", "-shm"):
-            Path(f"{VAR_DIR / 'test-bench-hotpath.sqlite3'}{suffix}").unlink(missing_ok=True)
+            Path(f"{VAR_DIR / f'test-{BENCH_ID}.sqlite3'}{suffix}").unlink(missing_ok=True)
 
     import django
     from django.core.management import call_command
@@ -216,6 +219,8 @@ def run_path(queue: str | None, runs: int, concurrency: int) -> float:
     source.execute = execute_tagged  # type: ignore[method-assign]
     runtime = WorkerRuntime(engine, source, FixedConcurrency(concurrency), grace_s=5)
     runtime.heartbeat.beat = COUNTER.wrap("heartbeat", runtime.heartbeat.beat)  # type: ignore[method-assign]
+    # A step handed to the thread that dispatched it (`engine/inline_handoff.py`) runs past the source.
+    runtime._run_inline = COUNTER.wrap("step", runtime._run_inline)  # type: ignore[method-assign]
     COUNTER.reset()
     COUNTER.enabled = True
     with COUNTER.tagged("start"):

@@ -52,13 +52,15 @@ def attempt_finished(
         status = AttemptStatus.FAILED
     else:
         status = AttemptStatus.COMPLETED
-    row, created = StepAttempt.objects.get_or_create(
-        checkpoint=cp, attempt=attempt, defaults={"run_id": cp.run_id, "dispatched_at": cp.dispatched_at}
+    # One UPDATE on the path every result takes (the attempt started, so its row exists); a row
+    # finished already (a result delivered twice) keeps its first answer.
+    ended = {"status": status, "finished_at": now, "error": error, "late": late}
+    rows = StepAttempt.objects.filter(checkpoint=cp, attempt=attempt)
+    if rows.filter(finished_at__isnull=True).update(**ended) or rows.exists():
+        return
+    StepAttempt.objects.create(
+        checkpoint=cp, attempt=attempt, run_id=cp.run_id, dispatched_at=cp.dispatched_at, **ended
     )
-    if not created and row.finished_at is not None:
-        return  # recorded already: a result delivered twice keeps its first answer
-    row.status, row.finished_at, row.error, row.late = status, now, error, late
-    row.save(update_fields=["status", "finished_at", "error", "late"])
 
 
 def set_retry_at(cp: StepCheckpoint, attempt: int, retry_at: datetime | None) -> None:

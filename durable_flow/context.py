@@ -296,7 +296,7 @@ class WorkflowContext:
     def _admit(self, cp: StepCheckpoint) -> Any:
         if not self._engine.admit(cp):
             return PENDING  # parked in the queue's line: a grant dispatches it, no wake time
-        self._engine.dispatch(cp)
+        self._engine.dispatch(cp, from_turn=True)
         self.in_flight = True
         self._wait_until(cp.wake_at)
         return PENDING

@@ -81,8 +81,9 @@ class TurnEngine(Protocol):
     def admit(self, cp: StepCheckpoint) -> bool:
         """Ask the step's queue for a slot: True when admitted, False when parked in its line."""
 
-    def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False) -> None:
-        """Send a new attempt of the step out."""
+    def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False, from_turn: bool = False) -> None:
+        """Send a new attempt of the step out (`from_turn`: a turn's call just admitted, which a
+        worker running the turn may take itself)."""
 
     def settle(self, cp: StepCheckpoint, status: str, output: Any = None, error: Any = None) -> None:
         """Write a checkpoint's final status and result."""

@@ -2,21 +2,40 @@
 
 `bench/hotpath.py` prints the figures; these tests hold the line on them: the task row goes
 in the transaction that settles it, a step attempt starts in one statement, a lone call's
-result reads the run's checkpoints once, and a run's first turn reads none.
+result reads the run's checkpoints once, and a run's first turn reads none. On a worker, the
+step a turn dispatches runs next in the turn's thread, started in the turn's transaction: no
+step task, no second claim, no start statement.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 import pytest
 from django.db import connection
+from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 
-from durable_flow import start
-from durable_flow.engine import Engine
-from durable_flow.models import RunStatus, StepCheckpoint, Task, WorkflowRun
+from durable_flow import cancel, start
+from durable_flow.engine import Engine, inline_handoff
+from durable_flow.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepCheckpoint,
+    Task,
+    TaskKind,
+    WorkerHeartbeat,
+    WorkflowRun,
+)
+from durable_flow.poller import TimerPoller
 from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
 from durable_flow.transports.runner import ClaimedTask, EngineRunner
+from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
+from tests.test_flow_control import HeldTransport
 
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
 
@@ -84,12 +103,14 @@ def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_engine: tuple[Engine,
     assert StepCheckpoint.objects.get(run=run).worker == ""
 
 
-def test_a_one_step_workflow_costs_at_most_seventeen_statements(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    """Claim (1) + first turn (5: lock the run, delete the task row, insert the checkpoint and
-    the step's task, update the run) + claim (1) + step (6: start the attempt, lock the run,
-    read its checkpoints, delete the task row, settle the checkpoint, finish the run), plus the
-    attempt history's row (4: read and insert it when the attempt starts, read and update it
-    when its result lands). No queue."""
+def test_a_one_step_workflow_costs_at_most_fifteen_statements_through_the_transport(
+    db_engine: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """Outside a worker (no thread takes the turn's step): claim (1) + first turn (5: lock the
+    run, delete the task row, insert the checkpoint and the step's task, update the run) +
+    claim (1) + step (8: start the attempt, insert its history row, lock the run, read its
+    checkpoints, delete the task row, finish the history row, settle the checkpoint, finish the
+    run). No queue."""
     engine, source = db_engine
     run = start("tests.echo_flow", "hello")
     with CaptureQueriesContext(connection) as queries:
@@ -97,4 +118,115 @@ def test_a_one_step_workflow_costs_at_most_seventeen_statements(db_engine: tuple
         work(engine, source, claim_one(source))
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
-    assert len(data_statements(queries)) <= 17, "\n".join(data_statements(queries))
+    assert len(data_statements(queries)) <= 15, "\n".join(data_statements(queries))
+
+
+def worker(engine: Engine, source: DatabaseTaskSource) -> WorkerRuntime:
+    return WorkerRuntime(engine, source, build_controller(1), idle_wait_s=0.01)
+
+
+def test_a_worker_runs_the_step_its_turn_dispatched_with_no_step_task(
+    db_engine: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    engine, source = db_engine
+    run = start("tests.echo_flow", "hello")
+    step_tasks: list[int] = []
+
+    def count(sender: Any, instance: Task, created: bool, **_: Any) -> None:
+        if created and instance.kind == TaskKind.STEP:
+            step_tasks.append(instance.pk)
+
+    runtime = worker(engine, source)
+    post_save.connect(count, sender=Task)
+    try:
+        assert runtime.run(burst=True) == 2  # the turn, then the step it handed to its thread
+    finally:
+        post_save.disconnect(count, sender=Task)
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "hello")
+    assert step_tasks == []
+    assert not Task.objects.exists()
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.worker == runtime.worker_id
+    row = StepAttempt.objects.get(checkpoint=cp)
+    assert (row.attempt, row.status, row.worker) == (1, AttemptStatus.COMPLETED, runtime.worker_id)
+    assert row.dispatched_at is not None and row.started_at is not None and row.finished_at is not None
+
+
+def test_a_one_step_workflow_costs_a_worker_at_most_eleven_statements_in_three_transactions(
+    db_engine: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """Claim (1) + the turn (5: lock the run, delete the task row, insert the checkpoint and
+    the attempt's history row, update the run) + the step handed to the thread (5: lock the
+    run, read its checkpoints, finish the attempt's row, settle the checkpoint, finish the
+    run). No queue."""
+    engine, source = db_engine
+    run = start("tests.echo_flow", "hello")
+    runtime = worker(engine, source)
+    with CaptureQueriesContext(connection) as queries:
+        [task] = source.claim(runtime.worker_id, 1, 0)
+        runtime._execute(task)  # the pool thread's work, on this thread so its SQL is captured
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    statements = data_statements(queries)
+    assert len(statements) <= 11, "\n".join(statements)
+    begins = [q for q in queries.captured_queries if q["sql"].startswith("BEGIN")]
+    if connection.vendor == "sqlite":  # PostgreSQL's driver sends BEGIN past the query log
+        assert len(begins) == 2  # the claim is one autocommit statement
+
+
+def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
+    db_engine: tuple[Engine, DatabaseTaskSource], clock: MovableClock
+) -> None:
+    engine, source = db_engine
+    run = start("tests.echo_flow", "hello")
+    with inline_handoff.accepting("w1", turns=True) as taken:
+        engine.run_turn(run.id)
+    assert [(h.run_id, h.attempt) for h in taken] == [(run.id, 1)]
+    assert not Task.objects.filter(kind=TaskKind.STEP).exists()  # the thread was to run it next
+    # w1 dies before it runs the step: its heartbeat lapses.
+    now = clock()
+    WorkerHeartbeat.objects.create(
+        worker_id="w1", host="h", pid=1, transport="db", started_at=now, last_seen=now - timedelta(hours=1)
+    )
+    assert TimerPoller(engine).maintain() >= 1
+    step = claim_one(source)  # step tasks are claimed ahead of turns
+    assert (step.kind, step.attempt) == ("step", 2)
+    work(engine, source, step)
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    rows = StepAttempt.objects.filter(run=run).order_by("attempt")
+    assert [(r.attempt, r.status, r.worker) for r in rows] == [
+        (1, AttemptStatus.RUNNING, "w1"),  # lost with its worker: the timeline shows it so
+        (2, AttemptStatus.COMPLETED, "w"),
+    ]
+
+
+def test_a_turns_handed_step_of_a_run_cancelled_meanwhile_is_recorded_as_cancelled(
+    db_engine: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    engine, _ = db_engine
+    run = start("tests.echo_flow", "hello")
+    with inline_handoff.accepting("w1", turns=True) as taken:
+        engine.run_turn(run.id)
+    [handed] = taken
+    cancel(run.id)
+    engine.execute_step(run.id, handed.step_key, handed.attempt, worker_id="w1", dispatched=handed.dispatched)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert StepAttempt.objects.get(run=run).status == AttemptStatus.CANCELLED
+
+
+def test_a_results_inline_turn_leaves_the_runs_next_step_to_the_transport(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    """A result's thread takes the step its release grants, not the run's own next step: a
+    run's steps in a row would otherwise hold one thread for the whole run."""
+    transport = HeldTransport()
+    engine = local_engine(clock, transport)
+    run = start("tests.three_steps", 1)
+    (job,) = transport.held
+    transport.held.clear()
+    with inline_handoff.accepting("w1") as taken:
+        engine.execute_step(job[0], job[1], job[2], worker_id="w1")
+    assert taken == []
+    assert [run_id for run_id, *_ in transport.held] == [run.id]

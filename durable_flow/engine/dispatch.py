@@ -3,13 +3,16 @@ waiting line), send the attempt out; send a step whose slot was lost back throug
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
-from datetime import timedelta
+from copy import copy
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant
+from durable_flow.attempts import attempt_started
 from durable_flow.counters import count_admission, count_parked
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
@@ -120,10 +123,15 @@ class DispatchMixin(EngineBase):
             return None
         return definition.timeout.total_seconds() if definition.timeout else None
 
-    def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False, inline_to: str = "") -> None:
+    def dispatch(
+        self, cp: StepCheckpoint, *, timeout_redispatch: bool = False, inline_to: str = "", from_turn: bool = False
+    ) -> None:
         """Send a new attempt of the step to the transport (inside the turn's transaction), or
         with `inline_to`, to that worker's current thread once this transaction commits
-        (`inline_handoff`: the attempt is stamped with the worker, so a crash re-drives it)."""
+        (`inline_handoff`: the attempt is stamped with the worker, so a crash re-drives it).
+        `from_turn`: a call a turn just admitted, handed to the turn's thread if it accepts one."""
+        if from_turn and not inline_to:
+            inline_to = inline_handoff.taker(turn=True)
         now = self.now()
         cp.attempt += 1
         if timeout_redispatch:
@@ -143,9 +151,23 @@ class DispatchMixin(EngineBase):
         if cp.holds_slot and not timeout_redispatch:
             count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
         if inline_to:
-            inline_handoff.hand_over(cp.run_id, cp.key, cp.attempt)
+            inline_handoff.hand_over(cp.run_id, cp.key, cp.attempt, self._started_inline(cp, now))
         else:
             self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
+
+    @staticmethod
+    def _started_inline(cp: StepCheckpoint, now: datetime) -> StepCheckpoint | None:
+        """An attempt handed to this thread with no slot starts here, in the dispatching
+        transaction: its history row is written now (the thread runs it right after the commit),
+        and the thread gets the checkpoint instead of reading it back. One that holds a slot
+        starts on the thread (`start_attempt`): the slot's adoption and the rate window's count
+        come right before the call. Returns the checkpoint to hand over, or None."""
+        if cp.holds_slot:
+            return None
+        attempt_started(cp, cp.attempt, cp.worker, now)
+        handed = copy(cp)
+        handed.input = json.loads(json.dumps(cp.input))  # what the step would read back: JSON, not the caller's objects
+        return handed
 
     @retry_on_conflict
     def readmit(self: Engine, run_id: str, key: str, attempt: int) -> None:

@@ -1,4 +1,9 @@
-"""Inline handoff: the worker thread whose step result freed a slot runs the step it was granted to.
+"""Inline handoff: a worker thread runs next the step its own transaction dispatched.
+
+Two cases. A slot freed by a step's result is granted to a waiter, and the thread that recorded
+the result runs that waiter's step (below). A run's turn that dispatches a step (its first
+admitted call, on a worker) hands it to the thread that ran the turn: a one-step workflow then
+costs one claim, not two, and no step task row is written or deleted (`accepting(turns=True)`).
 
 Under contention most slots are freed by a step's result, recorded in a worker thread. Sending
 the granted step through the transport from there costs a hop per handoff (an enqueue, a claim
@@ -12,8 +17,15 @@ next as if it had claimed it.
 Durability is the dispatch's, not the transport's: a worker that dies before or while running
 the handed step leaves a `dispatched` checkpoint stamped with its id, which the poller re-drives
 like any step of a dead worker; a live worker that drops it is caught by the heartbeat check
-(`REDISPATCH_AFTER_S`). Only one step is accepted per result, so a release that grants several
-waiters sends the rest through the transport, to other threads.
+(`REDISPATCH_AFTER_S`). Only one step is accepted per result or turn, so a release that grants
+several waiters, or a turn that dispatches a fan-out, sends the rest through the transport, to
+other threads.
+
+A step handed over by a turn that holds no slot starts in the turn's transaction: its
+`StepAttempt` row is written there (`running`, this worker, started now) and the handed step
+carries its checkpoint, so the thread runs it with no start statement (`dispatched`). A step
+that holds a slot starts as a claimed one does (`start_attempt`): its slot is adopted and its
+rate window counts the start right before the call.
 """
 
 from __future__ import annotations
@@ -22,8 +34,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import transaction
+
+if TYPE_CHECKING:
+    from durable_flow.models import StepCheckpoint
 
 
 @dataclass(frozen=True)
@@ -33,11 +49,15 @@ class HandedStep:
     run_id: str
     step_key: str
     attempt: int
+    #: The checkpoint as dispatched, when the attempt was started in the dispatching
+    #: transaction (no slot to adopt): the thread runs it without reading it back.
+    dispatched: StepCheckpoint | None = None
 
 
 class _Sink:
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, turns: bool) -> None:
         self.worker_id = worker_id
+        self.turns = turns
         self.taken: list[HandedStep] = []
         self.pending = False  # a dispatch for this thread is in a transaction not committed yet
 
@@ -46,11 +66,12 @@ _local = threading.local()
 
 
 @contextmanager
-def accepting(worker_id: str) -> Iterator[list[HandedStep]]:
+def accepting(worker_id: str, *, turns: bool = False) -> Iterator[list[HandedStep]]:
     """Within this block (on this thread), the first granted step dispatched is handed to the
-    thread as worker `worker_id`; the list holds it once its dispatch has committed."""
+    thread as worker `worker_id` (with `turns`, a step a turn dispatches too); the list holds
+    it once its dispatch has committed."""
     previous = getattr(_local, "sink", None)
-    sink = _Sink(worker_id)
+    sink = _Sink(worker_id, turns)
     _local.sink = sink
     try:
         yield sink.taken
@@ -58,16 +79,21 @@ def accepting(worker_id: str) -> Iterator[list[HandedStep]]:
         _local.sink = previous
 
 
-def taker() -> str:
-    """The worker id to dispatch a granted step to inline, or "" to use the transport: a thread
-    accepts one step, and only while it records a result (`accepting`)."""
+def taker(*, turn: bool = False) -> str:
+    """The worker id to dispatch a step to inline, or "" to use the transport: a thread accepts
+    one step, and only while it records a result or (`turn`: a turn's dispatch) runs a turn
+    that accepts them (`accepting`).
+
+    A result's inline turn does not hand the run's next step to its thread: that thread takes
+    the step its result's release grants instead, and a run's steps in a row would otherwise
+    hold one thread for the whole run."""
     sink: _Sink | None = getattr(_local, "sink", None)
-    if sink is None or sink.taken or sink.pending:
+    if sink is None or sink.taken or sink.pending or (turn and not sink.turns):
         return ""
     return sink.worker_id
 
 
-def hand_over(run_id: str, step_key: str, attempt: int) -> None:
+def hand_over(run_id: str, step_key: str, attempt: int, dispatched: StepCheckpoint | None = None) -> None:
     """Hand the step to this thread once the dispatching transaction commits."""
     sink: _Sink | None = getattr(_local, "sink", None)
     if sink is None:
@@ -75,7 +101,7 @@ def hand_over(run_id: str, step_key: str, attempt: int) -> None:
     sink.pending = True
 
     def committed() -> None:
-        sink.taken.append(HandedStep(run_id, step_key, attempt))
+        sink.taken.append(HandedStep(run_id, step_key, attempt, dispatched))
         sink.pending = False
 
     # A rollback discards the callback and leaves `pending` set: a retried dispatch then goes

@@ -32,11 +32,16 @@ class ResultsMixin(EngineBase):
         worker_id: str = "",
         *,
         also: Callable[[], object] | None = None,
+        dispatched: StepCheckpoint | None = None,
     ) -> str:
         """Run one attempt of a dispatched step and record its result. Returns what happened:
         `completed`, `failed`, `skipped` (stale or cancelled) or `missing`. `also` runs inside
-        the transaction that records the result (see `run_turn`)."""
-        cp, run_status = start_attempt(run_id, key, attempt, worker_id)
+        the transaction that records the result (see `run_turn`). `dispatched`: the attempt
+        was started by the transaction that dispatched it to this thread (`inline_handoff`)."""
+        if dispatched is not None:
+            cp, run_status = dispatched, RunStatus.RUNNING
+        else:
+            cp, run_status = start_attempt(run_id, key, attempt, worker_id)
         if cp is None:
             return "skipped" if StepCheckpoint.objects.filter(run_id=run_id, key=key).exists() else "missing"
         if run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
@@ -49,7 +54,8 @@ class ResultsMixin(EngineBase):
             return "skipped"
         # Written when the worker picks the attempt up, before the rate window's start wait: no
         # write may come between the window counting the start and the call.
-        attempt_started(cp, attempt, worker_id, self.now())
+        if dispatched is None:
+            attempt_started(cp, attempt, worker_id, self.now())
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:

@@ -10,7 +10,8 @@ An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable
 only when there is: the claim is a write, which on SQLite takes the write lock even when it
 finds nothing. A task enqueued by its own process wakes it at once when the enqueueing
 transaction commits. (A slot freed by a result is not a task at all: the worker thread that
-recorded the result runs the granted step itself, `engine/inline_handoff.py`.)
+recorded the result runs the granted step itself; nor is the step a turn dispatches on a
+worker: the turn's thread runs it next, `engine/inline_handoff.py`.)
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
     transport = "db"
+    #: A step task costs an INSERT, a claim and a DELETE: the turn's thread runs the step instead.
+    turn_steps_inline = True
 
     def __init__(self, visibility_timeout_s: float, poll_interval_s: float) -> None:
         self.visibility = timedelta(seconds=visibility_timeout_s)

@@ -37,6 +37,9 @@ class ClaimedTask:
     #: Handed to this worker's thread by the engine (`engine/inline_handoff.py`), not claimed
     #: from the source: no transport holds it, so it is never done, renewed or handed back there.
     inline: bool = False
+    #: For an inline step started by the transaction that dispatched it: its checkpoint, so the
+    #: worker runs it without a start statement (`Engine.execute_step(dispatched=...)`).
+    dispatched: Any = field(default=None, repr=False)
 
 
 class TaskRunner(ABC):
@@ -103,6 +106,10 @@ class TaskSource(ABC):
 
     transport: str = ""
     queues: list[str] = []
+    #: Whether the step a turn dispatches may run next on the turn's worker thread instead of
+    #: going out through this transport (`engine/inline_handoff.py`). Off by default: a broker's
+    #: users expect every step as a job (in its registries, handed back at shutdown).
+    turn_steps_inline: bool = False
 
     @abstractmethod
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:

@@ -194,16 +194,41 @@ class WorkerRuntime(EngineRunner):
             self.source.hand_back(self.worker_id, leftover)
         return len(unfinished)
 
+    def run_turn(self, run_id: str, *, also: Also = None) -> str:
+        """Run a turn; unless stopping, on a source that allows it (`turn_steps_inline`), this
+        thread accepts the first step the turn admits and runs it next
+        (`engine/inline_handoff.py`): no step task, no second claim."""
+        if self._stop.is_set() or not self.source.turn_steps_inline:
+            return super().run_turn(run_id, also=also)
+        with inline_handoff.accepting(self.worker_id, turns=True) as taken:
+            try:
+                return super().run_turn(run_id, also=also)
+            finally:
+                self._handed.steps = taken
+
     def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
         """Run a step attempt; unless stopping, this thread accepts the step its result's
         release is granted to, and runs it next (`engine/inline_handoff.py`)."""
+        return self._run_step(run_id, step_key, attempt, also=also)
+
+    def _run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None, dispatched: Any = None) -> str:
+        def execute() -> str:
+            return self.engine.execute_step(
+                run_id, step_key, attempt, worker_id=self.worker_id, also=also, dispatched=dispatched
+            )
+
         if self._stop.is_set():
-            return super().run_step(run_id, step_key, attempt, also=also)
+            return execute()
         with inline_handoff.accepting(self.worker_id) as taken:
             try:
-                return super().run_step(run_id, step_key, attempt, also=also)
+                return execute()
             finally:
                 self._handed.steps = taken
+
+    def _run_inline(self, task: ClaimedTask) -> bool:
+        """A step handed to this thread (no transport task); True unless it failed."""
+        task.outcome = self._run_step(task.run_id, task.step_key, task.attempt, dispatched=task.dispatched)
+        return task.outcome != "failed"
 
     def _execute(self, task: ClaimedTask) -> None:
         """Run a claimed task, then each step handed to this thread in turn."""
@@ -218,7 +243,14 @@ class WorkerRuntime(EngineRunner):
         if not steps:
             return None
         step = steps[0]
-        task = ClaimedTask(kind="step", run_id=step.run_id, step_key=step.step_key, attempt=step.attempt, inline=True)
+        task = ClaimedTask(
+            kind="step",
+            run_id=step.run_id,
+            step_key=step.step_key,
+            attempt=step.attempt,
+            inline=True,
+            dispatched=step.dispatched,
+        )
         self.stats.started()
         with self._running_lock:
             self._running[id(task)] = task
@@ -230,7 +262,7 @@ class WorkerRuntime(EngineRunner):
         self._handed.steps = None
         try:
             self._tidy_connection()
-            ok = self.run_task(task) if task.inline else self.source.execute(self, task)
+            ok = self._run_inline(task) if task.inline else self.source.execute(self, task)
         except Exception as exc:
             self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides
