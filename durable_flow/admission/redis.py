@@ -141,6 +141,7 @@ class RedisAdmissionBackend(AdmissionBackend):
     """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
 
     SUPPORTS_CONSTRAINTS = True  # resources.lua, see redis_resources
+    RELEASES_IN_TRANSACTION = False  # Redis is not the database: released after the commit
 
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
@@ -315,6 +316,13 @@ class RedisAdmissionBackend(AdmissionBackend):
     def in_flight(self, queue: str) -> int:
         """Slots held now (including those of a dead instance not yet reclaimed)."""
         return int(self._run("inflight", queue))
+
+    def held_tickets(self, queue: str) -> list[str]:
+        """Tickets holding a slot of `queue` (its `slots` hash: bounded by the concurrency;
+        `""`, the calls gated by step concurrency alone, by their resources' limits). A
+        ticket's step-concurrency slots are freed with its queue slot, in the same script call,
+        so a release lost to an outage leaves a ticket here in every case."""
+        return [_text(t) for t in self.redis.hkeys(f"{self.prefix}:q:{queue}:slots")]
 
     def waiting(self, queue: str) -> int:
         """Waiters parked now, by any process."""
