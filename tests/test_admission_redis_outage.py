@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis import Redis
 
 from durable_flow import register_queue, start, step, workflow
 from durable_flow.admission.base import AdmissionRequest
@@ -26,7 +27,8 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
-from tests.conftest import MovableClock
+from durable_flow.queues import QueueConfig
+from tests.conftest import MovableClock, wait_for
 from tests.own_redis import OwnRedis, free_port
 from tests.test_flow_control import HeldTransport
 
@@ -174,3 +176,32 @@ def test_the_repair_frees_a_slot_whose_call_failed_for_good_or_is_gone(
     WorkflowRun.objects.filter(pk=run.id).update(status=RunStatus.CANCELLED)  # unless its run is over
     assert engine.release_stray("render", cp.ticket)
     assert backend.in_flight("render") == 0
+
+
+def test_a_backend_built_while_redis_is_down_starts_and_gates_once_redis_is_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A process started during an outage builds its backend (nothing in the constructor or in
+    `register` needs Redis), logs the outage once, and its queues gate as soon as Redis is up:
+    the registration kept meanwhile reaches Redis before the first decision."""
+    server = OwnRedis(free_port())  # not started: the outage is on when the process starts
+    with caplog.at_level(logging.WARNING, logger="durable_flow.admission.redis"):
+        backend = RedisAdmissionBackend(url=server.url(), key_prefix=f"df:t:{uuid.uuid4().hex[:8]}")
+        try:
+            backend.register(QueueConfig(name="render", concurrency=1))
+            assert backend.handles("render")
+            wait_for(
+                lambda: "instance heartbeat to Redis: service unavailable" in caplog.text,
+                timeout=60,
+                what="the heartbeat to log the outage",
+            )
+            server.start()
+            assert backend.try_admit(AdmissionRequest("render", "a/1")).admitted
+            blocked = backend.try_admit(AdmissionRequest("render", "b/1"))
+            assert not blocked.admitted and blocked.reason == "concurrency"
+            # It owns a slot, so its heartbeat is live (the decision wrote it, beats or not).
+            assert Redis(port=server.port, db=1).pttl(backend.heartbeat_key) > 0
+        finally:
+            backend.close()
+            server.kill()
+    assert caplog.text.count("service unavailable") == 1
