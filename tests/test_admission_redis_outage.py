@@ -58,6 +58,18 @@ def fails_once(value: str) -> str:
     return f"done {value}"
 
 
+@step("tests.outage.plain")
+def plain(value: str) -> str:
+    CALLS[f"plain {value}"] = CALLS.get(f"plain {value}", 0) + 1
+    return value
+
+
+@workflow("tests.outage.two_steps")
+def two_steps(ctx: Any, payload: dict[str, str]) -> Any:
+    first = ctx.step(stops_redis, payload["value"], queue=payload["queue"])
+    return [first, ctx.step(plain, payload["value"], queue=payload["queue"])]
+
+
 @workflow("tests.outage.one_step")
 def one_step(ctx: Any, payload: dict[str, str]) -> Any:
     fn = fails_once if payload.get("fail_once") else stops_redis
@@ -122,6 +134,32 @@ def test_a_result_recorded_while_redis_is_down_is_kept_and_its_slot_freed_after(
     assert backend.in_flight("render") == 0
     assert caplog.text.count("its release was lost") == 2
     assert backend.try_admit(AdmissionRequest("render", "next/1")).admitted
+
+
+def test_a_result_whose_next_step_cannot_be_admitted_during_the_outage_is_kept(
+    redis_engine: tuple[Engine, HeldTransport, RedisAdmissionBackend],
+    own_redis: OwnRedis,
+) -> None:
+    """The run's next turn, taken inline with the result, needs Redis to admit the next step:
+    it is queued instead, and the result stays recorded."""
+    engine, transport, backend = redis_engine
+    register_queue("render", concurrency=1)
+    run = start("tests.outage.two_steps", {"queue": "render", "value": "t"})
+    transport.enqueue_turn = transport.turns.append  # type: ignore[method-assign] # queued, as for a worker
+    item = transport.held.popleft()
+    engine.execute_step(item[0], item[1], item[2], worker_id="test")  # Redis stops while it runs
+    first = StepCheckpoint.objects.get(run=run)
+    assert (first.status, first.attempt) == (StepStatus.COMPLETED, 1)
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.PENDING
+    assert list(transport.turns) == [run.id]  # its next turn is queued for a worker
+
+    own_redis.start()
+    TimerPoller(engine).maintain()  # frees the first step's slot, so the second can have it
+    transport._drain_turns()
+    transport.run_step()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert CALLS == {"t": 1, "plain t": 1}
+    assert backend.in_flight("render") == 0
 
 
 def test_the_repair_never_frees_a_slot_a_retry_took_again(

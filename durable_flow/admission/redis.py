@@ -66,13 +66,17 @@ queue whose key defaults to the run id grows one small field per run.
 
 Instances. Each backend object has an instance id and heartbeat key. Slots it admits are owned
 by it; a live process keeps its slots however long the step runs, and the slots of a process
-whose heartbeat lapsed are reclaimed by the next decision on that queue (within
-INSTANCE_TTL_MS of its death). The constructor does not touch Redis (a process started during
-an outage rides it out): the heartbeat thread beats at once and then every ttl/3, and every
-script call that makes this instance an owner refreshes or creates its heartbeat key in the
-same atomic call, so no slot is ever owned without a live heartbeat. `register` during an
-outage keeps the config and sends it before the next call to Redis. `release` removes a slot whoever owns it (results land on any
-process) and grants it on; the releasing process dispatches the granted steps. A process that
+whose heartbeat lapsed are reclaimed by the next decision on that queue (within INSTANCE_TTL_MS
+of its death). The constructor does not touch Redis (a process started during an outage rides it
+out): the heartbeat thread beats at once and then every ttl/3, and every script call that makes
+this instance an owner refreshes or creates its heartbeat key in the same atomic call, so no
+slot is ever owned without a live heartbeat. `register` during an outage keeps the config and
+sends it before the next call to Redis.
+
+`release` removes a slot whoever owns it (results land on any process) and grants it on; the
+releasing process dispatches the granted steps. The engine releases a step's slot after its
+result commits (`RELEASES_IN_TRANSACTION = False`): a release lost to an outage leaves the
+ticket in `slots`, which `held_tickets` lists for the poller's repair (`release_strays`). A process that
 forks (e.g. an rq work horse) shares its parent's instance id: the parent's heartbeat keeps the
 child's slots alive.
 """
