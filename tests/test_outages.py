@@ -9,19 +9,21 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
 from redis import Redis
 from rq.queue import Queue
 
-from durable_flow import start
+from durable_flow import register_queue, start
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.conf import get_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport
-from tests.conftest import ManagedProcess, wait_for
+from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.own_redis import OwnRedis, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
@@ -82,6 +84,51 @@ def test_a_rq_worker_rides_out_a_redis_outage_and_takes_work_after_it(
     # One line when the outage starts and one when it ends, not one per retry.
     assert log.count("(rq): service unavailable") == 1, log
     assert log.count("(rq): service back") == 1, log
+
+
+def test_a_worker_and_a_poller_started_while_redis_is_down_wait_for_it_and_then_work(
+    transactional_db: None, spawn: Callable[..., ManagedProcess], settings: Any
+) -> None:
+    """The `redis` admission backend's Redis is down when the processes start: they stay up,
+    log the outage once, and serve a queued run once Redis is started (no restart)."""
+    server = OwnRedis(free_port())
+    env = {
+        "DURABLE_FLOW_TRANSPORT": "db",
+        "DURABLE_FLOW_ADMISSION": "redis",
+        "DURABLE_FLOW_LOG": "WARNING",
+        "REDIS_URL": server.url(),
+    }
+    worker = spawn("durable_worker", "--concurrency", "2", env=env)
+    poller = spawn("durable_poller", env=env)
+    engine: Engine | None = None
+    try:
+        for proc in (worker, poller):
+            wait_for(
+                lambda proc=proc: (
+                    "heartbeat to Redis: service unavailable" in proc.output() or proc.proc.poll() is not None
+                ),
+                timeout=120,
+                what="the process to meet the outage",
+            )
+            assert proc.proc.poll() is None, proc.output()
+        server.start()
+        settings.RQ_QUEUES = {"default": {"URL": server.url()}, "durable": {"URL": server.url()}}
+        engine = Engine(admission=use_redis_admission(settings), transport=DatabaseTransport(), settings=get_settings())
+        set_engine(engine)
+        register_queue("render", concurrency=1)
+        run = start("tests.queued", {"queue": "render", "value": 1})
+        parked = start("tests.sleeper", 0.5)  # needs the poller to wake it
+        wait_for(lambda: completed(run.id), timeout=120, what="the worker to run the queued step")
+        wait_for(lambda: completed(parked.id), timeout=120, what="the poller to wake the parked run")
+        assert engine.admission.in_flight("render") == 0
+        for proc in (worker, poller):
+            assert proc.proc.poll() is None, proc.output()
+            assert proc.output().count("heartbeat to Redis: service unavailable") == 1, proc.output()
+    finally:
+        if engine is not None:
+            engine.admission.close()
+        server.kill()
+        reset_settings()
 
 
 def test_outage_backoff_doubles_to_its_cap_and_logs_once_each_way(caplog: pytest.LogCaptureFixture) -> None:

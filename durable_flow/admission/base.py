@@ -130,6 +130,12 @@ class AdmissionBackend(Configurable, ABC):
     #: Whether `AdmissionRequest.constraints` are enforced. A backend that cannot must say so:
     #: the engine then refuses to start runs that declare step concurrency.
     SUPPORTS_CONSTRAINTS: ClassVar[bool] = False
+    #: Whether the accounting lives in the engine's database, so a release is written by the
+    #: transaction that settles the step (exact: both or neither). A backend whose state lives
+    #: elsewhere (`redis`) says False: the engine then releases after that transaction commits,
+    #: so an outage of the backend cannot roll a step's result back, and the poller's
+    #: maintenance frees a slot whose release failed (`held_tickets`).
+    RELEASES_IN_TRANSACTION: ClassVar[bool] = True
 
     @abstractmethod
     def register(self, config: QueueConfig) -> None:
@@ -180,6 +186,12 @@ class AdmissionBackend(Configurable, ABC):
         meanwhile (the step then goes back through admission). Default: True, for backends
         whose slots do not belong to a live process (`local`, `db`)."""
         return True
+
+    def held_tickets(self, queue: str) -> list[str] | None:
+        """The tickets holding a slot of `queue` now (bounded by its concurrency), for the
+        repair of slots whose release was lost; None (the default) for a backend that releases
+        in the settling transaction, which cannot lose one."""
+        return None
 
     # -- read model (the dashboard and the admin ask these, whatever the backend) ----------
     def in_flight(self, queue: str) -> int | None:

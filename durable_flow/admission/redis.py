@@ -66,9 +66,17 @@ queue whose key defaults to the run id grows one small field per run.
 
 Instances. Each backend object has an instance id and heartbeat key. Slots it admits are owned
 by it; a live process keeps its slots however long the step runs, and the slots of a process
-whose heartbeat lapsed are reclaimed by the next decision on that queue (within
-INSTANCE_TTL_MS of its death). `release` removes a slot whoever owns it (results land on any
-process) and grants it on; the releasing process dispatches the granted steps. A process that
+whose heartbeat lapsed are reclaimed by the next decision on that queue (within INSTANCE_TTL_MS
+of its death). The constructor does not touch Redis (a process started during an outage rides it
+out): the heartbeat thread beats at once and then every ttl/3, and every script call that makes
+this instance an owner refreshes or creates its heartbeat key in the same atomic call, so no
+slot is ever owned without a live heartbeat. `register` during an outage keeps the config and
+sends it before the next call to Redis.
+
+`release` removes a slot whoever owns it (results land on any process) and grants it on; the
+releasing process dispatches the granted steps. The engine releases a step's slot after its
+result commits (`RELEASES_IN_TRANSACTION = False`): a release lost to an outage leaves the
+ticket in `slots`, which `held_tickets` lists for the poller's repair (`release_strays`). A process that
 forks (e.g. an rq work horse) shares its parent's instance id: the parent's heartbeat keeps the
 child's slots alive.
 """
@@ -141,6 +149,7 @@ class RedisAdmissionBackend(AdmissionBackend):
     """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
 
     SUPPORTS_CONSTRAINTS = True  # resources.lua, see redis_resources
+    RELEASES_IN_TRANSACTION = False  # Redis is not the database: released after the commit
 
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
@@ -181,7 +190,13 @@ class RedisAdmissionBackend(AdmissionBackend):
         self._keys: dict[str, list[str]] = {}
         self._stop = threading.Event()
         self._heartbeat_value = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
-        self._beat()  # before any slot can be owned by this instance
+        # Registrations not yet stored in Redis (it was down): sent before the next script call.
+        self._unsent: dict[str, QueueConfig] = {}
+        self._send_lock = threading.Lock()
+        # Nothing here touches Redis, so a process built during an outage starts and rides it
+        # out. No slot can be owned before the heartbeat is live all the same: every script
+        # call that makes this instance an owner refreshes (or creates) its heartbeat key in
+        # the same atomic call (`refresh_heartbeat` in admission.lua).
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="df-adm-heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -217,6 +232,8 @@ class RedisAdmissionBackend(AdmissionBackend):
     def _run(
         self, op: str, queue: str, ticket: str = "", priority: int = 0, key: str = "", extra: Sequence[Any] = ()
     ) -> Any:
+        if self._unsent:
+            self._send_registrations()  # the config first: the script reads it
         now = "" if self.clock is None else str(int(self.clock()))
         return self._script(
             keys=self.queue_keys(queue),
@@ -239,11 +256,36 @@ class RedisAdmissionBackend(AdmissionBackend):
     # -- registration -------------------------------------------------------------------------
     def register(self, config: QueueConfig) -> None:
         """Store the config in Redis, so every process gates the queue the same way. The last
-        registration of a name wins fleet-wide; slots, waiters and windows carry over."""
-        self.redis.hset(f"{self.prefix}:queues", config.name, json.dumps(config.as_dict()))
+        registration of a name wins fleet-wide; slots, waiters and windows carry over.
+
+        With Redis down, the config is kept and stored before this backend's next call to
+        Redis (or the heartbeat's next beat), so an engine can be built during an outage."""
+        import redis
+
         with self._lock:
             self._registered.add(config.name)
             self._known.pop(config.name, None)
+            self._unsent[config.name] = config
+        try:
+            self._send_registrations()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            logger.warning("admission: queue %r registered locally; Redis unavailable (%s)", config.name, exc)
+
+    def _send_registrations(self) -> None:
+        """Store the registrations Redis has not got yet. Serialised, so an older config of a
+        name never overwrites a newer one sent meanwhile."""
+        with self._send_lock:
+            with self._lock:
+                unsent = dict(self._unsent)
+            if not unsent:
+                return
+            self.redis.hset(
+                f"{self.prefix}:queues", mapping={name: json.dumps(c.as_dict()) for name, c in unsent.items()}
+            )
+            with self._lock:
+                for name, config in unsent.items():
+                    if self._unsent.get(name) is config:
+                        del self._unsent[name]
 
     def handles(self, queue: str) -> bool:
         """Registered here, or by any process (cached for `handles_cache_s`)."""
@@ -315,6 +357,13 @@ class RedisAdmissionBackend(AdmissionBackend):
     def in_flight(self, queue: str) -> int:
         """Slots held now (including those of a dead instance not yet reclaimed)."""
         return int(self._run("inflight", queue))
+
+    def held_tickets(self, queue: str) -> list[str]:
+        """Tickets holding a slot of `queue` (its `slots` hash: bounded by the concurrency;
+        `""`, the calls gated by step concurrency alone, by their resources' limits). A
+        ticket's step-concurrency slots are freed with its queue slot, in the same script call,
+        so a release lost to an outage leaves a ticket here in every case."""
+        return [_text(t) for t in self.redis.hkeys(f"{self.prefix}:q:{queue}:slots")]
 
     def waiting(self, queue: str) -> int:
         """Waiters parked now, by any process."""
@@ -391,13 +440,17 @@ class RedisAdmissionBackend(AdmissionBackend):
 
         outage = Outage("admission: instance heartbeat to Redis", logger)
         interval = self.instance_ttl_ms / 3000
-        while not self._stop.wait(interval):
+        while True:  # beats at once: the constructor does not touch Redis
             try:
                 self._beat()
+                if self._unsent:
+                    self._send_registrations()
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:  # an outage: logged once
                 outage.failed(exc)
             else:
                 outage.recovered()
+            if self._stop.wait(interval):
+                return
 
     def close(self) -> None:
         """Stop the heartbeat thread. The heartbeat key is left to lapse, so

@@ -9,6 +9,7 @@ no task, or a task whose checkpoint was rolled back.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ from durable_flow.engine.turns import TurnsMixin
 from durable_flow.pausing import PausedQueues
 from durable_flow.queues import QueueConfig, write_queues
 from durable_flow.transports.base import Transport
+from durable_flow.worker.outage import Outage
+
+logger = logging.getLogger("durable_flow.engine")
 
 
 class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMixin):
@@ -55,6 +59,7 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMix
         self.sleep = sleep
         self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
         self.grant_timer = GrantTimer(self.grant)
+        self.release_outage = Outage("admission: releasing settled steps' slots", logger)
         self.start_margins = StartMargins()
         for config in self.settings.queues:
             self.admission.register(config)

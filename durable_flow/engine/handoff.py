@@ -195,10 +195,23 @@ class HandoffMixin(EngineBase):
         """The safety net (poller maintenance): every call parked on `queue` is offered to the
         backend again. One that holds a slot already (its grant's dispatch was lost) is
         dispatched; one the backend does not know (lost with a process, or with Redis) joins
-        the line; then the room is granted. Returns how many were dispatched."""
-        if self._backend_agrees(queue):
-            return self.grant(queue)
-        parked = (
+        the line; then the room is granted. A slot the backend holds for a call that holds none
+        in the database (its release was lost to an outage) is freed first. Returns how many
+        were dispatched.
+
+        When the backend's line and slots account for every parked and every in-flight call
+        (two indexed counts), the re-offer is skipped: then the pass costs O(1), not O(waiters).
+        A backend that cannot tell is always re-offered to."""
+        waiting, in_flight = self.admission.waiting(queue), self.admission.in_flight(queue)
+        if waiting is not None and in_flight is not None:
+            on_queue = StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP)
+            holding = on_queue.filter(status=StepStatus.DISPATCHED, holds_slot=True).count()
+            if in_flight > holding:  # a slot leaked, or a grant's dispatch was lost
+                in_flight -= self.release_strays(queue)
+            parked = on_queue.filter(status=StepStatus.WAITING).count()
+            if waiting >= parked and in_flight <= holding:
+                return self.grant(queue)
+        parked_calls = (
             StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP, status=StepStatus.WAITING)
             .exclude(run__status__in=(RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES))
             .order_by("id")
@@ -212,7 +225,7 @@ class HandoffMixin(EngineBase):
                 fairness_key=fairness,
                 constraints=constraints_of(stored),
             )
-            for run_id, key, priority, fairness, stored in parked.iterator(chunk_size=2000)
+            for run_id, key, priority, fairness, stored in parked_calls.iterator(chunk_size=2000)
         ]
         dispatched = 0
         if requests:
@@ -220,19 +233,48 @@ class HandoffMixin(EngineBase):
                 dispatched += self._dispatch_grant(queue, ticket)
         return dispatched + self.grant(queue)
 
-    def _backend_agrees(self: Engine, queue: str) -> bool:
-        """Whether the backend's line and slots account for every parked and every in-flight
-        call of `queue` (two indexed counts), so the re-offer can be skipped: then the pass
-        costs O(1), not O(waiters). A backend that cannot tell is always re-offered to."""
-        waiting, in_flight = self.admission.waiting(queue), self.admission.in_flight(queue)
-        if waiting is None or in_flight is None:
-            return False
-        on_queue = StepCheckpoint.objects.filter(queue=queue, kind=StepKind.STEP)
-        parked = on_queue.filter(status=StepStatus.WAITING).count()
-        holding = on_queue.filter(status=StepStatus.DISPATCHED, holds_slot=True).count()
-        # Fewer waiters than parked calls: some were lost. More slots than holders: a grant's
-        # dispatch was lost (or a slot leaked, which the re-offer cannot fix but does no harm).
-        return waiting >= parked and in_flight <= holding
+    def release_strays(self: Engine, queue: str) -> int:
+        """Free the backend slots of `queue` whose call holds no slot in the database (settled,
+        retrying, or gone): a release lost to an outage of a backend outside the database.
+        Returns how many were freed. The backend lists its holders (bounded by the
+        concurrency); the database's holders among them are skipped in one query, and each
+        remaining one is re-checked under its run's lock (`release_stray`)."""
+        held = self.admission.held_tickets(queue)
+        if not held:
+            return 0
+        tickets = {Ticket.parse(t): t for t in held}
+        holders: set[tuple[str, str]] = set()
+        run_ids = sorted({run_id for run_id, _ in tickets})
+        for start in range(0, len(run_ids), 500):
+            holders.update(
+                StepCheckpoint.objects.filter(run_id__in=run_ids[start : start + 500], holds_slot=True).values_list(
+                    "run_id", "key"
+                )
+            )
+        freed = 0
+        for parsed, ticket in tickets.items():
+            if tuple(parsed) not in holders and self.release_stray(queue, ticket):
+                freed += 1
+                logger.warning("freed the slot of %s on queue %r: its release was lost", ticket, queue)
+        return freed
+
+    @retry_on_conflict
+    def release_stray(self: Engine, queue: str, ticket: str) -> bool:
+        """Free `ticket`'s backend slot on `queue` unless its checkpoint, read under its run's
+        row lock, holds one or is a live waiter (whose grant's dispatch is under way or lost:
+        the re-offer dispatches it). Every path that takes a slot for a ticket writes
+        `holds_slot` under that lock in the same transaction, so a call re-admitted
+        concurrently (a retry re-uses its ticket) is never freed by mistake. Whether it freed."""
+        run_id, key = Ticket.parse(ticket)
+        with transaction.atomic():
+            run, cp = locked_run(run_id, key)
+            if cp is not None and cp.holds_slot:
+                return False
+            live = run is not None and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES)
+            if cp is not None and cp.status == StepStatus.WAITING and live:
+                return False
+            self.release_ticket(queue, ticket)
+        return True
 
     def await_start(self: Engine, cp: StepCheckpoint) -> None:
         """A granted step is about to run: count its start in its queue's rate window, waiting

@@ -1,9 +1,18 @@
 """Results: execute one attempt of a dispatched step on a worker, and record its result
-exactly once (a duplicate is kept on `late_result` and changes nothing else)."""
+exactly once (a duplicate is kept on `late_result` and changes nothing else).
+
+The database is the source of truth for a result: recording it never depends on a backend
+whose state lives elsewhere. With such an admission backend (`redis`) the step's slot is
+released after the result commits; a release lost to an outage is logged (once per outage)
+and left to the poller's maintenance (`release_strays`), which frees a backend slot that no
+checkpoint holds.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import DataError, transaction
@@ -16,13 +25,20 @@ from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.registry import get_step, step_backoff
 from durable_flow.serialization import ensure_json, error_info
+from durable_flow.worker.outage import Outage, transient_errors
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
 
+logger = logging.getLogger("durable_flow.engine")
+
 
 class ResultsMixin(EngineBase):
     """Running step attempts and checkpointing what they return."""
+
+    #: Releases after commit that failed because the admission backend was unreachable: logged
+    #: once per outage (set by `Engine.__init__`).
+    release_outage: Outage
 
     def execute_step(
         self: Engine,
@@ -106,14 +122,17 @@ class ResultsMixin(EngineBase):
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 return
-            # The slot goes back now; `holds_slot` is written by the status update below.
-            released = ("holds_slot",) if self._release(cp, save=False) else ()
+            # The slot goes back now (or, on a backend outside the database, once this commits);
+            # `holds_slot` is written by the status update below. A retried call re-uses its
+            # ticket, so its after-commit release checks the checkpoint under its lock first.
+            retrying = not ignored and error is not None and cp.attempt < cp.max_attempts
+            released = ("holds_slot",) if self._release(cp, save=False, guarded=retrying) else ()
             if ignored:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 self.settle(cp, StepStatus.CANCELLED, fields=("late_result", *released))
                 self._finish_cancelling(run)
                 return
-            if error is not None and cp.attempt < cp.max_attempts:
+            if retrying:
                 cp.status = StepStatus.RETRYING
                 cp.error = error
                 cp.wake_at = self.now() + step_backoff(cp.name, cp.attempt)
@@ -130,13 +149,35 @@ class ResultsMixin(EngineBase):
             elif self._group_settled(cp):
                 self._continue(run)
 
-    def _release(self: Engine, cp: StepCheckpoint, *, save: bool = True) -> bool:
-        """Give the slot back; the backend grants it on with this transaction. Whether it held
-        one (with `save=False` the caller writes `holds_slot` in its own update)."""
+    def _release(self: Engine, cp: StepCheckpoint, *, save: bool = True, guarded: bool = False) -> bool:
+        """Give the slot back; the backend grants it on with this transaction, or (a backend
+        outside the database) once it commits, so the backend being down cannot roll the
+        caller's transaction back. Whether it held one (with `save=False` the caller writes
+        `holds_slot` in its own update). `guarded`: the ticket may be re-admitted before the
+        commit's callback runs (a retry), so that release re-checks the checkpoint first."""
         if not cp.holds_slot:
             return False
         cp.holds_slot = False
         if save:
             cp.save(update_fields=["holds_slot"])
-        self.release_ticket(cp.queue, cp.ticket)
+        if self.admission.RELEASES_IN_TRANSACTION:
+            self.release_ticket(cp.queue, cp.ticket)
+        else:
+            transaction.on_commit(partial(self._release_after_commit, cp.queue, cp.ticket, guarded))
         return True
+
+    def _release_after_commit(self: Engine, queue: str, ticket: str, guarded: bool) -> None:
+        """Release a settled step's slot on a backend outside the database. It must not fail
+        the caller (its result is recorded): a backend outage is logged once and the slot left
+        to the poller's maintenance (`release_strays`)."""
+        try:
+            if guarded:
+                self.release_stray(queue, ticket)
+            else:
+                self.release_ticket(queue, ticket)
+        except transient_errors() as exc:
+            self.release_outage.failed(exc)
+        except Exception:  # the result is committed; the repair frees the slot
+            logger.exception("releasing %s on queue %r failed; the poller's maintenance frees it", ticket, queue)
+        else:
+            self.release_outage.recovered()

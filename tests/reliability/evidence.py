@@ -44,9 +44,11 @@ class Outage:
 #: the lost connection on its next statement, and backs off up to 5 s (`worker/outage.py`).
 OUTAGE_REACH_S = 10.0
 
-#: How long before an outage starts a step that ended may still be re-run: its result is recorded
-#: by the worker's next statements after the step function returns (the checkpoint, the slot's
-#: release), and on a loaded machine those can come a few seconds later, into the outage.
+#: How long before a database outage starts a step that ended may still be re-run: its result
+#: is recorded by the worker's next statements after the step function returns, and on a loaded
+#: machine those can come a few seconds later, into the outage. A Redis outage has no such lead:
+#: recording a result needs only the database (the `redis` admission slot is released after the
+#: commit, and a release lost to the outage is repaired by the poller, not by re-running the step).
 OUTAGE_LEAD_S = 5.0
 
 
@@ -84,7 +86,10 @@ class Evidence:
 
     def _in_outage(self, execution: Execution) -> bool:
         end = execution.end if execution.end is not None else execution.start
-        return any(execution.start <= o.end + OUTAGE_REACH_S and end + OUTAGE_LEAD_S >= o.start for o in self.outages)
+        return any(
+            execution.start <= o.end + OUTAGE_REACH_S and end + (0 if o.what == "redis" else OUTAGE_LEAD_S) >= o.start
+            for o in self.outages
+        )
 
     def outage_reexecutions(self) -> int:
         """Executions excused by an outage alone (the at-least-once cost of the outages)."""

@@ -52,13 +52,21 @@ def test_a_re_execution_is_explained_by_an_outage_only_within_its_reach(tmp_path
     assert read_evidence(far, [], outage).unexplained_reexecutions() == [("r1", 1)]
 
 
-def test_a_re_execution_is_explained_by_an_outage_that_began_while_its_result_was_recorded(tmp_path: Path) -> None:
-    # The step returned 7 ms before Redis went down: its result was being recorded then.
+def test_a_re_execution_is_explained_by_a_database_outage_that_began_while_its_result_was_recorded(
+    tmp_path: Path,
+) -> None:
+    # The step returned 7 ms before PostgreSQL went down: its result was being recorded then.
     lead = OUTAGE_LEAD_S
     log = write_log(tmp_path / "log", ["start r1 1 100 50.0", "end r1 1 100 50.03", "start r1 1 100 80.0"])
-    assert read_evidence(log, [], [Outage("redis", 50.037, 53.0)]).unexplained_reexecutions() == []
-    too_early = [Outage("redis", 50.03 + lead + 1, 60.0)]
+    assert read_evidence(log, [], [Outage("postgresql", 50.037, 53.0)]).unexplained_reexecutions() == []
+    too_early = [Outage("postgresql", 50.03 + lead + 1, 60.0)]
     assert read_evidence(log, [], too_early).unexplained_reexecutions() == [("r1", 1)]
+
+
+def test_a_redis_outage_that_began_after_a_step_returned_does_not_explain_its_re_execution(tmp_path: Path) -> None:
+    # Recording a result needs only the database: Redis going down 7 ms later cannot lose it.
+    log = write_log(tmp_path / "log", ["start r1 1 100 50.0", "end r1 1 100 50.03", "start r1 1 100 80.0"])
+    assert read_evidence(log, [], [Outage("redis", 50.037, 53.0)]).unexplained_reexecutions() == [("r1", 1)]
 
 
 def test_an_execution_cut_by_a_kill_overlaps_until_the_kill(tmp_path: Path) -> None:
