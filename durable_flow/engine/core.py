@@ -54,6 +54,7 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMix
         self.clock = clock
         self.sleep = sleep
         self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
+        admission.watch_pauses(self.paused_queues.names)
         self.grant_timer = GrantTimer(self.grant)
         self.start_margins = StartMargins()
         for config in self.settings.queues:
