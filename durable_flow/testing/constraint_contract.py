@@ -174,9 +174,7 @@ class StepConcurrencyContract:
         # Never-served keys first (oldest first among them), then the key served longest ago.
         assert order == ["a1/1", "b1/1", "c1/1", "a2/1", "b2/1", "a3/1"]
 
-    def test_priority_ranks_before_the_key_served_least_recently(
-        self, sc_backend: AdmissionBackend, res: str
-    ) -> None:
+    def test_priority_ranks_before_the_key_served_least_recently(self, sc_backend: AdmissionBackend, res: str) -> None:
         shared = Constraint(f"{res}:openai", 1)
         acct = {k: Constraint(f"{res}:acct-{k}", 5) for k in "ab"}
         assert self.sc_ask(sc_backend, "h/1", shared, acct["a"]).admitted
