@@ -4,8 +4,13 @@
 - holds:   `AdmissionHold(resource, ticket)`, one row per resource slot held; a resource's
            active count is a COUNT over the `(resource, ticket)` unique index;
 - waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
-           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit)`, the index a
-           freed resource is offered through, ranked by priority then arrival (the id).
+           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other,
+           other_served)`, the index a freed resource is offered through, ranked as
+           `resource_line` ranks it: priority, then the last serve of the waiter's other
+           resource (`SOLO`: this one, taken alone), then arrival (the id);
+- serves:  `AdmissionResourceServed(resource, served, solo)`; a take numbers its serve one past
+           the highest (an indexed MAX) and stamps it on the waiters whose other resource it
+           took (an indexed UPDATE), as `db.py` keeps `key_served` for a queue's fairness keys.
 
 Every function runs inside the caller's transaction, after `lock_resources`: resource counts
 span queues, so on PostgreSQL every admission write serialises on one advisory lock while step
@@ -15,15 +20,23 @@ taken before any queue row, so the order is always the same and no two decisions
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q
 
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
-from durable_flow.admission.resources import top_usage
-from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
+from durable_flow.admission.resource_line import NEVER_SERVED, SOLO
+from durable_flow.admission.resources import SCAN, group_of, top_usage
+from durable_flow.models import (
+    AdmissionHold,
+    AdmissionResourceServed,
+    AdmissionResourceWaiter,
+    AdmissionSlot,
+    AdmissionWaiter,
+    FlowQueue,
+)
 
 if TYPE_CHECKING:
     from durable_flow.queues import QueueConfig
@@ -70,13 +83,45 @@ class Counts:
             AdmissionHold.objects.bulk_create(AdmissionHold(resource=c.resource, ticket=ticket) for c in constraints)
             for c in constraints:
                 self._active[c.resource] = self.active(c.resource) + 1
+            serve(constraints)
+
+
+def serve(constraints: Sequence[Constraint]) -> None:
+    """Record that the resources were just served (three indexed statements): their serve
+    number, and the waiters ranked by one of them as their other resource move back."""
+    last = AdmissionResourceServed.objects.order_by("-served").values_list("served", flat=True).first()
+    number = (NEVER_SERVED if last is None else last) + 1
+    names = [c.resource for c in constraints]
+    alone = len(names) == 1
+    AdmissionResourceServed.objects.bulk_create(
+        [AdmissionResourceServed(resource=n, served=number, solo=number if alone else NEVER_SERVED) for n in names],
+        update_conflicts=True,
+        unique_fields=["resource"],
+        update_fields=["served", "solo"] if alone else ["served"],
+    )
+    ranked_by = Q(other__in=names) | Q(other=SOLO, resource=names[0]) if alone else Q(other__in=names)
+    AdmissionResourceWaiter.objects.filter(ranked_by).update(other_served=number)
 
 
 def wait(ticket: str, queue: str, priority: int, constraints: Sequence[Constraint]) -> None:
-    """Index a parked call under each resource it needs (an existing entry keeps its arrival)."""
+    """Index a parked call under each resource it needs (an existing entry keeps its arrival),
+    ranked by its other resource's last serve."""
+    if not constraints:
+        return
+    names = [c.resource for c in constraints]
+    served = {
+        r: (s, solo)
+        for r, s, solo in AdmissionResourceServed.objects.filter(resource__in=names).values_list(
+            "resource", "served", "solo"
+        )
+    }
     for c in constraints:
+        other = group_of(constraints, c.resource)
+        last = served.get(other, (NEVER_SERVED,))[0] if other != SOLO else served.get(c.resource, (0, NEVER_SERVED))[1]
         AdmissionResourceWaiter.objects.update_or_create(
-            resource=c.resource, ticket=ticket, defaults={"queue": queue, "priority": priority, "limit": c.limit}
+            resource=c.resource,
+            ticket=ticket,
+            defaults={"queue": queue, "priority": priority, "limit": c.limit, "other": other, "other_served": last},
         )
 
 
@@ -90,12 +135,15 @@ def free(ticket: str) -> list[str]:
     return freed
 
 
-def waiters_on(resource: str, counts: Counts) -> Iterable[AdmissionResourceWaiter]:
-    """The waiters a freed `resource` is offered to, best first, while any of them could fit."""
+def waiters_on(resource: str, counts: Counts) -> tuple[int, list[AdmissionResourceWaiter]]:
+    """The highest limit among the waiters of a freed `resource` (while that many are held,
+    none fits) and its first `SCAN` waiters, best first (the `df_rwaiter_fair_rank` index),
+    read once: the serves the offer makes do not re-rank them (as in the Redis script)."""
     ceiling = AdmissionResourceWaiter.objects.filter(resource=resource).aggregate(m=Max("limit"))["m"]
     if ceiling is None or counts.active(resource) >= ceiling:
-        return []
-    return AdmissionResourceWaiter.objects.filter(resource=resource).order_by("-priority", "id")
+        return 0, []
+    line = AdmissionResourceWaiter.objects.filter(resource=resource).order_by("-priority", "other_served", "id")
+    return ceiling, list(line[:SCAN])
 
 
 def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
@@ -133,6 +181,7 @@ class ResourceGateMixin:
     _marks: Callable[[QueueConfig, int], list[int]]
     _room: Callable[[QueueConfig, list[int], int], int | None]
     _take_slot: Callable[..., None]
+    paused_queues: Callable[[], Collection[str]]
 
     def _admit_free(self, request: AdmissionRequest) -> AdmissionDecision:
         """A call gated by its constraints alone (no registered queue): the pseudo-queue `""`."""
@@ -169,13 +218,22 @@ class ResourceGateMixin:
 
     def _grant_freed(self, freed: list[str], now: int, skip_queue: str | None) -> tuple[str, ...]:
         """`resources.grant_freed` in SQL: each freed resource's waiters, best first, granted
-        when their queue has room and all their constraints fit."""
+        when their queue is not paused (its `FlowQueue` flag, or `paused_queues()`) and has room
+        and all their constraints fit; the others keep their place."""
         counts = Counts()
         queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]] = {}
         granted: list[str] = []
+        paused: set[str] | None = None
         for resource in dict.fromkeys(freed):
-            for entry in waiters_on(resource, counts):
-                if entry.queue == skip_queue or entry.ticket in granted:
+            ceiling, line = waiters_on(resource, counts)
+            for entry in line:
+                if counts.active(resource) >= ceiling:
+                    break
+                if entry.ticket in granted or counts.active(resource) >= entry.limit:
+                    continue
+                if paused is None:
+                    paused = {*self.paused_queues(), *([skip_queue] if skip_queue is not None else [])}
+                if entry.queue in paused:
                     continue
                 waiter = AdmissionWaiter.objects.filter(queue=entry.queue, ticket=entry.ticket).first()
                 if waiter is None:
@@ -192,7 +250,7 @@ class ResourceGateMixin:
                         row, config = self._locked_queue(entry.queue)
                         queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
                     row, config, marks = queues[entry.queue]
-                    if row is None or config is None:
+                    if row is None or config is None or row.paused:
                         continue
                     available = self._room(config, marks, now)
                     if available is not None and available <= 0:
