@@ -54,12 +54,24 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMix
         self.clock = clock
         self.sleep = sleep
         self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
-        admission.watch_pauses(self.paused_queues.names)
         self.grant_timer = GrantTimer(self.grant)
         self.start_margins = StartMargins()
         for config in self.settings.queues:
             self.admission.register(config)
         transport.bind(self)
+
+    @property  # type: ignore[override]
+    def admission(self) -> AdmissionBackend:
+        """The admission backend; whichever is set learns the paused queues from this engine."""
+        return self._admission
+
+    @admission.setter
+    def admission(self, backend: AdmissionBackend) -> None:
+        self._admission = backend
+        backend.watch_pauses(self._paused_names)
+
+    def _paused_names(self) -> frozenset[str]:
+        return self.paused_queues.names()
 
     def register_queue(self, config: QueueConfig) -> QueueConfig:
         """Add or replace a queue on this process's backend and persist it for the others."""
