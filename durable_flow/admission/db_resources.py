@@ -4,13 +4,14 @@
 - holds:   `AdmissionHold(resource, ticket)`, one row per resource slot held; a resource's
            active count is a COUNT over the `(resource, ticket)` unique index;
 - waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
-           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other,
-           other_served)`, the index a freed resource is offered through, ranked as
-           `resource_line` ranks it: priority, then the last serve of the waiter's other
-           resource (`SOLO`: this one, taken alone), then arrival (the id);
+           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other)`, the index
+           a freed resource is offered through. As the Redis script does, a freed resource reads
+           its first `SCAN` waiters by priority then arrival (the id; the `df_rwaiter_rank`
+           index) and ranks those by priority, then the last serve of each one's other resource
+           (`SOLO`: this one, taken alone), then arrival: bounded work per release, and no
+           write to the waiters when a key is served;
 - serves:  `AdmissionResourceServed(resource, served, solo)`; a take numbers its serve one past
-           the highest (an indexed MAX) and stamps it on the waiters whose other resource it
-           took (an indexed UPDATE), as `db.py` keeps `key_served` for a queue's fairness keys.
+           the highest (an indexed MAX) and upserts its resources' rows.
 
 Every function runs inside the caller's transaction, after `lock_resources`: resource counts
 span queues, so on PostgreSQL every admission write serialises on one advisory lock while step
@@ -24,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models import Count, Max, Q
+from django.db.models import Count
 
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
 from durable_flow.admission.resource_line import NEVER_SERVED, SOLO
@@ -87,8 +88,7 @@ class Counts:
 
 
 def serve(constraints: Sequence[Constraint]) -> None:
-    """Record that the resources were just served (three indexed statements): their serve
-    number, and the waiters ranked by one of them as their other resource move back."""
+    """Record that the resources were just served (two indexed statements)."""
     last = AdmissionResourceServed.objects.order_by("-served").values_list("served", flat=True).first()
     number = (NEVER_SERVED if last is None else last) + 1
     names = [c.resource for c in constraints]
@@ -99,29 +99,21 @@ def serve(constraints: Sequence[Constraint]) -> None:
         unique_fields=["resource"],
         update_fields=["served", "solo"] if alone else ["served"],
     )
-    ranked_by = Q(other__in=names) | Q(other=SOLO, resource=names[0]) if alone else Q(other__in=names)
-    AdmissionResourceWaiter.objects.filter(ranked_by).update(other_served=number)
 
 
 def wait(ticket: str, queue: str, priority: int, constraints: Sequence[Constraint]) -> None:
     """Index a parked call under each resource it needs (an existing entry keeps its arrival),
-    ranked by its other resource's last serve."""
-    if not constraints:
-        return
-    names = [c.resource for c in constraints]
-    served = {
-        r: (s, solo)
-        for r, s, solo in AdmissionResourceServed.objects.filter(resource__in=names).values_list(
-            "resource", "served", "solo"
-        )
-    }
+    naming the other resource it is ranked by."""
     for c in constraints:
-        other = group_of(constraints, c.resource)
-        last = served.get(other, (NEVER_SERVED,))[0] if other != SOLO else served.get(c.resource, (0, NEVER_SERVED))[1]
         AdmissionResourceWaiter.objects.update_or_create(
             resource=c.resource,
             ticket=ticket,
-            defaults={"queue": queue, "priority": priority, "limit": c.limit, "other": other, "other_served": last},
+            defaults={
+                "queue": queue,
+                "priority": priority,
+                "limit": c.limit,
+                "other": group_of(constraints, c.resource),
+            },
         )
 
 
@@ -137,13 +129,26 @@ def free(ticket: str) -> list[str]:
 
 def waiters_on(resource: str, counts: Counts) -> tuple[int, list[AdmissionResourceWaiter]]:
     """The highest limit among the waiters of a freed `resource` (while that many are held,
-    none fits) and its first `SCAN` waiters, best first (the `df_rwaiter_fair_rank` index),
-    read once: the serves the offer makes do not re-rank them (as in the Redis script)."""
-    ceiling = AdmissionResourceWaiter.objects.filter(resource=resource).aggregate(m=Max("limit"))["m"]
+    none fits) and its first `SCAN` waiters by priority and arrival, ranked as `resources.lua`
+    ranks them: priority, then their other key's last serve (least recent first), then arrival.
+    Ranked once: the serves the offer makes do not re-rank them (as in the Redis script)."""
+    waiters = AdmissionResourceWaiter.objects.filter(resource=resource)
+    ceiling = waiters.order_by("-limit").values_list("limit", flat=True).first()  # the df_rwaiter_limit index
     if ceiling is None or counts.active(resource) >= ceiling:
         return 0, []
-    line = AdmissionResourceWaiter.objects.filter(resource=resource).order_by("-priority", "other_served", "id")
-    return ceiling, list(line[:SCAN])
+    line = list(waiters.order_by("-priority", "id")[:SCAN])  # the df_rwaiter_rank index
+    served = {
+        name: (last, solo)
+        for name, last, solo in AdmissionResourceServed.objects.filter(
+            resource__in={e.other for e in line if e.other != SOLO} | {resource}
+        ).values_list("resource", "served", "solo")
+    }
+    never = (NEVER_SERVED, NEVER_SERVED)
+
+    def served_other(entry: AdmissionResourceWaiter) -> int:
+        return served.get(resource, never)[1] if entry.other == SOLO else served.get(entry.other, never)[0]
+
+    return ceiling, sorted(line, key=lambda e: (-e.priority, served_other(e), e.id))
 
 
 def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
@@ -226,6 +231,7 @@ class ResourceGateMixin:
         paused: set[str] | None = None
         for resource in dict.fromkeys(freed):
             ceiling, line = waiters_on(resource, counts)
+            parked: dict[tuple[str, str], AdmissionWaiter] | None = None
             for entry in line:
                 if counts.active(resource) >= ceiling:
                     break
@@ -235,7 +241,12 @@ class ResourceGateMixin:
                     paused = {*self.paused_queues(), *([skip_queue] if skip_queue is not None else [])}
                 if entry.queue in paused:
                     continue
-                waiter = AdmissionWaiter.objects.filter(queue=entry.queue, ticket=entry.ticket).first()
+                if parked is None:  # the waiters' rows, read once for the whole line (the unique index)
+                    rows = AdmissionWaiter.objects.filter(
+                        queue__in={e.queue for e in line}, ticket__in={e.ticket for e in line}
+                    )
+                    parked = {(w.queue, w.ticket): w for w in rows}
+                waiter = parked.get((entry.queue, entry.ticket))
                 if waiter is None:
                     entry.delete()  # withdrawn without its index entry: tidy up
                     continue
