@@ -27,11 +27,16 @@ class PausedQueues:
 
     def is_paused(self, queue: str) -> bool:
         """Whether `queue` is paused (as of at most `ttl_s` ago)."""
+        return queue in self.names()
+
+    def names(self) -> frozenset[str]:
+        """Every paused queue's name (as of at most `ttl_s` ago): what the admission backend
+        passes over when it grants a freed step-concurrency resource across queues."""
         with self._lock:
             if self._monotonic() >= self._expires:
                 self._names = frozenset(FlowQueue.objects.filter(paused=True).values_list("name", flat=True))
                 self._expires = self._monotonic() + self.ttl_s
-            return queue in self._names
+            return self._names
 
     def forget(self) -> None:
         """Read the flags afresh on the next question (after this process changed one)."""

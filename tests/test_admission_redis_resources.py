@@ -1,6 +1,7 @@
-"""Step concurrency on the Redis admission backend, beyond the contract kit: slots reclaimed from
-a dead process, fairness across keys of a shared resource, a queue's grant passing over calls
-their constraints block, and the busiest-keys read model. Real Redis; each test its own prefix."""
+"""Step concurrency on the Redis admission backend, beyond the contract kit (which holds fairness
+across keys and paused queues for every backend): slots reclaimed from a dead process, a queue's
+grant passing over calls their constraints block, and the busiest-keys read model. Real Redis;
+each test its own prefix."""
 
 from __future__ import annotations
 
@@ -67,35 +68,6 @@ def test_a_step_executing_elsewhere_keeps_its_slot_once_adopted(
     client.delete(admitting.heartbeat_key)
     assert ask(other, "t/1", c).reason == "step_concurrency"  # its executor lives: not reclaimed
     assert executing.release("not-registered", "s/1").tickets == ("t/1",)
-
-
-def test_a_shared_resource_goes_to_the_key_served_least_recently(make: Callable[[], RedisAdmissionBackend]) -> None:
-    backend = make()
-    shared = Constraint("sc:acct:openai", 1)
-    acct = {k: Constraint(f"sc:fn:wf:{k}", 5) for k in "ab"}
-    assert ask(backend, "h/1", shared, acct["a"]).admitted
-    for ticket in ("a1/1", "a2/1"):
-        assert not ask(backend, ticket, shared, acct["a"]).admitted
-    assert not ask(backend, "b1/1", shared, acct["b"]).admitted
-    # Arrival alone would hand the slot to a1; account b has not been served yet, a just was.
-    assert backend.release("", "h/1").tickets == ("b1/1",)
-    assert backend.release("", "b1/1").tickets == ("a1/1",)
-    assert backend.release("", "a1/1").tickets == ("a2/1",)
-
-
-def test_calls_needing_the_shared_resource_alone_take_their_turn_as_one_key(
-    make: Callable[[], RedisAdmissionBackend],
-) -> None:
-    backend = make()
-    shared, acct_a = Constraint("sc:acct:openai", 1), Constraint("sc:fn:wf:a", 5)
-    assert ask(backend, "h/1", shared).admitted  # a call of a workflow with only the shared key
-    assert not ask(backend, "s1/1", shared).admitted
-    assert not ask(backend, "s2/1", shared).admitted
-    assert not ask(backend, "a1/1", shared, acct_a).admitted
-    # The shared-only calls were just served; account a never was: it goes first, then they alternate.
-    assert backend.release("", "h/1").tickets == ("a1/1",)
-    assert backend.release("", "a1/1").tickets == ("s1/1",)
-    assert backend.release("", "s1/1").tickets == ("s2/1",)
 
 
 def test_a_queue_grant_passes_over_calls_their_constraints_block(make: Callable[[], RedisAdmissionBackend]) -> None:

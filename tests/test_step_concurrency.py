@@ -232,6 +232,28 @@ def test_a_changed_key_expression_leaves_queued_runs_on_their_old_key(manual_sc:
     assert WorkflowRun.objects.filter(pk__in=[first.id, second.id, third.id], status=RunStatus.COMPLETED).count() == 3
 
 
+def test_a_freed_slot_never_goes_to_a_step_of_a_paused_queue(manual_sc: Engine) -> None:
+    from durable_flow import api
+
+    transport = transport_of(manual_sc)
+    open_q, paused_q = f"sc-open-{uuid.uuid4().hex[:6]}", f"sc-paused-{uuid.uuid4().hex[:6]}"
+    api.register_queue(open_q, concurrency=5)
+    api.register_queue(paused_q, concurrency=5)
+    first = start("sc.queued", {"account": "acme", "queue": open_q, "seconds": 0, "id": "1"})
+    second = start("sc.queued", {"account": "acme", "queue": paused_q, "seconds": 0, "id": "2"})
+    transport.run_turns()
+    assert executing() == 1  # the second waits for acme's one slot
+    api.pause_queue(paused_q)
+    transport.run_all()  # the first's step ends and frees acme's slot: not for a paused queue
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
+    waiting = StepCheckpoint.objects.get(run_id=second.id, kind=StepKind.STEP)
+    assert waiting.status == StepStatus.WAITING and executing() == 0
+    api.resume_queue(paused_q)  # resuming grants it the slot
+    assert executing() == 1
+    transport.run_all()
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
+
+
 def test_the_admin_run_page_shows_the_evaluated_constraints(engine: Engine, admin_client: Any) -> None:
     run = start("sc.two", {"account": "acme", "seconds": 0})
     page = admin_client.get(f"/admin/durable_flow/workflowrun/{run.id}/change/")

@@ -30,6 +30,13 @@ local K_SERVED, K_META, K_MARKS, K_HEARTBEAT = KEYS[11], KEYS[12], KEYS[13], KEY
 
 local op, queue, ticket = ARGV[1], ARGV[2], ARGV[3]
 local me, hb_prefix, channel = ARGV[6], ARGV[10], ARGV[11]
+-- The paused queues (a JSON list in ARGV[8], '' for none), whose waiters a freed resource passes over.
+local PAUSED = {}
+if ARGV[8] ~= '' then
+  for _, name in ipairs(cjson.decode(ARGV[8])) do
+    PAUSED[name] = true
+  end
+end
 
 local call = redis.call
 
@@ -739,7 +746,10 @@ if op == 'release' then
   if not pseudo and ARGV[12] ~= '0' then
     out[2] = grant(out)
   end
-  R.grant_freed(rfreed, gate, out, ARGV[12] == '0' and queue or nil)
+  if ARGV[12] == '0' then
+    PAUSED[queue] = true
+  end
+  R.grant_freed(rfreed, gate, out, PAUSED)
   return out
 end
 
@@ -750,7 +760,7 @@ if op == 'grant' then
   else
     out[1] = grant(out)
   end
-  R.grant_freed(rfreed, gate, out, nil)
+  R.grant_freed(rfreed, gate, out, PAUSED)
   return out
 end
 
@@ -778,7 +788,7 @@ end
 -- room is granted; it is admitted if it was among the granted, and the others granted are
 -- returned for the engine to dispatch.
 local out = {0, now, '', ''}
-R.grant_freed(rfreed, gate, out, nil) -- reclaimed resources go to those already waiting
+R.grant_freed(rfreed, gate, out, PAUSED) -- reclaimed resources go to those already waiting
 if pseudo then
   if call('HEXISTS', K_SLOTS, ticket) == 0 then
     if R.fits(cs) then

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
@@ -181,6 +181,22 @@ class AdmissionBackend(Configurable, ABC):
         (default: the ticket's run id), for a per-key window or throttle."""
 
     # -- optional, with defaults -------------------------------------------------------------
+    #: Where the backend learns which queues are paused (`watch_pauses`); none until told.
+    _paused_source: Callable[[], Collection[str]] | None = None
+
+    def watch_pauses(self, paused: Callable[[], Collection[str]]) -> None:
+        """Give the backend the names of the paused queues, asked whenever it may grant across
+        queues (the engine passes its `PausedQueues.names`). A freed step-concurrency resource
+        can go to a waiter of any queue: one whose queue is paused is passed over and keeps its
+        place until the queue resumes (`resume_queue` grants it). A backend with no constraints
+        may ignore this."""
+        self._paused_source = paused
+
+    def paused_queues(self) -> Collection[str]:
+        """The paused queues' names, as `watch_pauses` reports them now (none if never told)."""
+        source = self._paused_source
+        return source() if source is not None else ()
+
     def adopt(self, queue: str, ticket: str) -> bool:
         """The executing process takes over the ticket's slot; False if the slot was reclaimed
         meanwhile (the step then goes back through admission). Default: True, for backends

@@ -300,7 +300,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         while available is None or available > 0:
             if config.keyed and db_keyed.throttle_blocks_all(config, now) is not None:
                 break
-            candidates = waiters.exclude(fairness_key__in=list(blocked)) if blocked else waiters
+            candidates = waiters.exclude(fairness_key__in=list(blocked)) if blocked else waiters.all()
             if constrained:
                 best = next((w for w in candidates if counts.fits(waiter_constraints(w))), None)
             else:

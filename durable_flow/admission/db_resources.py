@@ -4,8 +4,14 @@
 - holds:   `AdmissionHold(resource, ticket)`, one row per resource slot held; a resource's
            active count is a COUNT over the `(resource, ticket)` unique index;
 - waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
-           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit)`, the index a
-           freed resource is offered through, ranked by priority then arrival (the id).
+           `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other)`, the index
+           a freed resource is offered through. As the Redis script does, a freed resource reads
+           its first `SCAN` waiters by priority then arrival (the id; the `df_rwaiter_rank`
+           index) and ranks those by priority, then the last serve of each one's other resource
+           (`SOLO`: this one, taken alone), then arrival: bounded work per release, and no
+           write to the waiters when a key is served;
+- serves:  `AdmissionResourceServed(resource, served, solo)`; a take numbers its serve one past
+           the highest (an indexed MAX) and upserts its resources' rows.
 
 Every function runs inside the caller's transaction, after `lock_resources`: resource counts
 span queues, so on PostgreSQL every admission write serialises on one advisory lock while step
@@ -15,15 +21,23 @@ taken before any queue row, so the order is always the same and no two decisions
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models import Count, Max
+from django.db.models import Count
 
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
-from durable_flow.admission.resources import top_usage
-from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
+from durable_flow.admission.resource_line import NEVER_SERVED, SOLO
+from durable_flow.admission.resources import SCAN, group_of, top_usage
+from durable_flow.models import (
+    AdmissionHold,
+    AdmissionResourceServed,
+    AdmissionResourceWaiter,
+    AdmissionSlot,
+    AdmissionWaiter,
+    FlowQueue,
+)
 
 if TYPE_CHECKING:
     from durable_flow.queues import QueueConfig
@@ -70,13 +84,36 @@ class Counts:
             AdmissionHold.objects.bulk_create(AdmissionHold(resource=c.resource, ticket=ticket) for c in constraints)
             for c in constraints:
                 self._active[c.resource] = self.active(c.resource) + 1
+            serve(constraints)
+
+
+def serve(constraints: Sequence[Constraint]) -> None:
+    """Record that the resources were just served (two indexed statements)."""
+    last = AdmissionResourceServed.objects.order_by("-served").values_list("served", flat=True).first()
+    number = (NEVER_SERVED if last is None else last) + 1
+    names = [c.resource for c in constraints]
+    alone = len(names) == 1
+    AdmissionResourceServed.objects.bulk_create(
+        [AdmissionResourceServed(resource=n, served=number, solo=number if alone else NEVER_SERVED) for n in names],
+        update_conflicts=True,
+        unique_fields=["resource"],
+        update_fields=["served", "solo"] if alone else ["served"],
+    )
 
 
 def wait(ticket: str, queue: str, priority: int, constraints: Sequence[Constraint]) -> None:
-    """Index a parked call under each resource it needs (an existing entry keeps its arrival)."""
+    """Index a parked call under each resource it needs (an existing entry keeps its arrival),
+    naming the other resource it is ranked by."""
     for c in constraints:
         AdmissionResourceWaiter.objects.update_or_create(
-            resource=c.resource, ticket=ticket, defaults={"queue": queue, "priority": priority, "limit": c.limit}
+            resource=c.resource,
+            ticket=ticket,
+            defaults={
+                "queue": queue,
+                "priority": priority,
+                "limit": c.limit,
+                "other": group_of(constraints, c.resource),
+            },
         )
 
 
@@ -90,12 +127,28 @@ def free(ticket: str) -> list[str]:
     return freed
 
 
-def waiters_on(resource: str, counts: Counts) -> Iterable[AdmissionResourceWaiter]:
-    """The waiters a freed `resource` is offered to, best first, while any of them could fit."""
-    ceiling = AdmissionResourceWaiter.objects.filter(resource=resource).aggregate(m=Max("limit"))["m"]
+def waiters_on(resource: str, counts: Counts) -> tuple[int, list[AdmissionResourceWaiter]]:
+    """The highest limit among the waiters of a freed `resource` (while that many are held,
+    none fits) and its first `SCAN` waiters by priority and arrival, ranked as `resources.lua`
+    ranks them: priority, then their other key's last serve (least recent first), then arrival.
+    Ranked once: the serves the offer makes do not re-rank them (as in the Redis script)."""
+    waiters = AdmissionResourceWaiter.objects.filter(resource=resource)
+    ceiling = waiters.order_by("-limit").values_list("limit", flat=True).first()  # the df_rwaiter_limit index
     if ceiling is None or counts.active(resource) >= ceiling:
-        return []
-    return AdmissionResourceWaiter.objects.filter(resource=resource).order_by("-priority", "id")
+        return 0, []
+    line = list(waiters.order_by("-priority", "id")[:SCAN])  # the df_rwaiter_rank index
+    served = {
+        name: (last, solo)
+        for name, last, solo in AdmissionResourceServed.objects.filter(
+            resource__in={e.other for e in line if e.other != SOLO} | {resource}
+        ).values_list("resource", "served", "solo")
+    }
+    never = (NEVER_SERVED, NEVER_SERVED)
+
+    def served_other(entry: AdmissionResourceWaiter) -> int:
+        return served.get(resource, never)[1] if entry.other == SOLO else served.get(entry.other, never)[0]
+
+    return ceiling, sorted(line, key=lambda e: (-e.priority, served_other(e), e.id))
 
 
 def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
@@ -133,6 +186,7 @@ class ResourceGateMixin:
     _marks: Callable[[QueueConfig, int], list[int]]
     _room: Callable[[QueueConfig, list[int], int], int | None]
     _take_slot: Callable[..., None]
+    paused_queues: Callable[[], Collection[str]]
 
     def _admit_free(self, request: AdmissionRequest) -> AdmissionDecision:
         """A call gated by its constraints alone (no registered queue): the pseudo-queue `""`."""
@@ -169,15 +223,30 @@ class ResourceGateMixin:
 
     def _grant_freed(self, freed: list[str], now: int, skip_queue: str | None) -> tuple[str, ...]:
         """`resources.grant_freed` in SQL: each freed resource's waiters, best first, granted
-        when their queue has room and all their constraints fit."""
+        when their queue is not paused (its `FlowQueue` flag, or `paused_queues()`) and has room
+        and all their constraints fit; the others keep their place."""
         counts = Counts()
         queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]] = {}
         granted: list[str] = []
+        paused: set[str] | None = None
         for resource in dict.fromkeys(freed):
-            for entry in waiters_on(resource, counts):
-                if entry.queue == skip_queue or entry.ticket in granted:
+            ceiling, line = waiters_on(resource, counts)
+            parked: dict[tuple[str, str], AdmissionWaiter] | None = None
+            for entry in line:
+                if counts.active(resource) >= ceiling:
+                    break
+                if entry.ticket in granted or counts.active(resource) >= entry.limit:
                     continue
-                waiter = AdmissionWaiter.objects.filter(queue=entry.queue, ticket=entry.ticket).first()
+                if paused is None:
+                    paused = {*self.paused_queues(), *([skip_queue] if skip_queue is not None else [])}
+                if entry.queue in paused:
+                    continue
+                if parked is None:  # the waiters' rows, read once for the whole line (the unique index)
+                    rows = AdmissionWaiter.objects.filter(
+                        queue__in={e.queue for e in line}, ticket__in={e.ticket for e in line}
+                    )
+                    parked = {(w.queue, w.ticket): w for w in rows}
+                waiter = parked.get((entry.queue, entry.ticket))
                 if waiter is None:
                     entry.delete()  # withdrawn without its index entry: tidy up
                     continue
@@ -192,7 +261,7 @@ class ResourceGateMixin:
                         row, config = self._locked_queue(entry.queue)
                         queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
                     row, config, marks = queues[entry.queue]
-                    if row is None or config is None:
+                    if row is None or config is None or row.paused:
                         continue
                     available = self._room(config, marks, now)
                     if available is not None and available <= 0:

@@ -76,18 +76,22 @@ class LocalAdmissionBackend(AdmissionBackend):
             return policy.decide(state, request, self.clock(), self._resources)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
+        paused = self.paused_queues() if self._resources.holdings else ()  # asked outside the lock
         with self._lock:
             state = self._state_of(queue, ticket)
             now = self.clock()
             freed = self._resources.free(ticket)
             granted = Grant()
             if state is not None:
-                granted = policy.release(state, ticket, now, grant_next=grant_next, resources=self._resources)
+                # The pseudo-queue has no room of its own to grant: what its holder frees is
+                # resources, offered below in their fair order.
+                grant_queue = grant_next and state is not self._free
+                granted = policy.release(state, ticket, now, grant_next=grant_queue, resources=self._resources)
             if not freed:
                 return granted
             # The freed resources go to whoever waits for them, in any queue but a paused one.
             states = self._states() if grant_next else {n: s for n, s in self._states().items() if s is not state}
-            more = grant_freed(states, self._resources, freed, now)
+            more = grant_freed(states, self._resources, freed, now, paused)
             return Grant(granted.tickets + tuple(more), granted.retry_at_ms)
 
     def grant(self, queue: str) -> Grant:
@@ -165,7 +169,7 @@ class LocalAdmissionBackend(AdmissionBackend):
     def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
         """The busiest step-concurrency resources (in this process)."""
         with self._lock:
-            names = {r for r in (*self._resources.held, *self._resources.waiting) if r.startswith(prefix)}
+            names = {r for r in (*self._resources.held, *self._resources.limits) if r.startswith(prefix)}
             counts = {r: (self._resources.active(r), self._resources.waiting_on(r)) for r in names}
         return top_usage(counts, limit)
 

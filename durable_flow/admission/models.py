@@ -85,20 +85,39 @@ class AdmissionHold(models.Model):
 
 class AdmissionResourceWaiter(models.Model):
     """A parked call indexed under a resource it needs, so a freed slot of that resource finds
-    its waiters across queues: by priority, then arrival (the id)."""
+    its waiters across queues: the first ones by priority, then arrival (the id), ranked among
+    themselves by the last serve of their *other* key (least recently served first: one
+    account's backlog on a shared ceiling cannot starve the others)."""
 
     resource = models.CharField(max_length=320)
     ticket = models.CharField(max_length=320)
     queue = models.CharField(max_length=100, blank=True)
     priority = models.IntegerField(default=0)
     limit = models.IntegerField()
+    other = models.CharField(
+        max_length=320, blank=True, default="", help_text="Its other resource; empty when it needs this one alone."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_rwaiter_resource_ticket")]
         indexes = [
             models.Index(fields=["resource", "-priority", "id"], name="df_rwaiter_rank"),
             models.Index(fields=["ticket"], name="df_rwaiter_ticket"),
+            models.Index(fields=["resource", "limit"], name="df_rwaiter_limit"),
         ]
+
+
+class AdmissionResourceServed(models.Model):
+    """When a resource was last served (a serve number, one counter for every resource): by any
+    call (`served`) and by a call that needs it alone (`solo`). Ranks the lines of the
+    resources its waiters also need."""
+
+    resource = models.CharField(max_length=320, unique=True)
+    served = models.BigIntegerField(default=-1)
+    solo = models.BigIntegerField(default=-1)
+
+    class Meta:
+        indexes = [models.Index(fields=["served"], name="df_rserved_served")]
 
 
 class AdmissionKeyMark(models.Model):

@@ -132,7 +132,7 @@ def add_waiter(
         waiter.constraints = request.constraints
         state.waiters[request.ticket] = waiter  # re-indexed under its new rank
     if resources is not None:
-        resources.wait(request.ticket, state.config.name, request.constraints)
+        resources.wait(request.ticket, state.config.name, request.priority, request.constraints)
     return waiter
 
 

@@ -134,6 +134,9 @@ _QUEUE_KEYS = (
     "marks",
 )
 
+#: Script ops that may grant a freed step-concurrency resource to a waiter of another queue.
+_GRANTING_OPS = frozenset({"admit", "release", "grant"})
+
 
 def _option_error(key: str, message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f'DURABLE_FLOW["ADMISSION"]["{key}"]: {message}')
@@ -235,6 +238,8 @@ class RedisAdmissionBackend(AdmissionBackend):
         if self._unsent:
             self._send_registrations()  # the config first: the script reads it
         now = "" if self.clock is None else str(int(self.clock()))
+        # The ops that may grant a freed resource across queues pass over the paused ones.
+        paused = sorted(self.paused_queues()) if op in _GRANTING_OPS else ()
         return self._script(
             keys=self.queue_keys(queue),
             args=[
@@ -245,7 +250,7 @@ class RedisAdmissionBackend(AdmissionBackend):
                 key,
                 self.instance_id,
                 self.instance_ttl_ms,
-                "",  # formerly the waiter TTL: waiters keep their place until granted or released
+                json.dumps(paused) if paused else "",
                 now,
                 f"{self.prefix}:inst:",
                 "",

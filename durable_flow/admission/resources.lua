@@ -166,10 +166,10 @@ local function new_resources(prefix, call)
     return tonumber(call('HGET', K_SOLO, r) or '-1')
   end
 
-  -- Offer freed resources to their waiters, in any queue but `skip_queue` (a paused one).
-  -- `gate(q, t)` takes t's slot in its queue q if that queue has room (true) or says no.
-  -- Granted tickets are appended to `out`.
-  function R.grant_freed(freed, gate, out, skip_queue)
+  -- Offer freed resources to their waiters, in any queue but those in the set `paused` (their
+  -- waiters are passed over and keep their place). `gate(q, t)` takes t's slot in its queue q if
+  -- that queue has room (true) or says no. Granted tickets are appended to `out`.
+  function R.grant_freed(freed, gate, out, paused)
     local done = {}
     for _, r in ipairs(freed) do
       if not done[r] then
@@ -183,7 +183,7 @@ local function new_resources(prefix, call)
             if not n then
               call('ZREM', line_key(r), m) -- withdrawn without its line entry: tidy up
               bump(K_WAITING, r, -1)
-            elseif n.q ~= skip_queue then
+            elseif not paused[n.q] then
               candidates[#candidates + 1] = { -n.p, served_other(n, r), n.a, t, n }
             end
           end

@@ -1,24 +1,55 @@
 """Step-concurrency resources, as pure in-memory rules (the `local` backend's; `db` states the
-same rules in SQL): who holds a slot of which resource, and who waits for one.
+same rules in SQL and `redis` in Lua): who holds a slot of which resource, and who waits for one.
 
 A resource (`sc:fn:<workflow>:<key>`, ...) has no limit of its own: each call carries its limit
 (`Constraint`) and fits while the resource's held count is below it. A call takes the slots of
 all its constraints together with its queue slot, or none of them. When a holder releases, the
-freed resources are offered to the calls waiting for them, across queues: by priority, then
-arrival (best-effort FIFO within a resource), skipping any that another gate (its queue, its
-other constraint) still blocks, so one blocked call never holds up the others.
+freed resources are offered to the calls waiting for them, across queues, in the order of
+`resource_line`: priority first; then, among the waiters of a shared resource, the one whose
+other key was served least recently (so one account's backlog on a shared ceiling cannot starve
+the others); then arrival (best-effort FIFO within a key). A waiter that another gate still
+blocks (its queue is full or paused, its other constraint is full) is passed over and keeps its
+place, so one blocked call never holds up the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from durable_flow.admission.base import Constraint, ResourceUsage
+from durable_flow.admission.resource_line import NEVER_SERVED, SOLO, ResourceLine
 
 if TYPE_CHECKING:
     from durable_flow.admission.policy import QueueState
+
+#: How many waiters one freed resource's offer passes over (blocked by another gate) before it
+#: stops: the work of a release stays bounded (the Redis script reads a line as deep); those
+#: further back are granted by a later release, or by their queue's grant.
+SCAN = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a waiting ticket waits for: its queue, place in line and constraints."""
+
+    queue: str
+    priority: int
+    arrival: int
+    constraints: tuple[Constraint, ...]
+
+
+#: `ResourceState.offer`'s question to the backend: give this waiter its queue slot now? (None:
+#: the waiter is gone from its queue; its stale entry is dropped.)
+Gate = Callable[["Need", str], "bool | None"]
+
+
+def group_of(constraints: Sequence[Constraint], resource: str) -> str:
+    """The key a waiter of `resource` is ranked by: its other resource (the first that is not
+    `resource`, as the Redis script reads it), or `SOLO` when it needs `resource` alone."""
+    return next((c.resource for c in constraints if c.resource != resource), SOLO)
 
 
 @dataclass
@@ -27,9 +58,16 @@ class ResourceState:
 
     held: dict[str, set[str]] = field(default_factory=dict)  # resource -> tickets holding it
     holdings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # ticket -> resources held
-    waiting: dict[str, dict[str, str]] = field(default_factory=dict)  # resource -> {ticket: queue}
-    arrival: dict[str, int] = field(default_factory=dict)  # waiting ticket -> global arrival
+    needs: dict[str, Need] = field(default_factory=dict)  # waiting ticket -> what it waits for
+    lines: dict[str, ResourceLine] = field(default_factory=dict)  # resource -> its ranked waiters
+    limits: dict[str, Counter[int]] = field(default_factory=dict)  # resource -> its waiters' limits
+    served: dict[str, int] = field(default_factory=dict)  # resource -> serve number of its last take
+    solo: dict[str, int] = field(default_factory=dict)  # resource -> last take of it alone
     next_arrival: int = 0
+    next_serve: int = 0
+    #: While one freed resource is offered, the serves it makes do not re-rank its line (the
+    #: Redis script ranks the line once per offer): the serve numbers they replaced.
+    _frozen: dict[tuple[str, bool], int] | None = None
 
     def active(self, resource: str) -> int:
         """Slots of `resource` held now."""
@@ -39,33 +77,68 @@ class ResourceState:
         """Whether every constraint has room for one more (each against its own limit)."""
         return all(self.active(c.resource) < c.limit for c in constraints)
 
-    def wait(self, ticket: str, queue: str, constraints: Sequence[Constraint]) -> None:
+    def wait(self, ticket: str, queue: str, priority: int, constraints: Sequence[Constraint]) -> None:
         """Index a waiter under each resource it needs (keeping its arrival if it has one)."""
         if not constraints:
             return
-        if ticket not in self.arrival:
-            self.arrival[ticket] = self.next_arrival
+        old = self.needs.get(ticket)
+        arrival = old.arrival if old is not None else self.next_arrival
+        if old is None:
             self.next_arrival += 1
-        for c in constraints:
-            self.waiting.setdefault(c.resource, {})[ticket] = queue
+        self.unwait(ticket)
+        need = Need(queue, priority, arrival, tuple(constraints))
+        self.needs[ticket] = need
+        for c in need.constraints:
+            self.limits.setdefault(c.resource, Counter())[c.limit] += 1
+            self._index(ticket, need, c.resource)
+
+    def _index(self, ticket: str, need: Need, resource: str) -> None:
+        line = self.lines.setdefault(resource, ResourceLine())
+        line.add(ticket, need.priority, need.arrival, group_of(need.constraints, resource))
 
     def unwait(self, ticket: str) -> None:
         """Forget a waiter (granted or withdrawn)."""
-        if self.arrival.pop(ticket, None) is None:
+        need = self.needs.pop(ticket, None)
+        if need is None:
             return
-        for resource in [r for r, tickets in self.waiting.items() if ticket in tickets]:
-            del self.waiting[resource][ticket]
-            if not self.waiting[resource]:
-                del self.waiting[resource]
+        for c in need.constraints:
+            line = self.lines.get(c.resource)
+            if line is not None:
+                line.remove(ticket)
+                if not line:
+                    del self.lines[c.resource]
+            limits = self.limits[c.resource]
+            limits[c.limit] -= 1
+            if limits[c.limit] <= 0:
+                del limits[c.limit]
+                if not limits:
+                    del self.limits[c.resource]
 
     def take(self, ticket: str, constraints: Sequence[Constraint]) -> None:
-        """The ticket holds a slot of each of its resources."""
+        """The ticket holds a slot of each of its resources; they count as served now."""
         self.unwait(ticket)
         if not constraints:
             return
+        serve = self.next_serve
+        self.next_serve += 1
         for c in constraints:
             self.held.setdefault(c.resource, set()).add(ticket)
+            self._serve(c.resource, False, serve)
+        if len(constraints) == 1:
+            self._serve(constraints[0].resource, True, serve)
         self.holdings[ticket] = tuple(c.resource for c in constraints)
+
+    def _serve(self, resource: str, alone: bool, serve: int) -> None:
+        table = self.solo if alone else self.served
+        if self._frozen is not None:
+            self._frozen.setdefault((resource, alone), table.get(resource, NEVER_SERVED))
+        table[resource] = serve
+
+    def _ranked_serve(self, resource: str, alone: bool) -> int:
+        """The serve a line ranks by (the one before the current offer began, while one runs)."""
+        if self._frozen is not None and (resource, alone) in self._frozen:
+            return self._frozen[(resource, alone)]
+        return (self.solo if alone else self.served).get(resource, NEVER_SERVED)
 
     def free(self, ticket: str) -> tuple[str, ...]:
         """Give back the ticket's resource slots; returns the resources freed."""
@@ -80,35 +153,75 @@ class ResourceState:
 
     def waiting_on(self, resource: str) -> int:
         """Calls waiting for a slot of `resource`."""
-        return len(self.waiting.get(resource, ()))
+        return sum(self.limits.get(resource, Counter()).values())
+
+    def ceiling(self, resource: str) -> int:
+        """The highest limit among the waiters of `resource` (0 when none waits): while that many
+        are held, nobody waiting fits."""
+        return max(self.limits.get(resource, ()), default=0)
+
+    def offer(self, resource: str, grant: Gate, paused: Collection[str]) -> list[str]:
+        """Offer free slots of `resource` to its waiters, best first (`resource_line`), until it
+        is full for all of them; `grant(need, ticket)` gives a waiter its queue slot if that queue
+        has room. A waiter of a paused queue, or one another gate blocks, keeps its place.
+        At most `SCAN` are passed over."""
+        line = self.lines.get(resource)
+        granted: list[str] = []
+        if line is None:
+            return granted
+        ceiling = self.ceiling(resource)
+        aside: list[tuple[str, Need]] = []
+        self._frozen = {}
+        try:
+            while self.active(resource) < ceiling and len(aside) < SCAN:
+                ticket = line.pop_best(lambda group: self._rank_of(resource, group))
+                if ticket is None:
+                    break
+                need = self.needs[ticket]
+                ok = need.queue not in paused and self.fits(need.constraints) and grant(need, ticket)
+                if ok:
+                    self.take(ticket, need.constraints)
+                    granted.append(ticket)
+                elif ok is None:
+                    self.unwait(ticket)  # withdrawn from its queue without its resource entry
+                else:
+                    aside.append((ticket, need))
+        finally:
+            self._frozen = None
+            for ticket, need in aside:
+                if self.needs.get(ticket) is need:
+                    self._index(ticket, need, resource)
+        return granted
+
+    def _rank_of(self, resource: str, group: str) -> int:
+        return self._ranked_serve(resource, True) if group == SOLO else self._ranked_serve(group, False)
 
 
 def grant_freed(
-    queues: Mapping[str, QueueState], resources: ResourceState, freed: Iterable[str], now_ms: int
+    queues: Mapping[str, QueueState],
+    resources: ResourceState,
+    freed: Iterable[str],
+    now_ms: int,
+    paused: Collection[str] = (),
 ) -> list[str]:
-    """Offer freed resources to their waiters, across queues: priority first, then arrival;
-    a waiter is granted only if its queue has room and all its constraints fit."""
+    """Offer freed resources to their waiters, across queues (`ResourceState.offer`): a waiter is
+    granted only if its queue is not paused and has room, and all its constraints fit."""
     from durable_flow.admission.policy import room, take_slot
+
+    def gate(need: Need, ticket: str) -> bool | None:
+        state = queues.get(need.queue)
+        waiter = state.waiters.get(ticket) if state is not None else None
+        if state is None or waiter is None:
+            return None
+        available = room(state, now_ms)
+        if available is not None and available <= 0:
+            return False
+        take_slot(state, waiter, now_ms)
+        return True
 
     granted: list[str] = []
     for resource in dict.fromkeys(freed):
-        if resources.active(resource) == 0 and not resources.waiting.get(resource):
-            continue
-        candidates = []
-        for ticket, queue in resources.waiting.get(resource, {}).items():
-            state = queues.get(queue)
-            waiter = state.waiters.get(ticket) if state is not None else None
-            if waiter is not None:
-                candidates.append((-waiter.priority, resources.arrival[ticket], state, waiter))
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        for _, _, state, waiter in candidates:
-            if waiter.ticket not in state.waiters:
-                continue
-            available = room(state, now_ms)
-            if (available is None or available > 0) and resources.fits(waiter.constraints):
-                take_slot(state, waiter, now_ms)
-                resources.take(waiter.ticket, waiter.constraints)
-                granted.append(waiter.ticket)
+        granted += resources.offer(resource, gate, paused)
     return granted
 
 

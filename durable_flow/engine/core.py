@@ -65,6 +65,19 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMix
             self.admission.register(config)
         transport.bind(self)
 
+    @property  # type: ignore[override]
+    def admission(self) -> AdmissionBackend:
+        """The admission backend; whichever is set learns the paused queues from this engine."""
+        return self._admission
+
+    @admission.setter
+    def admission(self, backend: AdmissionBackend) -> None:
+        self._admission = backend
+        backend.watch_pauses(self._paused_names)
+
+    def _paused_names(self) -> frozenset[str]:
+        return self.paused_queues.names()
+
     def register_queue(self, config: QueueConfig) -> QueueConfig:
         """Add or replace a queue on this process's backend and persist it for the others."""
         self.admission.register(config)

@@ -145,3 +145,89 @@ class StepConcurrencyContract:
         request = AdmissionRequest(queue="", ticket="b/1", constraints=(c,))
         assert sc_backend.reoffer("", [request, AdmissionRequest(queue="", ticket="a/1", constraints=(c,))]) == ["a/1"]
         assert sc_backend.release("", "a/1").tickets == ("b/1",)
+
+    def test_a_shared_resource_goes_to_the_key_served_least_recently(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        shared = Constraint(f"{res}:openai", 1)
+        acct = {k: Constraint(f"{res}:acct-{k}", 5) for k in "ab"}
+        assert self.sc_ask(sc_backend, "h/1", shared, acct["a"]).admitted
+        for ticket in ("a1/1", "a2/1"):
+            assert not self.sc_ask(sc_backend, ticket, shared, acct["a"]).admitted
+        assert not self.sc_ask(sc_backend, "b1/1", shared, acct["b"]).admitted
+        # Arrival alone would hand the slot to a1; account b has not been served yet, a just was.
+        assert sc_backend.release("", "h/1").tickets == ("b1/1",)
+        assert sc_backend.release("", "b1/1").tickets == ("a1/1",)
+        assert sc_backend.release("", "a1/1").tickets == ("a2/1",)
+
+    def test_keys_of_a_shared_resource_take_turns(self, sc_backend: AdmissionBackend, res: str) -> None:
+        shared = Constraint(f"{res}:openai", 1)
+        acct = {k: Constraint(f"{res}:acct-{k}", 5) for k in "abc"}
+        assert self.sc_ask(sc_backend, "h/1", shared).admitted
+        # a's backlog arrived first; b and c arrive behind it.
+        for ticket, key in [("a1/1", "a"), ("a2/1", "a"), ("a3/1", "a"), ("b1/1", "b"), ("b2/1", "b"), ("c1/1", "c")]:
+            assert not self.sc_ask(sc_backend, ticket, shared, acct[key]).admitted
+        order, holder = [], "h/1"
+        for _ in range(6):
+            (holder,) = sc_backend.release("", holder).tickets
+            order.append(holder)
+        # Never-served keys first (oldest first among them), then the key served longest ago.
+        assert order == ["a1/1", "b1/1", "c1/1", "a2/1", "b2/1", "a3/1"]
+
+    def test_priority_ranks_before_the_key_served_least_recently(self, sc_backend: AdmissionBackend, res: str) -> None:
+        shared = Constraint(f"{res}:openai", 1)
+        acct = {k: Constraint(f"{res}:acct-{k}", 5) for k in "ab"}
+        assert self.sc_ask(sc_backend, "h/1", shared, acct["a"]).admitted
+        assert not self.sc_ask(sc_backend, "b1/1", shared, acct["b"]).admitted
+        assert not self.sc_ask(sc_backend, "a1/1", shared, acct["a"], priority=5).admitted
+        assert sc_backend.release("", "h/1").tickets == ("a1/1",)
+
+    def test_calls_needing_the_shared_resource_alone_take_their_turn_as_one_key(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        shared, acct_a = Constraint(f"{res}:openai", 1), Constraint(f"{res}:acct-a", 5)
+        assert self.sc_ask(sc_backend, "h/1", shared).admitted  # a workflow with only the shared key
+        assert not self.sc_ask(sc_backend, "s1/1", shared).admitted
+        assert not self.sc_ask(sc_backend, "s2/1", shared).admitted
+        assert not self.sc_ask(sc_backend, "a1/1", shared, acct_a).admitted
+        # The shared-only calls were just served; account a never was: it goes first, then they alternate.
+        assert sc_backend.release("", "h/1").tickets == ("a1/1",)
+        assert sc_backend.release("", "a1/1").tickets == ("s1/1",)
+        assert sc_backend.release("", "s1/1").tickets == ("s2/1",)
+
+    def _two_queues(self, backend: AdmissionBackend) -> tuple[str, str, set[str]]:
+        """A queue that will be paused, an open one, and the paused set the backend watches."""
+        paused_q, open_q = f"q-{uuid.uuid4().hex[:8]}", f"q-{uuid.uuid4().hex[:8]}"
+        backend.register(QueueConfig(name=paused_q, concurrency=5))
+        backend.register(QueueConfig(name=open_q, concurrency=5))
+        paused: set[str] = set()
+        backend.watch_pauses(lambda: frozenset(paused))
+        return paused_q, open_q, paused
+
+    def test_a_freed_resource_passes_over_a_paused_queue_whose_waiter_keeps_its_place(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        paused_q, _, paused = self._two_queues(sc_backend)
+        c = Constraint(res, 1)
+        # The others wait on no queue, so each release offers the resource alone.
+        assert self.sc_ask(sc_backend, "h/1", c).admitted
+        assert not self.sc_ask(sc_backend, "p/1", c, queue=paused_q).admitted  # the oldest waiter
+        assert not self.sc_ask(sc_backend, "o1/1", c).admitted
+        assert not self.sc_ask(sc_backend, "o2/1", c).admitted
+        paused.add(paused_q)
+        assert sc_backend.release("", "h/1").tickets == ("o1/1",)
+        paused.clear()
+        assert sc_backend.release("", "o1/1").tickets == ("p/1",)  # still ahead of o2
+
+    def test_a_resumed_queue_is_granted_the_resource_it_was_passed_over_for(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        paused_q, open_q, paused = self._two_queues(sc_backend)
+        c = Constraint(res, 1)
+        assert self.sc_ask(sc_backend, "h/1", c, queue=open_q).admitted
+        assert not self.sc_ask(sc_backend, "p/1", c, queue=paused_q).admitted
+        paused.add(paused_q)
+        assert sc_backend.release(open_q, "h/1").tickets == ()
+        assert sc_backend.resource_usage([res]) == {res: (0, 1)}
+        paused.clear()
+        assert sc_backend.grant(paused_q).tickets == ("p/1",)
