@@ -36,6 +36,7 @@ from durable_flow.admission.base import (
     AdmissionRequest,
     Clock,
     Grant,
+    OnCount,
     ResourceUsage,
     system_clock_ms,
 )
@@ -229,7 +230,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                     db_resources.wait(r.ticket, queue, r.priority, r.constraints)
             return [t for t in tickets if t in held]
 
-    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
         raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
         known = queue_from_dict(raw) if raw is not None else self._configs.get(queue)
         if known is None or (known.rate_limit is None and not known.keyed):
@@ -239,6 +240,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             if config is None or (config.rate_limit is None and not config.keyed):
                 return 0
             rate = start_window(config.rate_limit) if config.rate_limit else None
+            if on_count is not None:
+                on_count()  # the queue is ours now: waiting for its lock was not lateness
             now = self._now()
             retry_at = None
             if rate is not None:
