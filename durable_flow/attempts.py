@@ -52,6 +52,11 @@ def attempt_finished(
         status = AttemptStatus.FAILED
     else:
         status = AttemptStatus.COMPLETED
+    # The usual case, an attempt that started and has not finished, is one UPDATE (this is on
+    # every result, between a step's end and the next start in its slot).
+    fields = {"status": status, "finished_at": now, "error": error, "late": late}
+    if StepAttempt.objects.filter(checkpoint=cp, attempt=attempt, finished_at__isnull=True).update(**fields):
+        return
     row, created = StepAttempt.objects.get_or_create(
         checkpoint=cp, attempt=attempt, defaults={"run_id": cp.run_id, "dispatched_at": cp.dispatched_at}
     )

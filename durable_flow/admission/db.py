@@ -298,16 +298,16 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         granted: list[str] = []
         available = self._room(config, marks, now)
         waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
-        constrained = waiters.filter(constrained=True).exists()
         blocked = db_keyed.blocked_keys(config, now) if config.keyed else set()
         while available is None or available > 0:
             if config.keyed and db_keyed.throttle_blocks_all(config, now) is not None:
                 break
             candidates = waiters.exclude(fairness_key__in=list(blocked)) if blocked else waiters
-            if constrained:
+            # The best waiter, in one indexed read; only if its constraints do not fit is the line
+            # walked for the first that does (a waiter without constraints always fits).
+            best = candidates.first()
+            if best is not None and not counts.fits(waiter_constraints(best)):
                 best = next((w for w in candidates if counts.fits(waiter_constraints(w))), None)
-            else:
-                best = candidates.first()
             if best is None:
                 break
             self._take_slot(row, config, best, now, marks)
@@ -334,9 +334,12 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             serve = row.next_serve
             row.next_serve = serve + 1
             FlowQueue.objects.filter(name=config.name).update(next_serve=serve + 1)
-            AdmissionKeyServed.objects.update_or_create(
-                queue=config.name, fairness_key=waiter.fairness_key, defaults={"served": serve}
-            )
+            # An UPDATE, and an INSERT only for a key never served (update_or_create would read
+            # the row first): under the queue's lock, nobody else writes it meanwhile.
+            if not AdmissionKeyServed.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(
+                served=serve
+            ):
+                AdmissionKeyServed.objects.create(queue=config.name, fairness_key=waiter.fairness_key, served=serve)
             AdmissionWaiter.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(key_served=serve)
 
     @staticmethod
