@@ -6,8 +6,11 @@
     .venv/bin/python bench/hotpath.py --show-sql     # and every statement template, per phase
 
 Design. The embedded default (`db` transport, `db` admission) runs `--runs` one-step no-op
-workflows (`tests.queued`, whose step echoes its input) twice: once with no queue, once
-through a queue of concurrency 10. The runs are started first (counted apart: `start`), then a
+workflows (`tests.queued`, whose step echoes its input) three times: with no queue, through a
+queue of concurrency 10, and through a queue of concurrency 1 with fairness by key whose runs all
+park first ("handoff": every step after the first starts from a handoff, a result's release
+granting the slot and the step dispatched inline to the same thread; its `step` row is the cost
+of one handoff). The runs are started first (counted apart: `start`), then a
 real `WorkerRuntime` (the `durable_worker` loop: claim, thread pool, heartbeat, grant timer)
 runs in this process with `--concurrency` threads until no task is left. Every statement
 any thread sends goes through `connection.execute_wrapper` hooks installed on each thread's
