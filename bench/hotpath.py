@@ -6,8 +6,11 @@
     .venv/bin/python bench/hotpath.py --show-sql     # and every statement template, per phase
 
 Design. The embedded default (`db` transport, `db` admission) runs `--runs` one-step no-op
-workflows (`tests.queued`, whose step echoes its input) twice: once with no queue, once
-through a queue of concurrency 10. The runs are started first (counted apart: `start`), then a
+workflows (`tests.queued`, whose step echoes its input) three times: with no queue, through a
+queue of concurrency 10, and through a queue of concurrency 1 with fairness by key whose runs all
+park first ("handoff": every step after the first starts from a handoff, a result's release
+granting the slot and the step dispatched inline to the same thread; its `step` row is the cost
+of one handoff). The runs are started first (counted apart: `start`), then a
 real `WorkerRuntime` (the `durable_worker` loop: claim, thread pool, heartbeat, grant timer)
 runs in this process with `--concurrency` threads until no task is left. Every statement
 any thread sends goes through `connection.execute_wrapper` hooks installed on each thread's
@@ -45,6 +48,7 @@ PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 BENCH_ID = f"bench-hotpath-{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}"
 PG_DATABASE = BENCH_ID.replace("-", "_")
 QUEUE = "bench-hot"
+HANDOFF_QUEUE = "bench-handoff"
 PHASES = ("start", "claim", "setup", "turn", "step", "done", "heartbeat", "grant")
 PER_WORKFLOW = ("claim", "setup", "turn", "step", "done")
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
@@ -195,8 +199,13 @@ def hook_connections() -> None:
     COUNTER.install(connection)
 
 
-def run_path(queue: str | None, runs: int, concurrency: int) -> float:
-    """Start `runs` workflows and work them off with a real worker runtime; seconds it took."""
+def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool = False) -> float:
+    """Start `runs` workflows and work them off with a real worker runtime; seconds it took.
+
+    With `park_first`, every run's first turn is run before the worker starts (claimed and
+    executed one by one as the worker would, counted under `turn`): all but the queue's cap
+    park, so each later step starts from a handoff (a result's release grants the slot to the
+    next waiter, whose step is dispatched inline to the same thread)."""
     from django.db import connection
 
     from durable_flow.engine import get_engine
@@ -218,6 +227,15 @@ def run_path(queue: str | None, runs: int, concurrency: int) -> float:
 
     source.execute = execute_tagged  # type: ignore[method-assign]
     runtime = WorkerRuntime(engine, source, FixedConcurrency(concurrency), grace_s=5)
+    run_task = runtime.run_task
+
+    def run_task_tagged(task: Any, **kwargs: Any) -> bool:
+        if not task.inline:
+            return run_task(task, **kwargs)
+        with COUNTER.tagged("step"):  # handed over in-thread by a result (`inline_handoff`)
+            return run_task(task, **kwargs)
+
+    runtime.run_task = run_task_tagged  # type: ignore[method-assign]
     runtime.heartbeat.beat = COUNTER.wrap("heartbeat", runtime.heartbeat.beat)  # type: ignore[method-assign]
     # A step handed to the thread that dispatched it (`engine/inline_handoff.py`) runs past the source.
     runtime._run_inline = COUNTER.wrap("step", runtime._run_inline)  # type: ignore[method-assign]
@@ -225,8 +243,18 @@ def run_path(queue: str | None, runs: int, concurrency: int) -> float:
     COUNTER.enabled = True
     with COUNTER.tagged("start"):
         for i in range(runs):
-            engine.start("tests.queued", {"queue": queue, "value": i})
+            payload: dict[str, Any] = {"queue": queue, "value": i}
+            if park_first:
+                payload["key"] = f"tenant-{i % 4}"
+            engine.start("tests.queued", payload)
     started = time.perf_counter()
+    if park_first:
+        tasks = source.claim(runtime.worker_id, runs, 0)
+        assert all(task.kind == "turn" for task in tasks) and len(tasks) == runs, tasks
+        for task in tasks:
+            with COUNTER.tagged("turn"):
+                source.execute(runtime, task)
+            source.done(runtime.worker_id, task)
     try:
         runtime.run(burst=True)
     finally:
@@ -274,10 +302,16 @@ def main() -> None:
     vendor = connection.vendor
     hook_connections()
     get_engine().register_queue(_queue_config())
+    get_engine().register_queue(_handoff_queue_config())
     try:
         results = {}
-        for label, queue in (("no queue", None), (f"queue (concurrency 10, {QUEUE})", QUEUE)):
-            elapsed = run_path(queue, args.runs, args.concurrency)
+        paths = (
+            ("no queue", None, False),
+            (f"queue (concurrency 10, {QUEUE})", QUEUE, False),
+            (f"handoff (concurrency 1, {HANDOFF_QUEUE}, parked)", HANDOFF_QUEUE, True),
+        )
+        for label, queue, park_first in paths:
+            elapsed = run_path(queue, args.runs, args.concurrency, park_first=park_first)
             results[label] = report(f"{vendor}, {label}", args.runs, elapsed, args.show_sql)
     finally:
         connections.close_all()
@@ -292,6 +326,13 @@ def _queue_config() -> Any:
     from durable_flow.queues import QueueConfig
 
     return QueueConfig.from_mapping({"name": QUEUE, "concurrency": 10})
+
+
+def _handoff_queue_config() -> Any:
+    """bench/contention.py's cap scenario in miniature: a cap, fairness by key."""
+    from durable_flow.queues import QueueConfig
+
+    return QueueConfig.from_mapping({"name": HANDOFF_QUEUE, "concurrency": 1, "fairness": "key"})
 
 
 if __name__ == "__main__":

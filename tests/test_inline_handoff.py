@@ -10,6 +10,8 @@ import pytest
 from django.db.models.signals import post_save
 
 from durable_flow import register_queue, start
+from durable_flow.admission.base import OnCount
+from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.engine import Engine, inline_handoff
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkerHeartbeat, WorkflowRun
@@ -123,8 +125,8 @@ class SlowToAnswer(LocalAdmissionBackend):
         self.late_ms = late_ms
         self.counted = 0
 
-    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
-        wait_ms = super().try_start(queue, ticket, key)
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
+        wait_ms = super().try_start(queue, ticket, key, on_count=on_count)
         if wait_ms == 0:
             self.counted += 1
             if self.counted == 1:
@@ -146,3 +148,42 @@ def test_a_step_called_later_than_the_window_margin_is_counted_again(
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
     assert engine.admission.counted == counts
     assert engine.admission.window_usage("api") == counts
+
+
+class SlowToLock(DatabaseAdmissionBackend):
+    """The `db` backend, getting the queue's lock in `try_start` `wait_ms` late (on the test's
+    clock): another transaction held the queue row meanwhile."""
+
+    def __init__(self, clock: MovableClock, wait_ms: int) -> None:
+        super().__init__(clock=lambda: clock.ms)
+        self.moved = clock
+        self.wait_ms = wait_ms
+        self.starting = False
+
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
+        self.starting = True
+        try:
+            return super().try_start(queue, ticket, key, on_count=on_count)
+        finally:
+            self.starting = False
+
+    def _locked_queue(self, name: str) -> Any:
+        locked = super()._locked_queue(name)
+        if self.starting:
+            self.moved.advance(milliseconds=self.wait_ms)
+        return locked
+
+
+def test_a_start_that_waited_for_the_queue_lock_is_counted_once(
+    held: tuple[Engine, HeldTransport], clock: MovableClock
+) -> None:
+    """The wait for the lock comes before the count, so it does not make the call late: timed
+    from before the lock, every count would look 300 ms late and be counted again (3 places
+    of the window for one start)."""
+    engine, transport = held
+    engine.admission = SlowToLock(clock, 300)
+    register_queue("api", rate_limit={"limit": 5, "period_ms": 1000, "algorithm": "sliding"})
+    run = start("tests.queued", queued("api", 1))
+    transport.run_step()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert engine.admission.window_usage("api") == 1

@@ -24,6 +24,9 @@ from durable_flow.queues import QueueConfig
 Clock = Callable[[], int]
 """Epoch milliseconds. Injected so decision logic can be tested without sleeping."""
 
+OnCount = Callable[[], object] | None
+"""Called by `try_start` just before it reads the clock a start is counted at."""
+
 BlockReason = Literal["rate_limited", "concurrency", "step_concurrency", "waiting_turn"]
 
 
@@ -174,11 +177,15 @@ class AdmissionBackend(Configurable, ABC):
         place of those that are). Decides nothing; `grant` follows."""
 
     @abstractmethod
-    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
         """A granted step is about to run: count its start in the queue's rate window (on the
         backend's clock), or return how many ms to wait until the window has room. 0 means
         started (always, for a queue without a rate limit). `key` is the call's fairness key
-        (default: the ticket's run id), for a per-key window or throttle."""
+        (default: the ticket's run id), for a per-key window or throttle.
+
+        `on_count` is called right before the backend reads the clock it counts at, after any
+        lock it waited for: the caller's clock at that moment is a lower bound of the count's
+        instant, so a wait for the lock does not make the call look late (`await_start`)."""
 
     # -- optional, with defaults -------------------------------------------------------------
     #: Where the backend learns which queues are paused (`watch_pauses`); none until told.

@@ -36,6 +36,7 @@ from durable_flow.admission.base import (
     AdmissionRequest,
     Clock,
     Grant,
+    OnCount,
     ResourceUsage,
     system_clock_ms,
 )
@@ -229,7 +230,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                     db_resources.wait(r.ticket, queue, r.priority, r.constraints)
             return [t for t in tickets if t in held]
 
-    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
         raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
         known = queue_from_dict(raw) if raw is not None else self._configs.get(queue)
         if known is None or (known.rate_limit is None and not known.keyed):
@@ -239,6 +240,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             if config is None or (config.rate_limit is None and not config.keyed):
                 return 0
             rate = start_window(config.rate_limit) if config.rate_limit else None
+            if on_count is not None:
+                on_count()  # the queue is ours now: waiting for its lock was not lateness
             now = self._now()
             retry_at = None
             if rate is not None:
@@ -295,16 +298,18 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         granted: list[str] = []
         available = self._room(config, marks, now)
         waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
-        constrained = waiters.filter(constrained=True).exists()
         blocked = db_keyed.blocked_keys(config, now) if config.keyed else set()
         while available is None or available > 0:
             if config.keyed and db_keyed.throttle_blocks_all(config, now) is not None:
                 break
+            # `.all()`: a fresh queryset each pass (iterating `waiters` itself would cache it, and
+            # the next pass would grant a waiter taken already).
             candidates = waiters.exclude(fairness_key__in=list(blocked)) if blocked else waiters.all()
-            if constrained:
+            # The best waiter, in one indexed read; only if its constraints do not fit is the line
+            # walked for the first that does (a waiter without constraints always fits).
+            best = candidates.first()
+            if best is not None and not counts.fits(waiter_constraints(best)):
                 best = next((w for w in candidates if counts.fits(waiter_constraints(w))), None)
-            else:
-                best = candidates.first()
             if best is None:
                 break
             self._take_slot(row, config, best, now, marks)
@@ -331,9 +336,12 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             serve = row.next_serve
             row.next_serve = serve + 1
             FlowQueue.objects.filter(name=config.name).update(next_serve=serve + 1)
-            AdmissionKeyServed.objects.update_or_create(
-                queue=config.name, fairness_key=waiter.fairness_key, defaults={"served": serve}
-            )
+            # An UPDATE, and an INSERT only for a key never served (update_or_create would read
+            # the row first): under the queue's lock, nobody else writes it meanwhile.
+            if not AdmissionKeyServed.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(
+                served=serve
+            ):
+                AdmissionKeyServed.objects.create(queue=config.name, fairness_key=waiter.fairness_key, served=serve)
             AdmissionWaiter.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(key_served=serve)
 
     @staticmethod

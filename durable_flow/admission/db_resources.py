@@ -78,9 +78,10 @@ class Counts:
         return all(self.active(c.resource) < c.limit for c in constraints)
 
     def take(self, ticket: str, constraints: Sequence[Constraint]) -> None:
-        """The ticket holds a slot of each resource; it no longer waits for any."""
-        AdmissionResourceWaiter.objects.filter(ticket=ticket).delete()
+        """The ticket holds a slot of each resource; it no longer waits for any (a call without
+        constraints never had a resource waiter row: no DELETE for it on every grant)."""
         if constraints:
+            AdmissionResourceWaiter.objects.filter(ticket=ticket).delete()
             AdmissionHold.objects.bulk_create(AdmissionHold(resource=c.resource, ticket=ticket) for c in constraints)
             for c in constraints:
                 self._active[c.resource] = self.active(c.resource) + 1

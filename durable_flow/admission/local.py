@@ -22,6 +22,7 @@ from durable_flow.admission.base import (
     AdmissionRequest,
     Clock,
     Grant,
+    OnCount,
     ResourceUsage,
     system_clock_ms,
 )
@@ -108,9 +109,11 @@ class LocalAdmissionBackend(AdmissionBackend):
                 return policy.reoffer(self._free, constrained, now, self._resources)
             return policy.reoffer(state, requests, now, self._resources)
 
-    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
         with self._lock:
             state = self._queues.get(queue)
+            if on_count is not None:
+                on_count()
             return policy.try_start(state, self.clock(), policy.start_key(ticket, key)) if state is not None else 0
 
     def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:

@@ -103,6 +103,7 @@ from durable_flow.admission.base import (
     AdmissionRequest,
     Clock,
     Grant,
+    OnCount,
     ResourceUsage,
 )
 from durable_flow.admission.policy import key_start_window, oldest_mark_needed, start_key
@@ -345,7 +346,9 @@ class RedisAdmissionBackend(AdmissionBackend):
             held += [_text(t) for t in self._run("reoffer", queue, extra=extra)]
         return held
 
-    def try_start(self, queue: str, ticket: str, key: str = "") -> int:
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
+        if on_count is not None:
+            on_count()  # the script reads the server's TIME after this: no lock to wait for first
         return self.try_start_timed(queue, ticket, key)[0]
 
     def try_start_timed(self, queue: str, ticket: str, key: str = "") -> tuple[int, int]:

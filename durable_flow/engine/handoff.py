@@ -281,14 +281,21 @@ class HandoffMixin(EngineBase):
         in this worker until the window has room. The admission window already paces grants,
         so the wait is at most the transport's jitter (bounded by one period).
 
-        The count happened after this worker sent it, so a step called within the window's
-        margin of sending is within the margin of its count (`start_margins`). One called
-        later (the worker was descheduled, the backend slow to answer) is counted again: the
-        late count stays in the window as a start that never ran, erring on the safe side."""
+        The count happened after the backend told this worker it was about to read its clock
+        (`on_count`, after any lock it waited for), so a step called within the window's margin
+        of that moment is within the margin of its count (`start_margins`). One called later
+        (the worker was descheduled, the backend slow to answer) is counted again: the late
+        count stays in the window as a start that never ran, erring on the safe side."""
         margin_ms = self.start_margins.ms(cp.queue)
+        sent = self.now()
+
+        def counting() -> None:
+            nonlocal sent
+            sent = self.now()
+
         for attempt in range(1, LATE_START_RECOUNTS + 2):
             sent = self.now()
-            while (wait_ms := self.admission.try_start(cp.queue, cp.ticket, cp.fairness_key)) > 0:
+            while (wait_ms := self.admission.try_start(cp.queue, cp.ticket, cp.fairness_key, on_count=counting)) > 0:
                 self.sleep(wait_ms / 1000)
                 sent = self.now()
             late_ms = (self.now() - sent).total_seconds() * 1000

@@ -56,22 +56,32 @@ class ResultsMixin(EngineBase):
         was started by the transaction that dispatched it to this thread (`inline_handoff`)."""
         if dispatched is not None:
             cp, run_status = dispatched, RunStatus.RUNNING
+            cancelled = False
+            adopted = not cp.holds_slot or self.admission.adopt(cp.queue, cp.ticket)
         else:
-            cp, run_status = start_attempt(run_id, key, attempt, worker_id)
+            # The worker's stamp and the attempt's row in one transaction (one commit, one SQLite
+            # write lock), on every step between a slot's handoff and the call.
+            with transaction.atomic():
+                cp, run_status = start_attempt(run_id, key, attempt, worker_id)
+                cancelled = run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES)
+                # A queue's or step concurrency's slot must still be this step's to run it.
+                adopted = cp is not None and (
+                    cancelled or not cp.holds_slot or self.admission.adopt(cp.queue, cp.ticket)
+                )
+                if cp is not None and adopted and not cancelled:
+                    # Written when the worker picks the attempt up, before the rate window's start
+                    # wait: no write may come between the window counting the start and the call.
+                    attempt_started(cp, attempt, worker_id, self.now())
         if cp is None:
             return "skipped" if StepCheckpoint.objects.filter(run_id=run_id, key=key).exists() else "missing"
-        if run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
+        if cancelled:
             self.record_result(run_id, key, attempt, cancelled=True, also=also)
             return "skipped"
-        if cp.holds_slot and not self.admission.adopt(cp.queue, cp.ticket):  # a queue's or step concurrency's slot
+        if not adopted:
             # The slot went with a dead process and may be someone else's now: running anyway
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
             return "skipped"
-        # Written when the worker picks the attempt up, before the rate window's start wait: no
-        # write may come between the window counting the start and the call.
-        if dispatched is None:
-            attempt_started(cp, attempt, worker_id, self.now())
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:

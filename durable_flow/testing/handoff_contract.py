@@ -111,6 +111,24 @@ class HandoffContract:
         clock.set(first + 1050)
         assert backend.try_start(name, "c/1") == 0
 
+    def test_a_start_is_counted_at_the_clock_read_after_on_count(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """`on_count` comes before the clock read the start is counted at (after any lock the
+        backend waited for), so the caller may time the call's lateness from it."""
+        backend.register(QueueConfig(name=name, rate_limit=RateLimit(limit=1, period_ms=1000, algorithm="sliding")))
+        called: list[int] = []
+
+        def waited_500_ms() -> None:  # as if the backend had waited 500 ms for its lock
+            called.append(clock())
+            clock.advance(500)
+
+        first = clock()
+        assert backend.try_start(name, "a/1", on_count=waited_500_ms) == 0
+        assert called == [first]
+        # Counted at first + 500 (after on_count), not at first: 1,050 ms from now to wait.
+        assert backend.try_start(name, "b/1") == 1050
+
     def test_starts_are_not_gated_without_a_rate_limit(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, concurrency=1))
         assert all(backend.try_start(name, f"r{i}/1") == 0 for i in range(20))
