@@ -251,10 +251,17 @@ def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool
     if park_first:
         tasks = source.claim(runtime.worker_id, runs, 0)
         assert all(task.kind == "turn" for task in tasks) and len(tasks) == runs, tasks
-        for task in tasks:
-            with COUNTER.tagged("turn"):
-                source.execute(runtime, task)
-            source.done(runtime.worker_id, task)
+        # These turns run outside the worker loop, which is what runs a step a turn hands to its
+        # own thread (`turn_steps_inline`): the admitted run's step would be stamped with this
+        # worker and never run. Sent through the transport instead, the worker claims it.
+        source.turn_steps_inline = False
+        try:
+            for task in tasks:
+                with COUNTER.tagged("turn"):
+                    source.execute(runtime, task)
+                source.done(runtime.worker_id, task)
+        finally:
+            del source.turn_steps_inline
     try:
         runtime.run(burst=True)
     finally:
