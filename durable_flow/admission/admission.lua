@@ -662,7 +662,7 @@ local function grant(out)
       if room then
         room = room - 1
       end
-    elseif #aside >= R.SCAN then
+    elseif #aside >= R.MAX_SCAN then
       break
     else
       -- Blocked by its step concurrency: set aside for this call, so it holds up nobody behind it.

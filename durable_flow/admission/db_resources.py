@@ -6,10 +6,11 @@
 - waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
            `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other)`, the index
            a freed resource is offered through. As the Redis script does, a freed resource reads
-           its first `SCAN` waiters by priority then arrival (the id; the `df_rwaiter_rank`
-           index) and ranks those by priority, then the last serve of each one's other resource
-           (`SOLO`: this one, taken alone), then arrival: bounded work per release, and no
-           write to the waiters when a key is served;
+           its line in pages of `SCAN` by priority then arrival (the id; the `df_rwaiter_rank`
+           index), page after page while it has room (at most `MAX_SCAN` waiters), and ranks
+           each page by priority, then the last serve of each one's other resource (`SOLO`:
+           this one, taken alone), then arrival: bounded work per release, and no write to
+           the waiters when a key is served;
 - serves:  `AdmissionResourceServed(resource, served, solo)`; a take numbers its serve one past
            the highest (an indexed MAX) and upserts its resources' rows.
 
@@ -25,11 +26,11 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
 from durable_flow.admission.resource_line import NEVER_SERVED, SOLO
-from durable_flow.admission.resources import SCAN, group_of, top_usage
+from durable_flow.admission.resources import MAX_SCAN, SCAN, group_of, top_usage
 from durable_flow.models import (
     AdmissionHold,
     AdmissionResourceServed,
@@ -128,16 +129,22 @@ def free(ticket: str) -> list[str]:
     return freed
 
 
-def waiters_on(resource: str, counts: Counts) -> tuple[int, list[AdmissionResourceWaiter]]:
-    """The highest limit among the waiters of a freed `resource` (while that many are held,
-    none fits) and its first `SCAN` waiters by priority and arrival, ranked as `resources.lua`
-    ranks them: priority, then their other key's last serve (least recent first), then arrival.
-    Ranked once: the serves the offer makes do not re-rank them (as in the Redis script)."""
+def ceiling_of(resource: str) -> int:
+    """The highest limit among the waiters of `resource` (0: none waits): while that many are
+    held, none fits. The df_rwaiter_limit index."""
     waiters = AdmissionResourceWaiter.objects.filter(resource=resource)
-    ceiling = waiters.order_by("-limit").values_list("limit", flat=True).first()  # the df_rwaiter_limit index
-    if ceiling is None or counts.active(resource) >= ceiling:
-        return 0, []
-    line = list(waiters.order_by("-priority", "id")[:SCAN])  # the df_rwaiter_rank index
+    return waiters.order_by("-limit").values_list("limit", flat=True).first() or 0
+
+
+def waiters_page(resource: str, after: AdmissionResourceWaiter | None = None) -> list[AdmissionResourceWaiter]:
+    """The next `SCAN` waiters of `resource` by priority and arrival after `after` (keyset
+    pagination on the df_rwaiter_rank index), ranked as `resources.lua` ranks a page: priority,
+    then their other key's last serve (least recent first), then arrival. Ranked once: the serves
+    the offer makes do not re-rank them (as in the Redis script)."""
+    waiters = AdmissionResourceWaiter.objects.filter(resource=resource)
+    if after is not None:
+        waiters = waiters.filter(Q(priority__lt=after.priority) | Q(priority=after.priority, id__gt=after.id))
+    line = list(waiters.order_by("-priority", "id")[:SCAN])
     served = {
         name: (last, solo)
         for name, last, solo in AdmissionResourceServed.objects.filter(
@@ -149,7 +156,7 @@ def waiters_on(resource: str, counts: Counts) -> tuple[int, list[AdmissionResour
     def served_other(entry: AdmissionResourceWaiter) -> int:
         return served.get(resource, never)[1] if entry.other == SOLO else served.get(entry.other, never)[0]
 
-    return ceiling, sorted(line, key=lambda e: (-e.priority, served_other(e), e.id))
+    return sorted(line, key=lambda e: (-e.priority, served_other(e), e.id))
 
 
 def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
@@ -229,48 +236,73 @@ class ResourceGateMixin:
         counts = Counts()
         queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]] = {}
         granted: list[str] = []
-        paused: set[str] | None = None
+        paused: set[str] | None = None  # read once, when a line has waiters
         for resource in dict.fromkeys(freed):
-            ceiling, line = waiters_on(resource, counts)
-            parked: dict[tuple[str, str], AdmissionWaiter] | None = None
-            for entry in line:
-                if counts.active(resource) >= ceiling:
+            ceiling, read, last = ceiling_of(resource), 0, None
+            # Page after page (one key's backlog of blocked calls must not hide another key's
+            # waiter that fits), while the resource has room, up to MAX_SCAN waiters.
+            while counts.active(resource) < ceiling and read < MAX_SCAN:
+                line = waiters_page(resource, last)
+                if not line:
                     break
-                if entry.ticket in granted or counts.active(resource) >= entry.limit:
-                    continue
                 if paused is None:
                     paused = {*self.paused_queues(), *([skip_queue] if skip_queue is not None else [])}
-                if entry.queue in paused:
-                    continue
-                if parked is None:  # the waiters' rows, read once for the whole line (the unique index)
-                    rows = AdmissionWaiter.objects.filter(
-                        queue__in={e.queue for e in line}, ticket__in={e.ticket for e in line}
-                    )
-                    parked = {(w.queue, w.ticket): w for w in rows}
-                waiter = parked.get((entry.queue, entry.ticket))
-                if waiter is None:
-                    entry.delete()  # withdrawn without its index entry: tidy up
-                    continue
-                constraints = waiter_constraints(waiter)
-                if not counts.fits(constraints):
-                    continue
-                if entry.queue == FREE_QUEUE:
-                    waiter.delete()
-                    AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
-                else:
-                    if entry.queue not in queues:
-                        row, config = self._locked_queue(entry.queue)
-                        queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
-                    row, config, marks = queues[entry.queue]
-                    if row is None or config is None or row.paused:
-                        continue
-                    available = self._room(config, marks, now)
-                    if available is not None and available <= 0:
-                        continue
-                    self._take_slot(row, config, waiter, now, marks)
-                counts.take(waiter.ticket, constraints)
-                granted.append(waiter.ticket)
+                read += len(line)
+                last = max(line, key=lambda e: (-e.priority, e.id))
+                self._offer_page(resource, ceiling, line, counts, queues, granted, paused, now)
+                if len(line) < SCAN:
+                    break
         return tuple(granted)
+
+    def _offer_page(
+        self,
+        resource: str,
+        ceiling: int,
+        line: list[AdmissionResourceWaiter],
+        counts: Counts,
+        queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]],
+        granted: list[str],
+        paused: Collection[str],
+        now: int,
+    ) -> None:
+        """Offer one ranked page of a freed resource's line: each waiter that fits, whose queue
+        is not paused and has room, is granted (appended to `granted`); the others keep their place."""
+        parked: dict[tuple[str, str], AdmissionWaiter] | None = None
+        for entry in line:
+            if counts.active(resource) >= ceiling:
+                break
+            if entry.ticket in granted or counts.active(resource) >= entry.limit:
+                continue
+            if entry.queue in paused:
+                continue
+            if parked is None:  # the waiters' rows, read once for the whole line (the unique index)
+                rows = AdmissionWaiter.objects.filter(
+                    queue__in={e.queue for e in line}, ticket__in={e.ticket for e in line}
+                )
+                parked = {(w.queue, w.ticket): w for w in rows}
+            waiter = parked.get((entry.queue, entry.ticket))
+            if waiter is None:
+                entry.delete()  # withdrawn without its index entry: tidy up
+                continue
+            constraints = waiter_constraints(waiter)
+            if not counts.fits(constraints):
+                continue
+            if entry.queue == FREE_QUEUE:
+                waiter.delete()
+                AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
+            else:
+                if entry.queue not in queues:
+                    row, config = self._locked_queue(entry.queue)
+                    queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
+                row, config, marks = queues[entry.queue]
+                if row is None or config is None or row.paused:
+                    continue
+                available = self._room(config, marks, now)
+                if available is not None and available <= 0:
+                    continue
+                self._take_slot(row, config, waiter, now, marks)
+            counts.take(waiter.ticket, constraints)
+            granted.append(waiter.ticket)
 
     def _grant_free(self) -> Grant:
         """Grant the pseudo-queue's waiters whose constraints fit (the poller's safety net)."""

@@ -19,8 +19,9 @@
 --   P:res:solo      hash   r -> serve number of the last grant of r to a call with no other resource
 --   P:res:meta      hash   counters `arrival` and `serve`
 --
--- Fairness across keys: a freed resource's line is read in (priority, arrival) order, up to SCAN
--- entries; among the waiters that fit, those whose *other* resource (e.g. their account's key,
+-- Fairness across keys: a freed resource's line is read in (priority, arrival) order, in pages of
+-- SCAN entries while it has room (at most MAX_SCAN); within a page, among the waiters that fit,
+-- those whose *other* resource (e.g. their account's key,
 -- under a shared ceiling) was served least recently go first, so one key's backlog on a shared
 -- resource cannot starve the other keys. Calls that need the shared resource alone form one more
 -- key of their own (`solo`), served in turn with the others. Within one key the order stays
@@ -30,7 +31,7 @@
 -- non-cluster Redis, like the rest of the backend.
 
 local function new_resources(prefix, call)
-  local R = { SCAN = 200 }
+  local R = { SCAN = 200, MAX_SCAN = 5000 } -- resources.py's SCAN and MAX_SCAN
   local K_HOLD, K_NEED, K_CEIL = prefix .. ':res:hold', prefix .. ':res:need', prefix .. ':res:ceil'
   local K_ACTIVE, K_WAITING = prefix .. ':res:active', prefix .. ':res:waiting'
   local K_SERVED, K_SOLO, K_META = prefix .. ':res:served', prefix .. ':res:solo', prefix .. ':res:meta'
@@ -175,9 +176,18 @@ local function new_resources(prefix, call)
       if not done[r] then
         done[r] = true
         local ceil = tonumber(call('HGET', K_CEIL, r) or '0')
-        if R.active(r) < ceil then
+        -- Page after page (one key's backlog of blocked calls must not hide another key's
+        -- waiter that fits) while r has room, at most MAX_SCAN entries; each page is ranked.
+        local from, read = '-', 0
+        while R.active(r) < ceil and read < R.MAX_SCAN do
+          local page = call('ZRANGEBYLEX', line_key(r), from, '+', 'LIMIT', 0, R.SCAN)
+          if #page == 0 then
+            break
+          end
+          read = read + #page
+          from = '(' .. page[#page]
           local candidates = {}
-          for _, m in ipairs(call('ZRANGEBYLEX', line_key(r), '-', '+', 'LIMIT', 0, R.SCAN)) do
+          for _, m in ipairs(page) do
             local t = string.sub(m, 33)
             local n = R.need(t)
             if not n then
@@ -201,6 +211,9 @@ local function new_resources(prefix, call)
               R.take(t, n.c)
               out[#out + 1] = t
             end
+          end
+          if #page < R.SCAN then
+            break
           end
         end
       end

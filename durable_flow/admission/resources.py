@@ -25,10 +25,14 @@ from durable_flow.admission.resource_line import NEVER_SERVED, SOLO, ResourceLin
 if TYPE_CHECKING:
     from durable_flow.admission.policy import QueueState
 
-#: How many waiters one freed resource's offer passes over (blocked by another gate) before it
-#: stops: the work of a release stays bounded (the Redis script reads a line as deep); those
-#: further back are granted by a later release, or by their queue's grant.
+#: A freed resource's line is read in pages of `SCAN` waiters (`db` and the Redis script rank
+#: each page by fairness across keys), page after page while the resource has room.
 SCAN = 200
+#: How many waiters one freed resource's offer reads at most (`local`: passes over, blocked by
+#: another gate) before it stops: the work of a release stays bounded, yet one key's backlog of
+#: blocked calls (its own key full) cannot hide a waiter of another key that fits. Those further
+#: back are granted by a later release, or by their queue's grant.
+MAX_SCAN = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +168,7 @@ class ResourceState:
         """Offer free slots of `resource` to its waiters, best first (`resource_line`), until it
         is full for all of them; `grant(need, ticket)` gives a waiter its queue slot if that queue
         has room. A waiter of a paused queue, or one another gate blocks, keeps its place.
-        At most `SCAN` are passed over."""
+        At most `MAX_SCAN` are passed over."""
         line = self.lines.get(resource)
         granted: list[str] = []
         if line is None:
@@ -173,7 +177,7 @@ class ResourceState:
         aside: list[tuple[str, Need]] = []
         self._frozen = {}
         try:
-            while self.active(resource) < ceiling and len(aside) < SCAN:
+            while self.active(resource) < ceiling and len(aside) < MAX_SCAN:
                 ticket = line.pop_best(lambda group: self._rank_of(resource, group))
                 if ticket is None:
                     break

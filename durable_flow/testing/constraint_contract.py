@@ -174,6 +174,41 @@ class StepConcurrencyContract:
         # Never-served keys first (oldest first among them), then the key served longest ago.
         assert order == ["a1/1", "b1/1", "c1/1", "a2/1", "b2/1", "a3/1"]
 
+    def test_a_keys_blocked_backlog_does_not_hide_another_keys_waiter_behind_it(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        """Account a is at its own limit with 300 calls waiting behind it (more than a page of
+        the line, more than 200 to pass over) and was served before b, so a's calls rank first;
+        b's call arrived after them. A freed shared slot must reach b, not stop at a's blocked
+        backlog."""
+        shared = Constraint(f"{res}:openai", 3)
+        acct = {k: Constraint(f"{res}:acct-{k}", 2) for k in "abc"}
+        for ticket, key in [("ha1/1", "a"), ("ha2/1", "a"), ("hb/1", "b")]:
+            assert self.sc_ask(sc_backend, ticket, shared, acct[key]).admitted
+        assert sc_backend.release("", "hb/1").tickets == ()  # b was served after a
+        assert self.sc_ask(sc_backend, "hc/1", shared, acct["c"]).admitted  # the shared slots are full
+        for i in range(300):
+            assert not self.sc_ask(sc_backend, f"a{i}/1", shared, acct["a"]).admitted
+        assert not self.sc_ask(sc_backend, "b1/1", shared, acct["b"]).admitted
+        # c's release frees the shared slot alone (nobody waits on c's own key).
+        assert sc_backend.release("", "hc/1").tickets == ("b1/1",)
+        assert sc_backend.release("", "ha1/1").tickets == ("a0/1",)  # a has room again: its oldest
+
+    def test_a_queues_grant_passes_over_more_than_a_page_of_constraint_blocked_waiters(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        """A queue with room, and 250 waiters ahead that their step concurrency blocks: the
+        queue's grant reaches the call behind them."""
+        queue = f"q-{uuid.uuid4().hex[:8]}"
+        sc_backend.register(QueueConfig(name=queue, concurrency=1))
+        acct_a = Constraint(f"{res}:acct-a", 1)
+        assert self.sc_ask(sc_backend, "ha/1", acct_a).admitted  # a's key is full (no queue)
+        assert self.sc_ask(sc_backend, "q0/1", queue=queue).admitted  # the queue is full
+        for i in range(250):
+            assert not self.sc_ask(sc_backend, f"a{i}/1", acct_a, queue=queue).admitted
+        assert not self.sc_ask(sc_backend, "b1/1", queue=queue).admitted
+        assert sc_backend.release(queue, "q0/1").tickets == ("b1/1",)
+
     def test_priority_ranks_before_the_key_served_least_recently(self, sc_backend: AdmissionBackend, res: str) -> None:
         shared = Constraint(f"{res}:openai", 1)
         acct = {k: Constraint(f"{res}:acct-{k}", 5) for k in "ab"}
