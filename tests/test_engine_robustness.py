@@ -24,7 +24,14 @@ class FlakyAdmission(LocalAdmissionBackend):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fail_next = 0
+        self.fail_starts = 0
         self.on_adopt: Any = None
+
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: Any = None) -> int:
+        if self.fail_starts:
+            self.fail_starts -= 1
+            raise ConnectionError("admission backend unreachable")
+        return super().try_start(queue, ticket, key, on_count=on_count)
 
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
         if self.fail_next:
@@ -102,6 +109,27 @@ def test_start_refuses_input_with_a_nul(manual: Engine) -> None:
 
     with pytest.raises(InvalidInput, match="NUL"):
         start("tests.three_steps", "a\x00b")
+
+
+def test_an_admission_outage_before_a_step_starts_is_waited_out_not_an_attempt(
+    flaky: tuple[Engine, FlakyAdmission], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start's window count cannot reach the backend: the step has not run, so it is no
+    failed attempt (the soak once failed a run this way); the worker backs off, logging once."""
+    engine, backend = flaky
+    register_queue("counted", concurrency=1, rate_limit={"limit": 5, "period_ms": 1000})
+    run = start("tests.queued", queued("counted", 1))
+    transport = transport_of(engine)
+    transport.run_turns()
+    slept: list[float] = []
+    engine.sleep = slept.append
+    backend.fail_starts = 3
+    assert transport.execute(transport.take()) == "completed"
+    assert slept == [0.1, 0.2, 0.4]  # the outage backoff, then the start
+    cp = StepCheckpoint.objects.get(run=run)
+    assert (cp.status, cp.attempt) == (StepStatus.COMPLETED, 1)
+    outage_logs = [r.getMessage() for r in caplog.records if "counting a step's start" in r.getMessage()]
+    assert len(outage_logs) == 2 and "unavailable" in outage_logs[0] and "back after 3" in outage_logs[1]
 
 
 def test_cancel_landing_before_a_failed_slot_adoption_still_ends_the_run(

@@ -60,6 +60,7 @@ class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMix
         self.paused_queues = PausedQueues(self.settings.poller_interval_ms / 1000)
         self.grant_timer = GrantTimer(self.grant)
         self.release_outage = Outage("admission: releasing settled steps' slots", logger)
+        self.start_outage = Outage("admission: counting a step's start", logger)
         self.start_margins = StartMargins()
         for config in self.settings.queues:
             self.admission.register(config)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.db import DataError, transaction
+from django.db import DataError, close_old_connections, transaction
 
 from durable_flow.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.current import running_step
@@ -39,6 +39,9 @@ class ResultsMixin(EngineBase):
     #: Releases after commit that failed because the admission backend was unreachable: logged
     #: once per outage (set by `Engine.__init__`).
     release_outage: Outage
+    #: The wait before a step's start (its rate-window count) riding out an outage of the
+    #: admission backend, logged once per outage (set by `Engine.__init__`).
+    start_outage: Outage
 
     def execute_step(
         self: Engine,
@@ -85,7 +88,7 @@ class ResultsMixin(EngineBase):
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
-                self.await_start(cp)  # the rate window counts the step's start: here, right before the call
+                self._await_start_through_outages(cp)  # the window counts the start: right before the call
             with running_step(run_id, key, attempt):  # for durable_flow.current_step()
                 output = definition.fn(cp.input)
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
@@ -100,6 +103,21 @@ class ResultsMixin(EngineBase):
             self.record_result(run_id, key, attempt, error=error_info(exc), also=also)
             return "failed"
         return "completed"
+
+    def _await_start_through_outages(self: Engine, cp: StepCheckpoint) -> None:
+        """`await_start`, waiting out an outage of the admission backend (Redis, or the database
+        for `db`) with backoff: the step has not started, so the backend being down is not the
+        step's failure and must not spend one of its attempts (or fail its run)."""
+        while True:
+            try:
+                self.await_start(cp)
+            except transient_errors() as exc:
+                self.sleep(self.start_outage.failed(exc))
+                if not transaction.get_connection().in_atomic_block:
+                    close_old_connections()  # a connection the database dropped is reopened
+                continue
+            self.start_outage.recovered()
+            return
 
     @retry_on_conflict
     def record_result(

@@ -238,7 +238,11 @@ class Workload:
                 f"window peak {window_peak}/{WINDOW_LIMIT}"
             )
 
-        assert not lost, f"runs not completed nor cancelled: {lost[:10]} (seed {seed})"
+        assert not lost, f"runs not completed nor cancelled (seed {seed}):\n" + "\n".join(
+            f"  {r}: {runs[r].status} {runs[r].error} checkpoints "
+            f"{list(StepCheckpoint.objects.filter(run_id=r).values_list('key', 'attempt', 'status', 'error'))}"
+            for r in lost[:5]
+        )
         assert not wrong, f"runs with a wrong output: {wrong[:10]}"
         assert not uncancelled and not unasked, (uncancelled, unasked)
         assert leaked == 0
