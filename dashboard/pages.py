@@ -287,24 +287,33 @@ QUEUE_FRAGMENTS = ["queue-stats", "queue-why", "queue-charts", "queue-keys"]
 QUEUES_FRAGMENTS = ["queues-table", "step-concurrency"]
 
 
-#: The resize form's window groups: field prefix → the window's `per`.
-RESIZE_WINDOWS = (("rate", "global"), ("key_rate", "key"))
+#: The resize form's window groups: (field prefix, the window's `per`, its key in the config, legend).
+RESIZE_WINDOWS = (
+    ("rate", "global", "rate_limit", "Rate window, all calls"),
+    ("key_rate", "key", "key_rate_limit", "Rate window, per key"),
+)
 
 
-def resize_initial(row: Mapping[str, Any]) -> dict[str, str]:
+def resize_initial(row: Mapping[str, Any]) -> dict[str, Any]:
     """The resize form's fields as the queue is configured now. The form sends every option
     back (a blank one removes it), so each must show its current value: a per-key window or a
     throttle the form did not show would be removed by resizing the cap."""
-    fields = {"concurrency": _text(row.get("concurrency"))}
-    for prefix, config_key in (("rate", "rate_limit"), ("key_rate", "key_rate_limit")):
+    windows = []
+    for prefix, _, config_key, legend in RESIZE_WINDOWS:
         window = row.get(config_key) or {}
-        fields |= {
-            f"{prefix}_limit": _text(window.get("limit")),
-            f"{prefix}_period_s": _seconds(window.get("period_ms")),
-            f"{prefix}_algorithm": window.get("algorithm", "fixed"),
-        }
+        windows.append(
+            {
+                "prefix": prefix,
+                "legend": legend,
+                "limit": _text(window.get("limit")),
+                "period_s": _seconds(window.get("period_ms")),
+                "algorithm": window.get("algorithm", "fixed"),
+            }
+        )
     throttle = row.get("throttle") or {}
-    return fields | {
+    return {
+        "concurrency": _text(row.get("concurrency")),
+        "windows": windows,
         "throttle_limit": _text(throttle.get("limit")),
         "throttle_period_s": _seconds(throttle.get("period_ms")),
         "throttle_burst": _text(throttle.get("burst")),
@@ -359,7 +368,7 @@ def parse_resize_form(post: Mapping[str, Any]) -> dict[str, Any]:
         return value
 
     windows = []
-    for prefix, per in RESIZE_WINDOWS:
+    for prefix, per, _, _ in RESIZE_WINDOWS:
         limit = number(f"{prefix}_limit")
         if limit is None:
             continue
