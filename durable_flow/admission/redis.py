@@ -373,18 +373,29 @@ class RedisAdmissionBackend(AdmissionBackend):
         so a release lost to an outage leaves a ticket here in every case."""
         return [_text(t) for t in self.redis.hkeys(f"{self.prefix}:q:{queue}:slots")]
 
+    def _stored_config(self, queue: str) -> QueueConfig | None:
+        """The queue's config as registered in Redis (what every process decides by)."""
+        raw = self.redis.hget(f"{self.prefix}:queues", queue)
+        return queue_from_dict(json.loads(raw)) if raw else None
+
+    def _now_ms(self) -> int:
+        """Now in ms on the server's clock (the script's), or on the injected test clock."""
+        if self.clock is not None:
+            return int(self.clock())
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def waiting(self, queue: str) -> int:
         """Waiters parked now, by any process."""
         return int(self.redis.hlen(f"{self.prefix}:q:{queue}:waiters"))
 
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window, by any process, on the server's clock."""
-        raw = self.redis.hget(f"{self.prefix}:queues", queue)
-        rate = queue_from_dict(json.loads(raw)).rate_limit if raw else None
+        config = self._stored_config(queue)
+        rate = config.rate_limit if config is not None else None
         if rate is None:
             return None
-        seconds, micros = self.redis.time() if self.clock is None else divmod(int(self.clock()) * 1000, 1_000_000)
-        start = oldest_mark_needed(rate, int(seconds) * 1000 + int(micros) // 1000)
+        start = oldest_mark_needed(rate, self._now_ms())
         return int(self.redis.zcount(f"{self.prefix}:q:{queue}:starts", start, "+inf"))
 
     def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -398,8 +409,7 @@ class RedisAdmissionBackend(AdmissionBackend):
     def key_window_usage(self, queue: str, limit: int, scan: int = 10_000) -> list[tuple[str, int]] | None:
         """The busiest keys of the per-key window, by any process: a SCAN over the queue's live
         per-key start windows (idle ones have expired), at most `scan` of them."""
-        raw = self.redis.hget(f"{self.prefix}:queues", queue)
-        config = queue_from_dict(json.loads(raw)) if raw else None
+        config = self._stored_config(queue)
         if config is None or (rate := key_start_window(config)) is None:
             return None
         now = self.clock() if self.clock is not None else int(self.redis.time()[0]) * 1000
@@ -414,12 +424,10 @@ class RedisAdmissionBackend(AdmissionBackend):
     def throttle_usage(self, queue: str, limit: int, scan: int = 10_000) -> list[tuple[str, float]] | None:
         """The throttle's busiest buckets, by any process: a SCAN over the queue's live start-side
         TATs (an idle bucket's key has expired), at most `scan` of them."""
-        raw = self.redis.hget(f"{self.prefix}:queues", queue)
-        config = queue_from_dict(json.loads(raw)) if raw else None
+        config = self._stored_config(queue)
         if config is None or config.throttle is None:
             return None
-        seconds, micros = self.redis.time() if self.clock is None else (0, int(self.clock()) * 1000)
-        now = int(seconds) * 1000 + int(micros) // 1000
+        now = self._now_ms()
         root = f"{self.prefix}:q:{queue}:kt:s:"
         names = list(islice(self.redis.scan_iter(match=_glob_escape(root) + "*", count=1000), scan))
         tats = self.redis.mget(names) if names else []
