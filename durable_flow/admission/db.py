@@ -231,8 +231,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             return [t for t in tickets if t in held]
 
     def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
-        raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        known = queue_from_dict(raw) if raw is not None else self._configs.get(queue)
+        known = self._stored_config(queue) or self._configs.get(queue)
         if known is None or (known.rate_limit is None and not known.keyed):
             return 0  # no window to count in: no lock taken
         with transaction.atomic():
@@ -386,12 +385,18 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         return ["-priority", "key_served", "arrival" if config.order == "fifo" else "-arrival"]
 
     # -- read model --------------------------------------------------------------------------
+    @staticmethod
+    def _stored_config(queue: str) -> QueueConfig | None:
+        """The queue's config as stored on its `FlowQueue` row (what every process decides by)."""
+        raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        return queue_from_dict(raw) if raw is not None else None
+
     def next_waiters(self, queue: str, limit: int) -> list[str]:
         """The tickets admission would grant next, best first."""
-        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        if row is None:
+        config = self._stored_config(queue)
+        if config is None:
             return []
-        waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*self._rank_order(queue_from_dict(row)))
+        waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*self._rank_order(config))
         return list(waiters.values_list("ticket", flat=True)[:limit])
 
     def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -412,18 +417,18 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
 
     def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
         """The busiest keys of the per-key window, by any process."""
-        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        return db_keyed.usage(queue_from_dict(row), self._now(), limit) if row is not None else None
+        config = self._stored_config(queue)
+        return db_keyed.usage(config, self._now(), limit) if config is not None else None
 
     def throttle_usage(self, queue: str, limit: int) -> list[tuple[str, float]] | None:
         """The throttle's busiest buckets, by any process."""
-        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        return db_keyed.throttle_usage(queue_from_dict(row), self._now(), limit) if row is not None else None
+        config = self._stored_config(queue)
+        return db_keyed.throttle_usage(config, self._now(), limit) if config is not None else None
 
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window, by any process."""
-        row = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        rate = queue_from_dict(row).rate_limit if row is not None else None
+        config = self._stored_config(queue)
+        rate = config.rate_limit if config is not None else None
         if rate is None:
             return None
         return AdmissionStart.objects.filter(queue=queue, at_ms__gte=oldest_mark_needed(rate, self._now())).count()
