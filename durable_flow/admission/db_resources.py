@@ -5,12 +5,11 @@
            active count is a COUNT over the `(resource, ticket)` unique index;
 - waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
            `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other)`, the index
-           a freed resource is offered through. As the Redis script does, a freed resource reads
-           its line in pages of `SCAN` by priority then arrival (the id; the `df_rwaiter_rank`
-           index), page after page while it has room (at most `MAX_SCAN` waiters), and ranks
-           each page by priority, then the last serve of each one's other resource (`SOLO`:
-           this one, taken alone), then arrival: bounded work per release, and no write to
-           the waiters when a key is served;
+           a freed resource is offered through, and `AdmissionResourceHead`, each key's first
+           waiter (`db_heads`). A freed resource reads its keys' heads best first (priority,
+           then the key's last serve, then arrival: `resource_line`'s order), each grant
+           re-ranking its key, so the work of a release depends on the keys it looks at, not
+           on the length of the line;
 - serves:  `AdmissionResourceServed(resource, served, solo)`; a take numbers its serve one past
            the highest (an indexed MAX) and upserts its resources' rows.
 
@@ -22,17 +21,20 @@ taken before any queue row, so the order is always the same and no two decisions
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Count
 
+from durable_flow.admission import db_heads
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
-from durable_flow.admission.resource_line import NEVER_SERVED, SOLO
-from durable_flow.admission.resources import MAX_SCAN, SCAN, group_of, top_usage
+from durable_flow.admission.resource_line import NEVER_SERVED
+from durable_flow.admission.resources import MAX_SCAN, group_of, key_full, top_usage
 from durable_flow.models import (
     AdmissionHold,
+    AdmissionResourceHead,
     AdmissionResourceServed,
     AdmissionResourceWaiter,
     AdmissionSlot,
@@ -82,7 +84,7 @@ class Counts:
         """The ticket holds a slot of each resource; it no longer waits for any (a call without
         constraints never had a resource waiter row: no DELETE for it on every grant)."""
         if constraints:
-            AdmissionResourceWaiter.objects.filter(ticket=ticket).delete()
+            db_heads.withdraw(ticket)
             AdmissionHold.objects.bulk_create(AdmissionHold(resource=c.resource, ticket=ticket) for c in constraints)
             for c in constraints:
                 self._active[c.resource] = self.active(c.resource) + 1
@@ -101,11 +103,13 @@ def serve(constraints: Sequence[Constraint]) -> None:
         unique_fields=["resource"],
         update_fields=["served", "solo"] if alone else ["served"],
     )
+    db_heads.served(names, number, alone)
 
 
 def wait(ticket: str, queue: str, priority: int, constraints: Sequence[Constraint]) -> None:
     """Index a parked call under each resource it needs (an existing entry keeps its arrival),
-    naming the other resource it is ranked by."""
+    naming the other resource it is ranked by; the heads of the keys it joins (or left) follow."""
+    pairs = list(AdmissionResourceWaiter.objects.filter(ticket=ticket).values_list("resource", "other"))
     for c in constraints:
         AdmissionResourceWaiter.objects.update_or_create(
             resource=c.resource,
@@ -117,6 +121,8 @@ def wait(ticket: str, queue: str, priority: int, constraints: Sequence[Constrain
                 "other": group_of(constraints, c.resource),
             },
         )
+        pairs.append((c.resource, group_of(constraints, c.resource)))
+    db_heads.refresh(pairs)
 
 
 def free(ticket: str) -> list[str]:
@@ -125,7 +131,7 @@ def free(ticket: str) -> list[str]:
     freed = list(holds.values_list("resource", flat=True))
     if freed:
         holds.delete()
-    AdmissionResourceWaiter.objects.filter(ticket=ticket).delete()
+    db_heads.withdraw(ticket)
     return freed
 
 
@@ -134,29 +140,6 @@ def ceiling_of(resource: str) -> int:
     held, none fits. The df_rwaiter_limit index."""
     waiters = AdmissionResourceWaiter.objects.filter(resource=resource)
     return waiters.order_by("-limit").values_list("limit", flat=True).first() or 0
-
-
-def waiters_page(resource: str, after: AdmissionResourceWaiter | None = None) -> list[AdmissionResourceWaiter]:
-    """The next `SCAN` waiters of `resource` by priority and arrival after `after` (keyset
-    pagination on the df_rwaiter_rank index), ranked as `resources.lua` ranks a page: priority,
-    then their other key's last serve (least recent first), then arrival. Ranked once: the serves
-    the offer makes do not re-rank them (as in the Redis script)."""
-    waiters = AdmissionResourceWaiter.objects.filter(resource=resource)
-    if after is not None:
-        waiters = waiters.filter(Q(priority__lt=after.priority) | Q(priority=after.priority, id__gt=after.id))
-    line = list(waiters.order_by("-priority", "id")[:SCAN])
-    served = {
-        name: (last, solo)
-        for name, last, solo in AdmissionResourceServed.objects.filter(
-            resource__in={e.other for e in line if e.other != SOLO} | {resource}
-        ).values_list("resource", "served", "solo")
-    }
-    never = (NEVER_SERVED, NEVER_SERVED)
-
-    def served_other(entry: AdmissionResourceWaiter) -> int:
-        return served.get(resource, never)[1] if entry.other == SOLO else served.get(entry.other, never)[0]
-
-    return sorted(line, key=lambda e: (-e.priority, served_other(e), e.id))
 
 
 def waiter_constraints(waiter: AdmissionWaiter) -> tuple[Constraint, ...]:
@@ -230,79 +213,112 @@ class ResourceGateMixin:
         return AdmissionDecision.block(now + 1000, "step_concurrency")
 
     def _grant_freed(self, freed: list[str], now: int, skip_queue: str | None) -> tuple[str, ...]:
-        """`resources.grant_freed` in SQL: each freed resource's waiters, best first, granted
-        when their queue is not paused (its `FlowQueue` flag, or `paused_queues()`) and has room
-        and all their constraints fit; the others keep their place."""
+        """`resources.grant_freed` in SQL: each freed resource offered to its waiters (`_offer`)."""
         counts = Counts()
         queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]] = {}
         granted: list[str] = []
         paused: set[str] | None = None  # read once, when a line has waiters
         for resource in dict.fromkeys(freed):
-            ceiling, read, last = ceiling_of(resource), 0, None
-            # Page after page (one key's backlog of blocked calls must not hide another key's
-            # waiter that fits), while the resource has room, up to MAX_SCAN waiters.
-            while counts.active(resource) < ceiling and read < MAX_SCAN:
-                line = waiters_page(resource, last)
-                if not line:
-                    break
-                if paused is None:
-                    paused = {*self.paused_queues(), *([skip_queue] if skip_queue is not None else [])}
-                read += len(line)
-                last = max(line, key=lambda e: (-e.priority, e.id))
-                self._offer_page(resource, ceiling, line, counts, queues, granted, paused, now)
-                if len(line) < SCAN:
-                    break
+            ceiling = ceiling_of(resource)
+            if counts.active(resource) >= ceiling:
+                continue
+            if paused is None:
+                paused = {*self.paused_queues(), *([skip_queue] if skip_queue is not None else [])}
+            self._offer(resource, ceiling, counts, queues, granted, paused, now)
         return tuple(granted)
 
-    def _offer_page(
+    def _offer(
         self,
         resource: str,
         ceiling: int,
-        line: list[AdmissionResourceWaiter],
         counts: Counts,
         queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]],
         granted: list[str],
         paused: Collection[str],
         now: int,
     ) -> None:
-        """Offer one ranked page of a freed resource's line: each waiter that fits, whose queue
-        is not paused and has room, is granted (appended to `granted`); the others keep their place."""
-        parked: dict[tuple[str, str], AdmissionWaiter] | None = None
-        for entry in line:
-            if counts.active(resource) >= ceiling:
-                break
-            if entry.ticket in granted or counts.active(resource) >= entry.limit:
-                continue
-            if entry.queue in paused:
-                continue
-            if parked is None:  # the waiters' rows, read once for the whole line (the unique index)
-                rows = AdmissionWaiter.objects.filter(
-                    queue__in={e.queue for e in line}, ticket__in={e.ticket for e in line}
+        """`ResourceState.offer` in SQL: the best key head first (the head rows, read by a
+        keyset cursor: a grant only moves its key's head back), until the resource is full for
+        all its waiters. A head whose own key is full passes over its whole key; one of a paused
+        or full queue, or one another constraint blocks, is passed over alone and its key's next
+        waiter competes, ranked in memory (`aside`). At most `MAX_SCAN` are passed over."""
+        passed, cursor = 0, None
+        aside: list[tuple[db_heads.Rank, str, AdmissionResourceWaiter]] = []  # keys ranked in memory
+        moved: set[str] = set()  # keys no longer read from the head rows (aside, or passed over)
+        head: AdmissionResourceHead | None = None
+        while counts.active(resource) < ceiling and passed < MAX_SCAN:
+            head = head or db_heads.next_head(resource, cursor)
+            while head is not None and head.other in moved:
+                cursor = db_heads.rank_of(head)
+                head = db_heads.next_head(resource, cursor)
+            if aside and (head is None or aside[0][0] < db_heads.rank_of(head)):
+                _, key, entry = heapq.heappop(aside)
+            elif head is not None:
+                key, cursor = head.other, db_heads.rank_of(head)
+                entry = AdmissionResourceWaiter(
+                    id=head.arrival, resource=resource, ticket=head.ticket, queue=head.queue, priority=head.priority
                 )
-                parked = {(w.queue, w.ticket): w for w in rows}
-            waiter = parked.get((entry.queue, entry.ticket))
-            if waiter is None:
-                entry.delete()  # withdrawn without its index entry: tidy up
-                continue
-            constraints = waiter_constraints(waiter)
-            if not counts.fits(constraints):
-                continue
-            if entry.queue == FREE_QUEUE:
-                waiter.delete()
-                AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
+                head = None
             else:
-                if entry.queue not in queues:
-                    row, config = self._locked_queue(entry.queue)
-                    queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
-                row, config, marks = queues[entry.queue]
-                if row is None or config is None or row.paused:
+                break
+            verdict = self._offer_one(resource, entry, counts, queues, paused, now)
+            if verdict == "granted":
+                granted.append(entry.ticket)
+                head = None  # the grant moved its key's head row back: read again
+                if key not in moved:
                     continue
-                available = self._room(config, marks, now)
-                if available is not None and available <= 0:
-                    continue
-                self._take_slot(row, config, waiter, now, marks)
-            counts.take(waiter.ticket, constraints)
-            granted.append(waiter.ticket)
+            elif verdict == "key":
+                passed += 1
+                moved.add(key)
+                continue
+            elif verdict == "passed":
+                passed += 1
+                moved.add(key)
+            elif key not in moved:
+                continue  # withdrawn: the head rows were refreshed
+            following = db_heads.next_in_key(resource, key, entry.priority, entry.id)
+            if following is not None:
+                rank = (-following.priority, db_heads.served_of(resource, key), following.id)
+                heapq.heappush(aside, (rank, key, following))
+
+    def _offer_one(
+        self,
+        resource: str,
+        entry: AdmissionResourceWaiter,
+        counts: Counts,
+        queues: dict[str, tuple[FlowQueue | None, QueueConfig | None, list[int]]],
+        paused: Collection[str],
+        now: int,
+    ) -> str:
+        """Offer the resource to one waiter: "granted", "passed" (over it alone), "key" (over
+        its whole key: its own key is full) or "gone" (withdrawn without its index rows)."""
+        if entry.queue in paused:
+            return "passed"
+        waiter = AdmissionWaiter.objects.filter(queue=entry.queue, ticket=entry.ticket).first()
+        if waiter is None:
+            db_heads.withdraw(entry.ticket)  # withdrawn without its index rows: tidy up
+            return "gone"
+        constraints = waiter_constraints(waiter)
+        if key_full(constraints, resource, counts.active):
+            return "key"
+        if not counts.fits(constraints):
+            return "passed"
+        if entry.queue == FREE_QUEUE:
+            waiter.delete()
+            AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
+        else:
+            if entry.queue not in queues:
+                row, config = self._locked_queue(entry.queue)
+                queues[entry.queue] = (row, config, self._marks(config, now) if config else [])
+            row, config, marks = queues[entry.queue]
+            if row is None or config is None or row.paused:
+                return "passed"
+            available = self._room(config, marks, now)
+            if available is not None and available <= 0:
+                return "passed"
+            self._take_slot(row, config, waiter, now, marks)
+        counts.take(waiter.ticket, constraints)
+        return "granted"
 
     def _grant_free(self) -> Grant:
         """Grant the pseudo-queue's waiters whose constraints fit (the poller's safety net)."""

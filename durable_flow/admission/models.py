@@ -101,9 +101,31 @@ class AdmissionResourceWaiter(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["resource", "ticket"], name="df_rwaiter_resource_ticket")]
         indexes = [
-            models.Index(fields=["resource", "-priority", "id"], name="df_rwaiter_rank"),
+            models.Index(fields=["resource", "other", "-priority", "id"], name="df_rwaiter_key"),
             models.Index(fields=["ticket"], name="df_rwaiter_ticket"),
             models.Index(fields=["resource", "limit"], name="df_rwaiter_limit"),
+        ]
+
+
+class AdmissionResourceHead(models.Model):
+    """The head of one key's waiters of a resource (its first `AdmissionResourceWaiter` by
+    priority, then arrival), ranked by priority, then the key's last serve, then arrival: a freed
+    resource reads its keys' heads best first, not its whole line. Kept current on join, leave
+    and serve (`db_heads`)."""
+
+    resource = models.CharField(max_length=320)
+    other = models.CharField(max_length=320, blank=True, default="", help_text="The key; empty: needs it alone.")
+    priority = models.IntegerField()
+    served = models.BigIntegerField(help_text="The key's last serve (-1: never).")
+    arrival = models.BigIntegerField(help_text="The head waiter's AdmissionResourceWaiter id.")
+    ticket = models.CharField(max_length=320)
+    queue = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource", "other"], name="df_rhead_resource_key")]
+        indexes = [
+            models.Index(fields=["resource", "-priority", "served", "arrival"], name="df_rhead_rank"),
+            models.Index(fields=["other"], name="df_rhead_other"),
         ]
 
 

@@ -18,7 +18,7 @@ the heaps are rebuilt when stale entries outnumber live ones.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 #: The group of calls that need this resource alone (a resource name is never empty).
 SOLO = ""
@@ -39,6 +39,7 @@ class ResourceLine:
         self._groups: dict[str, list[Entry]] = {}
         self._top: list[tuple[Rank, str]] = []
         self._entries = 0
+        self._held: list[tuple[Rank, str]] = []  # top entries of skipped groups
 
     def __len__(self) -> int:
         return len(self._members)
@@ -60,12 +61,16 @@ class ResourceLine:
         """Forget a waiter (its heap entries go stale and are dropped as they surface)."""
         self._members.pop(ticket, None)
 
-    def pop_best(self, served_of: ServedOf) -> str | None:
-        """Remove and return the rightful next waiter, or None when the line is empty."""
-        if self._entries > 2 * len(self._members) + 64:
+    def pop_best(self, served_of: ServedOf, skipped: Collection[str] = ()) -> str | None:
+        """Remove and return the rightful next waiter, or None when the line is empty. Groups in
+        `skipped` are passed over whole (their top entries are held until `unskip`)."""
+        if not self._held and self._entries > 2 * len(self._members) + 64:
             self._rebuild()
         while self._top:
             stored, group = self._top[0]
+            if group in skipped:
+                self._held.append(heapq.heappop(self._top))
+                continue
             current = self._head_rank(group, served_of)
             if current == stored:
                 _, _, ticket = heapq.heappop(self._groups[group])
@@ -78,6 +83,12 @@ class ResourceLine:
             else:
                 heapq.heapreplace(self._top, (current, group))
         return None
+
+    def unskip(self) -> None:
+        """Put the groups `pop_best` passed over back in the running."""
+        for item in self._held:
+            heapq.heappush(self._top, item)
+        self._held = []
 
     def _head_rank(self, group: str, served_of: ServedOf) -> Rank | None:
         """The current rank of the group's best live waiter (dropping stale heads), or None."""

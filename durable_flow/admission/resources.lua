@@ -7,8 +7,13 @@
 -- Key layout (P = KEY_PREFIX, r = a resource name such as `sc:fn:<workflow>:<key>`):
 --
 --   P:res:<r>:held  set    tickets holding a slot of r (SCARD = r's active count)
---   P:res:<r>:line  zset   r's waiting line, score 0, member P(priority) .. A(arrival) .. ticket
---                          (lexicographic order = priority first, then arrival: FIFO per key)
+--   P:res:<r>:k:<g> zset   the waiters of r whose other key is g (`''`: those needing r alone),
+--                          score 0, member P(priority) .. A(arrival) .. ticket (lexicographic
+--                          order = priority first, then arrival: FIFO within a key)
+--   P:res:<r>:heads zset   each key's head: score 0, member P .. S(its last serve) .. A .. g, so
+--                          the first member is the best head; S may lag (serves only grow), and
+--                          is brought up to date when the member surfaces
+--   P:res:<r>:headof hash  g -> its member in heads
 --   P:res:hold      hash   ticket -> JSON [[r, limit], ...] it holds
 --   P:res:need      hash   ticket -> JSON {q = queue, p = priority, a = arrival, c = [[r, limit], ...]}
 --   P:res:ceil      hash   r -> the highest limit among its waiters (a grant stops scanning r's
@@ -19,27 +24,65 @@
 --   P:res:solo      hash   r -> serve number of the last grant of r to a call with no other resource
 --   P:res:meta      hash   counters `arrival` and `serve`
 --
--- Fairness across keys: a freed resource's line is read in (priority, arrival) order, in pages of
--- SCAN entries while it has room (at most MAX_SCAN); within a page, among the waiters that fit,
--- those whose *other* resource (e.g. their account's key,
--- under a shared ceiling) was served least recently go first, so one key's backlog on a shared
--- resource cannot starve the other keys. Calls that need the shared resource alone form one more
--- key of their own (`solo`), served in turn with the others. Within one key the order stays
--- arrival (FIFO).
+-- Fairness across keys: a freed resource goes to the best key head, by priority, then the last
+-- serve of the waiter's *other* resource (e.g. its account's key under a shared ceiling; least
+-- recently served first), then arrival, so one key's backlog on a shared resource cannot starve
+-- the other keys; each grant re-ranks its key. Calls that need the shared resource alone form one
+-- more key of their own (`''`), served in turn with the others. Within one key the order stays
+-- arrival (FIFO). The work of a grant is O(log n) per key head looked at, whatever the backlog.
 --
 -- Resource keys are named inside the script (as the heartbeat keys are), so this needs a single,
 -- non-cluster Redis, like the rest of the backend.
 
 local function new_resources(prefix, call)
-  local R = { SCAN = 200, MAX_SCAN = 5000 } -- resources.py's SCAN and MAX_SCAN
+  local R = { MAX_SCAN = 5000 } -- resources.py's MAX_SCAN
   local K_HOLD, K_NEED, K_CEIL = prefix .. ':res:hold', prefix .. ':res:need', prefix .. ':res:ceil'
   local K_ACTIVE, K_WAITING = prefix .. ':res:active', prefix .. ':res:waiting'
   local K_SERVED, K_SOLO, K_META = prefix .. ':res:served', prefix .. ':res:solo', prefix .. ':res:meta'
 
   local function held_key(r) return prefix .. ':res:' .. r .. ':held' end
-  local function line_key(r) return prefix .. ':res:' .. r .. ':line' end
+  local function key_line(r, g) return prefix .. ':res:' .. r .. ':k:' .. g end
+  local function heads_key(r) return prefix .. ':res:' .. r .. ':heads' end
+  local function headof_key(r) return prefix .. ':res:' .. r .. ':headof' end
   local function pad(n) return string.format('%016d', n) end
   local function member(p, a, t) return pad(5e15 - p) .. pad(a) .. t end
+
+  -- The key a waiter of r is ranked by: its other resource, or '' when it needs r alone.
+  local function key_of(cs, r)
+    for _, c in ipairs(cs) do
+      if c[1] ~= r then
+        return c[1]
+      end
+    end
+    return ''
+  end
+
+  -- When key g of r's line was last served (-1: never).
+  local function served_of(r, g)
+    if g == '' then
+      return tonumber(call('HGET', K_SOLO, r) or '-1')
+    end
+    return tonumber(call('HGET', K_SERVED, g) or '-1')
+  end
+
+  -- Bring key g's member in r's heads up to date (its first waiter, its last serve), or drop it.
+  local function refresh(r, g)
+    local first = call('ZRANGE', key_line(r, g), 0, 0)
+    local old = call('HGET', headof_key(r), g)
+    local new = first[1] and (string.sub(first[1], 1, 16) .. pad(served_of(r, g) + 1) .. string.sub(first[1], 17, 32) .. g)
+    if new == old then
+      return
+    end
+    if old then
+      call('ZREM', heads_key(r), old)
+    end
+    if new then
+      call('ZADD', heads_key(r), 0, new)
+      call('HSET', headof_key(r), g, new)
+    else
+      call('HDEL', headof_key(r), g)
+    end
+  end
 
   local function bump(zset, r, by)
     if tonumber(call('ZINCRBY', zset, by, r)) <= 0 then
@@ -87,9 +130,11 @@ local function new_resources(prefix, call)
       return
     end
     for _, c in ipairs(n.c) do
-      if call('ZREM', line_key(c[1]), member(n.p, n.a, t)) == 1 then
+      local g = key_of(n.c, c[1])
+      if call('ZREM', key_line(c[1], g), member(n.p, n.a, t)) == 1 then
         bump(K_WAITING, c[1], -1)
-        if call('EXISTS', line_key(c[1])) == 0 then
+        refresh(c[1], g)
+        if call('EXISTS', heads_key(c[1])) == 0 then
           call('HDEL', K_CEIL, c[1])
         end
       end
@@ -106,7 +151,9 @@ local function new_resources(prefix, call)
     local a = old and old.a or call('HINCRBY', K_META, 'arrival', 1)
     R.unwait(t)
     for _, c in ipairs(cs) do
-      call('ZADD', line_key(c[1]), 0, member(p, a, t))
+      local g = key_of(cs, c[1])
+      call('ZADD', key_line(c[1], g), 0, member(p, a, t))
+      refresh(c[1], g)
       bump(K_WAITING, c[1], 1)
       local ceil = tonumber(call('HGET', K_CEIL, c[1]) or '0')
       if c[2] > ceil then
@@ -156,66 +203,81 @@ local function new_resources(prefix, call)
     return call('ZRANGE', K_WAITING, 0, -1)
   end
 
-  -- When a waiter's other key (its resource besides `r`; `solo` when it has none) was last
-  -- served; -1: never.
-  local function served_other(n, r)
+  -- Whether waiter n of r is blocked by its own key (its other resource is full at its limit):
+  -- then the key's later calls are passed over with it.
+  local function key_full(n, r)
+    local g = key_of(n.c, r)
     for _, c in ipairs(n.c) do
-      if c[1] ~= r then
-        return tonumber(call('HGET', K_SERVED, c[1]) or '-1')
+      if g ~= '' and c[1] == g and R.active(g) >= c[2] then
+        return true
       end
     end
-    return tonumber(call('HGET', K_SOLO, r) or '-1')
+    return false
   end
 
-  -- Offer freed resources to their waiters, in any queue but those in the set `paused` (their
-  -- waiters are passed over and keep their place). `gate(q, t)` takes t's slot in its queue q if
-  -- that queue has room (true) or says no. Granted tickets are appended to `out`.
+  -- Offer freed resource r to its waiters, best key head first (`resource_line.py`'s order), in
+  -- any queue but those in the set `paused`. `gate(q, t)` takes t's slot in its queue q if that
+  -- queue has room (true) or says no. A head whose own key is full passes over its whole key for
+  -- this offer; one of a paused queue, or one another gate blocks, is passed over alone (out of
+  -- its key's line until the offer ends, so the key's next call competes). At most MAX_SCAN are
+  -- passed over. Granted tickets are appended to `out`.
+  local function offer(r, gate, out, paused)
+    local ceil = tonumber(call('HGET', K_CEIL, r) or '0')
+    local aside, skipped, touched, passed = {}, {}, {}, 0
+    while R.active(r) < ceil and passed < R.MAX_SCAN do
+      local top = call('ZRANGE', heads_key(r), 0, 0)[1]
+      if not top then
+        break
+      end
+      local g = string.sub(top, 49)
+      if tonumber(string.sub(top, 17, 32)) ~= served_of(r, g) + 1 then
+        refresh(r, g) -- served since it was ranked: re-rank it
+      else
+        local m = call('ZRANGE', key_line(r, g), 0, 0)[1]
+        local t = string.sub(m, 33)
+        local n = R.need(t)
+        if not n then
+          call('ZREM', key_line(r, g), m) -- withdrawn without its line entry: tidy up
+          bump(K_WAITING, r, -1)
+          refresh(r, g)
+        elseif not paused[n.q] and key_full(n, r) then
+          passed = passed + 1
+          call('ZREM', heads_key(r), top)
+          call('HDEL', headof_key(r), g)
+          skipped[#skipped + 1] = g
+        elseif not paused[n.q] and R.fits(n.c) and gate(n.q, t) then
+          R.take(t, n.c)
+          out[#out + 1] = t
+        else
+          passed = passed + 1
+          call('ZREM', key_line(r, g), m)
+          refresh(r, g)
+          aside[#aside + 1] = { g, m }
+        end
+      end
+    end
+    for _, e in ipairs(aside) do
+      call('ZADD', key_line(r, e[1]), 0, e[2])
+      touched[e[1]] = true
+    end
+    for _, g in ipairs(skipped) do
+      touched[g] = true
+    end
+    for g in pairs(touched) do
+      refresh(r, g)
+    end
+    if next(touched) and not call('HGET', K_CEIL, r) then
+      call('HSET', K_CEIL, r, ceil) -- emptied while its waiters were set aside
+    end
+  end
+
+  -- Offer freed resources to their waiters (`offer`, once per resource).
   function R.grant_freed(freed, gate, out, paused)
     local done = {}
     for _, r in ipairs(freed) do
       if not done[r] then
         done[r] = true
-        local ceil = tonumber(call('HGET', K_CEIL, r) or '0')
-        -- Page after page (one key's backlog of blocked calls must not hide another key's
-        -- waiter that fits) while r has room, at most MAX_SCAN entries; each page is ranked.
-        local from, read = '-', 0
-        while R.active(r) < ceil and read < R.MAX_SCAN do
-          local page = call('ZRANGEBYLEX', line_key(r), from, '+', 'LIMIT', 0, R.SCAN)
-          if #page == 0 then
-            break
-          end
-          read = read + #page
-          from = '(' .. page[#page]
-          local candidates = {}
-          for _, m in ipairs(page) do
-            local t = string.sub(m, 33)
-            local n = R.need(t)
-            if not n then
-              call('ZREM', line_key(r), m) -- withdrawn without its line entry: tidy up
-              bump(K_WAITING, r, -1)
-            elseif not paused[n.q] then
-              candidates[#candidates + 1] = { -n.p, served_other(n, r), n.a, t, n }
-            end
-          end
-          table.sort(candidates, function(x, y)
-            if x[1] ~= y[1] then return x[1] < y[1] end
-            if x[2] ~= y[2] then return x[2] < y[2] end
-            return x[3] < y[3]
-          end)
-          for _, cand in ipairs(candidates) do
-            if R.active(r) >= ceil then
-              break
-            end
-            local t, n = cand[4], cand[5]
-            if R.fits(n.c) and gate(n.q, t) then
-              R.take(t, n.c)
-              out[#out + 1] = t
-            end
-          end
-          if #page < R.SCAN then
-            break
-          end
-        end
+        offer(r, gate, out, paused)
       end
     end
     return out

@@ -56,6 +56,13 @@ def group_of(constraints: Sequence[Constraint], resource: str) -> str:
     return next((c.resource for c in constraints if c.resource != resource), SOLO)
 
 
+def key_full(constraints: Sequence[Constraint], resource: str, active: Callable[[str], int]) -> bool:
+    """Whether a waiter of `resource` is blocked by its own key (its other resource is at the
+    waiter's limit there): then its key's later calls are passed over with it."""
+    key = group_of(constraints, resource)
+    return key != SOLO and any(c.resource == key and active(key) >= c.limit for c in constraints)
+
+
 @dataclass
 class ResourceState:
     """Every resource's holders and waiters, across the backend's queues."""
@@ -69,9 +76,6 @@ class ResourceState:
     solo: dict[str, int] = field(default_factory=dict)  # resource -> last take of it alone
     next_arrival: int = 0
     next_serve: int = 0
-    #: While one freed resource is offered, the serves it makes do not re-rank its line (the
-    #: Redis script ranks the line once per offer): the serve numbers they replaced.
-    _frozen: dict[tuple[str, bool], int] | None = None
 
     def active(self, resource: str) -> int:
         """Slots of `resource` held now."""
@@ -127,22 +131,10 @@ class ResourceState:
         self.next_serve += 1
         for c in constraints:
             self.held.setdefault(c.resource, set()).add(ticket)
-            self._serve(c.resource, False, serve)
+            self.served[c.resource] = serve
         if len(constraints) == 1:
-            self._serve(constraints[0].resource, True, serve)
+            self.solo[constraints[0].resource] = serve
         self.holdings[ticket] = tuple(c.resource for c in constraints)
-
-    def _serve(self, resource: str, alone: bool, serve: int) -> None:
-        table = self.solo if alone else self.served
-        if self._frozen is not None:
-            self._frozen.setdefault((resource, alone), table.get(resource, NEVER_SERVED))
-        table[resource] = serve
-
-    def _ranked_serve(self, resource: str, alone: bool) -> int:
-        """The serve a line ranks by (the one before the current offer began, while one runs)."""
-        if self._frozen is not None and (resource, alone) in self._frozen:
-            return self._frozen[(resource, alone)]
-        return (self.solo if alone else self.served).get(resource, NEVER_SERVED)
 
     def free(self, ticket: str) -> tuple[str, ...]:
         """Give back the ticket's resource slots; returns the resources freed."""
@@ -165,24 +157,36 @@ class ResourceState:
         return max(self.limits.get(resource, ()), default=0)
 
     def offer(self, resource: str, grant: Gate, paused: Collection[str]) -> list[str]:
-        """Offer free slots of `resource` to its waiters, best first (`resource_line`), until it
-        is full for all of them; `grant(need, ticket)` gives a waiter its queue slot if that queue
-        has room. A waiter of a paused queue, or one another gate blocks, keeps its place.
-        At most `MAX_SCAN` are passed over."""
+        """Offer free slots of `resource` to its waiters, best first (`resource_line`; each grant
+        re-ranks its key), until it is full for all of them; `grant(need, ticket)` gives a waiter
+        its queue slot if that queue has room. A waiter whose own key is full passes over its
+        whole key (its key's later calls are blocked alike); one of a paused queue, or one
+        another gate blocks, is passed over alone. Both keep their place. At most `MAX_SCAN`
+        are passed over."""
         line = self.lines.get(resource)
         granted: list[str] = []
         if line is None:
             return granted
         ceiling = self.ceiling(resource)
         aside: list[tuple[str, Need]] = []
-        self._frozen = {}
+        skipped: set[str] = set()
+        passed = 0
         try:
-            while self.active(resource) < ceiling and len(aside) < MAX_SCAN:
-                ticket = line.pop_best(lambda group: self._rank_of(resource, group))
+            while self.active(resource) < ceiling and passed < MAX_SCAN:
+                ticket = line.pop_best(lambda group: self._rank_of(resource, group), skipped)
                 if ticket is None:
                     break
                 need = self.needs[ticket]
-                ok = need.queue not in paused and self.fits(need.constraints) and grant(need, ticket)
+                if need.queue in paused:
+                    aside.append((ticket, need))
+                    passed += 1
+                    continue
+                if key_full(need.constraints, resource, self.active):
+                    skipped.add(group_of(need.constraints, resource))
+                    aside.append((ticket, need))
+                    passed += 1
+                    continue
+                ok = self.fits(need.constraints) and grant(need, ticket)
                 if ok:
                     self.take(ticket, need.constraints)
                     granted.append(ticket)
@@ -190,15 +194,17 @@ class ResourceState:
                     self.unwait(ticket)  # withdrawn from its queue without its resource entry
                 else:
                     aside.append((ticket, need))
+                    passed += 1
         finally:
-            self._frozen = None
+            line.unskip()
             for ticket, need in aside:
                 if self.needs.get(ticket) is need:
                     self._index(ticket, need, resource)
         return granted
 
     def _rank_of(self, resource: str, group: str) -> int:
-        return self._ranked_serve(resource, True) if group == SOLO else self._ranked_serve(group, False)
+        table, name = (self.solo, resource) if group == SOLO else (self.served, group)
+        return table.get(name, NEVER_SERVED)
 
 
 def grant_freed(
