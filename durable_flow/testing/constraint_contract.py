@@ -194,6 +194,23 @@ class StepConcurrencyContract:
         assert sc_backend.release("", "hc/1").tickets == ("b1/1",)
         assert sc_backend.release("", "ha1/1").tickets == ("a0/1",)  # a has room again: its oldest
 
+    def test_a_key_served_least_recently_goes_first_behind_another_keys_long_backlog(
+        self, sc_backend: AdmissionBackend, res: str
+    ) -> None:
+        """Account a was served after b and has 250 calls waiting that all fit (more than a page
+        of 200 by arrival); b's one call arrived after them. Fairness is over the whole line, not
+        a page of it: the freed shared slot goes to b first, then back to a's oldest."""
+        shared = Constraint(f"{res}:openai", 1)
+        acct = {k: Constraint(f"{res}:acct-{k}", 5) for k in "ab"}
+        assert self.sc_ask(sc_backend, "hb/1", shared, acct["b"]).admitted
+        assert sc_backend.release("", "hb/1").tickets == ()
+        assert self.sc_ask(sc_backend, "ha/1", shared, acct["a"]).admitted  # a was served last
+        for i in range(250):
+            assert not self.sc_ask(sc_backend, f"a{i}/1", shared, acct["a"]).admitted
+        assert not self.sc_ask(sc_backend, "b1/1", shared, acct["b"]).admitted
+        assert sc_backend.release("", "ha/1").tickets == ("b1/1",)
+        assert sc_backend.release("", "b1/1").tickets == ("a0/1",)
+
     def test_a_queues_grant_passes_over_more_than_a_page_of_constraint_blocked_waiters(
         self, sc_backend: AdmissionBackend, res: str
     ) -> None:
