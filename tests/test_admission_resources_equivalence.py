@@ -1,11 +1,9 @@
 """The three admission backends grant step-concurrency resources alike: one seeded sequence of
 admits, releases, withdrawals and queue grants (a shared resource and per-account resources, a
-capped queue, a paused one and no queue) is run on `local`, `db` and `redis`, and every
-operation must grant the same tickets in the same order on all three. `resources.lua` is the
-reference the other two follow (fairness across keys, priority, passing over paused queues).
-
-The safety net's `grant("")` is left out: on `redis` it re-offers every resource somebody waits
-for, on `local` and `db` it grants the pseudo-queue's own waiters."""
+capped queue, a paused one and no queue) and the poller's safety net `grant("")` (every
+resource somebody waits for, offered again) is run on `local`, `db` and `redis`, and every
+operation must grant the same tickets in the same order on all three (fairness across keys,
+priority, passing over paused queues and full keys)."""
 
 from __future__ import annotations
 
@@ -100,4 +98,5 @@ def test_every_backend_grants_the_same_tickets(seed: int, backends: dict[str, Ad
             if "qp" not in paused:
                 granted(run(f"operation {n}: resume qp", "grant", "qp"))
         else:
-            granted(run(f"operation {n}: grant q1", "grant", "q1"))
+            queue = rnd.choice(["q1", ""])
+            granted(run(f"operation {n}: grant {queue!r}", "grant", queue))

@@ -321,18 +321,10 @@ class ResourceGateMixin:
         return "granted"
 
     def _grant_free(self) -> Grant:
-        """Grant the pseudo-queue's waiters whose constraints fit (the poller's safety net)."""
-        counts = Counts()
-        now = self._now()
-        granted = []
-        for waiter in AdmissionWaiter.objects.filter(queue=FREE_QUEUE).order_by("-priority", "id"):
-            constraints = waiter_constraints(waiter)
-            if counts.fits(constraints):
-                waiter.delete()
-                AdmissionSlot.objects.create(queue=FREE_QUEUE, ticket=waiter.ticket, acquired_ms=now)
-                counts.take(waiter.ticket, constraints)
-                granted.append(waiter.ticket)
-        return Grant(tuple(granted))
+        """The poller's safety net: every resource somebody waits for (one head row per key:
+        the df_rhead_rank index), by name, offered again to its waiters in any queue."""
+        waited = AdmissionResourceHead.objects.order_by("resource").values_list("resource", flat=True).distinct()
+        return Grant(self._grant_freed(list(waited), self._now(), skip_queue=None))
 
     def _reoffer_free(self, requests: Sequence[AdmissionRequest]) -> list[str]:
         """`reoffer` for calls gated by their constraints alone."""

@@ -96,8 +96,15 @@ class LocalAdmissionBackend(AdmissionBackend):
             return Grant(granted.tickets + tuple(more), granted.retry_at_ms)
 
     def grant(self, queue: str) -> Grant:
+        if queue == FREE_QUEUE:
+            # The safety net: every resource somebody waits for is offered again, by name, to its
+            # waiters in any queue (as on `db` and `redis`).
+            paused = self.paused_queues()
+            with self._lock:
+                waited = sorted(self._resources.lines)
+                return Grant(tuple(grant_freed(self._states(), self._resources, waited, self.clock(), paused)))
         with self._lock:
-            state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
+            state = self._queues.get(queue)
             return policy.grant(state, self.clock(), self._resources) if state is not None else Grant()
 
     def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:

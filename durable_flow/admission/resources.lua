@@ -14,10 +14,12 @@
 --                          the first member is the best head; S may lag (serves only grow), and
 --                          is brought up to date when the member surfaces
 --   P:res:<r>:headof hash  g -> its member in heads
+--   P:res:<r>:line  zset   r's whole line as an earlier version kept it: moved to the key lines
+--                          by r's next offer, then deleted
 --   P:res:hold      hash   ticket -> JSON [[r, limit], ...] it holds
 --   P:res:need      hash   ticket -> JSON {q = queue, p = priority, a = arrival, c = [[r, limit], ...]}
---   P:res:ceil      hash   r -> the highest limit among its waiters (a grant stops scanning r's
---                          line once r is full for all of them)
+--   P:res:ceil      hash   r -> the highest limit among its waiters (a freed r is offered
+--                          until it is full for all of them)
 --   P:res:active    zset   r -> active count, only while > 0 (the busiest keys, for the dashboard)
 --   P:res:waiting   zset   r -> waiting count, only while > 0
 --   P:res:served    hash   r -> serve number of its last grant (least-recently-served key first)
@@ -44,6 +46,8 @@ local function new_resources(prefix, call)
   local function key_line(r, g) return prefix .. ':res:' .. r .. ':k:' .. g end
   local function heads_key(r) return prefix .. ':res:' .. r .. ':heads' end
   local function headof_key(r) return prefix .. ':res:' .. r .. ':headof' end
+  -- A resource's whole line before the key lines (read once by `upgrade`, then deleted).
+  local function old_line(r) return prefix .. ':res:' .. r .. ':line' end
   local function pad(n) return string.format('%016d', n) end
   local function member(p, a, t) return pad(5e15 - p) .. pad(a) .. t end
 
@@ -131,10 +135,11 @@ local function new_resources(prefix, call)
     end
     for _, c in ipairs(n.c) do
       local g = key_of(n.c, c[1])
-      if call('ZREM', key_line(c[1], g), member(n.p, n.a, t)) == 1 then
+      local m = member(n.p, n.a, t)
+      if call('ZREM', key_line(c[1], g), m) == 1 or call('ZREM', old_line(c[1]), m) == 1 then
         bump(K_WAITING, c[1], -1)
         refresh(c[1], g)
-        if call('EXISTS', heads_key(c[1])) == 0 then
+        if call('EXISTS', heads_key(c[1])) == 0 and call('EXISTS', old_line(c[1])) == 0 then
           call('HDEL', K_CEIL, c[1])
         end
       end
@@ -198,9 +203,11 @@ local function new_resources(prefix, call)
     return freed
   end
 
-  -- Every resource somebody waits for (the safety net's grant looks at them all).
+  -- Every resource somebody waits for, by name (the safety net's grant looks at them all).
   function R.waited_for()
-    return call('ZRANGE', K_WAITING, 0, -1)
+    local names = call('ZRANGE', K_WAITING, 0, -1)
+    table.sort(names)
+    return names
   end
 
   -- Whether waiter n of r is blocked by its own key (its other resource is full at its limit):
@@ -221,7 +228,23 @@ local function new_resources(prefix, call)
   -- this offer; one of a paused queue, or one another gate blocks, is passed over alone (out of
   -- its key's line until the offer ends, so the key's next call competes). At most MAX_SCAN are
   -- passed over. Granted tickets are appended to `out`.
+  -- Waiters parked by the script before key lines existed: move them to their key's line.
+  local function upgrade(r)
+    if call('EXISTS', old_line(r)) == 0 then
+      return
+    end
+    for _, m in ipairs(call('ZRANGE', old_line(r), 0, -1)) do
+      local n = R.need(string.sub(m, 33))
+      if n then
+        call('ZADD', key_line(r, key_of(n.c, r)), 0, m)
+        refresh(r, key_of(n.c, r))
+      end
+    end
+    call('DEL', old_line(r))
+  end
+
   local function offer(r, gate, out, paused)
+    upgrade(r)
     local ceil = tonumber(call('HGET', K_CEIL, r) or '0')
     local aside, skipped, touched, passed = {}, {}, {}, 0
     while R.active(r) < ceil and passed < R.MAX_SCAN do
@@ -234,9 +257,11 @@ local function new_resources(prefix, call)
         refresh(r, g) -- served since it was ranked: re-rank it
       else
         local m = call('ZRANGE', key_line(r, g), 0, 0)[1]
-        local t = string.sub(m, 33)
-        local n = R.need(t)
-        if not n then
+        local t = m and string.sub(m, 33)
+        local n = m and R.need(t)
+        if not m then
+          refresh(r, g) -- a head without a line: drop it
+        elseif not n then
           call('ZREM', key_line(r, g), m) -- withdrawn without its line entry: tidy up
           bump(K_WAITING, r, -1)
           refresh(r, g)

@@ -7,9 +7,9 @@ all its constraints together with its queue slot, or none of them. When a holder
 freed resources are offered to the calls waiting for them, across queues, in the order of
 `resource_line`: priority first; then, among the waiters of a shared resource, the one whose
 other key was served least recently (so one account's backlog on a shared ceiling cannot starve
-the others); then arrival (best-effort FIFO within a key). A waiter that another gate still
-blocks (its queue is full or paused, its other constraint is full) is passed over and keeps its
-place, so one blocked call never holds up the others.
+the others); then arrival (best-effort FIFO within a key). A waiter whose own key is full is
+passed over with the rest of its key; one another gate still blocks (its queue is full or
+paused) is passed over alone; both keep their place, so one blocked call never holds up the others.
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ from durable_flow.admission.resource_line import NEVER_SERVED, SOLO, ResourceLin
 if TYPE_CHECKING:
     from durable_flow.admission.policy import QueueState
 
-#: A freed resource's line is read in pages of `SCAN` waiters (`db` and the Redis script rank
-#: each page by fairness across keys), page after page while the resource has room.
-SCAN = 200
-#: How many waiters one freed resource's offer reads at most (`local`: passes over, blocked by
-#: another gate) before it stops: the work of a release stays bounded, yet one key's backlog of
-#: blocked calls (its own key full) cannot hide a waiter of another key that fits. Those further
-#: back are granted by a later release, or by their queue's grant.
+#: How many waiters (passed over alone: their queue full or paused) or keys (passed over whole:
+#: their own key full) one freed resource's offer passes over at most before it stops, on every
+#: backend: the work of a release stays bounded. Those further back are granted by a later
+#: release, their queue's grant, or the poller's `grant("")`.
 MAX_SCAN = 5_000
 
 
