@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet, Subquery
 
 from durable_flow.admission.resource_line import NEVER_SERVED, SOLO
 from durable_flow.models import AdmissionResourceHead, AdmissionResourceServed, AdmissionResourceWaiter
@@ -26,11 +26,15 @@ Rank = tuple[int, int, int]
 def served_of(resource: str, key: str) -> int:
     """When `key` of `resource`'s line was last served: the key's `served`, or for `SOLO` the
     resource's `solo` (NEVER_SERVED: never)."""
-    if key == SOLO:
-        value = AdmissionResourceServed.objects.filter(resource=resource).values_list("solo", flat=True).first()
-    else:
-        value = AdmissionResourceServed.objects.filter(resource=key).values_list("served", flat=True).first()
+    value = _served_rows(resource, key).first()
     return NEVER_SERVED if value is None else value
+
+
+def _served_rows(resource: str, key: str) -> QuerySet[AdmissionResourceServed, int]:
+    """The one value `served_of` reads, as a query (also a subquery of `refresh`'s read)."""
+    if key == SOLO:
+        return AdmissionResourceServed.objects.filter(resource=resource).values_list("solo", flat=True)
+    return AdmissionResourceServed.objects.filter(resource=key).values_list("served", flat=True)
 
 
 def refresh(pairs: Iterable[tuple[str, str]]) -> None:
@@ -38,21 +42,22 @@ def refresh(pairs: Iterable[tuple[str, str]]) -> None:
     for resource, key in set(pairs):
         first = (
             AdmissionResourceWaiter.objects.filter(resource=resource, other=key)
+            .annotate(last=Subquery(_served_rows(resource, key)[:1]))
             .order_by("-priority", "id")
-            .values_list("id", "priority", "ticket", "queue")
+            .values_list("id", "priority", "ticket", "queue", "last")
             .first()
         )
         if first is None:
             AdmissionResourceHead.objects.filter(resource=resource, other=key).delete()
             continue
-        arrival, priority, ticket, queue = first
+        arrival, priority, ticket, queue, last = first
         AdmissionResourceHead.objects.bulk_create(
             [
                 AdmissionResourceHead(
                     resource=resource,
                     other=key,
                     priority=priority,
-                    served=served_of(resource, key),
+                    served=NEVER_SERVED if last is None else last,
                     arrival=arrival,
                     ticket=ticket,
                     queue=queue,
