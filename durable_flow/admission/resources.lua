@@ -244,8 +244,11 @@ local function new_resources(prefix, call)
   end
 
   local function offer(r, gate, out, paused)
-    upgrade(r)
     local ceil = tonumber(call('HGET', K_CEIL, r) or '0')
+    if R.active(r) >= ceil then
+      return -- nobody waiting fits (or nobody waits)
+    end
+    upgrade(r)
     local aside, skipped, touched, passed = {}, {}, {}, 0
     while R.active(r) < ceil and passed < R.MAX_SCAN do
       local top = call('ZRANGE', heads_key(r), 0, 0)[1]
