@@ -9,6 +9,8 @@ On a redis-server this bench starts on a free port (so no other client's command
   0.2 s wait) for 10 s on empty queues; Redis round trips per wait (commands sent by the client:
   the pop script and the doorbell's `BLPOP`) and commands Redis ran per second (counting the
   script's own). A busy-polling loop would show many round trips per wait; the target is 2.
+* drain: 2,000 jobs enqueued through the transport one by one, then claimed 8 at a time and
+  finished (`done`), in this process: jobs/s of each side (run it on two checkouts to compare).
 * wake: a claim blocked on the doorbell, then one job enqueued through the transport; time
   from the enqueue call to the claim returning the job, median of 50. Baseline, same server, same
   run: a client blocked in `BLPOP` woken by an `RPUSH` from another (the least a wake can cost).
@@ -112,6 +114,24 @@ def run(port: int) -> None:
         claims.append(wake(blocked, lambda a=attempt: transport._push(NORMAL, run_step_job, ("r", "k", a), "bench")))
         if len(got) != 1:
             raise RuntimeError("the claim did not return the enqueued job")
+    for task in source.claim("bench", 64, 0):  # the wake section's jobs, out of the way
+        source.done("bench", task)
+    jobs = 2000
+    began = time.perf_counter()
+    for n in range(jobs):
+        transport._push(NORMAL, run_step_job, ("r", "k", n), "bench")
+    enqueued = time.perf_counter() - began
+    began, drained = time.perf_counter(), 0
+    while drained < jobs:
+        tasks = source.claim("bench", 8, 0)
+        for task in tasks:
+            source.done("bench", task)
+        drained += len(tasks)
+    claimed = time.perf_counter() - began
+    print(
+        f"drain: {jobs} jobs enqueued at {jobs / enqueued:.0f}/s, "
+        f"claimed 8 at a time and finished at {jobs / claimed:.0f}/s"
+    )
     base, ours = statistics.median(baseline), statistics.median(claims)
     print(f"wake: enqueue -> claimed median {ours:.2f} ms (max {max(claims):.1f}); BLPOP woken by RPUSH {base:.2f} ms")
     print(

@@ -214,7 +214,8 @@ class RQTransport(Transport):
     def claims(self) -> ClaimBook:
         """Popped-but-unregistered jobs, and the doorbell idle workers wait on (`rq_claims.py`)."""
         tier_keys = [self.tiers[tier].key for tier in (HIGH, NORMAL, LOW)]
-        return ClaimBook(self.connection, self.queue_name, tier_keys)
+        job_prefix = self.tiers[NORMAL].job_class.redis_job_namespace_prefix
+        return ClaimBook(self.connection, self.queue_name, tier_keys, job_prefix)
 
     # -- producing ---------------------------------------------------------------------------
     def enqueue_turn(self, run_id: str) -> None:

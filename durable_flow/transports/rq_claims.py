@@ -1,11 +1,11 @@
 """The `rq` transport's claim book and doorbell: a popped job is always somewhere a poller can
 find it.
 
-A worker takes jobs in two round trips: it pops ids off the tier lists, then creates their RQ
-`Execution`s in the `StartedJobRegistry` (which needs the job's data, read in between). A worker
-killed, or cut off from Redis, between the two would leave the job in no list and no registry,
-back only after `REDISPATCH_AFTER_S`. So the pop is a script that, in the same atomic step,
-books the ids as held by the worker, and the registration's MULTI strikes them from the book:
+A worker takes jobs in two round trips: it pops ids off the tier lists (with the jobs' data),
+then creates their RQ `Execution`s in the `StartedJobRegistry` (RQ builds them in Python). A
+worker killed, or cut off from Redis, between the two would leave the job in no list and no
+registry, back only after `REDISPATCH_AFTER_S`. So the pop is a script that, in the same atomic
+step, books the ids as held by the worker, and the registration's MULTI strikes them from the book:
 a job is at every moment in a tier list, the book, or the started registry. The poller hands a
 dead worker's booked ids back (`release`) as soon as its heartbeat lapses, as it does with the
 dead worker's started-registry entries.
@@ -27,7 +27,7 @@ Key layout (under `rq:`, so whatever clears RQ's keys clears these too)::
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 DOORBELL_CAP = 1000
 
 # KEYS: the tier lists high, normal, low; the book; the doorbell.
-# ARGV: how many to pop, the worker, how many bells this worker already took (0 or 1).
+# ARGV: how many to pop, the worker, how many bells this worker already took (0 or 1), RQ's job
+# key prefix. Returns the tier's key, the ids, and each job's hash (read here: no second round
+# trip for the job data; empty for a job deleted or expired while queued).
 _POP = """
 local limit = tonumber(ARGV[1])
 for i = 1, 3 do
@@ -54,7 +56,11 @@ for i = 1, 3 do
     if extra > 0 then
       redis.call('LTRIM', KEYS[5], extra, -1)
     end
-    return {KEYS[i], ids}
+    local jobs = {}
+    for j, id in ipairs(ids) do
+      jobs[j] = redis.call('HGETALL', ARGV[4] .. id)
+    end
+    return {KEYS[i], ids, jobs}
   end
 end
 redis.call('DEL', KEYS[5])
@@ -85,12 +91,22 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class Popped(NamedTuple):
+    """What one pop took: the tier list it came from, the job ids, and each job's stored hash
+    (as `HGETALL` gives it; empty for a job deleted or expired while queued)."""
+
+    tier_key: str
+    ids: list[str]
+    jobs: list[dict[bytes, bytes]]
+
+
 class ClaimBook:
     """The book of popped-but-unregistered jobs of one durable_flow queue, and its doorbell."""
 
-    def __init__(self, connection: Redis, queue_name: str, tier_keys: list[str]) -> None:
+    def __init__(self, connection: Redis, queue_name: str, tier_keys: list[str], job_prefix: str) -> None:
         self.connection = connection
         self.tier_keys = tier_keys  # high, normal, low
+        self.job_prefix = job_prefix  # RQ's `Job.redis_job_namespace_prefix`
         self.key = f"rq:durable_flow:{queue_name}:claimed"
         self.doorbell = f"rq:durable_flow:{queue_name}:doorbell"
         self._pop = connection.register_script(_POP)
@@ -106,14 +122,16 @@ class ClaimBook:
         pipeline.rpush(self.doorbell, "1")
         pipeline.ltrim(self.doorbell, -DOORBELL_CAP, -1)
 
-    def pop(self, worker: str, limit: int, bells_taken: int = 0) -> tuple[str, list[str]] | None:
-        """Pop up to `limit` ids from the first non-empty tier and book them for `worker`:
-        (the tier list's key, the ids), or None if every tier is empty."""
-        popped: Any = self._pop(keys=[*self.tier_keys, self.key, self.doorbell], args=[limit, worker, bells_taken])
+    def pop(self, worker: str, limit: int, bells_taken: int = 0) -> Popped | None:
+        """Pop up to `limit` jobs from the first non-empty tier and book them for `worker`, or
+        None if every tier is empty."""
+        keys = [*self.tier_keys, self.key, self.doorbell]
+        popped: Any = self._pop(keys=keys, args=[limit, worker, bells_taken, self.job_prefix])
         if not popped:
             return None
-        key, ids = popped
-        return _text(key), [_text(raw) for raw in ids]
+        key, ids, jobs = popped
+        hashes = [dict(zip(flat[::2], flat[1::2], strict=True)) for flat in jobs]
+        return Popped(_text(key), [_text(raw) for raw in ids], hashes)
 
     def wait(self, timeout_s: float) -> bool:
         """Block until a bell rings (True) or `timeout_s` passes (False)."""

@@ -28,6 +28,7 @@ from rq.utils import now as rq_now
 from rq.worker import SimpleWorker
 
 from durable_flow.transports.rq import HIGH, JOB_KINDS, LOW, NORMAL, running_as
+from durable_flow.transports.rq_claims import Popped
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
@@ -92,21 +93,23 @@ class RQTaskSource(TaskSource):
             popped = self.claims.pop(worker_id, limit, bells_taken=1)
         if popped is None:
             return []
-        key, ids = popped
         try:
-            return self._register(worker_id, self._by_key[key], ids)
+            return self._register(worker_id, popped)
         except BaseException:
-            self._unregistered = (key, ids)
+            self._unregistered = (popped.tier_key, popped.ids)
             raise
 
-    def _register(self, worker_id: str, queue: Queue, ids: list[str]) -> list[ClaimedTask]:
+    def _register(self, worker_id: str, popped: Popped) -> list[ClaimedTask]:
         """Give popped jobs their `Execution`s in the started registry, and strike them from
         the claim book in the same MULTI."""
-        jobs = [
-            job
-            for job in queue.job_class.fetch_many(ids, connection=self.connection, serializer=queue.serializer)
-            if job is not None  # deleted or expired while queued: RQ skips these too
-        ]
+        queue = self._by_key[popped.tier_key]
+        jobs = []
+        for job_id, data in zip(popped.ids, popped.jobs, strict=True):
+            if not data:
+                continue  # deleted or expired while queued: RQ skips these too
+            job = queue.job_class(job_id, connection=self.connection, serializer=queue.serializer)
+            job.restore(data)
+            jobs.append(job)
         tasks: list[ClaimedTask] = []
         assert self.execution_ttl_s is not None, "open() first"
         with self.connection.pipeline() as pipeline:
@@ -114,7 +117,7 @@ class RQTaskSource(TaskSource):
                 execution = Execution.create(job, self.execution_ttl_s, pipeline=pipeline, worker_name=worker_id)
                 job.prepare_for_execution(worker_id, pipeline=pipeline)
                 tasks.append(self._task(job, queue, execution))
-            self.claims.strike(ids, pipeline)
+            self.claims.strike(popped.ids, pipeline)
             pipeline.execute()
         return tasks
 
