@@ -265,7 +265,7 @@ class RQTransport(Transport):
         dead = set(dead_workers)
         if not dead:
             return 0
-        reclaimed = self.claims.release_dead(dead)  # popped, killed before registering them
+        booked = reclaimed = self.claims.release_dead(dead)  # popped, killed before registering them
         connection = self.connection
         for queue in self.tiers.values():
             registry = StartedJobRegistry(queue.name, connection=connection, job_class=queue.job_class)
@@ -291,7 +291,7 @@ class RQTransport(Transport):
                     pipeline.execute()
                 reclaimed += 1
         if reclaimed:
-            logger.warning("re-queued %d job(s) popped by dead worker(s)", reclaimed)
+            logger.warning("re-queued %d job(s) popped by dead worker(s), %d of them unregistered", reclaimed, booked)
         return reclaimed
 
     # -- consuming ---------------------------------------------------------------------------
