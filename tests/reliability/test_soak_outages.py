@@ -101,10 +101,7 @@ def test_the_soak_settles_through_redis_and_postgresql_outages(
     rng = random.Random(SEED)
     work = Workload(log=tmp_path / "soak.log", rng=rng)
     work.register_queues()
-    # REDISPATCH_AFTER_S shortened: a step whose result the database refused through RQ's three
-    # immediate retries (all within one PostgreSQL outage) is parked in RQ's failed registry,
-    # and comes back only by that check (README, "Not built yet").
-    fleet = Fleet(spawn, {**work.env("rq"), "REDIS_URL": own_redis.url(), "DURABLE_FLOW_REDISPATCH_AFTER_S": "20"})
+    fleet = Fleet(spawn, {**work.env("rq"), "REDIS_URL": own_redis.url()})
     work.submit()
     fleet_pids = {process.proc.pid for process in [*fleet.workers, fleet.poller]}
     wait_for(lambda: fleet_pids <= beating_pids(own_redis), timeout=300, what="the fleet to start up")
