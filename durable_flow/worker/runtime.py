@@ -140,8 +140,8 @@ class WorkerRuntime(EngineRunner):
                     tasks = self.source.claim(self.worker_id, free, wait_s)
                 except transient as exc:
                     # Broker or database down: keep the process (and its running tasks) alive,
-                    # back off, and claim again when it returns. Nothing was popped, so nothing
-                    # is lost; a job popped just before the error stays in RQ's started registry.
+                    # back off, and claim again when it returns. Nothing is lost: a job popped
+                    # just before the error is in RQ's started registry or the source's claim book.
                     close_old_connections()
                     self._stop.wait(outage.failed(exc))
                     continue
