@@ -156,6 +156,10 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                     return self._admit_free(request)
                 return AdmissionDecision.admit()
             queue = request.queue
+            simple = config.rate_limit is None and not config.keyed and config.fairness != "key"
+            if simple and not request.constraints:
+                if db_statements.admit_if_free(queue, request.ticket, now, config.concurrency):
+                    return AdmissionDecision.admit()
             state = db_statements.ticket_state(queue, request.ticket)
             if state.held:
                 return AdmissionDecision.admit()
@@ -189,16 +193,23 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic():
             row, config, now = self._lock_queue(queue)
-            freed = db_resources.free(ticket)
-            db_statements.withdraw(queue, ticket)
+            freed, line = db_statements.withdraw(queue, ticket) or (self._withdraw(queue, ticket), None)
             granted = Grant()
-            if row is not None and config is not None and grant_next:
+            if row is not None and config is not None and grant_next and line is not False:
                 granted = self._grant(row, config, now, self._marks(config, now))
             if freed:
                 # The freed resources go to whoever waits for them, in any queue but a paused one.
                 more = self._grant_freed(freed, self._now(), skip_queue=None if grant_next else queue)
                 granted = Grant(granted.tickets + more, granted.retry_at_ms)
             return granted
+
+    @staticmethod
+    def _withdraw(queue: str, ticket: str) -> list[str]:
+        """A release's deletes, statement by statement (`db_statements.withdraw` on PostgreSQL)."""
+        freed = db_resources.free(ticket)
+        AdmissionWaiter.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+        AdmissionSlot.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+        return freed
 
     def grant(self, queue: str) -> Grant:
         with transaction.atomic():

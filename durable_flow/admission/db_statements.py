@@ -8,8 +8,10 @@ a queued workflow's time (`bench/peer_dbos.py`). These statements do in one roun
 ORM did in several:
 
 - `lock_queue`: the resource lock, the queue row's lock and the server clock (PostgreSQL);
+- `admit_if_free`: a cap-only queue's uncontended admission, checks and slot in one INSERT;
 - `ticket_state`: whether the ticket holds a slot or waits, whether anybody waits, the slots held;
-- `withdraw`: delete the ticket's waiter and slot rows (PostgreSQL: one statement).
+- `withdraw`: a release's deletes (the ticket's holds, resource waits, waiter and slot rows),
+  and whether others wait in line (PostgreSQL).
 
 Each is what `db.py` did statement by statement, with the same locks in the same order.
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from django.db import connection
 
 from durable_flow.admission.db_resources import FREE_QUEUE, RESOURCE_LOCK_ID
-from durable_flow.models import AdmissionSlot, AdmissionWaiter, FlowQueue
+from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
 
 
 def _table(model: type) -> str:
@@ -53,6 +55,24 @@ def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
         return [], int(cursor.fetchone()[0])
 
 
+def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
+    """The uncontended admission of a queue with a cap alone (no window, no per-key limits, fifo
+    fairness, no constraints), in one statement: take a slot for the ticket if fewer than `cap`
+    are held, nobody waits in line and the ticket holds none yet. False: nothing written (the
+    caller decides statement by statement)."""
+    slots, waiters = _table(AdmissionSlot), _table(AdmissionWaiter)
+    room = f"(SELECT COUNT(*) FROM {slots} WHERE queue = %s) < %s AND " if cap is not None else ""
+    sql = (
+        f"INSERT INTO {slots} (queue, ticket, acquired_ms) SELECT %s, %s, %s WHERE {room}"
+        f"NOT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s) "
+        f"AND NOT EXISTS (SELECT 1 FROM {slots} WHERE queue = %s AND ticket = %s) RETURNING id"
+    )
+    params: list[object] = [queue, ticket, now] + ([queue, cap] if cap is not None else []) + [queue, queue, ticket]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
+
+
 @dataclass(frozen=True)
 class TicketState:
     """What a decision reads about its ticket and its queue before deciding."""
@@ -78,15 +98,25 @@ def ticket_state(queue: str, ticket: str) -> TicketState:
     return TicketState(int(count), bool(held), waiter_id, bool(line))
 
 
-def withdraw(queue: str, ticket: str) -> None:
-    """Delete the ticket's waiter and slot rows in `queue` and in the pseudo-queue."""
+def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None] | None:
+    """On PostgreSQL, in one statement: what `db_resources.free` does (delete the ticket's
+    resource holds and resource-waiter rows), delete its waiter and slot rows in `queue` and in
+    the pseudo-queue, and tell whether anybody else waits in `queue` (a release with nobody in
+    line grants nothing: no more reads). Returns the freed resources and that; None on another
+    database (the caller deletes row by row)."""
     if connection.vendor != "postgresql":
-        AdmissionWaiter.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
-        AdmissionSlot.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
-        return
+        return None
+    waiters = _table(AdmissionWaiter)
     sql = (
-        f"WITH w AS (DELETE FROM {_table(AdmissionWaiter)} WHERE queue IN (%s, %s) AND ticket = %s) "
-        f"DELETE FROM {_table(AdmissionSlot)} WHERE queue IN (%s, %s) AND ticket = %s"
+        f"WITH h AS (DELETE FROM {_table(AdmissionHold)} WHERE ticket = %s RETURNING resource), "
+        f"r AS (DELETE FROM {_table(AdmissionResourceWaiter)} WHERE ticket = %s), "
+        f"w AS (DELETE FROM {waiters} WHERE queue IN (%s, %s) AND ticket = %s), "
+        f"s AS (DELETE FROM {_table(AdmissionSlot)} WHERE queue IN (%s, %s) AND ticket = %s) "
+        f"SELECT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s AND ticket <> %s), "
+        "ARRAY(SELECT resource FROM h)"
     )
+    params = [ticket, ticket, queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket, queue, ticket]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket])
+        cursor.execute(sql, params)
+        line, freed = cursor.fetchone()
+    return list(freed), bool(line)
