@@ -16,6 +16,12 @@ in SQL so each costs a handful of indexed queries however many waiters there are
 A release grants in its own transaction, so when the engine records a result inside a
 transaction, the slot changes hands exactly when the result commits.
 
+Inside a caller's transaction (a turn, a result) a decision or a release takes no savepoint:
+the queue's lock is held from its first statement to the caller's commit, and a savepoint's
+release is one more round trip that every other decider of the queue waits out. A decision
+that fails leaves the caller's transaction to roll back whole (the engine retries it), as
+every caller does already.
+
 Step-concurrency constraints (`db_resources`) are decided in the same transaction: a call takes
 its queue slot and its resource slots together or none. A call with constraints and no
 registered queue waits and holds its slot on the pseudo-queue `""` (no cap, no window).
@@ -146,7 +152,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
 
     # -- decisions ---------------------------------------------------------------------------
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
-        with transaction.atomic():
+        # No savepoint inside a caller's transaction (see the module's docstring).
+        with transaction.atomic(savepoint=False):
             # The clock is read once the queue is ours: a decision that waited for the lock must
             # not stamp its window mark with the time it started waiting, or the window would
             # reopen early by as long as it waited.
@@ -191,7 +198,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             return self._blocked(config, marks, now, others, request.key)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # see try_admit
             row, config, now = self._lock_queue(queue)
             freed, line = db_statements.withdraw(queue, ticket) or (self._withdraw(queue, ticket), None)
             granted = Grant()
