@@ -16,6 +16,12 @@ in SQL so each costs a handful of indexed queries however many waiters there are
 A release grants in its own transaction, so when the engine records a result inside a
 transaction, the slot changes hands exactly when the result commits.
 
+Inside a caller's transaction (a turn, a result) a decision or a release takes no savepoint:
+the queue's lock is held from its first statement to the caller's commit, and a savepoint's
+release is one more round trip that every other decider of the queue waits out. A decision
+that fails leaves the caller's transaction to roll back whole (the engine retries it), as
+every caller does already.
+
 Step-concurrency constraints (`db_resources`) are decided in the same transaction: a call takes
 its queue slot and its resource slots together or none. A call with constraints and no
 registered queue waits and holds its slot on the pseudo-queue `""` (no cap, no window).
@@ -29,7 +35,7 @@ from collections.abc import Sequence
 
 from django.db import connection, transaction
 
-from durable_flow.admission import db_keyed, db_resources
+from durable_flow.admission import db_keyed, db_resources, db_statements
 from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
@@ -37,9 +43,9 @@ from durable_flow.admission.base import (
     Clock,
     Grant,
     OnCount,
-    ResourceUsage,
     system_clock_ms,
 )
+from durable_flow.admission.db_read import DatabaseReadModel
 from durable_flow.admission.db_resources import (
     FREE_QUEUE,
     Counts,
@@ -50,7 +56,9 @@ from durable_flow.admission.db_resources import (
 from durable_flow.admission.policy import (
     NEVER_SERVED,
     oldest_mark_needed,
+    oldest_start_needed,
     start_key,
+    start_mark,
     start_window,
     window_retry_at,
     window_room,
@@ -67,7 +75,7 @@ from durable_flow.queues import QueueConfig, queue_from_dict
 from durable_flow.step_concurrency import declared_anywhere
 
 
-class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
+class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBackend):
     """Admission state as rows, decided under the queue row's lock."""
 
     SUPPORTS_CONSTRAINTS = True
@@ -113,6 +121,28 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             return None, None
         return row, queue_from_dict(row.config)
 
+    def _lock_queue(
+        self, name: str, request: AdmissionRequest | None = None
+    ) -> tuple[FlowQueue | None, QueueConfig | None, int]:
+        """`_guard`, `_locked_queue` and `_now`: on PostgreSQL in one round trip
+        (`db_statements.lock_queue`), every one of which the queue's other deciders wait out."""
+        if request is not None and request.constraints:
+            self._seen_constraints = True
+        guard = self._seen_constraints or declared_anywhere()
+        with self._lock:
+            pending = name in self._pending_write
+        folded = None if pending else db_statements.lock_queue(name, guard)
+        if folded is None or (not folded[0] and name in self._configs):
+            if folded is None and guard:
+                lock_resources()
+            row, config = self._locked_queue(name)  # writes the row this process registered
+            return row, config, self._now()
+        rows, server_now = folded
+        now = server_now if self.clock is system_clock_ms else self.clock()
+        if not rows:
+            return None, None, now
+        return rows[0], queue_from_dict(rows[0].config), now
+
     def _guard(self, request: AdmissionRequest | None = None) -> None:
         """Take the resource lock first when step concurrency is in use (see `db_resources`)."""
         if request is not None and request.constraints:
@@ -122,27 +152,31 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
 
     # -- decisions ---------------------------------------------------------------------------
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
-        with transaction.atomic():
-            self._guard(request)
-            row, config = self._locked_queue(request.queue)
+        # No savepoint inside a caller's transaction (see the module's docstring).
+        with transaction.atomic(savepoint=False):
+            # The clock is read once the queue is ours: a decision that waited for the lock must
+            # not stamp its window mark with the time it started waiting, or the window would
+            # reopen early by as long as it waited.
+            row, config, now = self._lock_queue(request.queue, request)
             if row is None or config is None:
                 if request.constraints:
                     return self._admit_free(request)
                 return AdmissionDecision.admit()
-            # Read the clock only now that the queue is ours: a decision that waited for the
-            # lock must not stamp its window mark with the time it started waiting, or the
-            # window would reopen early by as long as it waited.
-            now = self._now()
             queue = request.queue
-            if AdmissionSlot.objects.filter(queue=queue, ticket=request.ticket).exists():
+            simple = config.rate_limit is None and not config.keyed and config.fairness != "key"
+            if simple and not request.constraints:
+                if db_statements.admit_if_free(queue, request.ticket, now, config.concurrency):
+                    return AdmissionDecision.admit()
+            state = db_statements.ticket_state(queue, request.ticket)
+            if state.held:
                 return AdmissionDecision.admit()
-            waiter = self._waiter_for(row, config, request, now)
+            waiter = self._waiter_for(row, config, request, now, state.waiter_id)
             marks = self._marks(config, now)
             counts = Counts()
-            if waiter.pk is None and not AdmissionWaiter.objects.filter(queue=queue).exists():
+            if waiter.pk is None and not state.line:
                 # Nobody in line: the caller is next by definition, so an uncontended admission
                 # writes a slot (and a mark) but never a waiter row.
-                available = self._room(config, marks, now)
+                available = self._room(config, marks, now, state.slots)
                 free_key = not config.keyed or db_keyed.key_free(config, request.key, now)
                 if (available is None or available > 0) and free_key and counts.fits(request.constraints):
                     self._take_slot(row, config, waiter, now, marks)
@@ -151,9 +185,11 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             if waiter.pk is None:
                 FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
                 row.next_arrival = waiter.arrival + 1
+            if waiter.key_served is None:
+                waiter.key_served = self._key_served(queue, request.key) if config.fairness == "key" else NEVER_SERVED
             waiter.save()
             db_resources.wait(request.ticket, queue, request.priority, request.constraints)
-            granted = self._grant(row, config, now, marks, counts)
+            granted = self._grant(row, config, now, marks, counts, state.slots)
             others = tuple(t for t in granted.tickets if t != request.ticket)
             if request.ticket in granted.tickets:
                 return AdmissionDecision.admit(others)
@@ -162,15 +198,11 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             return self._blocked(config, marks, now, others, request.key)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
-        with transaction.atomic():
-            self._guard()
-            row, config = self._locked_queue(queue)
-            freed = db_resources.free(ticket)
-            AdmissionWaiter.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
-            AdmissionSlot.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+        with transaction.atomic(savepoint=False):  # see try_admit
+            row, config, now = self._lock_queue(queue)
+            freed, line = db_statements.withdraw(queue, ticket) or (self._withdraw(queue, ticket), None)
             granted = Grant()
-            if row is not None and config is not None and grant_next:
-                now = self._now()
+            if row is not None and config is not None and grant_next and line is not False:
                 granted = self._grant(row, config, now, self._marks(config, now))
             if freed:
                 # The freed resources go to whoever waits for them, in any queue but a paused one.
@@ -178,15 +210,22 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                 granted = Grant(granted.tickets + more, granted.retry_at_ms)
             return granted
 
+    @staticmethod
+    def _withdraw(queue: str, ticket: str) -> list[str]:
+        """A release's deletes, statement by statement (`db_statements.withdraw` on PostgreSQL)."""
+        freed = db_resources.free(ticket)
+        AdmissionWaiter.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+        AdmissionSlot.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
+        return freed
+
     def grant(self, queue: str) -> Grant:
         with transaction.atomic():
-            self._guard()
             if queue == FREE_QUEUE:
+                self._guard()
                 return self._grant_free()
-            row, config = self._locked_queue(queue)
+            row, config, now = self._lock_queue(queue)
             if row is None or config is None:
                 return Grant()
-            now = self._now()
             return self._grant(row, config, now, self._marks(config, now))
 
     def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
@@ -238,22 +277,24 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             _, config = self._locked_queue(queue)
             if config is None or (config.rate_limit is None and not config.keyed):
                 return 0
-            rate = start_window(config.rate_limit) if config.rate_limit else None
+            rate = config.rate_limit
             if on_count is not None:
                 on_count()  # the queue is ours now: waiting for its lock was not lateness
             now = self._now()
             retry_at = None
+            marks: list[int] = []
             if rate is not None:
-                AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_mark_needed(rate, now)).delete()
+                AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_start_needed(rate, now)).delete()
                 starts = AdmissionStart.objects.filter(queue=queue).order_by("at_ms")
-                retry_at = window_retry_at(rate, list(starts.values_list("at_ms", flat=True)), now)
+                marks = list(starts.values_list("at_ms", flat=True))
+                retry_at = window_retry_at(start_window(rate), marks, now)
             key = start_key(ticket, key)
             if config.keyed:
                 retry_at = max(retry_at or 0, db_keyed.start_wait(config, key, now))
             if retry_at:
                 return max(1, retry_at - now)
             if rate is not None:
-                AdmissionStart.objects.create(queue=queue, at_ms=now)
+                AdmissionStart.objects.create(queue=queue, at_ms=start_mark(rate, marks, now))
             if config.keyed:
                 db_keyed.count_start(config, key, now)
             return 0
@@ -277,25 +318,36 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
         return list(AdmissionMark.objects.filter(queue=config.name).order_by("at_ms").values_list("at_ms", flat=True))
 
     @staticmethod
-    def _room(config: QueueConfig, marks: list[int], now: int) -> int | None:
-        """`policy.room`: free slots and window room, whichever is less (None: no limit)."""
+    def _room(config: QueueConfig, marks: list[int], now: int, slots: int | None = None) -> int | None:
+        """`policy.room`: free slots and window room, whichever is less (None: no limit).
+        `slots`: the slots held, when the caller has counted them already."""
         free = None
         if config.concurrency is not None:
-            free = max(0, config.concurrency - AdmissionSlot.objects.filter(queue=config.name).count())
+            if slots is None:
+                slots = AdmissionSlot.objects.filter(queue=config.name).count()
+            free = max(0, config.concurrency - slots)
         if config.rate_limit is None:
             return free
         window = window_room(config.rate_limit, marks, now)
         return window if free is None else min(free, window)
 
     def _grant(
-        self, row: FlowQueue, config: QueueConfig, now: int, marks: list[int], counts: Counts | None = None
+        self,
+        row: FlowQueue,
+        config: QueueConfig,
+        now: int,
+        marks: list[int],
+        counts: Counts | None = None,
+        slots: int | None = None,
     ) -> Grant:
         """`policy.grant` in SQL: the best waiter by the rank index, one at a time (each grant
         re-ranks its fairness key), while there is room; a waiter whose constraints do not fit
-        is skipped."""
+        is skipped. `slots`: the slots held, if the caller counted them; otherwise they are
+        counted only once a waiter is found (a release with nobody in line reads one row)."""
         counts = counts or Counts()
         granted: list[str] = []
-        available = self._room(config, marks, now)
+        counted = slots is not None or config.concurrency is None
+        available = self._room(config, marks, now, slots) if counted else None
         waiters = AdmissionWaiter.objects.filter(queue=config.name).order_by(*self._rank_order(config))
         blocked = db_keyed.blocked_keys(config, now) if config.keyed else set()
         while available is None or available > 0:
@@ -311,6 +363,10 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
                 best = next((w for w in candidates if counts.fits(waiter_constraints(w))), None)
             if best is None:
                 break
+            if not counted:
+                counted, available = True, self._room(config, marks, now)
+                if available is not None and available <= 0:
+                    break
             self._take_slot(row, config, best, now, marks)
             counts.take(best.ticket, waiter_constraints(best))
             granted.append(best.ticket)
@@ -358,77 +414,24 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             return AdmissionDecision.block(now + config.retry_ms, "concurrency", granted)
         return AdmissionDecision.block(now + config.retry_ms, "waiting_turn", granted)
 
-    def _waiter_for(self, row: FlowQueue, config: QueueConfig, request: AdmissionRequest, now: int) -> AdmissionWaiter:
-        waiter = AdmissionWaiter.objects.filter(queue=row.name, ticket=request.ticket).order_by().first()
+    def _waiter_for(
+        self, row: FlowQueue, config: QueueConfig, request: AdmissionRequest, now: int, waiter_id: int | None
+    ) -> AdmissionWaiter:
+        """The ticket's waiter row (`waiter_id`), or an unsaved one. `key_served` is left None
+        on a waiter whose key's serve is not read yet: only a waiter that is saved needs it."""
+        waiter = AdmissionWaiter.objects.get(pk=waiter_id) if waiter_id is not None else None
         if waiter is None:
-            waiter = AdmissionWaiter(queue=row.name, ticket=request.ticket, arrival=row.next_arrival)
+            waiter = AdmissionWaiter(queue=row.name, ticket=request.ticket, arrival=row.next_arrival, key_served=None)
         waiter.constrained = bool(request.constraints)
         waiter.constraints = db_resources.as_rows(request.constraints)
         if waiter.pk is not None and (waiter.priority, waiter.fairness_key) == (request.priority, request.key):
             waiter.seen_ms = now
             return waiter
         waiter.priority, waiter.fairness_key, waiter.seen_ms = request.priority, request.key, now
-        waiter.key_served = self._key_served(row.name, request.key) if config.fairness == "key" else NEVER_SERVED
+        waiter.key_served = None
         return waiter
 
     @staticmethod
     def _key_served(queue: str, key: str) -> int:
         served = AdmissionKeyServed.objects.filter(queue=queue, fairness_key=key).values_list("served", flat=True)
         return next(iter(served), NEVER_SERVED)
-
-    @staticmethod
-    def _rank_order(config: QueueConfig) -> list[str]:
-        """`policy.rank` as an ORDER BY (served by the `df_waiter_rank` index)."""
-        # `key_served` is -1 for every waiter of a fifo-fairness queue, so ordering by it changes
-        # nothing there but lets the `df_waiter_rank` index serve the ORDER BY (no sort of the
-        # whole line per grant).
-        return ["-priority", "key_served", "arrival" if config.order == "fifo" else "-arrival"]
-
-    # -- read model --------------------------------------------------------------------------
-    @staticmethod
-    def _stored_config(queue: str) -> QueueConfig | None:
-        """The queue's config as stored on its `FlowQueue` row (what every process decides by)."""
-        raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
-        return queue_from_dict(raw) if raw is not None else None
-
-    def next_waiters(self, queue: str, limit: int) -> list[str]:
-        """The tickets admission would grant next, best first."""
-        config = self._stored_config(queue)
-        if config is None:
-            return []
-        waiters = AdmissionWaiter.objects.filter(queue=queue).order_by(*self._rank_order(config))
-        return list(waiters.values_list("ticket", flat=True)[:limit])
-
-    def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """Per resource: (slots held, calls waiting), by any process."""
-        return db_resources.usage(resources)
-
-    def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
-        """The busiest step-concurrency resources, by any process."""
-        return db_resources.busiest(prefix, limit)
-
-    def in_flight(self, queue: str) -> int:
-        """Slots held now, by any process."""
-        return AdmissionSlot.objects.filter(queue=queue).count()
-
-    def waiting(self, queue: str) -> int:
-        """Waiters parked now, by any process."""
-        return AdmissionWaiter.objects.filter(queue=queue).count()
-
-    def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
-        """The busiest keys of the per-key window, by any process."""
-        config = self._stored_config(queue)
-        return db_keyed.usage(config, self._now(), limit) if config is not None else None
-
-    def throttle_usage(self, queue: str, limit: int) -> list[tuple[str, float]] | None:
-        """The throttle's busiest buckets, by any process."""
-        config = self._stored_config(queue)
-        return db_keyed.throttle_usage(config, self._now(), limit) if config is not None else None
-
-    def window_usage(self, queue: str) -> int | None:
-        """Step starts in the current rate window, by any process."""
-        config = self._stored_config(queue)
-        rate = config.rate_limit if config is not None else None
-        if rate is None:
-            return None
-        return AdmissionStart.objects.filter(queue=queue, at_ms__gte=oldest_mark_needed(rate, self._now())).count()

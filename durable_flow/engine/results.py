@@ -150,14 +150,19 @@ class ResultsMixin(EngineBase):
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
                 return
-            # The slot goes back now (or, on a backend outside the database, once this commits);
-            # `holds_slot` is written by the status update below. A retried call re-uses its
-            # ticket, so its after-commit release checks the checkpoint under its lock first.
+            # The slot goes back right after the checkpoint's update below (or, on a backend
+            # outside the database, once this commits), so the queue's lock, held from the
+            # release to the commit, spans one UPDATE less. A retried call re-uses its ticket,
+            # so its after-commit release checks the checkpoint under its lock first.
             retrying = not ignored and error is not None and cp.attempt < cp.max_attempts
-            released = ("holds_slot",) if self._release(cp, save=False, guarded=retrying) else ()
+            held = cp.holds_slot
+            cp.holds_slot = False
+            released = ("holds_slot",) if held else ()
             if ignored:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 self.settle(cp, StepStatus.CANCELLED, fields=("late_result", *released))
+                if held:
+                    self.release_settled(cp.queue, cp.ticket, guarded=False)
                 self._finish_cancelling(run)
                 return
             if retrying:
@@ -166,33 +171,33 @@ class ResultsMixin(EngineBase):
                 cp.wake_at = self.now() + step_backoff(cp.name, cp.attempt)
                 cp.save(update_fields=["status", "error", "wake_at", "holds_slot"])
                 set_retry_at(cp, attempt, cp.wake_at)
+                if held:
+                    self.release_settled(cp.queue, cp.ticket, guarded=True)
                 self._continue(run, checkpoints if not cp.group else None)  # parks it until the backoff is up
                 return
             if error is not None:
                 self.settle(cp, StepStatus.FAILED, error=error, fields=released)
             else:
                 self.settle(cp, StepStatus.COMPLETED, output=output, fields=released)
+            if held:
+                self.release_settled(cp.queue, cp.ticket, guarded=False)
             if not cp.group:
                 self._continue(run, checkpoints)  # every checkpoint of the run is in hand
             elif self._group_settled(cp):
                 self._continue(run)
 
-    def _release(self: Engine, cp: StepCheckpoint, *, save: bool = True, guarded: bool = False) -> bool:
-        """Give the slot back; the backend grants it on with this transaction, or (a backend
-        outside the database) once it commits, so the backend being down cannot roll the
-        caller's transaction back. Whether it held one (with `save=False` the caller writes
-        `holds_slot` in its own update). `guarded`: the ticket may be re-admitted before the
-        commit's callback runs (a retry), so that release re-checks the checkpoint first."""
-        if not cp.holds_slot:
-            return False
-        cp.holds_slot = False
-        if save:
-            cp.save(update_fields=["holds_slot"])
+    def release_settled(self: Engine, queue: str, ticket: str, *, guarded: bool = False) -> None:
+        """Free the ticket of a call this transaction settles (its slot, or its place in line):
+        now on a backend in the database (which grants it on with this transaction), else once
+        this commits, so the backend being down cannot roll the caller's transaction back. A
+        cancel uses it too, so it succeeds while Redis is down: a slot it could not free is the
+        maintenance's (`release_strays`), a place in line is handed on when it is granted.
+        `guarded`: the ticket may be re-admitted before the commit's callback runs (a retry), so
+        that release re-checks the checkpoint first."""
         if self.admission.RELEASES_IN_TRANSACTION:
-            self.release_ticket(cp.queue, cp.ticket)
+            self.release_ticket(queue, ticket)
         else:
-            transaction.on_commit(partial(self._release_after_commit, cp.queue, cp.ticket, guarded))
-        return True
+            transaction.on_commit(partial(self._release_after_commit, queue, ticket, guarded))
 
     def _release_after_commit(self: Engine, queue: str, ticket: str, guarded: bool) -> None:
         """Release a settled step's slot on a backend outside the database. It must not fail

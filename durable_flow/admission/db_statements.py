@@ -1,0 +1,126 @@
+"""The `db` admission backend's hottest statements, folded into fewer round trips.
+
+Every decision and release of the `db` backend runs under its queue row's lock (and, while step
+concurrency is in use, the resource lock before it) until its transaction commits, so on
+PostgreSQL every round trip inside that section is paid by every other worker thread of the
+queue waiting for the lock. Measured with ten threads on one queue, the lock waits were most of
+a queued workflow's time (`bench/peer_dbos.py`). These statements do in one round trip what the
+ORM did in several:
+
+- `lock_queue`: the resource lock, the queue row's lock and the server clock (PostgreSQL);
+- `admit_if_free`: a cap-only queue's uncontended admission, checks and slot in one INSERT;
+- `ticket_state`: whether the ticket holds a slot or waits, whether anybody waits, the slots held;
+- `withdraw`: a release's deletes (the ticket's holds, resource waits, waiter and slot rows),
+  and whether others wait in line (PostgreSQL).
+
+Each is what `db.py` did statement by statement, with the same locks in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connection
+
+from durable_flow.admission import db_heads
+from durable_flow.admission.db_resources import FREE_QUEUE, RESOURCE_LOCK_ID
+from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
+
+
+def _table(model: type) -> str:
+    return connection.ops.quote_name(model._meta.db_table)  # type: ignore[attr-defined]
+
+
+def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
+    """On PostgreSQL: take the resource lock (with `guard`), then the queue row's lock, then read
+    the server clock (epoch ms), in one statement; the row (none if the queue has no row) and the
+    clock. None on another database (the caller takes them one by one).
+
+    The order is the one `db_resources` requires (resource lock first): the resource lock is a
+    one-time filter evaluated before the row is scanned, and the clock is read by the outer query
+    from the materialised CTE, so after the row lock is granted (a decision that waited for the
+    lock must not stamp its marks with the time it began waiting)."""
+    if connection.vendor != "postgresql":
+        return None
+    guard_sql = " AND (SELECT pg_advisory_xact_lock(%s)) IS NOT NULL" if guard else ""
+    params: list[object] = [name, RESOURCE_LOCK_ID] if guard else [name]
+    sql = (
+        f"WITH q AS MATERIALIZED (SELECT * FROM {_table(FlowQueue)} WHERE name = %s{guard_sql} FOR UPDATE) "
+        "SELECT q.*, floor(extract(epoch from clock_timestamp()) * 1000)::bigint AS now_ms FROM q"
+    )
+    rows = list(FlowQueue.objects.raw(sql, params))
+    if rows:
+        return rows, int(rows[0].now_ms)
+    with connection.cursor() as cursor:  # no such queue: the clock alone (the locks are held)
+        cursor.execute("SELECT floor(extract(epoch from clock_timestamp()) * 1000)::bigint")
+        return [], int(cursor.fetchone()[0])
+
+
+def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
+    """The uncontended admission of a queue with a cap alone (no window, no per-key limits, fifo
+    fairness, no constraints), in one statement: take a slot for the ticket if fewer than `cap`
+    are held, nobody waits in line and the ticket holds none yet. False: nothing written (the
+    caller decides statement by statement)."""
+    slots, waiters = _table(AdmissionSlot), _table(AdmissionWaiter)
+    room = f"(SELECT COUNT(*) FROM {slots} WHERE queue = %s) < %s AND " if cap is not None else ""
+    sql = (
+        f"INSERT INTO {slots} (queue, ticket, acquired_ms) SELECT %s, %s, %s WHERE {room}"
+        f"NOT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s) "
+        f"AND NOT EXISTS (SELECT 1 FROM {slots} WHERE queue = %s AND ticket = %s) RETURNING id"
+    )
+    params: list[object] = [queue, ticket, now] + ([queue, cap] if cap is not None else []) + [queue, queue, ticket]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
+
+
+@dataclass(frozen=True)
+class TicketState:
+    """What a decision reads about its ticket and its queue before deciding."""
+
+    slots: int  # slots held in the queue
+    held: bool  # the ticket holds one of them
+    waiter_id: int | None  # the ticket's waiter row, if it waits
+    line: bool  # anybody waits in the queue
+
+
+def ticket_state(queue: str, ticket: str) -> TicketState:
+    """One read for the four facts a decision starts from (was four statements)."""
+    slots, waiters = _table(AdmissionSlot), _table(AdmissionWaiter)
+    sql = (
+        f"SELECT (SELECT COUNT(*) FROM {slots} WHERE queue = %s), "
+        f"EXISTS (SELECT 1 FROM {slots} WHERE queue = %s AND ticket = %s), "
+        f"(SELECT id FROM {waiters} WHERE queue = %s AND ticket = %s LIMIT 1), "
+        f"EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s)"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [queue, queue, ticket, queue, ticket, queue])
+        count, held, waiter_id, line = cursor.fetchone()
+    return TicketState(int(count), bool(held), waiter_id, bool(line))
+
+
+def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None] | None:
+    """On PostgreSQL, in one statement: what `db_resources.free` does (delete the ticket's
+    resource holds and resource-waiter rows; the key heads those were are refreshed after),
+    delete its waiter and slot rows in `queue` and in the pseudo-queue, and tell whether anybody
+    else waits in `queue` (a release with nobody in line grants nothing: no more reads). Returns
+    the freed resources and that; None on another database (the caller deletes row by row)."""
+    if connection.vendor != "postgresql":
+        return None
+    waiters = _table(AdmissionWaiter)
+    sql = (
+        f"WITH h AS (DELETE FROM {_table(AdmissionHold)} WHERE ticket = %s RETURNING resource), "
+        f"r AS (DELETE FROM {_table(AdmissionResourceWaiter)} WHERE ticket = %s RETURNING resource, other), "
+        f"w AS (DELETE FROM {waiters} WHERE queue IN (%s, %s) AND ticket = %s), "
+        f"s AS (DELETE FROM {_table(AdmissionSlot)} WHERE queue IN (%s, %s) AND ticket = %s) "
+        f"SELECT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s AND ticket <> %s), "
+        "ARRAY(SELECT resource FROM h), "
+        "(SELECT COALESCE(json_agg(json_build_array(resource, other)), '[]') FROM r)"
+    )
+    params = [ticket, ticket, queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket, queue, ticket]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        line, freed, left = cursor.fetchone()
+    if left:
+        db_heads.refresh((resource, key) for resource, key in left)  # the key heads it may have been
+    return list(freed), bool(line)
