@@ -40,7 +40,7 @@ from tests.conftest import ManagedProcess, use_redis_admission
 from tests.reliability.soak import RUNS, SEED, SIDE_RUNS, STACKS, Fleet, Workload, clear_rq
 
 #: A hang guard, not the verdict (a soak that stops settling fails after `STALL_S`): 1,000 runs
-#: took up to 15 min on the shared 2-core machine under other sessions' load (load average 20).
+#: took over 15 min on the shared 2-core machine under other sessions' load (load average 20).
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(max(1800, 2 * RUNS))]
 
 
