@@ -36,8 +36,8 @@ SEED = int(os.environ.get("SOAK_SEED", str(random.randrange(1_000_000))))
 WORKERS = 3
 #: Sized for 1,000 runs (the checks are the same at any size): the window alone, then 15 a
 #: second, made them take over a minute; a killed worker's slots stay taken for HEARTBEAT_TTL_S,
-#: so the caps (then 3 and 2) were often held mostly by the dead. Low enough that the caps are
-#: reached, so their check bites (peaks are printed).
+#: so the caps (then 3 and 2) were often held mostly by the dead. Low enough to be reached when
+#: the fleet keeps up (the peaks are printed; on a loaded machine they may stay below).
 CAP, FAIR_CAP = 4, 3
 WINDOW_LIMIT, WINDOW_MS = 30, 1000
 #: A start is counted on the backend's clock a moment before the step stamps it (another clock
