@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 import uuid
@@ -126,10 +127,13 @@ class Fleet:
         return [process for process in [*self.workers, self.poller] if process.proc.poll() is not None]
 
 
+#: The line a worker (`durable_worker <id>: transport=...`) or the poller prints once it serves.
+STARTED = re.compile(r"^(durable_worker \S+: transport=|durable_poller: every )", re.MULTILINE)
+
+
 def up(process: ManagedProcess) -> bool:
-    """Whether a worker or poller has started serving (each prints one line when it does)."""
-    output = process.output()
-    return "durable_worker " in output or "durable_poller: every" in output
+    """Whether a worker or poller has started serving (not merely logged, e.g. a start-up retry)."""
+    return STARTED.search(process.output()) is not None
 
 
 def unique(name: str) -> str:
