@@ -136,7 +136,7 @@ def _cancel_set(engine: Any, ids: list[str]) -> None:
         for queue, ticket_run, key in (
             parked.filter(kind=StepKind.STEP).exclude(queue="").values_list("queue", "run_id", "key")
         ):
-            engine.release_ticket(queue, StepCheckpoint(run_id=ticket_run, key=key).ticket)
+            engine.release_settled(queue, StepCheckpoint(run_id=ticket_run, key=key).ticket)
         parked.update(
             status=StepStatus.CANCELLED, holds_slot=False, output=None, error=None, wake_at=None, finished_at=now
         )

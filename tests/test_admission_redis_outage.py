@@ -76,6 +76,11 @@ def one_step(ctx: Any, payload: dict[str, str]) -> Any:
     return ctx.step(fn, payload["value"], queue=payload["queue"])
 
 
+@workflow("tests.outage.one_plain")
+def one_plain(ctx: Any, payload: dict[str, str]) -> Any:
+    return ctx.step(plain, payload["value"], queue=payload["queue"])
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server = OwnRedis(free_port(), data_dir=tmp_path)
@@ -243,3 +248,36 @@ def test_a_backend_built_while_redis_is_down_starts_and_gates_once_redis_is_up(
             backend.close()
             server.kill()
     assert caplog.text.count("service unavailable") == 1
+
+
+def test_a_cancel_while_redis_is_down_settles_and_its_place_in_line_is_handed_on_after(
+    redis_engine: tuple[Engine, HeldTransport, RedisAdmissionBackend],
+    own_redis: OwnRedis,
+) -> None:
+    """A cancel withdraws a waiting call from the line after its transaction commits, as a
+    result releases its slot: Redis being down does not fail the cancel, and the place it could
+    not withdraw is handed on when the line reaches it (its call is no longer waiting)."""
+    engine, transport, backend = redis_engine
+    register_queue("render", concurrency=1)
+    first = start("tests.outage.one_plain", {"queue": "render", "value": "first"})
+    second = start("tests.outage.one_plain", {"queue": "render", "value": "second"})
+    assert (backend.in_flight("render"), backend.waiting("render")) == (1, 1)
+
+    own_redis.kill()
+    engine.cancel(second.id)
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.CANCELLED
+    assert StepCheckpoint.objects.get(run=second).status == StepStatus.CANCELLED
+
+    own_redis.start()
+    assert backend.waiting("render") == 1  # the withdrawal was lost with the outage
+    third = start("tests.outage.one_plain", {"queue": "render", "value": "third"})
+    transport.run_step()  # the first step's release grants the line: second's place, handed on
+    assert [run_id for run_id, *_ in transport.held] == [third.id]
+    transport.run_step()
+    assert [WorkflowRun.objects.get(pk=run.id).status for run in (first, second, third)] == [
+        RunStatus.COMPLETED,
+        RunStatus.CANCELLED,
+        RunStatus.COMPLETED,
+    ]
+    assert CALLS == {"plain first": 1, "plain third": 1}
+    assert (backend.in_flight("render"), backend.waiting("render")) == (0, 0)

@@ -375,15 +375,31 @@ if op == 'start' then
     return {0, now}
   end
   local wait_until = 0
-  if rate then
-    -- A sliding start window is widened by `policy.start_margin_ms` (see there).
-    local period = rate.period_ms
-    if rate.algorithm ~= 'fixed' then
-      period = period + math.min(50, math.floor(period / 20))
-    end
-    local room, reopen = window(K_STARTS, period)
+  -- `policy.start_mark`: where a start is counted (a sliding window may count it up to
+  -- `policy.start_backdate_ms` back, from the instant its room opened).
+  local mark = now
+  if rate and rate.algorithm == 'fixed' then
+    local room, reopen = window(K_STARTS)
     if room == 0 then
       wait_until = reopen
+    end
+  elseif rate then
+    -- A sliding start window is widened by `policy.start_margin_ms` (see there), and keeps
+    -- `policy.start_backdate_ms` more of its marks (`policy.oldest_start_needed`).
+    local margin = math.min(50, math.floor(rate.period_ms / 20))
+    local period, back = rate.period_ms + margin, math.floor(margin / 2)
+    call('ZREMRANGEBYSCORE', K_STARTS, '-inf', '(' .. (now - period + 1 - back))
+    local used = call('ZCOUNT', K_STARTS, '(' .. (now - period), '+inf')
+    if used >= rate.limit then
+      local m = call('ZRANGEBYSCORE', K_STARTS, '(' .. (now - period), '+inf', 'WITHSCORES', 'LIMIT', used - rate.limit, 1)
+      wait_until = tonumber(m[2]) + period
+    else
+      mark = now - back
+      local nth = call('ZREVRANGE', K_STARTS, rate.limit - 1, rate.limit - 1, 'WITHSCORES')
+      if nth[2] then
+        mark = math.max(mark, tonumber(nth[2]) + period)
+      end
+      mark = math.min(mark, now)
     end
   end
   if keyed_on then
@@ -393,7 +409,7 @@ if op == 'start' then
     return {math.max(1, wait_until - now), now}
   end
   if rate then
-    call('ZADD', K_STARTS, now, now .. ':' .. call('HINCRBY', K_META, 'starts', 1))
+    call('ZADD', K_STARTS, mark, mark .. ':' .. call('HINCRBY', K_META, 'starts', 1))
   end
   if keyed_on then
     keyed_count_start(ARGV[5])

@@ -50,7 +50,9 @@ from durable_flow.admission.db_resources import (
 from durable_flow.admission.policy import (
     NEVER_SERVED,
     oldest_mark_needed,
+    oldest_start_needed,
     start_key,
+    start_mark,
     start_window,
     window_retry_at,
     window_room,
@@ -238,22 +240,24 @@ class DatabaseAdmissionBackend(ResourceGateMixin, AdmissionBackend):
             _, config = self._locked_queue(queue)
             if config is None or (config.rate_limit is None and not config.keyed):
                 return 0
-            rate = start_window(config.rate_limit) if config.rate_limit else None
+            rate = config.rate_limit
             if on_count is not None:
                 on_count()  # the queue is ours now: waiting for its lock was not lateness
             now = self._now()
             retry_at = None
+            marks: list[int] = []
             if rate is not None:
-                AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_mark_needed(rate, now)).delete()
+                AdmissionStart.objects.filter(queue=queue, at_ms__lt=oldest_start_needed(rate, now)).delete()
                 starts = AdmissionStart.objects.filter(queue=queue).order_by("at_ms")
-                retry_at = window_retry_at(rate, list(starts.values_list("at_ms", flat=True)), now)
+                marks = list(starts.values_list("at_ms", flat=True))
+                retry_at = window_retry_at(start_window(rate), marks, now)
             key = start_key(ticket, key)
             if config.keyed:
                 retry_at = max(retry_at or 0, db_keyed.start_wait(config, key, now))
             if retry_at:
                 return max(1, retry_at - now)
             if rate is not None:
-                AdmissionStart.objects.create(queue=queue, at_ms=now)
+                AdmissionStart.objects.create(queue=queue, at_ms=start_mark(rate, marks, now))
             if config.keyed:
                 db_keyed.count_start(config, key, now)
             return 0

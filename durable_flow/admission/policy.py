@@ -105,9 +105,10 @@ class QueueState:
         """Forget window marks outside every window."""
         rate = self.config.rate_limit
         if rate is not None:
-            for marks, window in ((self.marks, rate), (self.starts, start_window(rate))):
-                if marks:
-                    del marks[: bisect.bisect_left(marks, oldest_mark_needed(window, now_ms))]
+            if self.marks:
+                del self.marks[: bisect.bisect_left(self.marks, oldest_mark_needed(rate, now_ms))]
+            if self.starts:
+                del self.starts[: bisect.bisect_left(self.starts, oldest_start_needed(rate, now_ms))]
         if self.config.keyed:
             keyed.sweep(self.config, self.keyed, now_ms, key_start_window(self.config))
 
@@ -304,6 +305,48 @@ def start_margin_ms(period_ms: int) -> int:
     return min(50, period_ms // 20)
 
 
+def start_backdate_ms(period_ms: int) -> int:
+    """How far before its clock read a sliding window may count a start: half the margin.
+
+    Under a backlog a sliding window refills the instant its oldest start ages out, and the
+    worker that slept until then reaches the backend a little late (its wake-up, the queue's
+    lock). Counted at that late instant, every refill would push the next one back by the same
+    delay, cycle after cycle. Counted at the instant the room opened (at most this far back),
+    the window keeps its pace; the call's lateness allowed after the count shrinks by as much
+    (`start_lateness_ms`), so "N per period" still holds at the call."""
+    return start_margin_ms(period_ms) // 2
+
+
+def start_lateness_ms(period_ms: int) -> int:
+    """How late (ms) a step may be called after the moment its count was sent, for a sliding
+    window of this period: the margin less what the count may have been backdated."""
+    return start_margin_ms(period_ms) - start_backdate_ms(period_ms)
+
+
+def oldest_start_needed(rate: RateLimit, now_ms: int) -> int:
+    """Start marks older than this can be forgotten: those outside the start window, except
+    that a sliding one keeps `start_backdate_ms` more, for `start_mark` to look back on."""
+    if rate.algorithm != "sliding":
+        return oldest_mark_needed(rate, now_ms)
+    return oldest_mark_needed(start_window(rate), now_ms) - start_backdate_ms(rate.period_ms)
+
+
+def start_mark(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int:
+    """When a start the window has room for now is counted: now, or for a sliding window the
+    earliest instant of the last `start_backdate_ms` from which the window had room for it
+    (`marks` ascending, pruned no further than `oldest_start_needed`).
+
+    With the start window's limit N and period P', one more mark at `at` keeps at most N marks in
+    any P' span if the N-th newest mark is at or before `at - P'`."""
+    if rate.algorithm != "sliding":
+        return now_ms
+    window = start_window(rate)
+    at = now_ms - start_backdate_ms(rate.period_ms)
+    if len(marks) >= window.limit:
+        at = max(at, marks[-window.limit] + window.period_ms)
+    return min(at, now_ms)
+
+
 def start_window(rate: RateLimit) -> RateLimit:
     """The window step starts are counted in: a sliding one widened by `start_margin_ms`."""
     if rate.algorithm != "sliding":
@@ -344,7 +387,7 @@ def try_start(state: QueueState, now_ms: int, key: str = "") -> int:
     if retry_at:
         return max(1, retry_at - now_ms)
     if rate is not None:
-        bisect.insort(state.starts, now_ms)
+        bisect.insort(state.starts, start_mark(rate, state.starts, now_ms))
     if config.keyed:
         keyed.count_start(config, state.keyed, key, now_ms, key_start_window(config))
     return 0

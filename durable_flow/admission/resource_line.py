@@ -8,27 +8,18 @@ resource alone belongs to the resource's `SOLO` group, served in turn like one m
 arrival, oldest first (FIFO within a key).
 
 Waiters sharing an other key share its last serve, so the line keeps one heap per group (the
-other key) ordered by (priority, arrival), and a top heap holds each group's head with its rank.
-As in `waiter_line`, a stored rank can only be *better* than the truth (serves only grow, a
-group's next head ranks no better than the last), so the smallest stored entry whose rank is
-still current is the best waiter; stale entries are re-pushed or dropped as they surface, and
-the heaps are rebuilt when stale entries outnumber live ones.
+other key) ordered by (priority, arrival) under a top heap of their heads (`head_heap`, as
+`waiter_line` does for a queue's fairness keys).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable
+from durable_flow.admission.head_heap import NEVER_SERVED, Entry, HeadHeap, ServedOf
+
+__all__ = ["NEVER_SERVED", "SOLO", "ResourceLine", "ServedOf"]
 
 #: The group of calls that need this resource alone (a resource name is never empty).
 SOLO = ""
-#: A key never served ranks before every served one.
-NEVER_SERVED = -1
-
-Rank = tuple[int, int, int]
-Entry = tuple[int, int, str]  # (-priority, arrival, ticket)
-#: The last serve of a group's key: `served_of(group)`.
-ServedOf = Callable[[str], int]
 
 
 class ResourceLine:
@@ -36,9 +27,7 @@ class ResourceLine:
 
     def __init__(self) -> None:
         self._members: dict[str, tuple[str, Entry]] = {}  # ticket -> (group, entry)
-        self._groups: dict[str, list[Entry]] = {}
-        self._top: list[tuple[Rank, str]] = []
-        self._entries = 0
+        self._heads = HeadHeap()
 
     def __len__(self) -> int:
         return len(self._members)
@@ -50,11 +39,7 @@ class ResourceLine:
         """Index a waiter (a ticket already indexed is replaced)."""
         entry = (-priority, arrival, ticket)
         self._members[ticket] = (group, entry)
-        heapq.heappush(self._groups.setdefault(group, []), entry)
-        # A bound on its rank were it the group's head: a group whose head ranks better has an
-        # entry ranking at least as well already.
-        heapq.heappush(self._top, ((entry[0], NEVER_SERVED, entry[1]), group))
-        self._entries += 2
+        self._heads.push(group, entry)
 
     def remove(self, ticket: str) -> None:
         """Forget a waiter (its heap entries go stale and are dropped as they surface)."""
@@ -62,41 +47,14 @@ class ResourceLine:
 
     def pop_best(self, served_of: ServedOf) -> str | None:
         """Remove and return the rightful next waiter, or None when the line is empty."""
-        if self._entries > 2 * len(self._members) + 64:
-            self._rebuild()
-        while self._top:
-            stored, group = self._top[0]
-            current = self._head_rank(group, served_of)
-            if current == stored:
-                _, _, ticket = heapq.heappop(self._groups[group])
-                self._entries -= 1
-                del self._members[ticket]
-                return ticket  # the group's stored entry now ranks better than its next head
-            if current is None:
-                heapq.heappop(self._top)
-                self._entries -= 1
-            else:
-                heapq.heapreplace(self._top, (current, group))
-        return None
+        if self._heads.stale(len(self._members)):
+            self._heads.rebuild(self._members.values())
+        group = self._heads.best(self._live, served_of)
+        if group is None:
+            return None
+        _, _, ticket = self._heads.pop_head(group)
+        del self._members[ticket]
+        return ticket
 
-    def _head_rank(self, group: str, served_of: ServedOf) -> Rank | None:
-        """The current rank of the group's best live waiter (dropping stale heads), or None."""
-        heap = self._groups.get(group)
-        while heap:
-            neg_priority, arrival, ticket = heap[0]
-            if self._members.get(ticket) == (group, heap[0]):
-                return (neg_priority, served_of(group), arrival)
-            heapq.heappop(heap)
-            self._entries -= 1
-        self._groups.pop(group, None)
-        return None
-
-    def _rebuild(self) -> None:
-        self._groups, self._top = {}, []
-        for group, entry in self._members.values():
-            self._groups.setdefault(group, []).append(entry)
-        for group, heap in self._groups.items():
-            heapq.heapify(heap)
-            self._top.append(((heap[0][0], NEVER_SERVED, heap[0][1]), group))
-        heapq.heapify(self._top)
-        self._entries = len(self._members) + len(self._groups)
+    def _live(self, group: str, entry: Entry) -> bool:
+        return self._members.get(entry[2]) == (group, entry)

@@ -282,8 +282,9 @@ class HandoffMixin(EngineBase):
         so the wait is at most the transport's jitter (bounded by one period).
 
         The count happened after the backend told this worker it was about to read its clock
-        (`on_count`, after any lock it waited for), so a step called within the window's margin
-        of that moment is within the margin of its count (`start_margins`). One called later
+        (`on_count`, after any lock it waited for), and at most half the window's margin before
+        that moment (`policy.start_mark`), so a step called within the other half of it is within
+        the margin of its count (`start_margins`). One called later
         (the worker was descheduled, the backend slow to answer) is counted again: the late
         count stays in the window as a start that never ran, erring on the safe side."""
         margin_ms = self.start_margins.ms(cp.queue)
@@ -304,7 +305,7 @@ class HandoffMixin(EngineBase):
             again = attempt <= LATE_START_RECOUNTS
             logger.log(
                 logging.INFO if again else logging.WARNING,
-                "start of %s on %r: %.0f ms after its count (margin %d ms); %s",
+                "start of %s on %r: %.0f ms after its count (%d ms allowed); %s",
                 cp.ticket,
                 cp.queue,
                 late_ms,

@@ -16,8 +16,9 @@ next as if it had claimed it.
 
 Durability is the dispatch's, not the transport's: a worker that dies before or while running
 the handed step leaves a `dispatched` checkpoint stamped with its id, which the poller re-drives
-like any step of a dead worker; a live worker that drops it is caught by the heartbeat check
-(`REDISPATCH_AFTER_S`). Only one step is accepted per result or turn, so a release that grants
+like any step of a dead worker; a live worker whose engine fails on it (a deadlock, a dropped
+connection) sends it through the transport at once as a new attempt (`WorkerRuntime`), and one
+that drops it otherwise is caught by the heartbeat check (`REDISPATCH_AFTER_S`). Only one step is accepted per result or turn, so a release that grants
 several waiters, or a turn that dispatches a fan-out, sends the rest through the transport, to
 other threads.
 

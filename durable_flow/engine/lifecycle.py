@@ -210,7 +210,7 @@ class LifecycleMixin(EngineBase):
             # A step waiting for a slot or its backoff will never run now: leave no waiter behind
             # to be granted a slot it cannot use.
             if cp.queue or run.step_concurrency:
-                self.release_ticket(cp.queue, cp.ticket)
+                self.release_settled(cp.queue, cp.ticket)
             cp.holds_slot = False
             cp.save(update_fields=["holds_slot"])
             self.settle(cp, StepStatus.CANCELLED)
@@ -249,7 +249,7 @@ class LifecycleMixin(EngineBase):
                     in_flight = True
                     continue
                 if cp.kind == StepKind.STEP and (cp.queue or run.step_concurrency):
-                    self.release_ticket(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
+                    self.release_settled(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
                     cp.holds_slot = False
                     cp.save(update_fields=["holds_slot"])
                 self.settle(cp, StepStatus.CANCELLED)

@@ -188,11 +188,18 @@ class ResultsMixin(EngineBase):
         cp.holds_slot = False
         if save:
             cp.save(update_fields=["holds_slot"])
-        if self.admission.RELEASES_IN_TRANSACTION:
-            self.release_ticket(cp.queue, cp.ticket)
-        else:
-            transaction.on_commit(partial(self._release_after_commit, cp.queue, cp.ticket, guarded))
+        self.release_settled(cp.queue, cp.ticket, guarded=guarded)
         return True
+
+    def release_settled(self: Engine, queue: str, ticket: str, *, guarded: bool = False) -> None:
+        """Free the ticket of a call this transaction settles (its slot, or its place in line):
+        now on a backend in the database, else once this commits (see `_release`). A cancel
+        uses it too, so it succeeds while Redis is down: a slot it could not free is the
+        maintenance's (`release_strays`), a place in line is handed on when it is granted."""
+        if self.admission.RELEASES_IN_TRANSACTION:
+            self.release_ticket(queue, ticket)
+        else:
+            transaction.on_commit(partial(self._release_after_commit, queue, ticket, guarded))
 
     def _release_after_commit(self: Engine, queue: str, ticket: str, guarded: bool) -> None:
         """Release a settled step's slot on a backend outside the database. It must not fail

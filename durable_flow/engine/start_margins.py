@@ -1,11 +1,12 @@
-"""How late a step may be called after its start was counted, per queue (`policy.start_margin_ms`).
+"""How late a step may be called after its start was counted, per queue (`policy.start_lateness_ms`).
 
 A sliding window counts step starts over its period widened by a margin, so "never more than N
 starts in any period" holds at the call as long as each call follows its count by at most the
-margin. The worker knows when it *sent* the count (the count happened after that), so it can
-tell a call that would be later than the margin, and count it again instead (`await_start`).
-The margin depends on the queue's period; this reads it from the persisted queue config,
-cached for a few seconds so a start costs no query.
+margin. The count may be backdated by up to half the margin (`policy.start_mark`), so a call
+may follow the moment the worker *sent* the count (the count happened after that) by the
+other half; the worker tells a call that would be later, and counts it again instead
+(`await_start`). The margin depends on the queue's period; this reads it from the persisted
+queue config, cached for a few seconds so a start costs no query.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from durable_flow.admission.policy import start_margin_ms
+from durable_flow.admission.policy import start_lateness_ms
 from durable_flow.models import FlowQueue
 from durable_flow.queues import queue_from_dict
 
@@ -23,8 +24,8 @@ TTL_S = 5.0
 
 
 class StartMargins:
-    """Each queue's start margin in ms, or None where lateness cannot break a limit (no rate
-    limit, or a fixed window: see the README's "Flow control" on what fixed windows promise)."""
+    """Each queue's allowed call lateness in ms, or None where lateness cannot break a limit (no
+    rate limit, or a fixed window: see the README's "Flow control" on what fixed windows promise)."""
 
     def __init__(self, ttl_s: float = TTL_S, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
@@ -40,7 +41,7 @@ class StartMargins:
             return cached[0]
         raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
         rate = queue_from_dict(raw).rate_limit if raw is not None else None
-        margin = start_margin_ms(rate.period_ms) if rate is not None and rate.algorithm == "sliding" else None
+        margin = start_lateness_ms(rate.period_ms) if rate is not None and rate.algorithm == "sliding" else None
         with self._lock:
             self._cache[queue] = (margin, now + self.ttl_s)
         return margin

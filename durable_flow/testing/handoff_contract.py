@@ -104,12 +104,29 @@ class HandoffContract:
         assert backend.try_start(name, "b/1") == 0
         assert backend.window_usage(name) in (2, None)
         clock.advance(100)
-        # Wait until a's start ages out of the window, widened by the start margin (50 ms here).
-        assert backend.try_start(name, "c/1") == first + 1050 - clock()
-        clock.set(first + 1049)
+        # Wait until a's start ages out of the window, widened by the start margin (50 ms here);
+        # a was counted 25 ms back (`start_backdate_ms`): the window had room all along.
+        assert backend.try_start(name, "c/1") == first - 25 + 1050 - clock()
+        clock.set(first + 1024)
         assert backend.try_start(name, "c/1") == 1
-        clock.set(first + 1050)
+        clock.set(first + 1025)
         assert backend.try_start(name, "c/1") == 0
+
+    def test_a_start_is_backdated_no_further_than_the_instant_its_room_opened(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """A start that reaches a full window late is counted when its place freed, not when it
+        arrived, so a late wake-up does not push every later refill back; never earlier than
+        that instant, nor more than half the margin back."""
+        backend.register(QueueConfig(name=name, rate_limit=RateLimit(limit=1, period_ms=1000, algorithm="sliding")))
+        first = clock()
+        assert backend.try_start(name, "a/1") == 0  # counted at first - 25
+        clock.set(first + 1035)  # a's place freed at first + 1025; b arrives 10 ms after
+        assert backend.try_start(name, "b/1") == 0  # counted at first + 1025
+        assert backend.try_start(name, "c/1") == first + 1025 + 1050 - clock()
+        clock.set(first + 1025 + 1050 + 100)  # c arrives 100 ms late: counted 25 ms back only
+        assert backend.try_start(name, "c/1") == 0
+        assert backend.try_start(name, "d/1") == 1050 - 25
 
     def test_a_start_is_counted_at_the_clock_read_after_on_count(
         self, backend: AdmissionBackend, clock: FakeClock, name: str
@@ -126,8 +143,9 @@ class HandoffContract:
         first = clock()
         assert backend.try_start(name, "a/1", on_count=waited_500_ms) == 0
         assert called == [first]
-        # Counted at first + 500 (after on_count), not at first: 1,050 ms from now to wait.
-        assert backend.try_start(name, "b/1") == 1050
+        # Counted at first + 500 (after on_count) less the 25 ms it may be backdated, not at
+        # first - 25: 1,025 ms from now to wait.
+        assert backend.try_start(name, "b/1") == 1025
 
     def test_starts_are_not_gated_without_a_rate_limit(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, concurrency=1))

@@ -20,8 +20,8 @@ one of three tiered queues next to the configured one::
     priority == 0 ->  "<QUEUE>"          (workflow turns always go here)
     priority < 0  ->  "<QUEUE>:low"
 
-A worker pops with `LMPOP`/`BLMPOP` over `[high, normal, low]`, which takes from the first
-non-empty list in one atomic command: strict priority between tiers, FIFO within a tier.
+A worker pops from the first non-empty list of `[high, normal, low]` in one atomic script
+(`rq_claims.py`): strict priority between tiers, FIFO within a tier.
 Three tiers keep the set of queue names fixed (operators can list them in `RQ_QUEUES` for the
 django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
 the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
@@ -37,8 +37,9 @@ A worker killed with SIGKILL loses nothing: `execute_step` stamps the checkpoint
 worker's id, the worker's heartbeat lapses, and the poller re-dispatches its steps as a new
 attempt. A job popped but not yet started when the worker died is re-queued by the poller as
 soon as that worker's heartbeat lapses (`reclaim_from`: the dead worker's entries leave RQ's
-`StartedJobRegistry` for the head of their queue); RQ's own started-registry cleanup and the
-`REDISPATCH_AFTER_S` re-dispatch remain as backstops. There is no RQ job timeout: a thread
+`StartedJobRegistry`, and its booked but unregistered pops leave the claim book, for the head
+of their queue); RQ's own started-registry cleanup and the `REDISPATCH_AFTER_S` re-dispatch
+remain as backstops. There is no RQ job timeout: a thread
 cannot be killed safely mid-transaction, and step timeouts are the engine's (the attempt is re-dispatched).
 """
 
@@ -60,6 +61,7 @@ from rq.registry import StartedJobRegistry
 
 from durable_flow.options import Option, non_empty_str
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
+from durable_flow.transports.rq_claims import ClaimBook
 from durable_flow.transports.runner import EngineRunner, TaskRunner
 
 if TYPE_CHECKING:
@@ -208,6 +210,13 @@ class RQTransport(Transport):
     def connection(self) -> Redis:
         return self.tiers[NORMAL].connection
 
+    @cached_property
+    def claims(self) -> ClaimBook:
+        """Popped-but-unregistered jobs, and the doorbell idle workers wait on (`rq_claims.py`)."""
+        tier_keys = [self.tiers[tier].key for tier in (HIGH, NORMAL, LOW)]
+        job_prefix = self.tiers[NORMAL].job_class.redis_job_namespace_prefix
+        return ClaimBook(self.connection, self.queue_name, tier_keys, job_prefix)
+
     # -- producing ---------------------------------------------------------------------------
     def enqueue_turn(self, run_id: str) -> None:
         transaction.on_commit(partial(self._push, NORMAL, run_turn_job, (run_id,), f"turn {run_id}"))
@@ -232,7 +241,13 @@ class RQTransport(Transport):
             options["failure_ttl"] = self.failure_ttl
         # No job timeout (timeout=-1): step timeouts are the engine's, and a worker thread
         # cannot be killed safely in the middle of a database transaction.
-        queue.enqueue_call(func, args=args, timeout=-1, retry=Retry(max=3), description=description, **options)
+        # One MULTI: the job, then its bell (a worker woken by the bell finds the job).
+        with self.connection.pipeline() as pipeline:
+            queue.enqueue_call(
+                func, args=args, timeout=-1, retry=Retry(max=3), description=description, pipeline=pipeline, **options
+            )
+            self.claims.ring(pipeline)
+            pipeline.execute()
 
     # -- recovery ----------------------------------------------------------------------------
     def reclaim_from(self, dead_workers: list[str]) -> int:
@@ -240,15 +255,17 @@ class RQTransport(Transport):
 
         The poller calls this once a worker's heartbeat lapsed. Without it a popped job sits in
         RQ's `StartedJobRegistry` until its execution expires and (for a step not yet stamped
-        with a worker) until `REDISPATCH_AFTER_S`, holding its queue slot all that time. Each
-        entry is taken with its own `ZREM`, so of several pollers exactly one re-queues it. A
-        re-run is harmless: a turn replays, and a stale step attempt is skipped by the engine.
+        with a worker) until `REDISPATCH_AFTER_S`, holding its queue slot all that time; a job
+        it popped but had not registered yet is in the claim book (`rq_claims.py`). Each
+        registry entry is taken with its own `ZREM`, each booked one by a script that checks its
+        owner, so of several pollers exactly one re-queues it. A re-run is harmless: a turn
+        replays, and a stale step attempt is skipped by the engine.
         Returns how many jobs were re-queued.
         """
         dead = set(dead_workers)
         if not dead:
             return 0
-        reclaimed = 0
+        booked = reclaimed = self.claims.release_dead(dead)  # popped, killed before registering them
         connection = self.connection
         for queue in self.tiers.values():
             registry = StartedJobRegistry(queue.name, connection=connection, job_class=queue.job_class)
@@ -270,10 +287,11 @@ class RQTransport(Transport):
                     ExecutionRegistry(job_id=execution.job_id, connection=connection).remove(execution, pipeline)
                     pipeline.hset(queue.job_class.key_for(execution.job_id), "status", JobStatus.QUEUED.value)
                     queue.push_job_id(execution.job_id, pipeline=pipeline, at_front=True)
+                    self.claims.ring(pipeline)
                     pipeline.execute()
                 reclaimed += 1
         if reclaimed:
-            logger.warning("re-queued %d job(s) popped by dead worker(s)", reclaimed)
+            logger.warning("re-queued %d job(s) popped by dead worker(s), %d of them unregistered", reclaimed, booked)
         return reclaimed
 
     # -- consuming ---------------------------------------------------------------------------

@@ -7,6 +7,10 @@ worker is registered (and heartbeats) in RQ's worker registry, a claimed job get
 `Execution` in the queue's `StartedJobRegistry`, and ends in the `FinishedJobRegistry` (with its
 outcome as the job result) or the `FailedJobRegistry`. Claiming pops at most as many jobs as
 there are free slots, so nothing waits in a local buffer.
+
+A pop is booked for this worker in the same atomic script, and struck from the book in the MULTI
+that registers the jobs in the started registry, so a worker killed in between loses nothing
+(`rq_claims.py`); an idle worker blocks on the doorbell, not on the tier lists.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from rq.utils import now as rq_now
 from rq.worker import SimpleWorker
 
 from durable_flow.transports.rq import HIGH, JOB_KINDS, LOW, NORMAL, running_as
+from durable_flow.transports.rq_claims import Popped
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
@@ -47,6 +52,10 @@ class RQTaskSource(TaskSource):
         self.execution_ttl_s = execution_ttl_s
         self.worker: SimpleWorker | None = None
         self._next_cleanup = 0.0
+        self.claims = transport.claims
+        #: A pop whose registration failed (Redis cut off in between): (tier key, ids), given
+        #: back before the next pop. Only the worker loop claims, so no lock.
+        self._unregistered: tuple[str, list[str]] | None = None
 
     # -- lifecycle (optional hooks of the runtime) ---------------------------------------------
     def open(self, runner: TaskRunner) -> None:
@@ -66,25 +75,41 @@ class RQTaskSource(TaskSource):
         self.worker.set_state("idle")
 
     def close(self, worker_id: str) -> None:
+        if self._unregistered is not None:  # else the poller gives them back once this worker is dead
+            tier_key, ids = self._unregistered
+            self.claims.release_own(worker_id, tier_key, ids)
+            self._unregistered = None
         if self.worker is not None:
             self.worker.register_death()
 
     # -- claiming ------------------------------------------------------------------------------
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
-        keys = [queue.key for queue in self.ordered]
-        popped = self.connection.lmpop(len(keys), *keys, direction="LEFT", count=limit)
-        if popped is None and wait_s > 0:
-            popped = self.connection.blmpop(wait_s, len(keys), *keys, direction="LEFT", count=limit)
-        if not popped:
+        if self._unregistered is not None:
+            tier_key, ids = self._unregistered
+            self.claims.release_own(worker_id, tier_key, ids)  # raises while Redis is still away
+            self._unregistered = None
+        popped = self.claims.pop(worker_id, limit)
+        if popped is None and wait_s > 0 and self.claims.wait(wait_s):
+            popped = self.claims.pop(worker_id, limit, bells_taken=1)
+        if popped is None:
             return []
-        key, raw_ids = popped
-        queue = self._by_key[key.decode() if isinstance(key, bytes) else key]
-        ids = [raw.decode() if isinstance(raw, bytes) else raw for raw in raw_ids]
-        jobs = [
-            job
-            for job in queue.job_class.fetch_many(ids, connection=self.connection, serializer=queue.serializer)
-            if job is not None  # deleted or expired while queued: RQ skips these too
-        ]
+        try:
+            return self._register(worker_id, popped)
+        except BaseException:
+            self._unregistered = (popped.tier_key, popped.ids)
+            raise
+
+    def _register(self, worker_id: str, popped: Popped) -> list[ClaimedTask]:
+        """Give popped jobs their `Execution`s in the started registry, and strike them from
+        the claim book in the same MULTI."""
+        queue = self._by_key[popped.tier_key]
+        jobs = []
+        for job_id, data in zip(popped.ids, popped.jobs, strict=True):
+            if not data:
+                continue  # deleted or expired while queued: RQ skips these too
+            job = queue.job_class(job_id, connection=self.connection, serializer=queue.serializer)
+            job.restore(data)
+            jobs.append(job)
         tasks: list[ClaimedTask] = []
         assert self.execution_ttl_s is not None, "open() first"
         with self.connection.pipeline() as pipeline:
@@ -92,6 +117,7 @@ class RQTaskSource(TaskSource):
                 execution = Execution.create(job, self.execution_ttl_s, pipeline=pipeline, worker_name=worker_id)
                 job.prepare_for_execution(worker_id, pipeline=pipeline)
                 tasks.append(self._task(job, queue, execution))
+            self.claims.strike(popped.ids, pipeline)
             pipeline.execute()
         return tasks
 
@@ -169,6 +195,7 @@ class RQTaskSource(TaskSource):
                 execution.delete(job=job, pipeline=pipeline)
                 job.set_status(JobStatus.QUEUED, pipeline=pipeline)
                 queue.push_job_id(job.id, pipeline=pipeline, at_front=True)
+                self.claims.ring(pipeline)
             pipeline.execute()
 
     def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:

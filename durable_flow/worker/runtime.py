@@ -140,8 +140,8 @@ class WorkerRuntime(EngineRunner):
                     tasks = self.source.claim(self.worker_id, free, wait_s)
                 except transient as exc:
                     # Broker or database down: keep the process (and its running tasks) alive,
-                    # back off, and claim again when it returns. Nothing was popped, so nothing
-                    # is lost; a job popped just before the error stays in RQ's started registry.
+                    # back off, and claim again when it returns. Nothing is lost: a job popped
+                    # just before the error is in RQ's started registry or the source's claim book.
                     close_old_connections()
                     self._stop.wait(outage.failed(exc))
                     continue
@@ -269,7 +269,9 @@ class WorkerRuntime(EngineRunner):
             # (`failed`); by default the task stays leased and is re-claimed when its lease
             # lapses. Either way the step's result is idempotent.
             logger.exception("task %s failed in the engine", task)
-            if id(task) not in self._handed_back and not task.inline:
+            if task.inline:
+                self._resend_handed(task)
+            elif id(task) not in self._handed_back:
                 self._report(self.source.failed, task, exc)
         else:
             if id(task) not in self._handed_back and not task.inline:
@@ -282,6 +284,17 @@ class WorkerRuntime(EngineRunner):
             self.controller.record(latency_ms, ok, task.kind)
             with self._changed:
                 self._changed.notify_all()
+
+    def _resend_handed(self, task: ClaimedTask) -> None:
+        """A handed step the engine failed on (a deadlock, a dropped connection) has no transport
+        task to be retried from, and its worker is alive, so the dead-worker pass never re-drives
+        it: send it through the transport now, as a new attempt that keeps its slot (a result
+        already recorded makes this a no-op). If that fails too (the database is down), the
+        `REDISPATCH_AFTER_S` check is left to re-drive it."""
+        try:
+            self.engine.redispatch_pending(task.run_id, keys=[task.step_key])
+        except Exception:
+            logger.exception("could not re-send handed step %s through the transport", task)
 
     def _tidy_connection(self) -> None:
         """`close_old_connections()` at most every `TIDY_EVERY_S` per thread (see there)."""

@@ -58,10 +58,11 @@ STALL_S = 120.0
 #: come back this much later.
 HEARTBEAT_TTL_S = 10
 
-#: The worker and poller environment per stack. On `rq`, a job a worker popped (LMPOP) and lost
-#: before registering it in RQ's started registry (killed, or Redis went down, in the next round
-#: trip) is in no list or registry: only the REDISPATCH_AFTER_S backstop brings it back. The
-#: soak hits that gap; shortened here so it settles within the test.
+#: The worker and poller environment per stack. On `rq`, REDISPATCH_AFTER_S is shortened: a step
+#: a live worker dropped is re-driven only by that check, e.g. one handed to a worker thread
+#: in-process whose result met a PostgreSQL deadlock, or one whose result PostgreSQL refused
+#: through RQ's three immediate retries (the outage soak). (A job popped by a worker killed before
+#: registering it no longer needs it: the claim book has the poller re-queue it.)
 STACKS = {
     "db": {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_ADMISSION": "db"},
     "rq": {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_ADMISSION": "redis", "DURABLE_FLOW_REDISPATCH_AFTER_S": "20"},
