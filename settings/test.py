@@ -52,9 +52,12 @@ DURABLE_FLOW = {
 }
 
 # Worker, poller and server processes started by tests must use the database the test
-# runner created, not the one named above.
+# runner created, not the one named above. They leave out the `daphne` app: it only makes
+# `runserver` serve ASGI (the tests start daphne itself), and importing it (Twisted, TLS) is
+# about a quarter of a process's start-up CPU, paid at every worker the soak kills and restarts.
 if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
+    INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "daphne"]  # noqa: F405
 
 # Django's tasks framework (the `django-tasks` backport) on durable_flow (tests/test_tasks.py).
 TASKS = {

@@ -1,6 +1,6 @@
-"""The chaos soak: real workers and a poller run a few hundred three-step workflows through a
-capped, a sliding-window and a fair queue while a chaos loop SIGKILLs them at random moments
-and starts replacements; then everything must settle.
+"""The chaos soak: real workers and a poller run 1,000 three-step workflows through a capped, a
+sliding-window and a fair queue while a chaos loop SIGKILLs one of them every 1-3 s and starts
+a replacement; then everything must settle.
 
 What it checks, each against what the README promises:
 - every run ends: completed with the right output, or cancelled when the soak cancelled it
@@ -13,9 +13,10 @@ What it checks, each against what the README promises:
   step starts, taken on the backend's clock right before the step is called).
 
 Stacks: `db` transport + `db` admission (SQLite and PostgreSQL), and `rq` transport + `redis`
-admission (PostgreSQL only). `SOAK_RUNS` scales the number of runs (default 120, the short
-version `make test` runs; e.g. `SOAK_RUNS=1000` for the long one), `SOAK_SEED` replays a chaos
-schedule. Deselect with `-m "not soak"`. The parts live in `soak.py`; the outage variant is
+admission (PostgreSQL only). `SOAK_RUNS` scales the number of runs (default 1,000, what
+`make test` runs on SQLite + `db` and PostgreSQL + `rq`; `db` on PostgreSQL runs `SIDE_RUNS`, an
+eighth; e.g. `SOAK_RUNS=8000` for a long soak), `SOAK_SEED` replays a chaos schedule.
+Deselect with `-m "not soak"`. The parts live in `soak.py`; the outage variant is
 `test_soak_outages.py`.
 """
 
@@ -36,9 +37,11 @@ from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, use_redis_admission
-from tests.reliability.soak import RUNS, SEED, STACKS, Fleet, Workload, clear_rq
+from tests.reliability.soak import RUNS, SEED, SIDE_RUNS, STACKS, Fleet, Workload, clear_rq
 
-pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
+#: A hang guard, not the verdict (a soak that stops settling fails after `STALL_S`): 1,000 runs
+#: took over 15 min on the shared 2-core machine under other sessions' load (load average 20).
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(max(1800, 2 * RUNS))]
 
 
 @pytest.fixture(params=sorted(STACKS))
@@ -71,15 +74,17 @@ def test_the_soak_settles_under_random_kills(
     soak_engine: Engine, stack: str, spawn: Callable[..., ManagedProcess], tmp_path: Path, capsys: Any
 ) -> None:
     rng = random.Random(SEED)
-    work = Workload(log=tmp_path / "soak.log", rng=rng)
+    # The two stacks the issue names run RUNS; `db` on PostgreSQL, beside them, SIDE_RUNS.
+    runs = SIDE_RUNS if stack == "db" and connection.vendor == "postgresql" else RUNS
+    work = Workload(log=tmp_path / "soak.log", rng=rng, runs=runs)
     work.register_queues()
     fleet = Fleet(spawn, work.env(stack))
     work.submit()
 
-    max_kills = max(6, RUNS // 12)
+    max_kills = max(6, runs // 25)
     while not work.settled() and len(fleet.kills) < max_kills:
         assert not work.stalled(), f"no run settled for a while during the chaos (seed {SEED})"
-        time.sleep(rng.uniform(0.5, 2.0))  # the chaos schedule, not a verdict's margin
+        time.sleep(rng.uniform(1.0, 3.0))  # the chaos schedule, not a verdict's margin
         work.cancel_two()
         fleet.kill_one(rng)
 

@@ -14,7 +14,8 @@ be the same process at the end. Then the soak's verdict: every run completed
 (or cancelled by the soak), none lost, no result recorded twice (each output exact), no step
 re-run except one that ran during an outage or within `OUTAGE_REACH_S` after it (its result could
 not be recorded, so it is dispatched again: steps are at-least-once), no slot or waiter left, caps and the
-sliding window held. `SOAK_RUNS` scales it as it does the soak; the outage rounds grow with it.
+sliding window held. It runs `SIDE_RUNS` (an eighth of `SOAK_RUNS`, at least 120: 125 in
+`make test`); the outage rounds grow with it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.own_redis import OwnRedis, free_port
 from tests.reliability.evidence import Outage
-from tests.reliability.soak import RUNS, SEED, Fleet, Workload
+from tests.reliability.soak import SEED, SIDE_RUNS, Fleet, Workload
 
 pytestmark = [
     pytest.mark.soak,
@@ -47,8 +48,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH"),
 ]
 
-#: Outage rounds (one Redis and one PostgreSQL outage each): 2 at the default 120 runs.
-ROUNDS = max(2, RUNS // 60)
+#: Outage rounds (one Redis and one PostgreSQL outage each): 2 at the default 125 runs.
+ROUNDS = max(2, SIDE_RUNS // 60)
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_the_soak_settles_through_redis_and_postgresql_outages(
     outage_engine: Engine, own_redis: OwnRedis, spawn: Callable[..., ManagedProcess], tmp_path: Path, capsys: Any
 ) -> None:
     rng = random.Random(SEED)
-    work = Workload(log=tmp_path / "soak.log", rng=rng)
+    work = Workload(log=tmp_path / "soak.log", rng=rng, runs=SIDE_RUNS)
     work.register_queues()
     fleet = Fleet(spawn, {**work.env("rq"), "REDIS_URL": own_redis.url()})
     work.submit()
