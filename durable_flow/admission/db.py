@@ -304,7 +304,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         `clock_timestamp()`: one clock for every host, as the Redis backend's `TIME` is."""
         if self.clock is system_clock_ms and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SELECT floor(extract(epoch from clock_timestamp()) * 1000)::bigint")
+                cursor.execute(f"SELECT {db_statements.CLOCK_MS_SQL}")
                 return int(cursor.fetchone()[0])
         return self.clock()
 

@@ -26,6 +26,9 @@ from durable_flow.admission import db_heads
 from durable_flow.admission.db_resources import FREE_QUEUE, RESOURCE_LOCK_ID
 from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
 
+#: The database server's clock in epoch ms (PostgreSQL): one clock for every host.
+CLOCK_MS_SQL = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
 
 def _table(model: type) -> str:
     return connection.ops.quote_name(model._meta.db_table)  # type: ignore[attr-defined]
@@ -46,13 +49,13 @@ def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
     params: list[object] = [name, RESOURCE_LOCK_ID] if guard else [name]
     sql = (
         f"WITH q AS MATERIALIZED (SELECT * FROM {_table(FlowQueue)} WHERE name = %s{guard_sql} FOR UPDATE) "
-        "SELECT q.*, floor(extract(epoch from clock_timestamp()) * 1000)::bigint AS now_ms FROM q"
+        f"SELECT q.*, {CLOCK_MS_SQL} AS now_ms FROM q"
     )
     rows = list(FlowQueue.objects.raw(sql, params))
     if rows:
         return rows, int(rows[0].now_ms)
     with connection.cursor() as cursor:  # no such queue: the clock alone (the locks are held)
-        cursor.execute("SELECT floor(extract(epoch from clock_timestamp()) * 1000)::bigint")
+        cursor.execute(f"SELECT {CLOCK_MS_SQL}")
         return [], int(cursor.fetchone()[0])
 
 
