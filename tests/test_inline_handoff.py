@@ -14,8 +14,18 @@ from durable_flow import register_queue, start
 from durable_flow.admission.base import OnCount
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.engine import Engine, inline_handoff
-from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkerHeartbeat, WorkflowRun
+from durable_flow.conf import get_settings
+from durable_flow.engine import Engine, inline_handoff, set_engine
+from durable_flow.models import (
+    RunStatus,
+    StepAttempt,
+    StepCheckpoint,
+    StepStatus,
+    Task,
+    TaskKind,
+    WorkerHeartbeat,
+    WorkflowRun,
+)
 from durable_flow.poller import TimerPoller
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.worker.concurrency import build_controller
@@ -41,12 +51,48 @@ def test_the_step_a_result_grants_is_handed_to_the_thread_not_the_transport(
     with inline_handoff.accepting("w1") as taken:
         assert engine.execute_step(job[0], job[1], job[2], worker_id="w1") == "completed"
     cp = StepCheckpoint.objects.get(run=second)
-    assert taken == [inline_handoff.HandedStep(second.id, cp.key, cp.attempt)]
+    (handed,) = taken
+    assert (handed.run_id, handed.step_key, handed.attempt) == (second.id, cp.key, cp.attempt)
     assert not transport.held  # no transport task: the thread runs it next
     assert (cp.status, cp.worker, cp.holds_slot) == (StepStatus.DISPATCHED, "w1", True)
-    assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "completed"
+    # Started in the dispatch's transaction: the thread needs no start statement.
+    assert handed.dispatched is not None and handed.dispatched.holds_slot
+    assert list(StepAttempt.objects.filter(checkpoint=cp).values_list("status", "worker")) == [("running", "w1")]
+    assert (
+        engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1", dispatched=handed.dispatched) == "completed"
+    )
     assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
     assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
+
+
+class AdoptingLocalBackend(LocalAdmissionBackend):
+    """The `local` backend, declaring that its slots must be adopted (as `redis`'s are)."""
+
+    SLOTS_ADOPTED = True
+
+
+def test_a_granted_step_whose_slot_must_be_adopted_starts_on_the_thread(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    transport = HeldTransport()
+    engine = Engine(
+        admission=AdoptingLocalBackend(clock=lambda: clock.ms),
+        transport=transport,
+        settings=get_settings(),
+        clock=clock,
+    )
+    set_engine(engine)
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    with inline_handoff.accepting("w1") as taken:
+        engine.execute_step(job[0], job[1], job[2], worker_id="w1")
+    cp = StepCheckpoint.objects.get(run=second)
+    assert taken == [inline_handoff.HandedStep(second.id, cp.key, cp.attempt)]  # no checkpoint: not started yet
+    assert not StepAttempt.objects.filter(checkpoint=cp).exists()
+    assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "completed"
+    assert StepAttempt.objects.get(checkpoint=cp).status == "completed"
 
 
 def test_a_thread_takes_one_granted_step_and_the_transport_the_rest(held: tuple[Engine, HeldTransport]) -> None:

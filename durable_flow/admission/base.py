@@ -139,6 +139,10 @@ class AdmissionBackend(Configurable, ABC):
     #: so an outage of the backend cannot roll a step's result back, and the poller's
     #: maintenance frees a slot whose release failed (`held_tickets`).
     RELEASES_IN_TRANSACTION: ClassVar[bool] = True
+    #: Whether a slot belongs to a live process, so the one executing its step must take it
+    #: over first (`adopt`, which may find it reclaimed). False where `adopt` is always True:
+    #: then a granted step handed to a worker thread is started in its dispatch's transaction.
+    SLOTS_ADOPTED: ClassVar[bool] = False
 
     @abstractmethod
     def register(self, config: QueueConfig) -> None:

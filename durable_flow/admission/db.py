@@ -87,6 +87,9 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         self._known: dict[str, tuple[bool, float]] = {}
         self._known_cache_s = known_queue_cache_s
         self._pending_write: set[str] = set()
+        #: Queues whose stored config has nothing for a start to count in (no rate limit, no
+        #: per-key limits), until when (monotonic s): a start on them costs no query.
+        self._windowless: dict[str, float] = {}
         self._lock = threading.Lock()
 
     # -- registration ----------------------------------------------------------------------
@@ -97,6 +100,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             self._configs[config.name] = config
             self._known[config.name] = (True, float("inf"))
             self._pending_write.add(config.name)
+            self._windowless.pop(config.name, None)
 
     def handles(self, queue: str) -> bool:
         with self._lock:
@@ -270,8 +274,14 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             return [t for t in tickets if t in held]
 
     def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
+        with self._lock:
+            windowless_until = self._windowless.get(queue, 0.0)
+        if windowless_until > time.monotonic():
+            return 0  # no window to count in, as of a read at most `known_queue_cache_s` ago
         known = self._stored_config(queue) or self._configs.get(queue)
         if known is None or (known.rate_limit is None and not known.keyed):
+            with self._lock:
+                self._windowless[queue] = time.monotonic() + self._known_cache_s
             return 0  # no window to count in: no lock taken
         with transaction.atomic():
             _, config = self._locked_queue(queue)

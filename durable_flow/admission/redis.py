@@ -154,6 +154,7 @@ class RedisAdmissionBackend(AdmissionBackend):
 
     SUPPORTS_CONSTRAINTS = True  # resources.lua, see redis_resources
     RELEASES_IN_TRANSACTION = False  # Redis is not the database: released after the commit
+    SLOTS_ADOPTED = True  # a slot lives as long as its owner's heartbeat (`adopt`)
 
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),

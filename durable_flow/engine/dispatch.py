@@ -155,14 +155,15 @@ class DispatchMixin(EngineBase):
         else:
             self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
 
-    @staticmethod
-    def _started_inline(cp: StepCheckpoint, now: datetime) -> StepCheckpoint | None:
-        """An attempt handed to this thread with no slot starts here, in the dispatching
-        transaction: its history row is written now (the thread runs it right after the commit),
-        and the thread gets the checkpoint instead of reading it back. One that holds a slot
-        starts on the thread (`start_attempt`): the slot's adoption and the rate window's count
-        come right before the call. Returns the checkpoint to hand over, or None."""
-        if cp.holds_slot:
+    def _started_inline(self: Engine, cp: StepCheckpoint, now: datetime) -> StepCheckpoint | None:
+        """An attempt handed to this thread starts here, in the dispatching transaction: its
+        history row is written now (the thread runs it right after the commit), and the thread
+        gets the checkpoint instead of reading it back. A slot it holds was granted by this
+        transaction or the one before it, in this process, and the rate window counts its start
+        on the thread right before the call, as for a claimed step. Only on a backend whose
+        slots follow a live process (`SLOTS_ADOPTED`: `redis`) does a slot-holding step start on
+        the thread (`start_attempt`), where the slot's adoption must come first: returns None."""
+        if cp.holds_slot and self.admission.SLOTS_ADOPTED:
             return None
         attempt_started(cp, cp.attempt, cp.worker, now)
         handed = copy(cp)

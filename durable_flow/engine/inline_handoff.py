@@ -22,11 +22,12 @@ that drops it otherwise is caught by the heartbeat check (`REDISPATCH_AFTER_S`).
 is accepted per result or turn, so a release that grants several waiters, or a turn that
 dispatches a fan-out, sends the rest through the transport, to other threads.
 
-A step handed over by a turn that holds no slot starts in the turn's transaction: its
-`StepAttempt` row is written there (`running`, this worker, started now) and the handed step
-carries its checkpoint, so the thread runs it with no start statement (`dispatched`). A step
-that holds a slot starts as a claimed one does (`start_attempt`): its slot is adopted and its
-rate window counts the start right before the call.
+A handed step starts in the transaction that dispatched it: its `StepAttempt` row is written
+there (`running`, this worker, started now) and the handed step carries its checkpoint, so the
+thread runs it with no start statement (`dispatched`); a step that holds a slot still has its
+rate window count the start right before the call. On a backend whose slots follow a live
+process (`SLOTS_ADOPTED`: `redis`) a slot-holding step starts as a claimed one does
+(`start_attempt`), its slot adopted first.
 """
 
 from __future__ import annotations
