@@ -3,11 +3,12 @@ transport task, and a crash in between still re-drives it (the dispatch is recor
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection, connections, transaction
 from django.db.models.signals import post_save
 
 from durable_flow import register_queue, start
@@ -93,6 +94,60 @@ def test_a_granted_step_whose_slot_must_be_adopted_starts_on_the_thread(
     assert not StepAttempt.objects.filter(checkpoint=cp).exists()
     assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "completed"
     assert StepAttempt.objects.get(checkpoint=cp).status == "completed"
+
+
+def test_a_freed_slot_is_dispatched_to_its_waiter_in_the_releasing_transaction(
+    held: tuple[Engine, HeldTransport],
+) -> None:
+    """The result and the granted step's dispatch commit together: no second transaction
+    between one step's end and the next step's start in its slot."""
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    run_id, key, attempt, _ = transport.held.popleft()
+    with transaction.atomic():
+        engine.record_result(run_id, key, attempt, output=1)
+        # Not committed yet, and the waiter's step is dispatched already.
+        assert StepCheckpoint.objects.get(run=second).status == StepStatus.DISPATCHED
+        assert [r for r, *_ in transport.held] == [second.id]
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.RUNNING
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks between connections: the PostgreSQL pass")
+def test_a_waiter_whose_run_is_locked_elsewhere_is_dispatched_after_the_commit(
+    held: tuple[Engine, HeldTransport],
+) -> None:
+    """The releasing transaction holds the queue's lock, so it must not wait for a run locked
+    elsewhere (that run's holder may be waiting for the queue): it skips it, and the grant is
+    dispatched once the release commits, as before."""
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    run_id, key, attempt, _ = transport.held.popleft()
+    locked, go = threading.Event(), threading.Event()
+
+    def hold_the_run() -> None:
+        try:
+            with transaction.atomic():
+                WorkflowRun.objects.select_for_update().get(pk=second.id)
+                locked.set()
+                go.wait(timeout=60)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_run)
+    holder.start()
+    assert locked.wait(timeout=60)
+    with transaction.atomic():
+        engine.record_result(run_id, key, attempt, output=1)
+        assert StepCheckpoint.objects.get(run=second).status == StepStatus.WAITING  # skipped, not waited for
+        assert not transport.held
+        go.set()  # the dispatch after the commit waits for the holder's commit
+    holder.join(timeout=60)
+    assert StepCheckpoint.objects.get(run=second).status == StepStatus.DISPATCHED
+    assert [r for r, *_ in transport.held] == [second.id]
 
 
 def test_a_thread_takes_one_granted_step_and_the_transport_the_rest(held: tuple[Engine, HeldTransport]) -> None:

@@ -28,7 +28,7 @@ from django.db import close_old_connections, transaction
 from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
-from durable_flow.engine.locking import locked_run, retry_on_conflict
+from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.engine.start_margins import StartMargins
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.step_concurrency import constraints_of
@@ -137,9 +137,17 @@ class HandoffMixin(EngineBase):
         return self.take_grant(queue, self.admission.grant(queue))
 
     def release_ticket(self: Engine, queue: str, ticket: str) -> None:
-        """Free a ticket's slot (or withdraw it as a waiter) and hand the room on."""
+        """Free a ticket's slot (or withdraw it as a waiter) and hand the room on. Inside a
+        transaction (a result, a cancel), the first granted step of another run is dispatched
+        in it when its run is not locked elsewhere (`_dispatch_grant_here`): the slot then
+        changes hands in one commit, and the step the thread takes runs right after it."""
         paused = self.paused_queues.is_paused(queue)
-        self.take_grant(queue, self.admission.release(queue, ticket, grant_next=not paused))
+        grant = self.admission.release(queue, ticket, grant_next=not paused)
+        if grant.tickets and transaction.get_connection().in_atomic_block:
+            first, *rest = grant.tickets
+            if Ticket.parse(first).run_id != Ticket.parse(ticket).run_id and self._dispatch_grant_here(queue, first):
+                grant = Grant(tuple(rest), grant.retry_at_ms)
+        self.take_grant(queue, grant)
 
     def take_grant(self: Engine, queue: str, grant: Grant) -> int:
         """Act on a grant: dispatch its steps once the granting transaction commits (at once
@@ -149,6 +157,25 @@ class HandoffMixin(EngineBase):
         if grant.tickets:
             transaction.on_commit(partial(self.dispatch_granted, queue, grant.tickets))
         return len(grant.tickets)
+
+    def _dispatch_grant_here(self: Engine, queue: str, ticket: str) -> bool:
+        """Dispatch a granted step inside the granting transaction, if its run's row can be
+        locked without waiting (`SKIP LOCKED`: this transaction holds the queue's lock, and a
+        run locked elsewhere may be waiting for that lock, so waiting here could deadlock).
+        The caller's own run is never passed here: its turn holds its checkpoints in memory.
+        False leaves the grant to `dispatch_granted` after the commit, which also handles every
+        case but the plain one (a waiter gone, cancelled, or of another queue)."""
+        run_id, key = Ticket.parse(ticket)
+        run = one(WorkflowRun.objects.select_for_update(skip_locked=True).filter(pk=run_id))
+        if run is None or run.status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
+            return False
+        cp = one(StepCheckpoint.objects.select_for_update(skip_locked=True).filter(run_id=run_id, key=key))
+        if cp is None or cp.queue != queue or cp.status != StepStatus.WAITING:
+            return False
+        cp.holds_slot = True
+        self.dispatch(cp, inline_to=inline_handoff.taker())
+        self._mark_running(run, cp.wake_at)
+        return True
 
     def dispatch_granted(self: Engine, queue: str, tickets: Iterable[str]) -> None:
         for ticket in tickets:
