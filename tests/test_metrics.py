@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from durable_flow import register_queue, start
+from durable_flow import counters, register_queue, start
 from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.redis import RedisAdmissionBackend
@@ -254,3 +254,29 @@ def test_an_admission_in_a_rolled_back_transaction_is_not_counted(transactional_
     count_admission("q")
     count_admission("q")
     assert admissions() == {"q": 2}
+
+
+def test_a_worker_writes_its_counts_from_a_background_thread_summed_per_queue(transactional_db: None) -> None:
+    """Inside a worker (`start_background_writes`), committed counts go to the writer thread,
+    which sums them per queue: the committing thread sends no UPDATE. Stopping writes the rest;
+    a rolled-back count is still never written."""
+    statements: list[str] = []
+
+    def log(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    counters.start_background_writes()
+    try:
+        with connection.execute_wrapper(log):
+            for _ in range(5):
+                count_admission("q")
+            with pytest.raises(RuntimeError), transaction.atomic():
+                count_admission("q")
+                raise RuntimeError("the turn failed")
+        assert not [sql for sql in statements if "queuecounter" in sql.lower()]  # none on this thread
+    finally:
+        counters.stop_background_writes()
+    assert admissions() == {"q": 5}
+    count_admission("q")  # stopped: written at the commit again
+    assert admissions() == {"q": 6}

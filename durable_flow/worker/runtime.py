@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections
 
+from durable_flow import counters
 from durable_flow.engine import inline_handoff
 from durable_flow.transports.runner import Also, ClaimedTask, EngineRunner, TaskSource
 from durable_flow.worker.concurrency import ConcurrencyController
@@ -116,6 +117,7 @@ class WorkerRuntime(EngineRunner):
             break
         pool = ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task")
         self.engine.grant_timer.start()  # grants room the instant a rate window reopens
+        counters.start_background_writes()  # no counter UPDATE between a result and its handed step
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -159,6 +161,7 @@ class WorkerRuntime(EngineRunner):
         finally:
             # Tasks handed back are abandoned to their threads: do not wait for them.
             pool.shutdown(wait=not self.abandoned, cancel_futures=True)
+            counters.stop_background_writes()
             try:
                 self.heartbeat.beat(stopped=True)
             except Exception:  # the database is down at exit: the row's last_seen lapses instead
