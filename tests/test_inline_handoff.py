@@ -320,3 +320,28 @@ def test_a_start_that_waited_for_the_queue_lock_is_counted_once(
     transport.run_step()
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
     assert engine.admission.window_usage("api") == 1
+
+
+def test_a_grant_dispatches_all_its_steps_in_one_transaction(
+    held: tuple[Engine, HeldTransport], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the grant timer and the poller's tick call: the room granted and every granted
+    step dispatched in one commit, not one per step."""
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    waiting = [start("tests.queued", queued("render", i)) for i in (2, 3)]
+    register_queue("render", concurrency=3)
+    transport.held.clear()
+    commits: list[None] = []
+    commit = connection.commit
+
+    def counted() -> None:
+        commits.append(None)
+        commit()
+
+    monkeypatch.setattr(connection, "commit", counted)
+    assert engine.grant("render") == 2
+    assert len(commits) == 1
+    assert sorted(r for r, *_ in transport.held) == sorted(r.id for r in waiting)
+    assert {cp.status for cp in StepCheckpoint.objects.filter(run__in=waiting)} == {StepStatus.DISPATCHED}

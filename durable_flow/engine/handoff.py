@@ -131,10 +131,16 @@ class HandoffMixin(EngineBase):
     start_margins: StartMargins
 
     def grant(self: Engine, queue: str) -> int:
-        """Grant whatever room `queue` has now and dispatch the granted steps; how many."""
+        """Grant whatever room `queue` has now and dispatch the granted steps; how many. The
+        grant and its dispatches are one transaction (a rate window reopening for 20 waiters
+        costs one commit, not 21); a granted step whose run is locked elsewhere is dispatched
+        after it (`_dispatch_grant_here`)."""
         if self.paused_queues.is_paused(queue):
             return 0
-        return self.take_grant(queue, self.admission.grant(queue))
+        with transaction.atomic():
+            grant = self.admission.grant(queue)
+            later = tuple(ticket for ticket in grant.tickets if not self._dispatch_grant_here(queue, ticket))
+            return len(grant.tickets) - len(later) + self.take_grant(queue, Grant(later, grant.retry_at_ms))
 
     def release_ticket(self: Engine, queue: str, ticket: str) -> None:
         """Free a ticket's slot (or withdraw it as a waiter) and hand the room on. Inside a
