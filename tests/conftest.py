@@ -59,6 +59,7 @@ POSTGRESQL_PASS = (
     "tests/test_outages.py",
     "tests/test_processes.py",
     "tests/test_queue_operations.py",
+    "tests/test_release_order.py",
     "tests/test_quotas.py",
     "tests/test_rq_transport.py",
     "tests/test_start_control.py",

@@ -134,9 +134,12 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
             for (name, labels), v in now.items()
             if name == "durable_flow_worker_slots" and ("state", "busy") in labels
         ]
-        return now if (in_flight, waiting, busy) == (1, 2, [1]) else None
+        # The worker writes its admission counts from a background thread, just after the
+        # commits that count them (`counters.CountWriter`): wait for those too.
+        counted = (now[admitted], now[parked])
+        return now if (in_flight, waiting, busy, counted) == (1, 2, [1], (1, 2)) else None
 
-    during = wait_for(blocked, timeout=60, what="one step in flight, two waiting, one busy worker slot")
+    during = wait_for(blocked, timeout=60, what="one step in flight, two waiting, one busy worker slot, counted")
     (up,) = [v for (name, _), v in during.items() if name == "durable_flow_worker_up"]
     assert up == 1
     assert during[("durable_flow_runs", (("status", "running"), ("workflow", "tests.file_gated")))] == 1
@@ -150,7 +153,12 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
         timeout=60,
         what="all three runs to complete",
     )
-    after = scrape(staff_client)
+    # Written by the worker's count writer moments after the grants' commits.
+    after = wait_for(
+        lambda: (now := scrape(staff_client))[admitted] == 3 and now,
+        timeout=60,
+        what="the worker's admission counts to be written",
+    )
     assert after[("durable_flow_runs", (("status", "completed"), ("workflow", "tests.file_gated")))] == 3
     assert after[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
     assert after[("durable_flow_queue_waiting", (("queue", "metered"),))] == 0

@@ -430,3 +430,10 @@ def whereami_flow(ctx: Any, fail_key: str) -> list[Any]:
 def debounced_flow(ctx: Any, input: dict[str, Any]) -> int:
     """Begins once starts of its user stop for 5 s (tests/test_start_control.py, real processes)."""
     return ctx.step(add_one, input["n"])
+
+
+@workflow("tests.two_queued")
+def two_queued(ctx: Any, payload: dict[str, Any]) -> list[Any]:
+    """Two steps in a row through one queue."""
+    first = ctx.step(echo, payload["value"], queue=payload["queue"])
+    return [first, ctx.step(double, 21, queue=payload["queue"])]

@@ -77,6 +77,7 @@ class DispatchMixin(EngineBase):
         gated_queue = bool(cp.queue) and self.admission.handles(cp.queue)
         if not gated_queue and not constraints:
             return True
+        self.release_deferred_now()  # a result's slot, given back before anything is decided
         request = AdmissionRequest(
             queue=cp.queue,
             ticket=cp.ticket,

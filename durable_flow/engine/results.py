@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -179,12 +180,13 @@ class ResultsMixin(EngineBase):
                 self.settle(cp, StepStatus.FAILED, error=error, fields=released)
             else:
                 self.settle(cp, StepStatus.COMPLETED, output=output, fields=released)
-            if held:
-                self.release_settled(cp.queue, cp.ticket, guarded=False)
-            if not cp.group:
-                self._continue(run, checkpoints)  # every checkpoint of the run is in hand
-            elif self._group_settled(cp):
-                self._continue(run)
+            # The slot goes back after the inline turn (or at its first admission), so the
+            # queue's lock is not held over the turn (`engine/release_order.py`).
+            with self.release_after_turn(cp.queue, cp.ticket) if held else nullcontext():
+                if not cp.group:
+                    self._continue(run, checkpoints)  # every checkpoint of the run is in hand
+                elif self._group_settled(cp):
+                    self._continue(run)
 
     def release_settled(self: Engine, queue: str, ticket: str, *, guarded: bool = False) -> None:
         """Free the ticket of a call this transaction settles (its slot, or its place in line):

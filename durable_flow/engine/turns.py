@@ -102,6 +102,7 @@ class TurnsMixin(EngineBase):
             with transaction.atomic():  # a savepoint: the result above stays recorded either way
                 self._replay(run, checkpoints)
         except EngineUnavailable as exc:
+            self.deferred_release_undone()  # a slot released inside the savepoint is released again
             logger.warning("run %s: inline turn failed (%s); queuing it instead", run.id, exc)
             run.refresh_from_db(fields=["status", "wake_at", "turns"])
             self.wake(run)
