@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import socketserver
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,3 +283,37 @@ def test_a_cancel_while_redis_is_down_settles_and_its_place_in_line_is_handed_on
     ]
     assert CALLS == {"plain first": 1, "plain third": 1}
     assert (backend.in_flight("render"), backend.waiting("render")) == (0, 0)
+
+
+class _NotRedis(socketserver.BaseRequestHandler):
+    """Answers every connection as an HTTP server would (a port reused by a web server)."""
+
+    def handle(self) -> None:
+        self.server.connections += 1  # type: ignore[attr-defined]
+        self.request.recv(1024)
+        self.request.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+
+def test_the_heartbeat_outlives_a_server_that_does_not_answer_as_redis(caplog: pytest.LogCaptureFixture) -> None:
+    """A protocol error is not a connection error, but it must not end the heartbeat thread: a
+    dead heartbeat lets a live process's slots lapse to other processes while its steps run.
+    The thread keeps beating (each beat a new connection), and logs the outage once."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _NotRedis)
+    server.connections = 0  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    with caplog.at_level(logging.WARNING, logger="durable_flow.admission.redis"):
+        backend = RedisAdmissionBackend(url=f"redis://127.0.0.1:{port}/0", instance_ttl_ms=300)
+        try:
+            wait_for(
+                lambda: server.connections >= 6,  # type: ignore[attr-defined]
+                timeout=120,
+                what="the heartbeat to keep trying after a protocol error",
+            )
+            assert backend._heartbeat.is_alive()
+        finally:
+            backend.close()
+            server.shutdown()
+            server.server_close()
+    assert not backend._heartbeat.is_alive()
+    assert caplog.text.count("instance heartbeat to Redis: service unavailable") == 1

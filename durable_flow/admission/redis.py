@@ -450,7 +450,9 @@ class RedisAdmissionBackend(AdmissionBackend):
 
     def _heartbeat_loop(self) -> None:
         """Keep this instance's slots alive: refresh the heartbeat every ttl/3, so two missed
-        beats still leave it standing."""
+        beats still leave it standing. Nothing ends the loop but `close`: a thread that died on
+        one bad answer would let this live process's slots lapse and be handed to others while
+        its steps still run (a cap breach), so every error is an outage to ride out."""
         import redis
 
         from durable_flow.worker.outage import Outage
@@ -462,7 +464,11 @@ class RedisAdmissionBackend(AdmissionBackend):
                 self._beat()
                 if self._unsent:
                     self._send_registrations()
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:  # an outage: logged once
+            except (redis.RedisError, OSError) as exc:  # down, or not answering as Redis: logged once
+                outage.failed(exc)
+            except Exception as exc:  # a bug must not stop the beats either; logged with its traceback
+                if not outage.failures:
+                    logger.exception("admission: instance heartbeat failed; beating on")
                 outage.failed(exc)
             else:
                 outage.recovered()
