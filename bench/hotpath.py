@@ -4,6 +4,7 @@
     .venv/bin/python bench/hotpath.py                # SQLite (a fresh file under var/)
     .venv/bin/python bench/hotpath.py --postgres     # PostgreSQL (its own database, dropped after)
     .venv/bin/python bench/hotpath.py --show-sql     # and every statement template, per phase
+    .venv/bin/python bench/hotpath.py --postgres --admission redis   # `redis` admission (REDIS_URL)
 
 Design. The embedded default (`db` transport, `db` admission) runs `--runs` one-step no-op
 workflows (`tests.queued`, whose step echoes its input) three times: with no queue, through a
@@ -60,6 +61,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=200, help="workflows per path")
     parser.add_argument("--concurrency", type=int, default=1, help="worker threads")
     parser.add_argument("--show-sql", action="store_true", help="print each statement template per phase")
+    parser.add_argument(
+        "--admission", choices=("db", "redis"), default="db", help="the admission backend (redis: on --redis-url)"
+    )
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
     return parser.parse_args()
 
 
@@ -70,15 +75,17 @@ def pg_admin(sql: str) -> None:
         conn.execute(sql)
 
 
-def setup_django(postgres: bool) -> None:
-    """settings.test on the bench's own database, migrated from scratch, db transport + db admission."""
+def setup_django(postgres: bool, admission: str, redis_url: str) -> None:
+    """settings.test on the bench's own database, migrated from scratch, db transport + the
+    given admission backend (`redis`: keys under settings.test's prefix for this bench's id)."""
     os.environ.update(
         {
             "DURABLE_FLOW_TEST_ID": BENCH_ID,
             "DJANGO_SETTINGS_MODULE": "settings.test",
             "DURABLE_FLOW_TRANSPORT": "db",
-            "DURABLE_FLOW_ADMISSION": "db",
+            "DURABLE_FLOW_ADMISSION": admission,
             "DURABLE_FLOW_LOG": "WARNING",
+            "REDIS_URL": redis_url,
         }
     )
     os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
@@ -301,7 +308,7 @@ def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float
 
 def main() -> None:
     args = parse_args()
-    setup_django(args.postgres)
+    setup_django(args.postgres, args.admission, args.redis_url)
     from django.db import connection, connections
 
     from durable_flow.engine import get_engine
@@ -324,9 +331,24 @@ def main() -> None:
         connections.close_all()
         if args.postgres:
             pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
-    print(f"\nsummary on {vendor} (worker side, per one-step workflow; target ~10 statements in 4 transactions):")
+        if args.admission == "redis":
+            clear_redis_prefix(args.redis_url, f"df:test:{BENCH_ID}")
+    print(
+        f"\nsummary on {vendor}, {args.admission} admission"
+        " (worker side, per one-step workflow; target ~10 statements in 4 transactions):"
+    )
     for label, (stmts, txns) in results.items():
         print(f"  {label:<36} {stmts:6.2f} statements  {txns:5.2f} transactions")
+
+
+def clear_redis_prefix(url: str, prefix: str) -> None:
+    """Delete the admission keys this run left (heartbeats lapse on their own; lines do not)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 def _queue_config() -> Any:

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from django.db import transaction
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionRequest
@@ -84,3 +85,50 @@ def test_a_step_whose_slot_was_reclaimed_goes_back_through_admission(
         assert WorkflowRun.objects.get(pk=run.id).turns == turns + 1  # only the turn after the result
     finally:
         other.close()
+
+
+def test_a_result_that_fails_to_commit_after_its_release_runs_again_only_through_admission(
+    held: tuple[Engine, HeldTransport],  # noqa: F811
+    prefix: str,
+) -> None:
+    """On `redis` a result's slot goes back before its commit (the next step is dispatched in
+    the same transaction), and Redis does not roll back. A result that then fails to commit
+    leaves its attempt dispatched with a slot that is gone: its retry finds it gone and goes
+    back through admission, the waiter granted meanwhile is dispatched by the poller's
+    re-offer, and the cap of 1 holds throughout."""
+    engine, transport = held
+    backend = redis_backend(prefix)
+    engine.admission = backend
+    try:
+        register_queue("render", concurrency=1)
+        first = start("tests.queued", {"queue": "render", "value": 1})
+        second = start("tests.queued", {"queue": "render", "value": 2})
+        run_id, key, attempt, _ = transport.held.popleft()
+        waiter = StepCheckpoint.objects.get(run=second)
+
+        class Crash(Exception):
+            pass
+
+        with pytest.raises(Crash), transaction.atomic():
+            engine.record_result(run_id, key, attempt, output=1)
+            # Released and granted on in the result's transaction, before its commit.
+            assert backend.held_tickets("render") == [waiter.ticket]
+            raise Crash
+        transport.held.clear()  # the granted step's dispatch rolled back with the result
+        cp = StepCheckpoint.objects.get(run=first)
+        assert (cp.status, cp.holds_slot) == (StepStatus.DISPATCHED, True)
+        assert engine.execute_step(run_id, key, attempt) == "skipped"  # its slot is gone: not run
+        cp.refresh_from_db()
+        assert (cp.status, cp.holds_slot) == (StepStatus.WAITING, False)
+        assert backend.in_flight("render") == 1
+        assert engine.reoffer_waiting("render") == 1  # the granted waiter, dispatched by the safety net
+        assert transport.held_runs() == [second.id]
+        transport.run_step()  # its result grants the slot to the first run's call, a new attempt
+        assert transport.held_runs() == [first.id]
+        transport.run_step()
+        assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
+        assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
+        assert StepCheckpoint.objects.get(run=first).attempt == 2
+        assert backend.in_flight("render") == 0
+    finally:
+        backend.close()

@@ -67,33 +67,115 @@ def test_the_step_a_result_grants_is_handed_to_the_thread_not_the_transport(
 
 
 class AdoptingLocalBackend(LocalAdmissionBackend):
-    """The `local` backend, declaring that its slots must be adopted (as `redis`'s are)."""
+    """The `local` backend, declaring what `redis` declares: its slots must be adopted by the
+    executing process, and its state does not roll back with the database. It records when it
+    adopts and releases (inside a transaction or not); a ticket in `gone` has lost its slot."""
 
+    RELEASES_IN_TRANSACTION = False
     SLOTS_ADOPTED = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str, bool]] = []
+        self.gone: set[str] = set()
+        self.release_fails = 0
 
-def test_a_granted_step_whose_slot_must_be_adopted_starts_on_the_thread(
-    clock: MovableClock, transactional_db: None
-) -> None:
+    def adopt(self, queue: str, ticket: str) -> bool:
+        self.calls.append(("adopt", ticket, connection.in_atomic_block))
+        return ticket not in self.gone
+
+    def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Any:
+        self.calls.append(("release", ticket, connection.in_atomic_block))
+        if self.release_fails:
+            self.release_fails -= 1
+            raise ConnectionError("the backend is unreachable")
+        return super().release(queue, ticket, grant_next=grant_next)
+
+
+@pytest.fixture
+def adopting(clock: MovableClock, transactional_db: None) -> tuple[Engine, HeldTransport, AdoptingLocalBackend]:
     transport = HeldTransport()
-    engine = Engine(
-        admission=AdoptingLocalBackend(clock=lambda: clock.ms),
-        transport=transport,
-        settings=get_settings(),
-        clock=clock,
-    )
+    backend = AdoptingLocalBackend(clock=lambda: clock.ms)
+    engine = Engine(admission=backend, transport=transport, settings=get_settings(), clock=clock)
     set_engine(engine)
     register_queue("render", concurrency=1)
+    return engine, transport, backend
+
+
+def test_a_slot_that_must_be_adopted_is_released_adopted_and_started_in_the_result_transaction(
+    adopting: tuple[Engine, HeldTransport, AdoptingLocalBackend],
+) -> None:
+    """On a backend like `redis`: the result's slot goes back before its commit, the granted
+    step is dispatched in the same transaction and its slot adopted there, before its start is
+    written; the thread then runs it with no start statement and no second adoption."""
+    engine, transport, backend = adopting
     start("tests.queued", queued("render", 1))
     second = start("tests.queued", queued("render", 2))
     (job,) = transport.held
+    transport.held.clear()
+    backend.calls.clear()
+    ticket = StepCheckpoint.objects.get(run_id=job[0], key=job[1]).ticket
     with inline_handoff.accepting("w1") as taken:
         engine.execute_step(job[0], job[1], job[2], worker_id="w1")
     cp = StepCheckpoint.objects.get(run=second)
-    assert taken == [inline_handoff.HandedStep(second.id, cp.key, cp.attempt)]  # no checkpoint: not started yet
-    assert not StepAttempt.objects.filter(checkpoint=cp).exists()
-    assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "completed"
+    assert backend.calls == [("adopt", ticket, True), ("release", ticket, True), ("adopt", cp.ticket, True)]
+    (handed,) = taken
+    assert handed.dispatched is not None and handed.dispatched.holds_slot
+    assert list(StepAttempt.objects.filter(checkpoint=cp).values_list("status", "worker")) == [("running", "w1")]
+    assert not transport.held
+    backend.calls.clear()
+    assert (
+        engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1", dispatched=handed.dispatched) == "completed"
+    )
+    assert [call for call in backend.calls if call[0] == "adopt"] == []
     assert StepAttempt.objects.get(checkpoint=cp).status == "completed"
+
+
+def test_a_granted_slot_already_gone_leaves_the_step_to_go_back_through_admission(
+    adopting: tuple[Engine, HeldTransport, AdoptingLocalBackend],
+) -> None:
+    """The adoption in the dispatch finds the slot reclaimed: nothing is started there, and the
+    thread's own start finds it gone too and sends the call back to the queue's line."""
+    engine, transport, backend = adopting
+    start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    backend.gone.add(StepCheckpoint.objects.get(run=second).ticket)
+    with inline_handoff.accepting("w1") as taken:
+        engine.execute_step(job[0], job[1], job[2], worker_id="w1")
+    cp = StepCheckpoint.objects.get(run=second)
+    assert taken == [inline_handoff.HandedStep(second.id, cp.key, cp.attempt)]  # no checkpoint: not started
+    assert not StepAttempt.objects.filter(checkpoint=cp).exists()
+    transport.held.clear()
+    assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "skipped"
+    # Re-admitted by its run's turn as a new attempt (the stand-in backend still counts the
+    # ticket's slot, so it is admitted at once; on Redis it would join the line or find room).
+    assert not StepAttempt.objects.filter(checkpoint=cp).exists()
+    assert [held[:3] for held in transport.held] == [(second.id, cp.key, cp.attempt + 1)]
+
+
+def test_a_release_the_backend_refuses_inside_the_result_transaction_is_made_after_its_commit(
+    adopting: tuple[Engine, HeldTransport, AdoptingLocalBackend],
+) -> None:
+    """Redis unreachable at the release is not the result's failure: the result commits, and
+    the release is tried again once it has (here it succeeds, granting the waiter)."""
+    engine, transport, backend = adopting
+    first = start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    transport.held.clear()
+    backend.calls.clear()
+    backend.release_fails = 1
+    ticket = StepCheckpoint.objects.get(run_id=job[0], key=job[1]).ticket
+    assert engine.execute_step(job[0], job[1], job[2], worker_id="w1") == "completed"
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
+    assert [call for call in backend.calls if call[0] == "release"] == [
+        ("release", ticket, True),
+        ("release", ticket, False),
+    ]
+    cp = StepCheckpoint.objects.get(run=second)
+    assert (cp.status, cp.holds_slot) == (StepStatus.DISPATCHED, True)
+    assert [held[:2] for held in transport.held] == [(second.id, cp.key)]
 
 
 def test_a_freed_slot_is_dispatched_to_its_waiter_in_the_releasing_transaction(

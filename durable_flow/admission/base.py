@@ -140,8 +140,9 @@ class AdmissionBackend(Configurable, ABC):
     #: maintenance frees a slot whose release failed (`held_tickets`).
     RELEASES_IN_TRANSACTION: ClassVar[bool] = True
     #: Whether a slot belongs to a live process, so the one executing its step must take it
-    #: over first (`adopt`, which may find it reclaimed). False where `adopt` is always True:
-    #: then a granted step handed to a worker thread is started in its dispatch's transaction.
+    #: over first (`adopt`, which may find it reclaimed). False where `adopt` is always True.
+    #: True also lets a settled step's slot go back before its result commits (a result that
+    #: fails to commit finds its slot gone at its retry: `engine/release_order.py`).
     SLOTS_ADOPTED: ClassVar[bool] = False
 
     @abstractmethod

@@ -161,10 +161,12 @@ class DispatchMixin(EngineBase):
         history row is written now (the thread runs it right after the commit), and the thread
         gets the checkpoint instead of reading it back. A slot it holds was granted by this
         transaction or the one before it, in this process, and the rate window counts its start
-        on the thread right before the call, as for a claimed step. Only on a backend whose
-        slots follow a live process (`SLOTS_ADOPTED`: `redis`) does a slot-holding step start on
-        the thread (`start_attempt`), where the slot's adoption must come first: returns None."""
-        if cp.holds_slot and self.admission.SLOTS_ADOPTED:
+        on the thread right before the call, as for a claimed step. On a backend whose slots
+        follow a live process (`SLOTS_ADOPTED`: `redis`) the slot is adopted first, here: if this
+        transaction then rolls back, the call is a waiter holding a slot, which the poller's
+        re-offer dispatches. A slot already gone (None) leaves the start to the thread, whose
+        adoption fails the same way and sends the call back through admission."""
+        if cp.holds_slot and self.admission.SLOTS_ADOPTED and not self.admission.adopt(cp.queue, cp.ticket):
             return None
         attempt_started(cp, cp.attempt, cp.worker, now)
         handed = copy(cp)

@@ -172,11 +172,14 @@ class HandoffMixin(EngineBase):
         False leaves the grant to `dispatch_granted` after the commit, which also handles every
         case but the plain one (a waiter gone, cancelled, or of another queue)."""
         run_id, key = Ticket.parse(ticket)
-        run = one(WorkflowRun.objects.select_for_update(skip_locked=True).filter(pk=run_id))
-        if run is None or run.status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
-            return False
-        cp = one(StepCheckpoint.objects.select_for_update(skip_locked=True).filter(run_id=run_id, key=key))
+        # The checkpoint and its run in one statement; both rows are locked, and skipped if
+        # either is locked elsewhere.
+        waiter = StepCheckpoint.objects.select_for_update(skip_locked=True).select_related("run")
+        cp = one(waiter.filter(run_id=run_id, key=key))
         if cp is None or cp.queue != queue or cp.status != StepStatus.WAITING:
+            return False
+        run = cp.run
+        if run.status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
             return False
         cp.holds_slot = True
         self.dispatch(cp, inline_to=inline_handoff.taker())

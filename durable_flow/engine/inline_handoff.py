@@ -26,8 +26,9 @@ A handed step starts in the transaction that dispatched it: its `StepAttempt` ro
 there (`running`, this worker, started now) and the handed step carries its checkpoint, so the
 thread runs it with no start statement (`dispatched`); a step that holds a slot still has its
 rate window count the start right before the call. On a backend whose slots follow a live
-process (`SLOTS_ADOPTED`: `redis`) a slot-holding step starts as a claimed one does
-(`start_attempt`), its slot adopted first.
+process (`SLOTS_ADOPTED`: `redis`) the dispatching transaction adopts the slot before it
+writes the start (a slot already gone leaves the step to start as a claimed one does, where its
+adoption fails and it goes back through admission).
 """
 
 from __future__ import annotations

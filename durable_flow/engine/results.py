@@ -61,7 +61,7 @@ class ResultsMixin(EngineBase):
         if dispatched is not None:
             cp, run_status = dispatched, RunStatus.RUNNING
             cancelled = False
-            adopted = not cp.holds_slot or self.admission.adopt(cp.queue, cp.ticket)
+            adopted = True  # by the dispatching transaction, where a backend needs it (`_started_inline`)
         else:
             # The worker's stamp and the attempt's row in one transaction (one commit, one SQLite
             # write lock), on every step between a slot's handoff and the call.
@@ -200,6 +200,10 @@ class ResultsMixin(EngineBase):
             self.release_ticket(queue, ticket)
         else:
             transaction.on_commit(partial(self._release_after_commit, queue, ticket, guarded))
+
+    def release_settled_now(self: Engine, queue: str, ticket: str) -> None:
+        """Release a settled step's slot now, outside any transaction (see below)."""
+        self._release_after_commit(queue, ticket, guarded=False)
 
     def _release_after_commit(self: Engine, queue: str, ticket: str, guarded: bool) -> None:
         """Release a settled step's slot on a backend outside the database. It must not fail
