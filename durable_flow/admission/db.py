@@ -204,10 +204,10 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic(savepoint=False):  # see try_admit
             row, config, now = self._lock_queue(queue)
-            freed, line = db_statements.withdraw(queue, ticket) or (self._withdraw(queue, ticket), None)
+            freed, line, slots = db_statements.withdraw(queue, ticket) or (self._withdraw(queue, ticket), None, None)
             granted = Grant()
             if row is not None and config is not None and grant_next and line is not False:
-                granted = self._grant(row, config, now, self._marks(config, now))
+                granted = self._grant(row, config, now, self._marks(config, now), slots=slots)
             if freed:
                 # The freed resources go to whoever waits for them, in any queue but a paused one.
                 more = self._grant_freed(freed, self._now(), skip_queue=None if grant_next else queue)

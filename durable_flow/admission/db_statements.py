@@ -102,28 +102,32 @@ def ticket_state(queue: str, ticket: str) -> TicketState:
     return TicketState(int(count), bool(held), waiter_id, bool(line))
 
 
-def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None] | None:
+def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | None] | None:
     """On PostgreSQL, in one statement: what `db_resources.free` does (delete the ticket's
     resource holds and resource-waiter rows; the key heads those were are refreshed after),
     delete its waiter and slot rows in `queue` and in the pseudo-queue, and tell whether anybody
-    else waits in `queue` (a release with nobody in line grants nothing: no more reads). Returns
-    the freed resources and that; None on another database (the caller deletes row by row)."""
+    else waits in `queue` (a release with nobody in line grants nothing: no more reads), and how
+    many slots of `queue` are held after it (the grant's room, with no count of its own; the
+    statement's subqueries see the rows as they were before its deletes, hence the difference).
+    Returns the freed resources, the line and the slots; None on another database (the caller
+    deletes row by row)."""
     if connection.vendor != "postgresql":
         return None
-    waiters = _table(AdmissionWaiter)
+    waiters, slots = _table(AdmissionWaiter), _table(AdmissionSlot)
     sql = (
         f"WITH h AS (DELETE FROM {_table(AdmissionHold)} WHERE ticket = %s RETURNING resource), "
         f"r AS (DELETE FROM {_table(AdmissionResourceWaiter)} WHERE ticket = %s RETURNING resource, other), "
         f"w AS (DELETE FROM {waiters} WHERE queue IN (%s, %s) AND ticket = %s), "
-        f"s AS (DELETE FROM {_table(AdmissionSlot)} WHERE queue IN (%s, %s) AND ticket = %s) "
+        f"s AS (DELETE FROM {slots} WHERE queue IN (%s, %s) AND ticket = %s RETURNING queue) "
         f"SELECT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s AND ticket <> %s), "
         "ARRAY(SELECT resource FROM h), "
-        "(SELECT COALESCE(json_agg(json_build_array(resource, other)), '[]') FROM r)"
+        "(SELECT COALESCE(json_agg(json_build_array(resource, other)), '[]') FROM r), "
+        f"(SELECT COUNT(*) FROM {slots} WHERE queue = %s) - (SELECT COUNT(*) FROM s WHERE queue = %s)"
     )
-    params = [ticket, ticket, queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket, queue, ticket]
+    params = [ticket, ticket, queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket, queue, ticket, queue, queue]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        line, freed, left = cursor.fetchone()
+        line, freed, left, held = cursor.fetchone()
     if left:
         db_heads.refresh((resource, key) for resource, key in left)  # the key heads it may have been
-    return list(freed), bool(line)
+    return list(freed), bool(line), int(held)
