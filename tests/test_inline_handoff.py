@@ -78,10 +78,14 @@ class AdoptingLocalBackend(LocalAdmissionBackend):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, str, bool]] = []
         self.gone: set[str] = set()
+        self.unreachable: set[str] = set()  # adopting these raises, as Redis down would
         self.release_fails = 0
 
     def adopt(self, queue: str, ticket: str) -> bool:
         self.calls.append(("adopt", ticket, connection.in_atomic_block))
+        if ticket in self.unreachable:
+            self.unreachable.discard(ticket)
+            raise ConnectionError("the backend is unreachable")
         return ticket not in self.gone
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Any:
@@ -152,6 +156,29 @@ def test_a_granted_slot_already_gone_leaves_the_step_to_go_back_through_admissio
     # ticket's slot, so it is admitted at once; on Redis it would join the line or find room).
     assert not StepAttempt.objects.filter(checkpoint=cp).exists()
     assert [held[:3] for held in transport.held] == [(second.id, cp.key, cp.attempt + 1)]
+
+
+def test_an_adoption_the_backend_refuses_in_the_result_transaction_leaves_the_start_to_the_thread(
+    adopting: tuple[Engine, HeldTransport, AdoptingLocalBackend],
+) -> None:
+    """Redis unreachable while the granted step's slot is adopted does not fail the result's
+    transaction: the step is dispatched and handed over unstarted, and the thread's own start
+    adopts the slot (Redis back) and runs it."""
+    engine, transport, backend = adopting
+    first = start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    waiter = StepCheckpoint.objects.get(run=second)
+    backend.unreachable.add(waiter.ticket)
+    with inline_handoff.accepting("w1") as taken:
+        assert engine.execute_step(job[0], job[1], job[2], worker_id="w1") == "completed"
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
+    cp = StepCheckpoint.objects.get(run=second)
+    assert (cp.status, cp.worker, cp.holds_slot) == (StepStatus.DISPATCHED, "w1", True)
+    assert taken == [inline_handoff.HandedStep(second.id, cp.key, cp.attempt)]  # not started
+    assert not StepAttempt.objects.filter(checkpoint=cp).exists()
+    assert engine.execute_step(second.id, cp.key, cp.attempt, worker_id="w1") == "completed"
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
 
 
 def test_a_release_the_backend_refuses_inside_the_result_transaction_is_made_after_its_commit(

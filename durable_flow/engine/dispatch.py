@@ -4,6 +4,7 @@ waiting line), send the attempt out; send a step whose slot was lost back throug
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from copy import copy
 from datetime import datetime, timedelta
@@ -26,6 +27,8 @@ from durable_flow.turn import StepOptions
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
+
+logger = logging.getLogger("durable_flow.engine")
 
 
 class DispatchMixin(EngineBase):
@@ -165,9 +168,17 @@ class DispatchMixin(EngineBase):
         follow a live process (`SLOTS_ADOPTED`: `redis`) the slot is adopted first, here: if this
         transaction then rolls back, the call is a waiter holding a slot, which the poller's
         re-offer dispatches. A slot already gone (None) leaves the start to the thread, whose
-        adoption fails the same way and sends the call back through admission."""
-        if cp.holds_slot and self.admission.SLOTS_ADOPTED and not self.admission.adopt(cp.queue, cp.ticket):
-            return None
+        adoption fails the same way and sends the call back through admission. An adoption that
+        raises (Redis unreachable) also leaves the start to the thread, which rides the outage
+        out: nothing here may fail the transaction, which has recorded a result."""
+        if cp.holds_slot and self.admission.SLOTS_ADOPTED:
+            try:
+                adopted = self.admission.adopt(cp.queue, cp.ticket)
+            except Exception:  # noqa: BLE001 - the thread's own start adopts the slot again
+                logger.warning("adopting %s's slot on %r failed; its thread starts it", cp.ticket, cp.queue)
+                return None
+            if not adopted:
+                return None
         attempt_started(cp, cp.attempt, cp.worker, now)
         handed = copy(cp)
         handed.input = json.loads(json.dumps(cp.input))  # what the step would read back: JSON, not the caller's objects
