@@ -2,10 +2,11 @@
 exactly once (a duplicate is kept on `late_result` and changes nothing else).
 
 The database is the source of truth for a result: recording it never depends on a backend
-whose state lives elsewhere. With such an admission backend (`redis`) the step's slot is
-released after the result commits; a release lost to an outage is logged (once per outage)
-and left to the poller's maintenance (`release_strays`), which frees a backend slot that no
-checkpoint holds.
+whose state lives elsewhere. With such an admission backend (`redis`) a completed or failed
+step's slot is released at the end of the result's transaction (`engine/release_order.py`), and
+after its commit if Redis refuses it then (a retry's or a cancel's release always waits for the
+commit); a release lost to an outage is logged (once per outage) and left to the poller's
+maintenance (`release_strays`), which frees a backend slot that no checkpoint holds.
 """
 
 from __future__ import annotations
