@@ -44,6 +44,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.admission import clean_redis  # noqa: E402 - after sys.path
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 #: Apart per DURABLE_FLOW_TEST_ID, so sessions sharing the machine do not drop each other's.
 BENCH_ID = f"bench-hotpath-{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}"
@@ -331,24 +333,15 @@ def main() -> None:
         connections.close_all()
         if args.postgres:
             pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
-        if args.admission == "redis":
-            clear_redis_prefix(args.redis_url, f"df:test:{BENCH_ID}")
+        if args.admission == "redis":  # its lines and slots outlive the run; its heartbeat stops
+            backend = get_engine().admission
+            clean_redis(backend.redis, backend.prefix, [backend])
     print(
         f"\nsummary on {vendor}, {args.admission} admission"
         " (worker side, per one-step workflow; target ~10 statements in 4 transactions):"
     )
     for label, (stmts, txns) in results.items():
         print(f"  {label:<36} {stmts:6.2f} statements  {txns:5.2f} transactions")
-
-
-def clear_redis_prefix(url: str, prefix: str) -> None:
-    """Delete the admission keys this run left (heartbeats lapse on their own; lines do not)."""
-    import redis
-
-    client = redis.Redis.from_url(url)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
 
 
 def _queue_config() -> Any:

@@ -30,10 +30,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from durable_flow.engine.base import EngineBase
 
@@ -91,7 +90,7 @@ class ReleaseOrderMixin(EngineBase):
         except DatabaseError:
             raise  # the transaction is broken: the result is retried, and its slot found gone
         except Exception:  # noqa: BLE001 - any error of the backend's: the result commits all the same
-            transaction.on_commit(partial(self.release_settled_now, queue, ticket))
+            self.release_settled(queue, ticket)  # after the commit, as a backend outside the database does
         else:
             self.release_outage.recovered()
 

@@ -202,10 +202,6 @@ class ResultsMixin(EngineBase):
         else:
             transaction.on_commit(partial(self._release_after_commit, queue, ticket, guarded))
 
-    def release_settled_now(self: Engine, queue: str, ticket: str) -> None:
-        """Release a settled step's slot now, outside any transaction (see below)."""
-        self._release_after_commit(queue, ticket, guarded=False)
-
     def _release_after_commit(self: Engine, queue: str, ticket: str, guarded: bool) -> None:
         """Release a settled step's slot on a backend outside the database. It must not fail
         the caller (its result is recorded): a backend outage is logged once and the slot left
