@@ -186,20 +186,29 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                     self._take_slot(row, config, waiter, now, marks)
                     counts.take(request.ticket, request.constraints)
                     return AdmissionDecision.admit()
-            if waiter.pk is None:
-                FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
+            by_key = config.fairness == "key"
+            if waiter.pk is None and db_statements.join_line(waiter, by_key, NEVER_SERVED):
                 row.next_arrival = waiter.arrival + 1
-            if waiter.key_served is None:
-                waiter.key_served = self._key_served(queue, request.key) if config.fairness == "key" else NEVER_SERVED
-            waiter.save()
-            db_resources.wait(request.ticket, queue, request.priority, request.constraints)
+            else:
+                if waiter.pk is None:
+                    FlowQueue.objects.filter(name=queue).update(next_arrival=waiter.arrival + 1)
+                    row.next_arrival = waiter.arrival + 1
+                if waiter.key_served is None:
+                    waiter.key_served = self._key_served(queue, request.key) if by_key else NEVER_SERVED
+                waiter.save()
+            if request.constraints or state.waiter_id is not None:
+                # A ticket's constraints are its run's, fixed at its start: one without any
+                # never had resource waits to refresh (a new waiter without them skips the read).
+                db_resources.wait(request.ticket, queue, request.priority, request.constraints)
             granted = self._grant(row, config, now, marks, counts, state.slots)
             others = tuple(t for t in granted.tickets if t != request.ticket)
             if request.ticket in granted.tickets:
                 return AdmissionDecision.admit(others)
             if not counts.fits(request.constraints):
                 return AdmissionDecision.block(now + config.retry_ms, "step_concurrency", others)
-            return self._blocked(config, marks, now, others, request.key)
+            # The slots held now: those counted before, plus one per grant this decision made.
+            in_flight = state.slots + len(granted.tickets)
+            return self._blocked(config, marks, now, others, request.key, in_flight)
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic(savepoint=False):  # see try_admit
@@ -388,7 +397,17 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     @staticmethod
     def _take_slot(row: FlowQueue, config: QueueConfig, waiter: AdmissionWaiter, now: int, marks: list[int]) -> None:
-        """A waiter (saved or not) becomes a slot holder; its window mark and serve are recorded."""
+        """A waiter (saved or not) becomes a slot holder; its window mark and serve are recorded
+        (on PostgreSQL in one statement, `db_statements.take_slot`)."""
+        by_key = config.fairness == "key"
+        if db_statements.take_slot(waiter, now, config.rate_limit is not None, row.next_serve if by_key else None):
+            if config.rate_limit is not None:
+                marks.append(now)
+            if config.keyed:
+                db_keyed.take(config, waiter.fairness_key, now)
+            if by_key:
+                row.next_serve += 1
+            return
         if waiter.pk is not None:
             waiter.delete()
         AdmissionSlot.objects.create(queue=config.name, ticket=waiter.ticket, acquired_ms=now)
@@ -411,15 +430,15 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     @staticmethod
     def _blocked(
-        config: QueueConfig, marks: list[int], now: int, granted: tuple[str, ...], key: str
+        config: QueueConfig, marks: list[int], now: int, granted: tuple[str, ...], key: str, in_flight: int
     ) -> AdmissionDecision:
-        """Why a waiter that was not granted waits: a window or throttle, the cap, or others ahead."""
+        """Why a waiter that was not granted waits: a window or throttle, the cap (`in_flight`:
+        the slots held), or others ahead."""
         rate = config.rate_limit
         if rate is not None and (retry_at := window_retry_at(rate, marks, now)) is not None:
             return AdmissionDecision.block(retry_at, "rate_limited", granted)
         if config.keyed and (retry_at := db_keyed.blocked_until(config, key, now)):
             return AdmissionDecision.block(retry_at, "rate_limited", granted)
-        in_flight = AdmissionSlot.objects.filter(queue=config.name).count()
         if config.concurrency is not None and in_flight >= config.concurrency:
             return AdmissionDecision.block(now + config.retry_ms, "concurrency", granted)
         return AdmissionDecision.block(now + config.retry_ms, "waiting_turn", granted)

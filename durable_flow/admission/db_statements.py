@@ -11,20 +11,33 @@ ORM did in several:
 - `admit_if_free`: a cap-only queue's uncontended admission, checks and slot in one INSERT;
 - `ticket_state`: whether the ticket holds a slot or waits, whether anybody waits, the slots held;
 - `withdraw`: a release's deletes (the ticket's holds, resource waits, waiter and slot rows),
-  and whether others wait in line (PostgreSQL).
+  and whether others wait in line (PostgreSQL);
+- `join_line`: a new waiter's place (the queue's arrival counter), its key's last serve and
+  its row (PostgreSQL);
+- `take_slot`: a grant's writes (the waiter row gone, the slot, the window mark, the serve
+  counter, the key's last serve and its waiters' copy of it) (PostgreSQL).
 
 Each is what `db.py` did statement by statement, with the same locks in the same order.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from django.db import connection
 
 from durable_flow.admission import db_heads
 from durable_flow.admission.db_resources import FREE_QUEUE, RESOURCE_LOCK_ID
-from durable_flow.models import AdmissionHold, AdmissionResourceWaiter, AdmissionSlot, AdmissionWaiter, FlowQueue
+from durable_flow.models import (
+    AdmissionHold,
+    AdmissionKeyServed,
+    AdmissionMark,
+    AdmissionResourceWaiter,
+    AdmissionSlot,
+    AdmissionWaiter,
+    FlowQueue,
+)
 
 #: The database server's clock in epoch ms (PostgreSQL): one clock for every host.
 CLOCK_MS_SQL = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
@@ -131,3 +144,89 @@ def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | Non
     if left:
         db_heads.refresh((resource, key) for resource, key in left)  # the key heads it may have been
     return list(freed), bool(line), int(held)
+
+
+def join_line(waiter: AdmissionWaiter, by_key: bool, never_served: int) -> bool:
+    """Save a new waiter (unsaved, its queue's row locked by the caller): its arrival from the
+    queue's counter (advanced by one), its `key_served` from its fairness key's last serve when
+    the queue is fair by key (`never_served` if the key never was, or if not `by_key`). One
+    statement on PostgreSQL, two on SQLite (was three through the ORM). Sets the waiter's `pk`,
+    `arrival` and `key_served`; False on another database (the caller uses the ORM)."""
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return False
+    served = (
+        f"COALESCE((SELECT served FROM {_table(AdmissionKeyServed)} WHERE queue = %s AND fairness_key = %s), %s)"
+        if by_key
+        else "%s"
+    )
+    served_params: list[object] = [waiter.queue, waiter.fairness_key, never_served] if by_key else [never_served]
+    advance = f"UPDATE {_table(FlowQueue)} SET next_arrival = next_arrival + 1 WHERE name = %s"
+    columns = "queue, ticket, priority, fairness_key, key_served, arrival, seen_ms, constrained, constraints"
+    row: list[object] = [waiter.queue, waiter.ticket, waiter.priority, waiter.fairness_key, *served_params]
+    rest: list[object] = [waiter.seen_ms, waiter.constrained, json.dumps(waiter.constraints)]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH a AS ({advance} RETURNING next_arrival - 1 AS arrival) INSERT INTO {_table(AdmissionWaiter)} "
+                f"({columns}) SELECT %s, %s, %s, %s, {served}, a.arrival, %s, %s, %s::jsonb FROM a "
+                "RETURNING id, arrival, key_served",
+                [waiter.queue, *row, *rest],
+            )
+        else:
+            cursor.execute(f"{advance} RETURNING next_arrival - 1", [waiter.queue])
+            arrival = cursor.fetchone()
+            if arrival is not None:
+                cursor.execute(
+                    f"INSERT INTO {_table(AdmissionWaiter)} ({columns}) "
+                    f"VALUES (%s, %s, %s, %s, {served}, %s, %s, %s, %s) RETURNING id, arrival, key_served",
+                    [*row, arrival[0], *rest],
+                )
+        found = cursor.fetchone()
+    if found is None:  # no queue row: cannot happen under its lock, but never lose the waiter
+        raise FlowQueue.DoesNotExist(f"queue {waiter.queue!r} has no row to join the line of")
+    waiter.pk, waiter.arrival, waiter.key_served = found
+    return True
+
+
+def take_slot(waiter: AdmissionWaiter, now: int, mark: bool, serve: int | None) -> bool:
+    """A grant's writes: delete the waiter's row (if saved), insert its slot, a window mark
+    (with `mark`), and with `serve` (fair by key) advance the queue's serve counter past it,
+    record it as the key's last serve and copy it to the key's other waiters. One statement on
+    PostgreSQL; on SQLite (which has no writes in a WITH) the same statements one by one, past
+    the ORM. False on another database (the caller writes through the ORM)."""
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return False
+    waiters, queue = _table(AdmissionWaiter), waiter.queue
+    statements: list[tuple[str, list[object]]] = [
+        (f"DELETE FROM {waiters} WHERE id = %s", [waiter.pk]),
+        (
+            f"INSERT INTO {_table(AdmissionSlot)} (queue, ticket, acquired_ms) VALUES (%s, %s, %s)",
+            [queue, waiter.ticket, now],
+        ),
+    ]
+    if mark:
+        statements.append((f"INSERT INTO {_table(AdmissionMark)} (queue, at_ms) VALUES (%s, %s)", [queue, now]))
+    if serve is not None:
+        statements += [
+            (f"UPDATE {_table(FlowQueue)} SET next_serve = %s WHERE name = %s", [serve + 1, queue]),
+            (
+                f"INSERT INTO {_table(AdmissionKeyServed)} (queue, fairness_key, served) VALUES (%s, %s, %s) "
+                "ON CONFLICT (queue, fairness_key) DO UPDATE SET served = excluded.served",
+                [queue, waiter.fairness_key, serve],
+            ),
+            # Not the deleted row: one statement must not write a row twice (PostgreSQL).
+            (
+                f"UPDATE {waiters} SET key_served = %s WHERE queue = %s AND fairness_key = %s "
+                "AND (%s IS NULL OR id <> %s)",
+                [serve, queue, waiter.fairness_key, waiter.pk, waiter.pk],
+            ),
+        ]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            ctes = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(statements))
+            cursor.execute(f"WITH {ctes} SELECT 1", [p for _, params in statements for p in params])
+        else:
+            for sql, params in statements:
+                if waiter.pk is not None or not sql.startswith("DELETE"):
+                    cursor.execute(sql, params)
+    return True
