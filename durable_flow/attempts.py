@@ -7,8 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import F
 
+from durable_flow.engine.statements import prepared, update_sql, upsert
 from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint
 
 
@@ -17,21 +19,18 @@ def attempt_started(cp: StepCheckpoint, attempt: int, worker: str, now: datetime
     the latest start counts)."""
     # One upsert statement (not update_or_create's SELECT, savepoint, INSERT, release): this
     # is on every step's start, between a slot's handoff and the step's call.
-    StepAttempt.objects.bulk_create(
-        [
-            StepAttempt(
-                checkpoint=cp,
-                attempt=attempt,
-                run_id=cp.run_id,
-                worker=worker,
-                dispatched_at=cp.dispatched_at if cp.attempt == attempt else None,
-                started_at=now,
-                status=AttemptStatus.RUNNING,
-            )
-        ],
-        update_conflicts=True,
-        unique_fields=["checkpoint", "attempt"],
-        update_fields=["run_id", "worker", "dispatched_at", "started_at", "status"],
+    upsert(
+        StepAttempt(
+            checkpoint_id=cp.pk,
+            attempt=attempt,
+            run_id=cp.run_id,
+            worker=worker,
+            dispatched_at=cp.dispatched_at if cp.attempt == attempt else None,
+            started_at=now,
+            status=AttemptStatus.RUNNING,
+        ),
+        unique=["checkpoint", "attempt"],
+        update=["run", "worker", "dispatched_at", "started_at", "status"],
     )
 
 
@@ -55,8 +54,14 @@ def attempt_finished(
     # One UPDATE on the path every result takes (the attempt started, so its row exists); a row
     # finished already (a result delivered twice) keeps its first answer.
     ended = {"status": status, "finished_at": now, "error": error, "late": late}
-    rows = StepAttempt.objects.filter(checkpoint=cp, attempt=attempt)
-    if rows.filter(finished_at__isnull=True).update(**ended) or rows.exists():
+    unfinished = ' AND "finished_at" IS NULL'
+    sql = update_sql(StepAttempt, tuple(ended), ("checkpoint", "attempt"), unfinished, connection.vendor)
+    values = [prepared(StepAttempt, name, value) for name, value in ended.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, cp.pk, attempt])
+        if cursor.rowcount:
+            return
+    if StepAttempt.objects.filter(checkpoint=cp, attempt=attempt).exists():
         return
     StepAttempt.objects.create(
         checkpoint=cp, attempt=attempt, run_id=cp.run_id, dispatched_at=cp.dispatched_at, **ended

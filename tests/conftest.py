@@ -47,6 +47,7 @@ POSTGRESQL_PASS = (
     "tests/test_engine_lifecycle.py",
     "tests/test_engine_recovery.py",
     "tests/test_engine_robustness.py",
+    "tests/test_engine_statements.py",
     "tests/test_flow_control.py",
     "tests/test_flow_control_processes.py",
     "tests/test_handoff_processes.py",

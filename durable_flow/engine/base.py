@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from durable_flow.engine.statements import save_fields
 from durable_flow.models import RunStatus, StepStatus
 
 if TYPE_CHECKING:
@@ -46,4 +47,4 @@ class EngineBase:
         cp.error = error
         cp.wake_at = None
         cp.finished_at = self.now()
-        cp.save(update_fields=["status", "output", "error", "wake_at", "finished_at", *fields])
+        save_fields(cp, ["status", "output", "error", "wake_at", "finished_at", *fields])

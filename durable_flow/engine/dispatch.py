@@ -18,6 +18,7 @@ from durable_flow.counters import count_admission, count_parked
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
+from durable_flow.engine.statements import save_fields
 from durable_flow.exceptions import RunNotFound, StepNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.registry import StepDefinition, get_step
@@ -149,9 +150,7 @@ class DispatchMixin(EngineBase):
         if cp.pk is None:
             cp.save()
         else:
-            cp.save(
-                update_fields=["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"]
-            )
+            save_fields(cp, ["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"])
         if cp.holds_slot and not timeout_redispatch:
             count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
         if inline_to:

@@ -30,6 +30,7 @@ from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.engine.start_margins import StartMargins
+from durable_flow.engine.statements import save_fields
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.step_concurrency import constraints_of
 
@@ -225,7 +226,7 @@ class HandoffMixin(EngineBase):
             run.wake_at = deadline
             fields.append("wake_at")
         if fields:
-            run.save(update_fields=[*fields, "updated_at"])
+            save_fields(run, [*fields, "updated_at"])
 
     def reoffer_waiting(self: Engine, queue: str) -> int:
         """The safety net (poller maintenance): every call parked on `queue` is offered to the

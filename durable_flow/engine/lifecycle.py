@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from durable_flow import quotas, start_control, step_concurrency
 from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
+from durable_flow.engine.statements import save_fields
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
@@ -197,7 +198,7 @@ class LifecycleMixin(EngineBase):
         run.error = error
         run.wake_at = None
         run.finished_at = self.now()
-        run.save(update_fields=["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
+        save_fields(run, ["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
         # A run that ends (say, failing on one child of a fan) takes its unfinished children
         # with it, rather than leave them running for nobody.
         if checkpoints is None:

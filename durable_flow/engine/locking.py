@@ -13,8 +13,9 @@ from functools import wraps
 from typing import ParamSpec, TypeVar
 
 from django.db import OperationalError, transaction
-from django.db.models import Exists, Model, Q, QuerySet
+from django.db.models import Model, QuerySet
 
+from durable_flow.engine import statements
 from durable_flow.models import StepCheckpoint, WorkflowRun
 
 logger = logging.getLogger("durable_flow.engine")
@@ -53,13 +54,13 @@ def locked_run(run_id: str, key: str | None = None) -> tuple[WorkflowRun | None,
     """Lock the run's row, then (when `key` is given) its checkpoint `key`, in that order.
 
     Call inside `transaction.atomic()`. Returns `(run, checkpoint)`, either None when missing;
-    the checkpoint is None too when no `key` is asked for.
+    the checkpoint is None too when no `key` is asked for. (Both statements are precompiled:
+    `engine/statements.py`.)
     """
-    run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+    run = statements.lock_run(run_id)
     if key is None:
         return run, None
-    cp = one(StepCheckpoint.objects.select_for_update().filter(run_id=run_id, key=key))
-    return run, cp
+    return run, statements.lock_checkpoint(run_id, key)
 
 
 def locked_run_for_result(run_id: str, key: str) -> tuple[WorkflowRun | None, dict[str, StepCheckpoint]]:
@@ -70,9 +71,7 @@ def locked_run_for_result(run_id: str, key: str) -> tuple[WorkflowRun | None, di
     statement, so the turn reads nothing more. A call in a wave comes back alone (a wave's
     result reads the rest only when the wave has settled). Returns `(run, checkpoints by key)`.
     """
-    run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
+    run = statements.lock_run(run_id)
     if run is None:
         return None, {}
-    lone = StepCheckpoint.objects.filter(run_id=run_id, key=key, group="")
-    rows = StepCheckpoint.objects.select_for_update().filter(Q(key=key) | Exists(lone), run_id=run_id)
-    return run, {cp.key: cp for cp in rows.order_by()}
+    return run, statements.lock_result_checkpoints(run_id, key)

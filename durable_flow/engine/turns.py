@@ -11,6 +11,7 @@ from django.db import DatabaseError, transaction
 from durable_flow.context import WorkflowContext
 from durable_flow.engine.base import WAKEABLE, EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
+from durable_flow.engine.statements import save_fields
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
@@ -79,7 +80,7 @@ class TurnsMixin(EngineBase):
         except Suspend:
             run.status = RunStatus.RUNNING if ctx.in_flight else RunStatus.SUSPENDED
             run.wake_at = ctx.wake_at
-            run.save(update_fields=["status", "wake_at", "turns", "updated_at"])
+            save_fields(run, ["status", "wake_at", "turns", "updated_at"])
             return run
         except DatabaseError as exc:
             # The workflow's code touched the database and failed (or aborted the transaction):

@@ -1,0 +1,107 @@
+"""The engine's precompiled statements (`durable_flow/engine/statements.py`) write and read
+exactly what the ORM calls they replace did, on SQLite and on PostgreSQL (this module is in the
+PostgreSQL pass): the same columns, values prepared by the same fields (JSON, aware datetimes),
+the same rows."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import DatabaseError, transaction
+
+from durable_flow.attempts import attempt_finished, attempt_started
+from durable_flow.engine import statements
+from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WHEN = datetime(2026, 12, 4, 12, 30, 15, 123456, tzinfo=UTC)
+
+
+def new_run(**fields: object) -> WorkflowRun:
+    return WorkflowRun.objects.create(id=str(uuid.uuid4()), workflow="tests.hello", status=RunStatus.RUNNING, **fields)
+
+
+def new_checkpoint(run: WorkflowRun, key: str, group: str = "", **fields: object) -> StepCheckpoint:
+    defaults: dict[str, object] = {"sequence": 0, "kind": StepKind.STEP, "name": "tests.echo", "input": {"k": key}}
+    return StepCheckpoint.objects.create(run=run, key=key, group=group, **{**defaults, **fields})
+
+
+def test_save_fields_writes_only_the_named_columns_as_save_does() -> None:
+    run = new_run(input={"a": 1})
+    cp = new_checkpoint(run, "one")
+    cp.status, cp.output, cp.finished_at = StepStatus.COMPLETED, {"nested": [1, "two", None]}, WHEN
+    cp.input = {"changed": "in memory only"}  # not named: must not be written
+    statements.save_fields(cp, ["status", "output", "finished_at"])
+    stored = StepCheckpoint.objects.get(pk=cp.pk)
+    assert (stored.status, stored.finished_at) == (StepStatus.COMPLETED, WHEN)
+    assert stored.output == {"nested": [1, "two", None]}
+    assert stored.input == {"k": "one"}
+
+
+def test_save_fields_stamps_an_auto_now_field_like_save() -> None:
+    run = new_run()
+    before = WorkflowRun.objects.get(pk=run.pk).updated_at
+    run.status = RunStatus.SUSPENDED
+    statements.save_fields(run, ["status", "updated_at"])
+    stored = WorkflowRun.objects.get(pk=run.pk)
+    assert stored.status == RunStatus.SUSPENDED
+    assert stored.updated_at > before and stored.updated_at == run.updated_at
+
+
+def test_save_fields_refuses_a_row_that_is_gone_like_save() -> None:
+    run = new_run()
+    WorkflowRun.objects.filter(pk=run.pk).delete()
+    run.status = RunStatus.COMPLETED
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        statements.save_fields(run, ["status"])
+
+
+def test_the_result_lock_reads_every_checkpoint_of_a_lone_call_and_only_its_own_in_a_wave() -> None:
+    run = new_run()
+    for i, (key, group) in enumerate((("a", ""), ("b", ""), ("w1", "wave"), ("w2", "wave"))):
+        new_checkpoint(run, key, group, sequence=i)
+    new_checkpoint(new_run(), "a")  # another run's checkpoint is never read
+    with transaction.atomic():
+        locked, lone = statements.lock_run(run.id), statements.lock_result_checkpoints(run.id, "a")
+        wave = statements.lock_result_checkpoints(run.id, "w1")
+    assert locked is not None and locked.pk == run.pk
+    assert sorted(lone) == ["a", "b", "w1", "w2"] and lone["a"].input == {"k": "a"}
+    assert list(wave) == ["w1"]
+    assert statements.lock_run(str(uuid.uuid4())) is None
+    assert statements.lock_checkpoint(run.id, "missing") is None
+
+
+def test_an_attempt_starts_once_and_a_redelivery_updates_the_same_row() -> None:
+    run = new_run()
+    cp = new_checkpoint(run, "one", attempt=1, dispatched_at=WHEN)
+    attempt_started(cp, 1, "worker-a", WHEN + timedelta(seconds=1))
+    attempt_started(cp, 1, "worker-b", WHEN + timedelta(seconds=2))  # a broker redelivered it
+    row = StepAttempt.objects.get(checkpoint=cp)
+    assert (row.attempt, row.worker, row.status, row.run_id) == (1, "worker-b", AttemptStatus.RUNNING, run.id)
+    assert (row.dispatched_at, row.started_at, row.finished_at, row.error, row.late) == (
+        WHEN,
+        WHEN + timedelta(seconds=2),
+        None,
+        None,
+        False,
+    )
+
+
+def test_an_attempt_keeps_its_first_answer_and_one_never_started_gets_a_row() -> None:
+    run = new_run()
+    cp = new_checkpoint(run, "one", attempt=1, dispatched_at=WHEN)
+    attempt_started(cp, 1, "worker-a", WHEN)
+    attempt_finished(cp, 1, WHEN + timedelta(seconds=1), error={"type": "Boom"}, cancelled=False, late=False)
+    attempt_finished(cp, 1, WHEN + timedelta(seconds=9), error=None, cancelled=False, late=True)  # answered twice
+    row = StepAttempt.objects.get(checkpoint=cp, attempt=1)
+    assert (row.status, row.error, row.finished_at, row.late) == (
+        AttemptStatus.FAILED,
+        {"type": "Boom"},
+        WHEN + timedelta(seconds=1),
+        False,
+    )
+    attempt_finished(cp, 2, WHEN, error=None, cancelled=True, late=False)  # cancelled before it started
+    assert StepAttempt.objects.get(checkpoint=cp, attempt=2).status == AttemptStatus.CANCELLED
