@@ -61,6 +61,12 @@ def live_workers(cutoff: datetime) -> QuerySet[WorkerHeartbeat]:
     return WorkerHeartbeat.objects.filter(last_seen__gte=cutoff, stopped_at__isnull=True)
 
 
+def idle_peer_exists(worker_id: str, transport: str, cutoff: datetime) -> bool:
+    """Whether another live worker of `transport` ran nothing at its last heartbeat."""
+    peers = live_workers(cutoff).filter(transport=transport, in_flight=0).exclude(worker_id=worker_id)
+    return peers.exists()
+
+
 def workers_seen_since(since: datetime) -> QuerySet[WorkerHeartbeat]:
     """Workers, alive or dead, heard from since `since` (older records are no longer shown)."""
     return WorkerHeartbeat.objects.filter(last_seen__gte=since)

@@ -60,7 +60,7 @@ def test_save_fields_refuses_a_row_that_is_gone_like_save() -> None:
 
 
 def test_the_result_lock_reads_every_checkpoint_of_a_lone_call_and_only_its_own_in_a_wave() -> None:
-    run = new_run()
+    run = new_run(input={"a": [1, 2]}, turns=3)
     for i, (key, group) in enumerate((("a", ""), ("b", ""), ("w1", "wave"), ("w2", "wave"))):
         new_checkpoint(run, key, group, sequence=i)
     new_checkpoint(new_run(), "a")  # another run's checkpoint is never read
@@ -68,6 +68,13 @@ def test_the_result_lock_reads_every_checkpoint_of_a_lone_call_and_only_its_own_
         locked, lone = statements.lock_run(run.id), statements.lock_result_checkpoints(run.id, "a")
         wave = statements.lock_result_checkpoints(run.id, "w1")
     assert locked is not None and locked.pk == run.pk
+    # Every field where the ORM puts it (the table's columns are not in the model's order), as
+    # the ORM converts it: JSON loaded, an int an int, a datetime aware.
+    stored = WorkflowRun.objects.get(pk=run.pk)
+    assert {f.attname: getattr(locked, f.attname) for f in WorkflowRun._meta.concrete_fields} == {
+        f.attname: getattr(stored, f.attname) for f in WorkflowRun._meta.concrete_fields
+    }
+    assert (locked.input, locked.turns, locked.created_at.tzinfo is not None) == ({"a": [1, 2]}, 3, True)
     assert sorted(lone) == ["a", "b", "w1", "w2"] and lone["a"].input == {"k": "a"}
     assert list(wave) == ["w1"]
     assert statements.lock_run(str(uuid.uuid4())) is None
@@ -105,3 +112,17 @@ def test_an_attempt_keeps_its_first_answer_and_one_never_started_gets_a_row() ->
     )
     attempt_finished(cp, 2, WHEN, error=None, cancelled=True, late=False)  # cancelled before it started
     assert StepAttempt.objects.get(checkpoint=cp, attempt=2).status == AttemptStatus.CANCELLED
+
+
+def test_a_waiting_step_comes_with_its_run_both_as_the_orm_reads_them() -> None:
+    run = new_run(input={"a": 1}, turns=2)
+    new_checkpoint(run, "one", status=StepStatus.WAITING, queue="q", wake_at=WHEN)
+    with transaction.atomic():
+        cp = statements.lock_step_and_run_now(run.id, "one")
+        assert statements.lock_step_and_run_now(run.id, "missing") is None
+    stored = StepCheckpoint.objects.select_related("run").get(run=run, key="one")
+    assert cp is not None
+    for model, mine, theirs in ((StepCheckpoint, cp, stored), (WorkflowRun, cp.run, stored.run)):
+        names = [field.attname for field in model._meta.concrete_fields]
+        assert {name: getattr(mine, name) for name in names} == {name: getattr(theirs, name) for name in names}
+    assert (cp.status, cp.wake_at, cp.run.input, cp.run.turns) == (StepStatus.WAITING, WHEN, {"a": 1}, 2)

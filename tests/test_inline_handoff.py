@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connection, connections, transaction
 from django.db.models.signals import post_save
+from django.utils import timezone
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import OnCount
@@ -28,7 +29,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.poller import TimerPoller
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
 from durable_flow.worker.concurrency import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
@@ -353,6 +354,83 @@ def test_a_handed_step_the_engine_failed_on_is_sent_through_the_transport(
     assert all(WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED for run in runs)
     assert len(calls) == 4  # three steps, one of them twice
     assert not Task.objects.exists()
+
+
+class SpreadingSource(DatabaseTaskSource):
+    """The `db` source as a broker's would be: a task sent may be taken by any worker process."""
+
+    spreads_handoffs = True
+
+
+def spreading_runtime(engine: Engine) -> WorkerRuntime:
+    transport = engine.transport
+    assert isinstance(transport, DatabaseTransport)
+    return WorkerRuntime(engine, SpreadingSource(60.0, 0.1), build_controller(2), worker_id="busy")
+
+
+def heartbeat(worker_id: str, in_flight: int, *, transport: str = "db", age_s: float = 0.0) -> None:
+    seen = timezone.now() - timedelta(seconds=age_s)
+    WorkerHeartbeat.objects.create(
+        worker_id=worker_id, host="h", pid=1, transport=transport, started_at=seen, last_seen=seen, in_flight=in_flight
+    )
+
+
+@pytest.mark.parametrize(
+    ("peer", "spreads"),
+    [
+        ({"in_flight": 0}, True),
+        ({"in_flight": 1}, False),  # busy too
+        ({"in_flight": 0, "age_s": 60.0}, False),  # not heard from: not a live worker
+        ({"in_flight": 0, "transport": "rq"}, False),  # takes nothing from this transport
+    ],
+)
+def test_a_worker_reads_at_its_heartbeat_whether_another_worker_is_idle(
+    clock: MovableClock, transactional_db: None, peer: dict[str, Any], spreads: bool
+) -> None:
+    runtime = spreading_runtime(local_engine(clock, DatabaseTransport()))
+    heartbeat("peer", **peer)
+    runtime._beat()
+    assert runtime._peer_idle is spreads
+
+
+def test_the_db_source_does_not_spread_handoffs(clock: MovableClock, transactional_db: None) -> None:
+    engine = local_engine(clock, DatabaseTransport())
+    source = engine.transport.source()
+    assert source is not None and not source.spreads_handoffs  # its claimers wake on their own commits
+    runtime = WorkerRuntime(engine, source, build_controller(2), worker_id="busy")
+    heartbeat("peer", in_flight=0)
+    runtime._beat()
+    assert runtime._peer_idle is False
+
+
+@pytest.mark.parametrize("peer_idle", [True, False])
+def test_a_busy_worker_sends_a_granted_step_through_the_transport_while_another_is_idle(
+    clock: MovableClock, transactional_db: None, peer_idle: bool
+) -> None:
+    """With another step running in this process and another worker idle, the thread whose
+    result freed the slot does not take the granted step: it goes out as a task, for the idle
+    worker to claim. Otherwise the thread runs it next, with no task."""
+    engine = local_engine(clock, DatabaseTransport())
+    register_queue("render", concurrency=1)
+    runs = [start("tests.queued", queued("render", i)) for i in range(2)]
+    for run in runs:  # the first step admitted, the second call parked
+        engine.run_turn(run.id)
+    Task.objects.all().delete()
+    first = StepCheckpoint.objects.get(run=runs[0])
+    runtime = spreading_runtime(engine)
+    runtime._peer_idle = peer_idle
+    runtime.stats.started()
+    runtime.stats.started()  # two tasks in flight in this process: the first step and another
+    assert runtime.run_step(runs[0].id, first.key, first.attempt) == "completed"
+    handed = runtime._take_handed()
+    second = StepCheckpoint.objects.get(run=runs[1])
+    assert (second.status, second.holds_slot) == (StepStatus.DISPATCHED, True)
+    if peer_idle:
+        assert handed is None
+        assert list(Task.objects.values_list("kind", "run_id")) == [(TaskKind.STEP, runs[1].id)]
+    else:
+        assert handed is not None and handed.run_id == runs[1].id
+        assert not Task.objects.exists()
 
 
 # -- the start window's margin, checked at the call -------------------------------------------------

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection
-from django.db.models.signals import post_save
 
 from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
@@ -68,15 +67,17 @@ def test_a_release_rolled_back_with_the_inline_turn_is_made_again(engine: tuple[
     run_id, key, attempt, _ = transport.held.popleft()
     failures = [DatabaseError("the database refused the turn")]
 
-    def fail_once(sender: Any, instance: StepCheckpoint, **kwargs: Any) -> None:
-        if instance.key != key and instance.status == StepStatus.DISPATCHED and failures:
-            raise failures.pop()
+    insert = f"INSERT INTO {connection.ops.quote_name(StepCheckpoint._meta.db_table)}"
 
-    post_save.connect(fail_once, sender=StepCheckpoint)
-    try:
+    def fail_once(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        # The second step's checkpoint, written as dispatched (its first is there already).
+        if sql.startswith(insert) and StepStatus.DISPATCHED in params and failures:
+            raise failures.pop()
+        return result
+
+    with connection.execute_wrapper(fail_once):
         df.record_result(run_id, key, attempt, output=1)  # its inline turn fails; a queued turn follows
-    finally:
-        post_save.disconnect(fail_once, sender=StepCheckpoint)
     assert not failures  # the turn did fail once
     second = StepCheckpoint.objects.exclude(key=key).get(run=run)
     # The queued turn found the first step's slot free: the second step holds the only one.

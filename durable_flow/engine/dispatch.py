@@ -18,7 +18,7 @@ from durable_flow.counters import count_admission, count_parked
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.statements import save_fields
+from durable_flow.engine.statements import insert, save_fields
 from durable_flow.exceptions import RunNotFound, StepNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.registry import StepDefinition, get_step
@@ -110,7 +110,7 @@ class DispatchMixin(EngineBase):
         """Record the call as waiting for a grant (counted once per attempt that joins the line:
         durable_flow_admissions_total{decision="parked"})."""
         if cp.pk is None:
-            cp.save()
+            insert(cp)
         elif cp.status != StepStatus.WAITING:
             cp.status = StepStatus.WAITING
             cp.save(update_fields=["status"])
@@ -148,7 +148,7 @@ class DispatchMixin(EngineBase):
         timeout = self.step_timeout(cp)
         cp.wake_at = now + timedelta(seconds=timeout) if timeout else None
         if cp.pk is None:
-            cp.save()
+            insert(cp)
         else:
             save_fields(cp, ["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"])
         if cp.holds_slot and not timeout_redispatch:

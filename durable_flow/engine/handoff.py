@@ -28,9 +28,9 @@ from django.db import close_old_connections, transaction
 from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
-from durable_flow.engine.locking import locked_run, one, retry_on_conflict
+from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.start_margins import StartMargins
-from durable_flow.engine.statements import save_fields
+from durable_flow.engine.statements import lock_step_and_run_now, save_fields
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.step_concurrency import constraints_of
 
@@ -175,8 +175,7 @@ class HandoffMixin(EngineBase):
         run_id, key = Ticket.parse(ticket)
         # The checkpoint and its run in one statement; both rows are locked, and skipped if
         # either is locked elsewhere.
-        waiter = StepCheckpoint.objects.select_for_update(skip_locked=True).select_related("run")
-        cp = one(waiter.filter(run_id=run_id, key=key))
+        cp = lock_step_and_run_now(run_id, key)
         if cp is None or cp.queue != queue or cp.status != StepStatus.WAITING:
             return False
         run = cp.run

@@ -13,9 +13,9 @@ model here has signal receivers), from SQL built on first use and cached.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection
 from django.db.models import Model
@@ -58,6 +58,75 @@ def save_fields(obj: Model, fields: Iterable[str]) -> None:
             raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
+def fetch(model: type[M], sql: str, params: Sequence[object]) -> list[M]:
+    """The rows of `sql` (`SELECT *` of `model`'s table: every concrete field, in the table's
+    column order) as saved instances, their values converted as the ORM converts them (JSON
+    loaded, datetimes made aware on SQLite). What `model.objects.raw(sql, params)` does, with
+    the columns mapped to fields once per result shape and connection, not once per query."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        columns = tuple(column[0] for column in cursor.description)
+        rows = cursor.fetchall()
+    return [_load(model, columns, row) for row in rows]
+
+
+def _load(model: type[M], columns: tuple[str, ...], row: Sequence[object]) -> M:
+    """One row of `columns` (every concrete field of `model`) as a saved, converted instance."""
+    order, attnames, converters = _loader(model, columns)
+    values = [row[index] for index in order]  # the model's field order, which `from_db` expects
+    for index, column, functions in converters:
+        for convert in functions:
+            values[index] = convert(values[index], column, connection)
+    return model.from_db(connection.alias, attnames, values)
+
+
+def _loader(
+    model: type[Model], columns: tuple[str, ...]
+) -> tuple[list[int], list[str], list[tuple[int, Any, list[Any]]]]:
+    """Per connection (a converter may be bound to it) and result shape: where each concrete
+    field of `model` is among `columns` (a table's columns need not be in the model's order:
+    a migration appends them), the fields' attribute names, and the converters of those that
+    have any, as the ORM's compiler gathers them."""
+    cached: dict[tuple[type[Model], tuple[str, ...]], Any] = connection.__dict__.setdefault("_df_loaders", {})
+    found = cached.get((model, columns))
+    if found is None:
+        position = {column: index for index, column in enumerate(columns)}
+        fields = list(model._meta.concrete_fields)
+        if len(fields) != len(columns) or any(field.column not in position for field in fields):
+            raise ValueError(f"{model.__name__}: expected every column of its table, got {columns}")
+        converters = []
+        for index, field in enumerate(fields):
+            column = field.get_col(model._meta.db_table)
+            functions = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if functions:
+                converters.append((index, column, functions))
+        order = [position[field.column] for field in fields]
+        found = cached[(model, columns)] = (order, [field.attname for field in fields], converters)
+    return found
+
+
+@cache
+def _insert_sql(model: type[Model], columns: tuple[str, ...], vendor: str) -> str:
+    marks = ", ".join(["%s"] * len(columns))
+    names = ", ".join(_q(column) for column in columns)
+    return f"INSERT INTO {_q(model._meta.db_table)} ({names}) VALUES ({marks}) RETURNING {_q(model._meta.pk.column)}"
+
+
+def insert(obj: Model) -> None:
+    """`obj.save()` for a new row with an auto primary key: every concrete field but the key
+    (defaults and `auto_now_add` applied as `save()` applies them), the key read back into
+    `obj.pk`, and `obj` marked saved."""
+    meta = obj._meta
+    fields = [field for field in meta.concrete_fields if not field.primary_key]
+    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    sql = _insert_sql(type(obj), tuple(field.column for field in fields), connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        obj.pk = cursor.fetchone()[0]
+    obj._state.adding = False
+    obj._state.db = connection.alias
+
+
 @cache
 def _run_sql(vendor: str, lock: str) -> str:
     return f"SELECT * FROM {_q(WorkflowRun._meta.db_table)} WHERE {_q('id')} = %s{lock}"
@@ -65,7 +134,7 @@ def _run_sql(vendor: str, lock: str) -> str:
 
 def lock_run(run_id: str) -> WorkflowRun | None:
     """The run's row, locked (`select_for_update().filter(pk=run_id)`), or None."""
-    return next(iter(WorkflowRun.objects.raw(_run_sql(connection.vendor, _for_update()), [run_id])), None)
+    return next(iter(fetch(WorkflowRun, _run_sql(connection.vendor, _for_update()), [run_id])), None)
 
 
 @cache
@@ -76,8 +145,7 @@ def _checkpoint_sql(vendor: str, lock: str) -> str:
 
 def lock_checkpoint(run_id: str, key: str) -> StepCheckpoint | None:
     """The run's checkpoint `key`, locked, or None (lock the run first: `engine/locking.py`)."""
-    rows = StepCheckpoint.objects.raw(_checkpoint_sql(connection.vendor, _for_update()), [run_id, key])
-    return next(iter(rows), None)
+    return next(iter(fetch(StepCheckpoint, _checkpoint_sql(connection.vendor, _for_update()), [run_id, key])), None)
 
 
 @cache
@@ -91,7 +159,7 @@ def lock_result_checkpoints(run_id: str, key: str) -> dict[str, StepCheckpoint]:
     """Checkpoint `key` of the run, locked, and every other checkpoint of the run too when
     `key` is a lone call (not in a fan-out wave): see `locking.locked_run_for_result`."""
     sql = _result_checkpoints_sql(connection.vendor, _for_update())
-    return {cp.key: cp for cp in StepCheckpoint.objects.raw(sql, [run_id, key, run_id, key])}
+    return {cp.key: cp for cp in fetch(StepCheckpoint, sql, [run_id, key, run_id, key])}
 
 
 @cache
@@ -135,3 +203,29 @@ def update_sql(model: type[Model], sets: tuple[str, ...], where: tuple[str, ...]
     set_sql = ", ".join(f"{_q(meta.get_field(name).column)} = %s" for name in sets)  # type: ignore[union-attr]
     where_sql = " AND ".join(f"{_q(meta.get_field(name).column)} = %s" for name in where)  # type: ignore[union-attr]
     return f"UPDATE {_q(meta.db_table)} SET {set_sql} WHERE {where_sql}{also}"
+
+
+@cache
+def _step_and_run_sql(vendor: str, lock: str) -> str:
+    checkpoints, runs = _q(StepCheckpoint._meta.db_table), _q(WorkflowRun._meta.db_table)
+    return (
+        f"SELECT c.*, r.* FROM {checkpoints} c INNER JOIN {runs} r ON r.{_q('id')} = c.{_q('run_id')} "
+        f"WHERE c.{_q('run_id')} = %s AND c.{_q('key')} = %s{lock}"
+    )
+
+
+def lock_step_and_run_now(run_id: str, key: str) -> StepCheckpoint | None:
+    """Checkpoint `key` with its run (`cp.run`), both rows locked if neither is locked elsewhere
+    (`SKIP LOCKED`: never waits), in one statement; None if missing or locked. What
+    `select_for_update(skip_locked=True).select_related("run")` sends."""
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    with connection.cursor() as cursor:
+        cursor.execute(_step_and_run_sql(connection.vendor, lock), [run_id, key])
+        columns = tuple(column[0] for column in cursor.description)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    width = len(StepCheckpoint._meta.concrete_fields)
+    cp = _load(StepCheckpoint, columns[:width], row[:width])
+    cp.run = _load(WorkflowRun, columns[width:], row[width:])
+    return cp

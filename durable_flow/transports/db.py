@@ -132,6 +132,16 @@ def _claim_statement() -> str:
     )
 
 
+def delete_claimed(task_id: int, worker_id: str) -> None:
+    """Delete a task row this worker holds, in the transaction that settles it: the SQL of
+    `Task.objects.filter(id=..., claimed_by=...).delete()` (no rows refer to a task), without
+    the ORM's deletion collector on every turn and result."""
+    q = connection.ops.quote_name
+    sql = f"DELETE FROM {q(Task._meta.db_table)} WHERE {q('claimed_by')} = %s AND {q('id')} = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [worker_id, task_id])
+
+
 class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
@@ -193,7 +203,7 @@ class DatabaseTaskSource(TaskSource):
         An outcome with no such transaction (a missing step) leaves the row to `done`."""
 
         def delete_task() -> None:
-            Task.objects.filter(id=task.handle, claimed_by=runner.worker_id).delete()
+            delete_claimed(task.handle, runner.worker_id)
             transaction.on_commit(lambda: setattr(task, "done_in_engine", True))
 
         return runner.run_task(task, also=delete_task)

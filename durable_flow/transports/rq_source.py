@@ -42,6 +42,7 @@ class RQTaskSource(TaskSource):
     """Consumer side: pop jobs high → normal → low, keep RQ's registries and worker record."""
 
     transport = "rq"
+    spreads_handoffs = True
 
     def __init__(self, transport: RQTransport, execution_ttl_s: int | None = None) -> None:
         self.rq = transport

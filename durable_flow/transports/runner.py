@@ -110,6 +110,12 @@ class TaskSource(ABC):
     #: going out through this transport (`engine/inline_handoff.py`). Off by default: a broker's
     #: users expect every step as a job (in its registries, handed back at shutdown).
     turn_steps_inline: bool = False
+    #: Whether a task sent through this transport may be taken by another worker process as
+    #: soon as it is sent (a broker's queue, popped by whichever process waits on it), so a
+    #: worker that runs two steps while another worker sits idle spreads the next handoff
+    #: (`WorkerRuntime`). Off for the `db` transport: its claimers are woken by their own
+    #: process's commits, so the task would stay in the busy process, by the slower path.
+    spreads_handoffs: bool = False
 
     @abstractmethod
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:

@@ -26,12 +26,15 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections
+from django.utils import timezone
 
 from durable_flow import counters
 from durable_flow.engine import inline_handoff
+from durable_flow.queries import idle_peer_exists
 from durable_flow.transports.runner import Also, ClaimedTask, EngineRunner, TaskSource
 from durable_flow.worker.concurrency import ConcurrencyController
 from durable_flow.worker.heartbeat import Heartbeat, WorkerStats, new_worker_id
@@ -80,6 +83,9 @@ class WorkerRuntime(EngineRunner):
         self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
         self._tidy = threading.local()
         self._handed = threading.local()  # the step a result's release handed to this thread
+        #: Another worker of this transport ran nothing at its last heartbeat (read with ours,
+        #: on a transport that `spreads_handoffs`): see `_spreading`.
+        self._peer_idle = False
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, signum: int | None = None, *_: object) -> None:
@@ -220,13 +226,23 @@ class WorkerRuntime(EngineRunner):
                 run_id, step_key, attempt, worker_id=self.worker_id, also=also, dispatched=dispatched
             )
 
-        if self._stop.is_set():
+        if self._stop.is_set() or self._spreading():
             return execute()
         with inline_handoff.accepting(self.worker_id) as taken:
             try:
                 return execute()
             finally:
                 self._handed.steps = taken
+
+    def _spreading(self) -> bool:
+        """Whether this thread declines the step its result's release grants, sending it through
+        the transport instead: while another step runs in this process and another worker was
+        idle at the last heartbeat. A granted step stays on the thread that freed its slot, so
+        without this every slot of a queue can end up in one process, its handoffs contending
+        for one interpreter while the other processes idle (traced on `bench/contention.py`'s
+        cap 2: both chains in one of two workers, their handoffs interleaved, each ~2x as long).
+        Once each process runs one, every handoff is inline again."""
+        return self._peer_idle and self.stats.in_flight > 1
 
     def _run_inline(self, task: ClaimedTask) -> bool:
         """A step handed to this thread (no transport task); True unless it failed."""
@@ -318,6 +334,9 @@ class WorkerRuntime(EngineRunner):
         try:
             self.source.renew(self.worker_id, [task for task in running if not task.inline])
             self.heartbeat.beat(running=[f"{t.run_id}/{t.step_key}/{t.attempt}" for t in running if t.kind == "step"])
+            if self.source.spreads_handoffs:
+                cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
+                self._peer_idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
         except transient_errors() as exc:
             close_old_connections()
             self._beat_outage.failed(exc)  # logged once per outage; the next beat retries
