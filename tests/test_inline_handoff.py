@@ -29,6 +29,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.poller import TimerPoller
+from durable_flow.transports import db as db_transport
 from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
 from durable_flow.worker.concurrency import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
@@ -356,16 +357,12 @@ def test_a_handed_step_the_engine_failed_on_is_sent_through_the_transport(
     assert not Task.objects.exists()
 
 
-class SpreadingSource(DatabaseTaskSource):
-    """The `db` source as a broker's would be: a task sent may be taken by any worker process."""
-
-    spreads_handoffs = True
-
-
 def spreading_runtime(engine: Engine) -> WorkerRuntime:
     transport = engine.transport
     assert isinstance(transport, DatabaseTransport)
-    return WorkerRuntime(engine, SpreadingSource(60.0, 0.1), build_controller(2), worker_id="busy")
+    source = transport.source()
+    assert source.spreads_handoffs  # the `db` source spreads (and `rq`'s: see `RQTaskSource`)
+    return WorkerRuntime(engine, source, build_controller(2), worker_id="busy")
 
 
 def heartbeat(worker_id: str, in_flight: int, *, transport: str = "db", age_s: float = 0.0) -> None:
@@ -393,14 +390,25 @@ def test_a_worker_reads_at_its_heartbeat_whether_another_worker_is_idle(
     assert runtime._peer_idle is spreads
 
 
-def test_the_db_source_does_not_spread_handoffs(clock: MovableClock, transactional_db: None) -> None:
+def test_a_step_sent_for_another_process_wakes_no_claimer_of_this_one(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    """The `db` source's claimers are woken by their own process's commits: a step task sent
+    while declining a handoff must not wake them, or this busy process would claim it at once
+    and keep it; every worker's claimer finds it at its next poll instead."""
     engine = local_engine(clock, DatabaseTransport())
     source = engine.transport.source()
-    assert source is not None and not source.spreads_handoffs  # its claimers wake on their own commits
-    runtime = WorkerRuntime(engine, source, build_controller(2), worker_id="busy")
-    heartbeat("peer", in_flight=0)
-    runtime._beat()
-    assert runtime._peer_idle is False
+    assert isinstance(source, DatabaseTaskSource)
+    register_queue("render", concurrency=1)
+    runs = [start("tests.queued", queued("render", i)) for i in range(2)]
+    before = db_transport._generation
+    with source.sent_elsewhere(), transaction.atomic():
+        engine.transport.enqueue_step(runs[0].id, "0", 1, 0)
+    assert db_transport._generation == before  # committed, nobody woken
+    with transaction.atomic():
+        engine.transport.enqueue_step(runs[1].id, "0", 1, 0)
+    assert db_transport._generation == before + 1  # an ordinary dispatch wakes them
+    assert Task.objects.filter(kind=TaskKind.STEP).count() == 2
 
 
 @pytest.mark.parametrize("peer_idle", [True, False])

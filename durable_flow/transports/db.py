@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
@@ -40,6 +41,19 @@ if TYPE_CHECKING:
 #: generation tells a claimer whether tasks were committed while it was looking.
 _new_work = threading.Condition()
 _generation = 0
+
+
+#: Set on a thread whose dispatches are meant for another process (`sent_elsewhere`).
+_quiet = threading.local()
+
+
+@contextmanager
+def _not_announced() -> Iterator[None]:
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = False
 
 
 def _announce_new_work() -> None:
@@ -100,7 +114,8 @@ class DatabaseTransport(Transport):
             priority=priority,
             available_at=timezone.now(),
         )
-        transaction.on_commit(_announce_new_work)
+        if not getattr(_quiet, "on", False):
+            transaction.on_commit(_announce_new_work)
 
     def reclaim_from(self, dead_workers: list[str]) -> int:
         """Expire the leases of tasks held by workers whose heartbeat lapsed (poller upkeep)."""
@@ -148,6 +163,13 @@ class DatabaseTaskSource(TaskSource):
     transport = "db"
     #: A step task costs an INSERT, a claim and a DELETE: the turn's thread runs the step instead.
     turn_steps_inline = True
+    spreads_handoffs = True
+
+    def sent_elsewhere(self) -> AbstractContextManager[None]:
+        """A step task this thread sends while declining a handoff wakes no claimer of this
+        process: every worker's idle claimer finds it at its next poll (`poll_interval_s`), so an
+        idle process can take it (woken at once here, the busy process would keep it)."""
+        return _not_announced()
 
     def __init__(self, visibility_timeout_s: float, poll_interval_s: float) -> None:
         self.visibility = timedelta(seconds=visibility_timeout_s)

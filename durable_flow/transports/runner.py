@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -110,12 +111,18 @@ class TaskSource(ABC):
     #: going out through this transport (`engine/inline_handoff.py`). Off by default: a broker's
     #: users expect every step as a job (in its registries, handed back at shutdown).
     turn_steps_inline: bool = False
-    #: Whether a task sent through this transport may be taken by another worker process as
-    #: soon as it is sent (a broker's queue, popped by whichever process waits on it), so a
-    #: worker that runs two steps while another worker sits idle spreads the next handoff
-    #: (`WorkerRuntime`). Off for the `db` transport: its claimers are woken by their own
-    #: process's commits, so the task would stay in the busy process, by the slower path.
+    #: Whether a task sent through this transport may be taken by another worker process, so a
+    #: worker that runs two steps while another worker sits idle sends the step its result
+    #: grants through it rather than running it next itself (`WorkerRuntime._spreading`), and
+    #: the idle process takes it. See `sent_elsewhere`.
     spreads_handoffs: bool = False
+
+    def sent_elsewhere(self) -> AbstractContextManager[None]:
+        """Around the work whose dispatches are meant for another process (a handoff this
+        worker declined): a source whose idle claimers this process's own commits wake (`db`)
+        leaves them asleep, so its claimers and the other processes' find the task at their
+        next poll alike. Nothing by default (a broker's waiting consumers take it in turn)."""
+        return nullcontext()
 
     @abstractmethod
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:

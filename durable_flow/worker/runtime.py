@@ -226,8 +226,11 @@ class WorkerRuntime(EngineRunner):
                 run_id, step_key, attempt, worker_id=self.worker_id, also=also, dispatched=dispatched
             )
 
-        if self._stop.is_set() or self._spreading():
+        if self._stop.is_set():
             return execute()
+        if self._spreading():
+            with self.source.sent_elsewhere():
+                return execute()
         with inline_handoff.accepting(self.worker_id) as taken:
             try:
                 return execute()
