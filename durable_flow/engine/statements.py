@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 from django.db.models import Model
 
 from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -87,7 +87,9 @@ def _loader(
     field of `model` is among `columns` (a table's columns need not be in the model's order:
     a migration appends them), the fields' attribute names, and the converters of those that
     have any, as the ORM's compiler gathers them."""
-    cached: dict[tuple[type[Model], tuple[str, ...]], Any] = connection.__dict__.setdefault("_df_loaders", {})
+    # On the thread's own connection (`connection` is a proxy shared by every thread).
+    own = connections[connection.alias]
+    cached: dict[tuple[type[Model], tuple[str, ...]], Any] = own.__dict__.setdefault("_df_loaders", {})
     found = cached.get((model, columns))
     if found is None:
         position = {column: index for index, column in enumerate(columns)}
