@@ -198,12 +198,13 @@ def take_slot(waiter: AdmissionWaiter, now: int, mark: bool, serve: int | None) 
         return False
     waiters, queue = _table(AdmissionWaiter), waiter.queue
     statements: list[tuple[str, list[object]]] = [
-        (f"DELETE FROM {waiters} WHERE id = %s", [waiter.pk]),
         (
             f"INSERT INTO {_table(AdmissionSlot)} (queue, ticket, acquired_ms) VALUES (%s, %s, %s)",
             [queue, waiter.ticket, now],
         ),
     ]
+    if waiter.pk is not None:  # a waiter that had joined the line (an uncontended one never did)
+        statements.insert(0, (f"DELETE FROM {waiters} WHERE id = %s", [waiter.pk]))
     if mark:
         statements.append((f"INSERT INTO {_table(AdmissionMark)} (queue, at_ms) VALUES (%s, %s)", [queue, now]))
     if serve is not None:
@@ -227,6 +228,5 @@ def take_slot(waiter: AdmissionWaiter, now: int, mark: bool, serve: int | None) 
             cursor.execute(f"WITH {ctes} SELECT 1", [p for _, params in statements for p in params])
         else:
             for sql, params in statements:
-                if waiter.pk is not None or not sql.startswith("DELETE"):
-                    cursor.execute(sql, params)
+                cursor.execute(sql, params)
     return True

@@ -35,13 +35,6 @@ def _for_update() -> str:
     return " FOR UPDATE" if connection.features.has_select_for_update else ""
 
 
-@cache
-def _update_sql(model: type[Model], columns: tuple[str, ...], vendor: str) -> str:
-    meta = model._meta
-    sets = ", ".join(f"{_q(column)} = %s" for column in columns)
-    return f"UPDATE {_q(meta.db_table)} SET {sets} WHERE {_q(meta.pk.column)} = %s"
-
-
 def save_fields(obj: Model, fields: Iterable[str]) -> None:
     """`obj.save(update_fields=fields)` for a row that exists: one UPDATE of those columns by
     primary key, values taken as `save()` takes them (`pre_save`: an `auto_now` field is
@@ -51,7 +44,7 @@ def save_fields(obj: Model, fields: Iterable[str]) -> None:
     names = tuple(dict.fromkeys(fields))
     model_fields = [meta.get_field(name) for name in names]
     values = [field.get_db_prep_save(field.pre_save(obj, False), connection) for field in model_fields]  # type: ignore[union-attr]
-    sql = _update_sql(type(obj), tuple(field.column for field in model_fields), connection.vendor)  # type: ignore[union-attr]
+    sql = update_sql(type(obj), names, (meta.pk.name,), "", connection.vendor)  # type: ignore[union-attr]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, obj.pk])
         if cursor.rowcount == 0:
@@ -107,21 +100,41 @@ def _loader(
     return found
 
 
+def _new_row(obj: Model) -> tuple[tuple[str, ...], list[object]]:
+    """The columns and values of `obj` as a new row: every concrete field but an auto primary
+    key, defaults and `auto_now_add` applied as `save()` applies them."""
+    fields = [field for field in obj._meta.concrete_fields if not field.primary_key]
+    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    return tuple(field.column for field in fields), values
+
+
 @cache
 def _insert_sql(model: type[Model], columns: tuple[str, ...], vendor: str) -> str:
+    """`INSERT INTO model (columns) VALUES (%s, ...)`, for `insert` and `upsert` to finish."""
     marks = ", ".join(["%s"] * len(columns))
-    names = ", ".join(_q(column) for column in columns)
-    return f"INSERT INTO {_q(model._meta.db_table)} ({names}) VALUES ({marks}) RETURNING {_q(model._meta.pk.column)}"
+    return f"INSERT INTO {_q(model._meta.db_table)} ({', '.join(_q(column) for column in columns)}) VALUES ({marks})"
+
+
+@cache
+def _insert_returning_sql(model: type[Model], columns: tuple[str, ...], vendor: str) -> str:
+    return f"{_insert_sql(model, columns, vendor)} RETURNING {_q(model._meta.pk.column)}"
+
+
+@cache
+def _upsert_sql(
+    model: type[Model], columns: tuple[str, ...], unique: tuple[str, ...], update: tuple[str, ...], vendor: str
+) -> str:
+    sets = ", ".join(f"{_q(column)} = excluded.{_q(column)}" for column in update)
+    on = ", ".join(_q(column) for column in unique)
+    return f"{_insert_sql(model, columns, vendor)} ON CONFLICT ({on}) DO UPDATE SET {sets}"
 
 
 def insert(obj: Model) -> None:
     """`obj.save()` for a new row with an auto primary key: every concrete field but the key
     (defaults and `auto_now_add` applied as `save()` applies them), the key read back into
     `obj.pk`, and `obj` marked saved."""
-    meta = obj._meta
-    fields = [field for field in meta.concrete_fields if not field.primary_key]
-    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
-    sql = _insert_sql(type(obj), tuple(field.column for field in fields), connection.vendor)
+    columns, values = _new_row(obj)
+    sql = _insert_returning_sql(type(obj), columns, connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         obj.pk = cursor.fetchone()[0]
@@ -164,26 +177,12 @@ def lock_result_checkpoints(run_id: str, key: str) -> dict[str, StepCheckpoint]:
     return {cp.key: cp for cp in fetch(StepCheckpoint, sql, [run_id, key, run_id, key])}
 
 
-@cache
-def _upsert_sql(
-    model: type[Model], columns: tuple[str, ...], unique: tuple[str, ...], update: tuple[str, ...], vendor: str
-) -> str:
-    marks = ", ".join(["%s"] * len(columns))
-    sets = ", ".join(f"{_q(column)} = excluded.{_q(column)}" for column in update)
-    return (
-        f"INSERT INTO {_q(model._meta.db_table)} ({', '.join(_q(column) for column in columns)}) VALUES ({marks}) "
-        f"ON CONFLICT ({', '.join(_q(column) for column in unique)}) DO UPDATE SET {sets}"
-    )
-
-
 def upsert(obj: Model, unique: Iterable[str], update: Iterable[str]) -> None:
     """`bulk_create([obj], update_conflicts=True, unique_fields=unique, update_fields=update)`:
     insert the row with every concrete field (defaults applied as `save()` applies them), or
     update `update` on the row it conflicts with on `unique`. No primary key comes back."""
     meta = obj._meta
-    fields = [field for field in meta.concrete_fields if not field.primary_key]
-    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
-    columns = tuple(field.column for field in fields)
+    columns, values = _new_row(obj)
     unique_columns = tuple(meta.get_field(name).column for name in unique)  # type: ignore[union-attr]
     update_columns = tuple(meta.get_field(name).column for name in update)  # type: ignore[union-attr]
     sql = _upsert_sql(type(obj), columns, unique_columns, update_columns, connection.vendor)

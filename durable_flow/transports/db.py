@@ -148,9 +148,9 @@ def _claim_statement() -> str:
 
 
 def delete_claimed(task_id: int, worker_id: str) -> None:
-    """Delete a task row this worker holds, in the transaction that settles it: the SQL of
-    `Task.objects.filter(id=..., claimed_by=...).delete()` (no rows refer to a task), without
-    the ORM's deletion collector on every turn and result."""
+    """Delete a task row this worker holds (in the transaction that settles it, or once it is
+    done): the SQL of `Task.objects.filter(id=..., claimed_by=...).delete()` (no rows refer to
+    a task), without the ORM's deletion collector on every turn and result."""
     q = connection.ops.quote_name
     sql = f"DELETE FROM {q(Task._meta.db_table)} WHERE {q('claimed_by')} = %s AND {q('id')} = %s"
     with connection.cursor() as cursor:
@@ -232,7 +232,7 @@ class DatabaseTaskSource(TaskSource):
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
         if not task.done_in_engine:
-            Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
+            delete_claimed(task.handle, worker_id)
 
     def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         for task in tasks:
@@ -241,7 +241,7 @@ class DatabaseTaskSource(TaskSource):
                 with transaction.atomic():
                     Task.objects.filter(id=task.handle, claimed_by=worker_id).update(claimed_by=None, lease_until=None)
             except IntegrityError:  # the unique index says a turn for this run is queued already
-                Task.objects.filter(id=task.handle, claimed_by=worker_id).delete()
+                delete_claimed(task.handle, worker_id)
 
     def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         Task.objects.filter(id__in=[t.handle for t in tasks], claimed_by=worker_id).update(
