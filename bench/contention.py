@@ -111,6 +111,7 @@ def run_stack(
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "settings.test",
+        "DJANGO_DEBUG": "0",  # as deployed: DEBUG logs every query's SQL (bench/fleet.py)
         "DURABLE_FLOW_TEST_ID": test_id,
         "DURABLE_FLOW_ADMISSION": admission,
         "DURABLE_FLOW_TRANSPORT": transport,

@@ -84,6 +84,7 @@ def setup_django(postgres: bool, admission: str, redis_url: str) -> None:
         {
             "DURABLE_FLOW_TEST_ID": BENCH_ID,
             "DJANGO_SETTINGS_MODULE": "settings.test",
+            "DJANGO_DEBUG": "0",  # as deployed: DEBUG logs every query's SQL (bench/fleet.py)
             "DURABLE_FLOW_TRANSPORT": "db",
             "DURABLE_FLOW_ADMISSION": admission,
             "DURABLE_FLOW_LOG": "WARNING",

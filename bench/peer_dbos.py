@@ -142,6 +142,7 @@ def run_durable_flow(args: argparse.Namespace) -> float:
         {
             "DURABLE_FLOW_TEST_ID": "bench-peer",
             "DJANGO_SETTINGS_MODULE": "settings.test",
+            "DJANGO_DEBUG": "0",  # as deployed: DEBUG logs every query's SQL (bench/fleet.py)
             "DURABLE_FLOW_TRANSPORT": "db",
             "DURABLE_FLOW_ADMISSION": "db",
             "DURABLE_FLOW_LOG": "WARNING",

@@ -9,7 +9,8 @@ done; a worker that dies leaves its lease to lapse, and the task is claimed agai
 An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable?) and claims
 only when there is: the claim is a write, which on SQLite takes the write lock even when it
 finds nothing. A task enqueued by its own process wakes it at once when the enqueueing
-transaction commits. (A slot freed by a result is not a task at all: the worker thread that
+transaction commits; on PostgreSQL, one enqueued by any process does (`LISTEN`/`NOTIFY`,
+`db_notify`). (A slot freed by a result is not a task at all: the worker thread that
 recorded the result runs the granted step itself; nor is the step a turn dispatches on a
 worker: the turn's thread runs it next, `engine/inline_handoff.py`.)
 """
@@ -30,6 +31,7 @@ from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
 from durable_flow.options import Option, positive_number
+from durable_flow.transports import db_notify
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
@@ -96,6 +98,7 @@ class DatabaseTransport(Transport):
         Task.objects.bulk_create(
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
         )
+        db_notify.notify()
         transaction.on_commit(_announce_new_work)
 
     def enqueue_turns(self, run_ids: Sequence[str]) -> None:
@@ -104,6 +107,8 @@ class DatabaseTransport(Transport):
         Task.objects.bulk_create(
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=now) for run_id in run_ids], ignore_conflicts=True
         )
+        db_notify.notify()
+        transaction.on_commit(_announce_new_work)
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         Task.objects.create(
@@ -114,7 +119,9 @@ class DatabaseTransport(Transport):
             priority=priority,
             available_at=timezone.now(),
         )
-        if not getattr(_quiet, "on", False):
+        elsewhere = getattr(_quiet, "on", False)
+        db_notify.notify(for_others=elsewhere)
+        if not elsewhere:
             transaction.on_commit(_announce_new_work)
 
     def reclaim_from(self, dead_workers: list[str]) -> int:
@@ -167,14 +174,27 @@ class DatabaseTaskSource(TaskSource):
 
     def sent_elsewhere(self) -> AbstractContextManager[None]:
         """A step task this thread sends while declining a handoff wakes no claimer of this
-        process: every worker's idle claimer finds it at its next poll (`poll_interval_s`), so an
-        idle process can take it (woken at once here, the busy process would keep it)."""
+        process (woken at once here, the busy process would keep it). On PostgreSQL the other
+        processes' claimers are woken at once (`db_notify`); on SQLite they find it at their
+        next poll (`poll_interval_s`)."""
         return _not_announced()
 
     def __init__(self, visibility_timeout_s: float, poll_interval_s: float) -> None:
         self.visibility = timedelta(seconds=visibility_timeout_s)
         self.poll_interval_s = poll_interval_s
         self.queues = ["db"]
+        self._notifications: db_notify.TaskNotifications | None = None
+
+    def open(self, runner: TaskRunner) -> None:
+        """Listen for the tasks other processes commit, where the database can tell (PostgreSQL)."""
+        if self._notifications is None and db_notify.available():
+            self._notifications = db_notify.TaskNotifications(_announce_new_work)
+            self._notifications.start()
+
+    def close(self, worker_id: str) -> None:
+        if self._notifications is not None:
+            self._notifications.stop()
+            self._notifications = None
 
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         deadline = time.monotonic() + wait_s
