@@ -81,6 +81,29 @@ def test_the_result_lock_reads_every_checkpoint_of_a_lone_call_and_only_its_own_
     assert statements.lock_checkpoint(run.id, "missing") is None
 
 
+def test_the_result_lock_in_one_round_trip_reads_what_the_two_statements_read() -> None:
+    """`lock_run_for_result` (one `execute` on PostgreSQL) against `lock_run` then
+    `lock_result_checkpoints`, for a lone call, a call in a wave and a missing run."""
+    run = new_run(input={"nested": {"x": [1]}}, turns=2)
+    for i, (key, group) in enumerate((("a", ""), ("b", ""), ("w1", "wave"), ("w2", "wave"))):
+        new_checkpoint(run, key, group, sequence=i, output={"o": key})
+    with transaction.atomic():
+        apart = [(statements.lock_run(run.id), statements.lock_result_checkpoints(run.id, key)) for key in ("a", "w1")]
+        together = [statements.lock_run_for_result(run.id, key) for key in ("a", "w1")]
+        missing = statements.lock_run_for_result(str(uuid.uuid4()), "a")
+    assert missing == (None, {})
+    fields = [f.attname for f in WorkflowRun._meta.concrete_fields]
+    cp_fields = [f.attname for f in StepCheckpoint._meta.concrete_fields]
+    for (run_apart, cps_apart), (run_together, cps_together) in zip(apart, together, strict=True):
+        assert run_apart is not None and run_together is not None
+        assert [getattr(run_together, f) for f in fields] == [getattr(run_apart, f) for f in fields]
+        assert sorted(cps_together) == sorted(cps_apart)
+        for key, cp in cps_together.items():
+            assert [getattr(cp, f) for f in cp_fields] == [getattr(cps_apart[key], f) for f in cp_fields]
+    assert sorted(together[0][1]) == ["a", "b", "w1", "w2"] and list(together[1][1]) == ["w1"]
+    assert together[0][1]["b"].output == {"o": "b"}
+
+
 def test_an_attempt_starts_once_and_a_redelivery_updates_the_same_row() -> None:
     run = new_run()
     cp = new_checkpoint(run, "one", attempt=1, dispatched_at=WHEN)
@@ -126,3 +149,51 @@ def test_a_waiting_step_comes_with_its_run_both_as_the_orm_reads_them() -> None:
         names = [field.attname for field in model._meta.concrete_fields]
         assert {name: getattr(mine, name) for name in names} == {name: getattr(theirs, name) for name in names}
     assert (cp.status, cp.wake_at, cp.run.input, cp.run.turns) == (StepStatus.WAITING, WHEN, {"a": 1}, 2)
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_the_best_waiter_is_the_one_the_orm_ranks_first(order: str) -> None:
+    """`db_statements.best_waiter` against the ORM's read of the rank (`_rank_order`), as the
+    line changes: priority first, then the key served longest ago, then arrival (fifo or lifo);
+    other queues' waiters never count."""
+    from durable_flow.admission.db_read import DatabaseReadModel
+    from durable_flow.admission.db_statements import best_waiter
+    from durable_flow.models import AdmissionWaiter
+    from durable_flow.queues import QueueConfig
+
+    config = QueueConfig(name="q", concurrency=1, order=order)  # type: ignore[arg-type]
+    ranked = AdmissionWaiter.objects.filter(queue="q").order_by(*DatabaseReadModel._rank_order(config))
+    rows = [  # (ticket, priority, key_served, arrival)
+        ("a", 0, 5, 1),
+        ("b", 0, 3, 2),
+        ("c", 0, 3, 3),
+        ("d", 2, 9, 4),
+        ("e", -1, 0, 0),
+        ("f", 2, 9, 5),
+    ]
+    AdmissionWaiter.objects.create(queue="other", ticket="z", priority=99, fairness_key="k", arrival=0, seen_ms=0)
+    assert best_waiter("q", order == "lifo") is None
+    for ticket, priority, served, arrival in rows:
+        AdmissionWaiter.objects.create(
+            queue="q",
+            ticket=ticket,
+            priority=priority,
+            fairness_key=ticket,
+            key_served=served,
+            arrival=arrival,
+            seen_ms=1_700_000_000_000,
+            constraints=[["r", 2]],
+        )
+    seen = []
+    while (best := best_waiter("q", order == "lifo")) is not None:
+        expected = ranked.first()
+        assert expected is not None
+        assert (best.pk, best.ticket, best.constraints, best.seen_ms) == (
+            expected.pk,
+            expected.ticket,
+            [["r", 2]],
+            1_700_000_000_000,
+        )
+        seen.append(best.ticket)
+        best.delete()
+    assert seen == (["d", "f", "b", "c", "a", "e"] if order == "fifo" else ["f", "d", "c", "b", "a", "e"])

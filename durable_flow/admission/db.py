@@ -377,7 +377,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             candidates = waiters.exclude(fairness_key__in=list(blocked)) if blocked else waiters.all()
             # The best waiter, in one indexed read; only if its constraints do not fit is the line
             # walked for the first that does (a waiter without constraints always fits).
-            best = candidates.first()
+            best = candidates.first() if blocked else db_statements.best_waiter(config.name, config.order != "fifo")
             if best is not None and not counts.fits(waiter_constraints(best)):
                 best = next((w for w in candidates if counts.fits(waiter_constraints(w))), None)
             if best is None:

@@ -14,6 +14,8 @@ ORM did in several:
   and whether others wait in line (PostgreSQL);
 - `join_line`: a new waiter's place (the queue's arrival counter), its key's last serve and
   its row (PostgreSQL);
+- `best_waiter`: a grant's read of the best waiter, its SQL built once per order (every
+  database);
 - `take_slot`: a grant's writes (the waiter row gone, the slot, the window mark, the serve
   counter, the key's last serve and its waiters' copy of it) (PostgreSQL).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cache
 
 from django.db import connection
 
@@ -186,6 +189,24 @@ def join_line(waiter: AdmissionWaiter, by_key: bool, never_served: int) -> bool:
         raise FlowQueue.DoesNotExist(f"queue {waiter.queue!r} has no row to join the line of")
     waiter.pk, waiter.arrival, waiter.key_served = found
     return True
+
+
+@cache
+def _best_waiter_sql(table: str, lifo: bool) -> str:
+    arrival = "arrival DESC" if lifo else "arrival"
+    return f"SELECT * FROM {table} WHERE queue = %s ORDER BY priority DESC, key_served, {arrival} LIMIT 1"
+
+
+def best_waiter(queue: str, lifo: bool) -> AdmissionWaiter | None:
+    """The waiter a grant takes first (`policy.rank`, served by the `df_waiter_rank` index):
+    what `AdmissionWaiter.objects.filter(queue=...).order_by(*rank).first()` reads, without
+    the ORM building the query on every grant (traced: 0.8 ms of Python before a 0.3 ms read,
+    in the middle of every handoff)."""
+    # Imported here: the engine package imports the admission backends.
+    from durable_flow.engine.statements import fetch
+
+    rows = fetch(AdmissionWaiter, _best_waiter_sql(_table(AdmissionWaiter), lifo), [queue])
+    return rows[0] if rows else None
 
 
 def take_slot(waiter: AdmissionWaiter, now: int, mark: bool, serve: int | None) -> bool:

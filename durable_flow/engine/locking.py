@@ -64,14 +64,12 @@ def locked_run(run_id: str, key: str | None = None) -> tuple[WorkflowRun | None,
 
 
 def locked_run_for_result(run_id: str, key: str) -> tuple[WorkflowRun | None, dict[str, StepCheckpoint]]:
-    """Lock the run's row, then read checkpoint `key` under it, in two statements.
+    """Lock the run's row, then read checkpoint `key` under it: two statements, in one round
+    trip on PostgreSQL (`statements.lock_run_for_result`).
 
     When `key` is a lone call (no fan-out wave), its result always takes the run's next turn
     inline, which replays over every checkpoint: then all of them come back in the same
     statement, so the turn reads nothing more. A call in a wave comes back alone (a wave's
     result reads the rest only when the wave has settled). Returns `(run, checkpoints by key)`.
     """
-    run = statements.lock_run(run_id)
-    if run is None:
-        return None, {}
-    return run, statements.lock_result_checkpoints(run_id, key)
+    return statements.lock_run_for_result(run_id, key)

@@ -23,6 +23,7 @@ from django.db.models import Model
 from durable_flow.models import StepCheckpoint, WorkflowRun
 
 M = TypeVar("M", bound=Model)
+N = TypeVar("N", bound=Model)
 
 
 def _q(name: str) -> str:
@@ -61,6 +62,33 @@ def fetch(model: type[M], sql: str, params: Sequence[object]) -> list[M]:
         columns = tuple(column[0] for column in cursor.description)
         rows = cursor.fetchall()
     return [_load(model, columns, row) for row in rows]
+
+
+def _one_round_trip() -> bool:
+    """Whether several statements can go in one `execute`: on PostgreSQL with client-side
+    binding (Django's default with psycopg 3: the parameters are merged into the query text,
+    which the simple query protocol runs statement by statement). Not with server-side binding
+    (one statement per prepared query), nor on SQLite (`execute` takes one statement)."""
+    return connection.vendor == "postgresql" and not connection.settings_dict.get("OPTIONS", {}).get(
+        "server_side_binding"
+    )
+
+
+def fetch_together(
+    first: tuple[type[M], str, Sequence[object]], then: tuple[type[N], str, Sequence[object]]
+) -> tuple[list[M], list[N]]:
+    """`fetch` of two statements, in that order, in one round trip where the database allows
+    (`_one_round_trip`), else one after the other; the rows of each."""
+    if not _one_round_trip():
+        return fetch(*first), fetch(*then)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{first[1]}; {then[1]}", [*first[2], *then[2]])
+        columns = tuple(column[0] for column in cursor.description)
+        firsts = [_load(first[0], columns, row) for row in cursor.fetchall()]
+        cursor.nextset()
+        columns = tuple(column[0] for column in cursor.description)
+        thens = [_load(then[0], columns, row) for row in cursor.fetchall()]
+    return firsts, thens
 
 
 def _load(model: type[M], columns: tuple[str, ...], row: Sequence[object]) -> M:
@@ -175,6 +203,20 @@ def lock_result_checkpoints(run_id: str, key: str) -> dict[str, StepCheckpoint]:
     `key` is a lone call (not in a fan-out wave): see `locking.locked_run_for_result`."""
     sql = _result_checkpoints_sql(connection.vendor, _for_update())
     return {cp.key: cp for cp in fetch(StepCheckpoint, sql, [run_id, key, run_id, key])}
+
+
+def lock_run_for_result(run_id: str, key: str) -> tuple[WorkflowRun | None, dict[str, StepCheckpoint]]:
+    """`lock_run`, then `lock_result_checkpoints`, in one round trip on PostgreSQL: the first
+    thing every result does, so every handoff waits for it (two statements, the run's lock
+    first, as `engine/locking.py` orders them). No checkpoints when the run is missing."""
+    lock = _for_update()
+    runs, checkpoints = fetch_together(
+        (WorkflowRun, _run_sql(connection.vendor, lock), [run_id]),
+        (StepCheckpoint, _result_checkpoints_sql(connection.vendor, lock), [run_id, key, run_id, key]),
+    )
+    if not runs:
+        return None, {}
+    return runs[0], {cp.key: cp for cp in checkpoints}
 
 
 def upsert(obj: Model, unique: Iterable[str], update: Iterable[str]) -> None:
