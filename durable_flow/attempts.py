@@ -7,10 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.db.models import F
 
-from durable_flow.engine.statements import prepared, update_sql, upsert
+from durable_flow.engine.statements import upsert
 from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint
 
 
@@ -51,20 +50,23 @@ def attempt_finished(
         status = AttemptStatus.FAILED
     else:
         status = AttemptStatus.COMPLETED
-    # One UPDATE on the path every result takes (the attempt started, so its row exists); a row
-    # finished already (a result delivered twice) keeps its first answer.
-    ended = {"status": status, "finished_at": now, "error": error, "late": late}
-    unfinished = ' AND "finished_at" IS NULL'
-    sql = update_sql(StepAttempt, tuple(ended), ("checkpoint", "attempt"), unfinished, connection.vendor)
-    values = [prepared(StepAttempt, name, value) for name, value in ended.items()]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, cp.pk, attempt])
-        if cursor.rowcount:
-            return
-    if StepAttempt.objects.filter(checkpoint=cp, attempt=attempt).exists():
-        return
-    StepAttempt.objects.create(
-        checkpoint=cp, attempt=attempt, run_id=cp.run_id, dispatched_at=cp.dispatched_at, **ended
+    # One statement on the path every result takes, which a `writes_together` block can hold
+    # back: the attempt's row is updated unless it finished already (a result delivered twice
+    # keeps its first answer), or written if it never started (a cancelled attempt).
+    upsert(
+        StepAttempt(
+            checkpoint_id=cp.pk,
+            attempt=attempt,
+            run_id=cp.run_id,
+            dispatched_at=cp.dispatched_at,
+            status=status,
+            finished_at=now,
+            error=error,
+            late=late,
+        ),
+        unique=["checkpoint", "attempt"],
+        update=["status", "finished_at", "error", "late"],
+        unless_set="finished_at",
     )
 
 

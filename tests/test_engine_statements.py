@@ -197,3 +197,57 @@ def test_the_best_waiter_is_the_one_the_orm_ranks_first(order: str) -> None:
         seen.append(best.ticket)
         best.delete()
     assert seen == (["d", "f", "b", "c", "a", "e"] if order == "fifo" else ["f", "d", "c", "b", "a", "e"])
+
+
+def test_writes_held_together_run_in_call_order_and_a_missing_row_still_fails() -> None:
+    """`writes_together`: on PostgreSQL the block's `save_fields` and `upsert` go in the round
+    trip of the next statement (counted with a query hook), which sees them, and an UPDATE
+    that matches no row raises as `save_fields` does. Elsewhere each is sent at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = new_run()
+    cp = new_checkpoint(run, "a")
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        with statements.writes_together():
+            cp.status, run.status = StepStatus.DISPATCHED, RunStatus.SUSPENDED
+            statements.save_fields(cp, ["status"])
+            attempt_started(cp, 1, "w-1", WHEN)
+            statements.save_fields(run, ["status", "updated_at"])
+            if connection.vendor == "postgresql":
+                assert len(queries) == 0  # held back
+            read = StepCheckpoint.objects.get(pk=cp.pk).status  # sends them first
+            cp.status = StepStatus.COMPLETED
+            statements.save_fields(cp, ["status"])
+        sent = len(queries)
+    assert read == StepStatus.DISPATCHED
+    assert StepCheckpoint.objects.get(pk=cp.pk).status == StepStatus.COMPLETED
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.SUSPENDED
+    assert StepAttempt.objects.get(checkpoint=cp, attempt=1).worker == "w-1"
+    assert sent == (2 if connection.vendor == "postgresql" else 5)  # writes and read, write
+
+    gone = new_run()
+    WorkflowRun.objects.filter(pk=gone.pk).delete()
+    with pytest.raises(DatabaseError, match="did not affect any rows"), transaction.atomic():
+        with statements.writes_together():
+            statements.save_fields(cp, ["status"])
+            statements.save_fields(gone, ["status"])
+
+
+def test_a_held_write_before_a_savepoint_stays_and_one_inside_it_rolls_back_with_it() -> None:
+    """Held writes go with the savepoint statements Django sends (`SAVEPOINT`, `ROLLBACK TO`),
+    in call order: a write made before the savepoint survives its rollback, one made inside
+    it does not, and the savepoint's own statements work as usual."""
+    run = new_run()
+    cp = new_checkpoint(run, "a")
+    with transaction.atomic(), statements.writes_together():
+        cp.status = StepStatus.DISPATCHED
+        statements.save_fields(cp, ["status"])  # before the savepoint: kept
+        with pytest.raises(RuntimeError), transaction.atomic():
+            run.status = RunStatus.FAILED
+            statements.save_fields(run, ["status"])  # inside it: rolled back
+            raise RuntimeError("roll the savepoint back")
+        run.status = RunStatus.SUSPENDED
+        statements.save_fields(run, ["status", "updated_at"])  # sent at the block's end
+    assert StepCheckpoint.objects.get(pk=cp.pk).status == StepStatus.DISPATCHED
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.SUSPENDED

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
 
 from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
@@ -31,14 +32,11 @@ def test_the_slot_is_released_after_the_runs_inline_turn(engine: tuple[Engine, H
     first = start("tests.queued", queued("render", 1))
     second = start("tests.queued", queued("render", 2))
     run_id, key, attempt, _ = transport.held.popleft()
-    sent: list[str] = []
-
-    def log(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(log):
+    # What the database was sent, in order: a round trip may carry several statements
+    # (`statements.writes_together`), so each is split into its statements.
+    with CaptureQueriesContext(connection) as queries:
         df.record_result(run_id, key, attempt, output=1)
+    sent = [part for query in queries.captured_queries for part in query["sql"].split("; ")]
     run_updates = (i for i, sql in enumerate(sent) if sql.startswith('UPDATE "durable_flow_workflowrun"'))
     finished = next(i for i in run_updates if "finished_at" in sent[i])
     released = next(i for i, sql in enumerate(sent) if 'DELETE FROM "durable_flow_admissionslot"' in sql)

@@ -212,8 +212,16 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic(savepoint=False):  # see try_admit
-            row, config, now = self._lock_queue(queue)
-            freed, line, slots = db_statements.withdraw(queue, ticket) or (self._withdraw(queue, ticket), None, None)
+            together = self._lock_and_withdraw(queue, ticket)
+            if together is not None:
+                row, config, now, (freed, line, slots) = together
+            else:
+                row, config, now = self._lock_queue(queue)
+                freed, line, slots = db_statements.withdraw(queue, ticket) or (
+                    self._withdraw(queue, ticket),
+                    None,
+                    None,
+                )
             granted = Grant()
             if row is not None and config is not None and grant_next and line is not False:
                 granted = self._grant(row, config, now, self._marks(config, now), slots=slots)
@@ -222,6 +230,29 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                 more = self._grant_freed(freed, self._now(), skip_queue=None if grant_next else queue)
                 granted = Grant(granted.tickets + more, granted.retry_at_ms)
             return granted
+
+    def _lock_and_withdraw(
+        self, queue: str, ticket: str
+    ) -> tuple[FlowQueue | None, QueueConfig | None, int, db_statements.Withdrawn] | None:
+        """`_lock_queue` and the release's deletes in one round trip (`db_statements.
+        lock_queue_and_withdraw`), when the queue's row needs no writing first; else None."""
+        with self._lock:
+            pending = queue in self._pending_write
+        if pending:
+            return None
+        guard = self._seen_constraints or declared_anywhere()
+        together = db_statements.lock_queue_and_withdraw(queue, guard, ticket)
+        if together is None:
+            return None
+        rows, server_now, withdrawn = together
+        if not rows and queue in self._configs:
+            # Registered here and not stored (its row was deleted): `_locked_queue` writes it.
+            row, config = self._locked_queue(queue)
+            return row, config, self._now(), withdrawn
+        now = server_now if self.clock is system_clock_ms else self.clock()
+        if not rows:
+            return None, None, now, withdrawn
+        return rows[0], queue_from_dict(rows[0].config), now, withdrawn
 
     @staticmethod
     def _withdraw(queue: str, ticket: str) -> list[str]:

@@ -61,18 +61,53 @@ def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
     lock must not stamp its marks with the time it began waiting)."""
     if connection.vendor != "postgresql":
         return None
+    sql, params = _lock_queue_sql(name, guard)
+    rows = list(FlowQueue.objects.raw(sql, params))
+    if rows:
+        return rows, int(rows[0].now_ms)
+    return [], _clock_ms()
+
+
+def _clock_ms() -> int:
+    """The server's clock alone (no such queue: the locks are held all the same)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {CLOCK_MS_SQL}")
+        return int(cursor.fetchone()[0])
+
+
+def _lock_queue_sql(name: str, guard: bool) -> tuple[str, list[object]]:
     guard_sql = " AND (SELECT pg_advisory_xact_lock(%s)) IS NOT NULL" if guard else ""
     params: list[object] = [name, RESOURCE_LOCK_ID] if guard else [name]
     sql = (
         f"WITH q AS MATERIALIZED (SELECT * FROM {_table(FlowQueue)} WHERE name = %s{guard_sql} FOR UPDATE) "
         f"SELECT q.*, {CLOCK_MS_SQL} AS now_ms FROM q"
     )
-    rows = list(FlowQueue.objects.raw(sql, params))
-    if rows:
-        return rows, int(rows[0].now_ms)
-    with connection.cursor() as cursor:  # no such queue: the clock alone (the locks are held)
-        cursor.execute(f"SELECT {CLOCK_MS_SQL}")
-        return [], int(cursor.fetchone()[0])
+    return sql, params
+
+
+Withdrawn = tuple[list[str], bool, int]
+
+
+def lock_queue_and_withdraw(name: str, guard: bool, ticket: str) -> tuple[list[FlowQueue], int, Withdrawn] | None:
+    """A release's first two statements, `lock_queue` then `withdraw`, in that order and in one
+    round trip (PostgreSQL with client-side binding: `statements.one_round_trip`): the queue's
+    row and clock, and what `withdraw` returns. None where the database cannot (the caller
+    sends them one by one)."""
+    # Imported here: the engine package imports the admission backends.
+    from durable_flow.engine.statements import load, one_round_trip
+
+    if not one_round_trip():
+        return None
+    lock_sql, lock_params = _lock_queue_sql(name, guard)
+    withdraw_sql, withdraw_params = _withdraw_sql(name, ticket)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{lock_sql}; {withdraw_sql}", [*lock_params, *withdraw_params])
+        columns = tuple(column[0] for column in cursor.description)
+        locked = cursor.fetchall()
+        cursor.nextset()
+        withdrawn = _withdrawn(cursor.fetchone())
+    rows = [load(FlowQueue, columns[:-1], row[:-1]) for row in locked]
+    return rows, (int(locked[0][-1]) if locked else _clock_ms()), withdrawn
 
 
 def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
@@ -129,6 +164,13 @@ def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | Non
     deletes row by row)."""
     if connection.vendor != "postgresql":
         return None
+    sql, params = _withdraw_sql(queue, ticket)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return _withdrawn(cursor.fetchone())
+
+
+def _withdraw_sql(queue: str, ticket: str) -> tuple[str, list[object]]:
     waiters, slots = _table(AdmissionWaiter), _table(AdmissionSlot)
     sql = (
         f"WITH h AS (DELETE FROM {_table(AdmissionHold)} WHERE ticket = %s RETURNING resource), "
@@ -140,10 +182,12 @@ def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | Non
         "(SELECT COALESCE(json_agg(json_build_array(resource, other)), '[]') FROM r), "
         f"(SELECT COUNT(*) FROM {slots} WHERE queue = %s) - (SELECT COUNT(*) FROM s WHERE queue = %s)"
     )
-    params = [ticket, ticket, queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket, queue, ticket, queue, queue]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        line, freed, left, held = cursor.fetchone()
+    params: list[object] = [ticket, ticket, queue, FREE_QUEUE, ticket, queue, FREE_QUEUE, ticket, queue, ticket]
+    return sql, [*params, queue, queue]
+
+
+def _withdrawn(found: tuple[object, ...]) -> Withdrawn:
+    line, freed, left, held = found
     if left:
         db_heads.refresh((resource, key) for resource, key in left)  # the key heads it may have been
     return list(freed), bool(line), int(held)

@@ -30,7 +30,7 @@ from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.start_margins import StartMargins
-from durable_flow.engine.statements import lock_step_and_run_now, save_fields
+from durable_flow.engine.statements import lock_step_and_run_now, save_fields, writes_together
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.step_concurrency import constraints_of
 
@@ -182,8 +182,9 @@ class HandoffMixin(EngineBase):
         if run.status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
             return False
         cp.holds_slot = True
-        self.dispatch(cp, inline_to=inline_handoff.taker())
-        self._mark_running(run, cp.wake_at)
+        with writes_together():  # the dispatch's three writes in one round trip
+            self.dispatch(cp, inline_to=inline_handoff.taker())
+            self._mark_running(run, cp.wake_at)
         return True
 
     def dispatch_granted(self: Engine, queue: str, tickets: Iterable[str]) -> None:
@@ -206,8 +207,9 @@ class HandoffMixin(EngineBase):
                 queue = cp.queue
                 if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
                     cp.holds_slot = True
-                    self.dispatch(cp, inline_to=inline_handoff.taker())
-                    self._mark_running(run, cp.wake_at)
+                    with writes_together():
+                        self.dispatch(cp, inline_to=inline_handoff.taker())
+                        self._mark_running(run, cp.wake_at)
                     return True
                 if cp.holds_slot:
                     return False  # it took the slot another way (a turn of its own asked again)

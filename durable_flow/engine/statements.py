@@ -13,7 +13,8 @@ model here has signal receivers), from SQL built on first use and cached.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
@@ -36,6 +37,86 @@ def _for_update() -> str:
     return " FOR UPDATE" if connection.features.has_select_for_update else ""
 
 
+@contextmanager
+def writes_together() -> Iterator[None]:
+    """Within the block, `save_fields` and `upsert` are held back and sent with the next
+    statement the thread sends, in its round trip (before it, so every statement still runs in
+    the order it was called, and a read sees every write before it), or at the block's end,
+    where the database allows it (`one_round_trip`). A held-back UPDATE that matches no row
+    raises `DatabaseError` when it is sent, as `save_fields` does.
+
+    For the writes on the path of every handoff, whose results nobody reads: a result's attempt
+    and checkpoint go with the savepoint of the run's inline turn, the run's update with the
+    savepoint's release, a granted step's dispatch (its checkpoint, its attempt's start, its
+    run) in one round trip. Open it inside the transaction (it must end before the commit,
+    which is no statement). If the block raises, what it held back is sent all the same, unless
+    the error is the database's (its transaction is broken then, and rolls back whole)."""
+    if not one_round_trip():
+        yield
+        return
+    own = connections[connection.alias]  # the thread's own connection, not the shared proxy
+    if own.__dict__.get("_df_held") is not None:  # nested: the outer block sends them
+        yield
+        return
+    held: list[tuple[str, list[object], bool]] = []
+    own.__dict__["_df_held"] = held
+
+    def with_held_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not held:
+            return execute(sql, params, many, context)
+        if many or isinstance(params, dict) or (params is None and "%" in sql):
+            _send(held)  # a statement the held ones cannot be put in front of
+            return execute(sql, params, many, context)
+        batch = list(held)
+        held.clear()
+        joined = "; ".join([*(held_sql for held_sql, _, _ in batch), sql])
+        joined_params = [*(p for _, held_params, _ in batch for p in held_params), *(params or ())]
+        result = execute(joined, joined_params, many, context)
+        cursor = context["cursor"]
+        for _, _, must_match in batch:  # each held write's result, then the statement's own
+            if must_match and cursor.rowcount == 0:
+                raise DatabaseError("Save with update_fields did not affect any rows.")
+            cursor.nextset()
+        return result
+
+    try:
+        with own.execute_wrapper(with_held_first):
+            try:
+                yield
+            except DatabaseError:
+                held.clear()
+                raise
+            finally:
+                own.__dict__["_df_held"] = None
+                _send(held)
+    finally:
+        own.__dict__["_df_held"] = None
+
+
+def _send(held: list[tuple[str, list[object], bool]]) -> None:
+    """The held-back writes, in one `execute`; each that must match a row is checked."""
+    if not held:
+        return
+    batch = list(held)
+    held.clear()  # before executing: the wrapper sees nothing left to send
+    with connection.cursor() as cursor:
+        cursor.execute("; ".join(sql for sql, _, _ in batch), [p for _, params, _ in batch for p in params])
+        for index, (_, _, must_match) in enumerate(batch):
+            if index:
+                cursor.nextset()
+            if must_match and cursor.rowcount == 0:
+                raise DatabaseError("Save with update_fields did not affect any rows.")
+
+
+def _hold(sql: str, params: list[object], must_match: bool) -> bool:
+    """Hold the write back if a `writes_together` block is open on this thread."""
+    held = connections[connection.alias].__dict__.get("_df_held")
+    if held is None:
+        return False
+    held.append((sql, params, must_match))
+    return True
+
+
 def save_fields(obj: Model, fields: Iterable[str]) -> None:
     """`obj.save(update_fields=fields)` for a row that exists: one UPDATE of those columns by
     primary key, values taken as `save()` takes them (`pre_save`: an `auto_now` field is
@@ -46,6 +127,8 @@ def save_fields(obj: Model, fields: Iterable[str]) -> None:
     model_fields = [meta.get_field(name) for name in names]
     values = [field.get_db_prep_save(field.pre_save(obj, False), connection) for field in model_fields]  # type: ignore[union-attr]
     sql = update_sql(type(obj), names, (meta.pk.name,), "", connection.vendor)  # type: ignore[union-attr]
+    if _hold(sql, [*values, obj.pk], must_match=True):
+        return
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, obj.pk])
         if cursor.rowcount == 0:
@@ -61,10 +144,10 @@ def fetch(model: type[M], sql: str, params: Sequence[object]) -> list[M]:
         cursor.execute(sql, params)
         columns = tuple(column[0] for column in cursor.description)
         rows = cursor.fetchall()
-    return [_load(model, columns, row) for row in rows]
+    return [load(model, columns, row) for row in rows]
 
 
-def _one_round_trip() -> bool:
+def one_round_trip() -> bool:
     """Whether several statements can go in one `execute`: on PostgreSQL with client-side
     binding (Django's default with psycopg 3: the parameters are merged into the query text,
     which the simple query protocol runs statement by statement). Not with server-side binding
@@ -78,20 +161,20 @@ def fetch_together(
     first: tuple[type[M], str, Sequence[object]], then: tuple[type[N], str, Sequence[object]]
 ) -> tuple[list[M], list[N]]:
     """`fetch` of two statements, in that order, in one round trip where the database allows
-    (`_one_round_trip`), else one after the other; the rows of each."""
-    if not _one_round_trip():
+    (`one_round_trip`), else one after the other; the rows of each."""
+    if not one_round_trip():
         return fetch(*first), fetch(*then)
     with connection.cursor() as cursor:
         cursor.execute(f"{first[1]}; {then[1]}", [*first[2], *then[2]])
         columns = tuple(column[0] for column in cursor.description)
-        firsts = [_load(first[0], columns, row) for row in cursor.fetchall()]
+        firsts = [load(first[0], columns, row) for row in cursor.fetchall()]
         cursor.nextset()
         columns = tuple(column[0] for column in cursor.description)
-        thens = [_load(then[0], columns, row) for row in cursor.fetchall()]
+        thens = [load(then[0], columns, row) for row in cursor.fetchall()]
     return firsts, thens
 
 
-def _load(model: type[M], columns: tuple[str, ...], row: Sequence[object]) -> M:
+def load(model: type[M], columns: tuple[str, ...], row: Sequence[object]) -> M:
     """One row of `columns` (every concrete field of `model`) as a saved, converted instance."""
     order, attnames, converters = _loader(model, columns)
     values = [row[index] for index in order]  # the model's field order, which `from_db` expects
@@ -150,11 +233,17 @@ def _insert_returning_sql(model: type[Model], columns: tuple[str, ...], vendor: 
 
 @cache
 def _upsert_sql(
-    model: type[Model], columns: tuple[str, ...], unique: tuple[str, ...], update: tuple[str, ...], vendor: str
+    model: type[Model],
+    columns: tuple[str, ...],
+    unique: tuple[str, ...],
+    update: tuple[str, ...],
+    vendor: str,
+    only_null: str = "",
 ) -> str:
     sets = ", ".join(f"{_q(column)} = excluded.{_q(column)}" for column in update)
     on = ", ".join(_q(column) for column in unique)
-    return f"{_insert_sql(model, columns, vendor)} ON CONFLICT ({on}) DO UPDATE SET {sets}"
+    where = f" WHERE {_q(model._meta.db_table)}.{_q(only_null)} IS NULL" if only_null else ""
+    return f"{_insert_sql(model, columns, vendor)} ON CONFLICT ({on}) DO UPDATE SET {sets}{where}"
 
 
 def insert(obj: Model) -> None:
@@ -219,15 +308,19 @@ def lock_run_for_result(run_id: str, key: str) -> tuple[WorkflowRun | None, dict
     return runs[0], {cp.key: cp for cp in checkpoints}
 
 
-def upsert(obj: Model, unique: Iterable[str], update: Iterable[str]) -> None:
+def upsert(obj: Model, unique: Iterable[str], update: Iterable[str], *, unless_set: str = "") -> None:
     """`bulk_create([obj], update_conflicts=True, unique_fields=unique, update_fields=update)`:
     insert the row with every concrete field (defaults applied as `save()` applies them), or
-    update `update` on the row it conflicts with on `unique`. No primary key comes back."""
+    update `update` on the row it conflicts with on `unique`; with `unless_set` (a field),
+    only while that field of the existing row is NULL. No primary key comes back."""
     meta = obj._meta
     columns, values = _new_row(obj)
     unique_columns = tuple(meta.get_field(name).column for name in unique)  # type: ignore[union-attr]
     update_columns = tuple(meta.get_field(name).column for name in update)  # type: ignore[union-attr]
-    sql = _upsert_sql(type(obj), columns, unique_columns, update_columns, connection.vendor)
+    only_null = meta.get_field(unless_set).column if unless_set else ""  # type: ignore[union-attr]
+    sql = _upsert_sql(type(obj), columns, unique_columns, update_columns, connection.vendor, only_null)
+    if _hold(sql, list(values), must_match=False):
+        return
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
 
@@ -269,6 +362,6 @@ def lock_step_and_run_now(run_id: str, key: str) -> StepCheckpoint | None:
     if row is None:
         return None
     width = len(StepCheckpoint._meta.concrete_fields)
-    cp = _load(StepCheckpoint, columns[:width], row[:width])
-    cp.run = _load(WorkflowRun, columns[width:], row[width:])
+    cp = load(StepCheckpoint, columns[:width], row[:width])
+    cp.run = load(WorkflowRun, columns[width:], row[width:])
     return cp
