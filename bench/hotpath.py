@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""SQL statements and transactions per one-step workflow, counted with a query hook.
+"""SQL statements, round trips and transactions per one-step workflow, counted with a query hook.
 
     .venv/bin/python bench/hotpath.py                # SQLite (a fresh file under var/)
     .venv/bin/python bench/hotpath.py --postgres     # PostgreSQL (its own database, dropped after)
@@ -110,6 +110,17 @@ def setup_django(postgres: bool, admission: str, redis_url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+class _InnermostLast(list):  # type: ignore[type-arg]
+    """A connection's `execute_wrappers` that keeps its last wrapper (the counter) last:
+    `connection.execute_wrapper()` appends a wrapper and pops the last one on exit."""
+
+    def append(self, item: Any) -> None:
+        self.insert(len(self) - 1, item)
+
+    def pop(self, index: Any = -1) -> Any:
+        return super().pop(-2 if index == -1 else index)
+
+
 class QueryCounter:
     """Counts statements and transactions per phase, from every thread's connection."""
 
@@ -117,6 +128,7 @@ class QueryCounter:
         self.lock = threading.Lock()
         self.local = threading.local()
         self.statements: Counter[str] = Counter()
+        self.round_trips: Counter[str] = Counter()
         self.control: Counter[str] = Counter()
         self.transactions: Counter[str] = Counter()
         self.templates: dict[str, Counter[str]] = defaultdict(Counter)
@@ -146,13 +158,19 @@ class QueryCounter:
         if self.enabled:
             conn = context["connection"]
             phase = self.phase or "setup"
-            word = sql.lstrip().split(None, 1)[0].upper()
+            # One round trip may carry several statements (`statements.writes_together` sends
+            # held-back writes with the next statement): each is counted as a statement.
+            parts = sql.split("; ")
+            words = [part.lstrip().split(None, 1)[0].upper() for part in parts]
             with self.lock:
-                if word in CONTROL:
-                    self.control[f"{phase}:{word}"] += 1
-                else:
-                    self.statements[phase] += 1
-                    self.templates[phase][" ".join(sql.split())[:160]] += 1
+                self.round_trips[phase] += 1
+                for part, word in zip(parts, words, strict=True):
+                    if word in CONTROL:
+                        self.control[f"{phase}:{word}"] += 1
+                    else:
+                        self.statements[phase] += 1
+                        self.templates[phase][" ".join(part.split())[:160]] += 1
+                word = words[-1]
                 if not conn.in_atomic_block:
                     if word not in CONTROL:
                         self.transactions[phase] += 1
@@ -165,7 +183,9 @@ class QueryCounter:
         """Hook one thread's connection (idempotent): the wrapper, and the end of transactions."""
         if self in conn.execute_wrappers:
             return
-        conn.execute_wrappers.append(self)
+        # Innermost, so it sees each round trip as sent (a `writes_together` block's wrapper,
+        # added later, joins held-back writes to the next statement before this one sees it).
+        conn.execute_wrappers = _InnermostLast([*conn.execute_wrappers, self])
         for name in ("commit", "rollback"):
             original = getattr(conn, name)
 
@@ -191,6 +211,7 @@ class QueryCounter:
     def reset(self) -> None:
         with self.lock:
             self.statements.clear()
+            self.round_trips.clear()
             self.control.clear()
             self.transactions.clear()
             self.templates.clear()
@@ -285,19 +306,25 @@ def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool
     return elapsed
 
 
-def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float, float]:
-    """Print one path's per-workflow figures; returns (statements, transactions) per workflow."""
-    stmts, txns = COUNTER.statements, COUNTER.transactions
+def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float, float, float]:
+    """Print one path's per-workflow figures; returns (statements, round trips, transactions)
+    per workflow. A round trip is one `execute`: it may carry several statements."""
+    stmts, trips, txns = COUNTER.statements, COUNTER.round_trips, COUNTER.transactions
     print(f"\n{label}: {runs} workflows, worker {runs / elapsed:.0f} wf/s (one thread, in-process)")
-    print(f"  {'phase':<10} {'statements/wf':>14} {'transactions/wf':>16} {'BEGIN+savepoints/wf':>20}")
+    header = f"  {'phase':<10} {'statements/wf':>14} {'round trips/wf':>15} {'transactions/wf':>16}"
+    print(f"{header} {'BEGIN+savepoints/wf':>20}")
     for phase in PHASES:
         control = sum(n for key, n in COUNTER.control.items() if key.startswith(f"{phase}:"))
         if stmts[phase] or txns[phase] or control:
-            row = f"  {phase:<10} {stmts[phase] / runs:>14.2f} {txns[phase] / runs:>16.2f}"
+            row = f"  {phase:<10} {stmts[phase] / runs:>14.2f} {trips[phase] / runs:>15.2f} {txns[phase] / runs:>16.2f}"
             print(f"{row} {control / runs:>20.2f}")
     per_stmt = sum(stmts[p] for p in PER_WORKFLOW) / runs
+    per_trip = sum(trips[p] for p in PER_WORKFLOW) / runs
     per_txn = sum(txns[p] for p in PER_WORKFLOW) / runs
-    print(f"  worker total (claim..done): {per_stmt:.2f} statements in {per_txn:.2f} transactions per workflow")
+    print(
+        f"  worker total (claim..done): {per_stmt:.2f} statements in {per_trip:.2f} round trips"
+        f" and {per_txn:.2f} transactions per workflow"
+    )
     print(
         f"  with the start: {per_stmt + stmts['start'] / runs:.2f} statements in "
         f"{per_txn + txns['start'] / runs:.2f} transactions"
@@ -306,7 +333,7 @@ def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float
         for phase in PHASES:
             for sql, n in COUNTER.templates[phase].most_common():
                 print(f"    {phase:<9} {n / runs:6.2f}  {sql}")
-    return per_stmt, per_txn
+    return per_stmt, per_trip, per_txn
 
 
 def main() -> None:
@@ -341,8 +368,8 @@ def main() -> None:
         f"\nsummary on {vendor}, {args.admission} admission"
         " (worker side, per one-step workflow; target ~10 statements in 4 transactions):"
     )
-    for label, (stmts, txns) in results.items():
-        print(f"  {label:<36} {stmts:6.2f} statements  {txns:5.2f} transactions")
+    for label, (stmts, trips, txns) in results.items():
+        print(f"  {label:<36} {stmts:6.2f} statements  {trips:6.2f} round trips  {txns:5.2f} transactions")
 
 
 def _queue_config() -> Any:
