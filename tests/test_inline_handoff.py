@@ -4,6 +4,7 @@ transport task, and a crash in between still re-drives it (the dispatch is recor
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -411,6 +412,37 @@ def test_a_step_sent_for_another_process_wakes_no_claimer_of_this_one(
     assert Task.objects.filter(kind=TaskKind.STEP).count() == 2
 
 
+def test_a_step_sent_for_another_process_is_left_to_the_others_for_a_while(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    """This process's claimer passes over a step it sent for the others (else its next poll
+    could take it back, and the handoffs would bounce), until `LEFT_FOR_OTHERS_POLLS` poll
+    intervals have passed; another process (whose book is empty) claims it at once."""
+    engine = local_engine(clock, DatabaseTransport(poll_interval_s=5.0))
+    source = engine.transport.source()
+    assert isinstance(source, DatabaseTaskSource)
+    register_queue("render", concurrency=1)
+    run = start("tests.queued", queued("render", 0))
+    Task.objects.all().delete()
+    with source.sent_elsewhere(), transaction.atomic():
+        engine.transport.enqueue_step(run.id, "0", 1, 0)
+    task_id = Task.objects.get(kind=TaskKind.STEP).pk
+    assert db_transport._left_for_others[task_id] - time.monotonic() > 40  # ten 5 s polls
+    assert source.claim("this-process", 4, 0) == []
+    assert not source._any_claimable()
+    saved = dict(db_transport._left_for_others)
+    db_transport._left_for_others.clear()  # another process: nothing left to others in its book
+    try:
+        claimed = source.claim("other-process", 4, 0)
+        assert [t.handle for t in claimed] == [task_id]
+    finally:
+        db_transport._left_for_others.update(saved)
+    Task.objects.filter(pk=task_id).update(claimed_by=None, lease_until=None)
+    db_transport._left_for_others[task_id] = time.monotonic() - 1  # the while is over
+    assert [t.handle for t in source.claim("this-process", 4, 0)] == [task_id]
+    assert task_id not in db_transport._left_for_others
+
+
 @pytest.mark.parametrize("peer_idle", [True, False])
 def test_a_busy_worker_sends_a_granted_step_through_the_transport_while_another_is_idle(
     clock: MovableClock, transactional_db: None, peer_idle: bool
@@ -439,6 +471,34 @@ def test_a_busy_worker_sends_a_granted_step_through_the_transport_while_another_
     else:
         assert handed is not None and handed.run_id == runs[1].id
         assert not Task.objects.exists()
+
+
+def test_two_threads_finishing_together_send_one_step_per_idle_peer_seen(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    """An idle peer seen at the heartbeat takes one declined step: the first thread to decline
+    uses the sighting up, so a second thread finishing at the same moment takes its grant
+    itself (both declining sent the pair to the idle process, which then declined both back)."""
+    runtime = spreading_runtime(local_engine(clock, DatabaseTransport()))
+    runtime.stats.started()
+    runtime.stats.started()
+    runtime._peer_idle = True
+    decisions: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def decide() -> None:
+        barrier.wait()
+        decisions.append(runtime._spreading())
+
+    threads = [threading.Thread(target=decide) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(decisions) == [False] * 7 + [True]
+    heartbeat("peer", in_flight=0)
+    runtime._beat()  # the next heartbeat sees the peer idle again
+    assert runtime._spreading() is True
 
 
 # -- the start window's margin, checked at the call -------------------------------------------------

@@ -48,6 +48,29 @@ _generation = 0
 #: Set on a thread whose dispatches are meant for another process (`sent_elsewhere`).
 _quiet = threading.local()
 
+#: Step tasks this process sent for the others (`sent_elsewhere`): task id -> until when
+#: (monotonic s) this process's own claimer leaves it to them. Without it the busy process's
+#: next poll could take the task back, and its handoffs would bounce between the processes.
+_left_for_others: dict[int, float] = {}
+_left_lock = threading.Lock()
+#: How long a task sent for the others is left to them, in poll intervals (then anyone claims
+#: it: the idle peer may have died since its last heartbeat).
+LEFT_FOR_OTHERS_POLLS = 10
+
+
+def _leave_for_others(task_id: int, seconds: float) -> None:
+    with _left_lock:
+        _left_for_others[task_id] = time.monotonic() + seconds
+
+
+def _left_alone() -> list[int]:
+    """The ids this process's claimer skips now (expired entries are dropped)."""
+    now = time.monotonic()
+    with _left_lock:
+        for task_id in [task_id for task_id, until in _left_for_others.items() if until <= now]:
+            del _left_for_others[task_id]
+        return list(_left_for_others)
+
 
 @contextmanager
 def _not_announced() -> Iterator[None]:
@@ -111,7 +134,7 @@ class DatabaseTransport(Transport):
         transaction.on_commit(_announce_new_work)
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
-        Task.objects.create(
+        task = Task.objects.create(
             kind=TaskKind.STEP,
             run_id=run_id,
             step_key=step_key,
@@ -121,7 +144,9 @@ class DatabaseTransport(Transport):
         )
         elsewhere = getattr(_quiet, "on", False)
         db_notify.notify(for_others=elsewhere)
-        if not elsewhere:
+        if elsewhere:
+            _leave_for_others(task.pk, LEFT_FOR_OTHERS_POLLS * self.poll_interval_s)
+        else:
             transaction.on_commit(_announce_new_work)
 
     def reclaim_from(self, dead_workers: list[str]) -> int:
@@ -139,17 +164,18 @@ class DatabaseTransport(Transport):
 assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
 
 
-def _claim_statement() -> str:
+def _claim_statement(skipped: int = 0) -> str:
     """`UPDATE ... WHERE id IN (SELECT ... LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING ...`:
     the claim in one round trip and one (autocommit) transaction, in the `df_task_claim_order`
-    index's order."""
+    index's order; `skipped`: how many ids (`_left_alone`) it passes over."""
     q = connection.ops.quote_name
     table = q(Task._meta.db_table)
     lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    skip = f" AND {q('id')} NOT IN ({', '.join(['%s'] * skipped)})" if skipped else ""
     return (
         f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s WHERE {q('id')} IN ("
         f"SELECT {q('id')} FROM {table} WHERE ({q('claimed_by')} IS NULL OR {q('lease_until')} < %s) "
-        f"AND {q('available_at')} <= %s ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
+        f"AND {q('available_at')} <= %s{skip} ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
         f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}"
     )
 
@@ -214,10 +240,13 @@ class DatabaseTaskSource(TaskSource):
 
     @staticmethod
     def _any_claimable() -> bool:
-        """A read (no lock): is any task claimable now?"""
+        """A read (no lock): is any task claimable now (by this process: not one it left for
+        the others)?"""
         now = timezone.now()
         claimable = Q(claimed_by__isnull=True) | Q(lease_until__lt=now)
-        return Task.objects.filter(claimable, available_at__lte=now).exists()
+        tasks = Task.objects.filter(claimable, available_at__lte=now)
+        skipped = _left_alone()
+        return (tasks.exclude(id__in=skipped) if skipped else tasks).exists()
 
     def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
         """One statement: lease up to `limit` claimable rows and return them. On PostgreSQL
@@ -230,9 +259,10 @@ class DatabaseTaskSource(TaskSource):
         now = timezone.now()
         ops = connection.ops
         params = [worker_id, ops.adapt_datetimefield_value(now + self.visibility)]
-        params += [ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), limit]
+        skipped = _left_alone()
+        params += [ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), *skipped, limit]
         with connection.cursor() as cursor:
-            cursor.execute(_claim_statement(), params)
+            cursor.execute(_claim_statement(len(skipped)), params)
             rows = sorted(cursor.fetchall(), key=lambda row: (row[1], -row[5], row[0]))
         return [
             ClaimedTask(kind=kind, run_id=run_id, step_key=step_key, attempt=attempt, handle=task_id)

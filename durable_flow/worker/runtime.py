@@ -86,6 +86,7 @@ class WorkerRuntime(EngineRunner):
         #: Another worker of this transport ran nothing at its last heartbeat (read with ours,
         #: on a transport that `spreads_handoffs`): see `_spreading`.
         self._peer_idle = False
+        self._peer_idle_lock = threading.Lock()
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, signum: int | None = None, *_: object) -> None:
@@ -244,8 +245,17 @@ class WorkerRuntime(EngineRunner):
         without this every slot of a queue can end up in one process, its handoffs contending
         for one interpreter while the other processes idle (traced on `bench/contention.py`'s
         cap 2: both chains in one of two workers, their handoffs interleaved, each ~2x as long).
-        Once each process runs one, every handoff is inline again."""
-        return self._peer_idle and self.stats.in_flight > 1
+        Once each process runs one, every handoff is inline again.
+
+        One step per idle peer seen: the first thread to decline uses the sighting up, and the
+        next heartbeat looks again. Otherwise two threads finishing together both decline, the
+        idle process claims both, and the pair bounces between the processes (traced on SQLite:
+        both chains paused for a poll every ~0.7 s)."""
+        with self._peer_idle_lock:
+            if self._peer_idle and self.stats.in_flight > 1:
+                self._peer_idle = False
+                return True
+            return False
 
     def _run_inline(self, task: ClaimedTask) -> bool:
         """A step handed to this thread (no transport task); True unless it failed."""
@@ -339,7 +349,9 @@ class WorkerRuntime(EngineRunner):
             self.heartbeat.beat(running=[f"{t.run_id}/{t.step_key}/{t.attempt}" for t in running if t.kind == "step"])
             if self.source.spreads_handoffs:
                 cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
-                self._peer_idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
+                idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
+                with self._peer_idle_lock:
+                    self._peer_idle = idle
         except transient_errors() as exc:
             close_old_connections()
             self._beat_outage.failed(exc)  # logged once per outage; the next beat retries
