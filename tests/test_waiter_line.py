@@ -56,3 +56,24 @@ def test_a_refreshed_waiter_moves_to_its_new_rank() -> None:
     b.priority = 5  # changed in place, then stored again (as `policy.add_waiter` does)
     line["b"] = b
     assert line.best(config, {}).ticket == "b"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_a_long_line_of_one_key_keeps_one_head_on_the_top_heap(order: str) -> None:
+    """10,000 waiters of one fairness key: under fifo the top heap holds that key's head once,
+    not one bound per waiter (a grant's cost must not grow with the line); under lifo each
+    joiner ranks first and supersedes it. Every grant takes the waiter `policy.rank` puts first."""
+    config = QueueConfig(name="q", concurrency=1, order=order)
+    line = WaiterLine()
+    for i in range(10_000):
+        line[f"t{i}"] = Waiter(f"t{i}", 0, "", i, 0)
+    assert line.best(config, {}) is not None
+    assert len(line._heads.top) == 1
+    for _ in range(100):
+        best = line.best(config, {})
+        expected = min(line.values(), key=lambda w: rank(w, config, {}))
+        assert best is not None and best.ticket == expected.ticket
+        del line[best.ticket]
+        line[f"n{best.ticket}"] = Waiter(f"n{best.ticket}", 0, "", 20_000 + int(best.ticket.lstrip("nt")), 0)
+    if order == "fifo":
+        assert len(line._heads.top) == 1

@@ -77,7 +77,7 @@ class WaiterLine(MutableMapping[str, "Waiter"]):
         if mode[0]:
             bucket = self._heads.best(self._live, lambda key: served.get(key, NEVER_SERVED))
         else:
-            bucket = self._heads.best(self._live, lambda _: 0)
+            bucket = self._heads.best(self._live, lambda _: NEVER_SERVED)  # one bucket: as pushed
         return None if bucket is None else self._waiters[self._heads.groups[bucket][0][2]]
 
     def _bucket_of(self, waiter: Waiter) -> str:
