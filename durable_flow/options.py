@@ -32,6 +32,13 @@ def positive_number(value: Any) -> str | None:
     return None
 
 
+def boolean(value: Any) -> str | None:
+    """True or False (not 0/1, not a string: "False" would read as true)."""
+    if not isinstance(value, bool):
+        return f"must be True or False, got {value!r}"
+    return None
+
+
 def non_empty_str(value: Any) -> str | None:
     """A string with something in it."""
     if not isinstance(value, str) or not value:

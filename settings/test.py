@@ -33,11 +33,15 @@ if ADMISSION_BACKEND == "redis":
     # A short instance TTL so tests that SIGKILL a process see its slots come back quickly.
     ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
 
+TRANSPORT: dict[str, object] = {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")}
+if TRANSPORT["BACKEND"] == "rq" and os.environ.get("DURABLE_FLOW_EAGER_STEPS") == "0":
+    TRANSPORT["EAGER_STEPS"] = False  # every step an RQ job (tests of RQ's registries, bench/transport.py)
+
 DURABLE_FLOW = {
     "WORKFLOWS": ["tests.workflows", "tests.sc_workflows"],
     "QUEUES": [],
     "ADMISSION": ADMISSION,
-    "TRANSPORT": {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")},
+    "TRANSPORT": TRANSPORT,
     # TTL_S: 3 s lets process tests see a killed worker die soon; the soak raises it (a starved
     # worker must not be taken for dead: its steps would re-run with no kill to explain it).
     "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": float(os.environ.get("DURABLE_FLOW_HEARTBEAT_TTL_S", "3"))},

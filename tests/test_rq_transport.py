@@ -33,6 +33,8 @@ from tests.conftest import ManagedProcess, wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RQ_ENV = {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_LOG": "WARNING"}
+#: A worker with EAGER_STEPS off (settings/test.py): every step an RQ job.
+NO_EAGER_STEPS = {"DURABLE_FLOW_EAGER_STEPS": "0"}
 
 
 def clear_rq(connection: Redis) -> None:
@@ -100,6 +102,8 @@ def test_unknown_option_or_queue_is_improperly_configured(redis_conn: Redis) -> 
         RQTransport.from_options({"QUEUE": "nope"})
     with pytest.raises(ImproperlyConfigured, match=r'\["CONCURRENCY"\]'):
         RQTransport.from_options({"CONCURRENCY": 0})
+    with pytest.raises(ImproperlyConfigured, match=r'\["EAGER_STEPS"\]: must be True or False'):
+        RQTransport.from_options({"EAGER_STEPS": "False"})
     with pytest.raises(ImproperlyConfigured, match=r'\["CONCURRENCY"\]\["max"\]'):
         RQTransport.from_options({"CONCURRENCY": {"mode": "adaptive", "min": 4, "max": 2}})
     transport = RQTransport.from_options({"QUEUE": "durable", "CONCURRENCY": "adaptive"})
@@ -135,7 +139,9 @@ def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn
     # RQ's registries show the jobs the way django-rq users expect.
     queue = rq_engine.transport.tiers[NORMAL]
     finished = FinishedJobRegistry(queue=queue)
-    assert finished.count >= 41  # 40 steps + the first turn (later turns ride on step results)
+    # The first turn, and the 39 steps it did not run itself (EAGER_STEPS: one ran on its
+    # thread); later turns ride on step results.
+    assert finished.count >= 40
     assert StartedJobRegistry(queue=queue).count == 0 and FailedJobRegistry(queue=queue).count == 0
     some_step = next(
         job for job in queue.job_class.fetch_many(finished.get_job_ids(), queue.connection) if job and job.args[1:]
@@ -187,8 +193,44 @@ def test_sigterm_lets_the_in_flight_step_finish(rq_engine: Engine, spawn, marker
     assert len(marks(marker, "slow_start")) == 1
 
 
-def test_sigterm_past_the_grace_period_hands_the_job_back(rq_engine: Engine, spawn, marker: Path) -> None:
+@pytest.mark.parametrize("eager", [True, False], ids=["eager-steps", "every-step-a-job"])
+def test_a_turns_step_runs_on_its_thread_unless_eager_steps_is_off(
+    rq_engine: Engine, spawn, marker: Path, eager: bool
+) -> None:
+    """EAGER_STEPS (the default): the step a turn dispatches runs next on the turn's thread, so a
+    one-step workflow is one RQ job; off, the step is an RQ job of its own."""
+    runner = worker(spawn, marker, "--concurrency", "2", env=None if eager else NO_EAGER_STEPS)
+    run = start("tests.slow_one", {"id": "e", "seconds": 0})
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
+    queue = rq_engine.transport.tiers[NORMAL]
+    jobs = queue.job_class.fetch_many(FinishedJobRegistry(queue=queue).get_job_ids(), queue.connection)
+    kinds = sorted(job.func_name.rsplit(".", 1)[1] for job in jobs if job)
+    assert kinds == (["run_turn_job"] if eager else ["run_step_job", "run_turn_job"])
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.status == "completed" and cp.attempt == 1 and cp.worker == live_heartbeat(runner).worker_id
+
+
+def test_sigterm_past_the_grace_period_leaves_an_eager_step_to_the_poller(
+    rq_engine: Engine, spawn, marker: Path
+) -> None:
+    """An eager step has no job to hand back: its checkpoint is stamped with the stopped worker,
+    whose heartbeat says it stopped, and the poller re-drives it as a new attempt at once."""
     first = worker(spawn, marker, "--concurrency", "1", "--grace", "0.3")
+    run = start("tests.slow_one", {"id": "g", "seconds": 8.0})
+    wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
+    assert first.terminate(timeout=20) == 0
+    assert not marks(marker, "slow_end"), "the worker waited for the step instead of leaving it"
+    queue = rq_engine.transport.tiers[NORMAL]
+    assert queue.count == 0 and StartedJobRegistry(queue=queue).count == 0, "no job was handed back"
+    spawn("durable_poller", env=RQ_ENV)
+    second = worker(spawn, marker, "--concurrency", "1")
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=40, what="run completed")
+    assert [pid for _, pid in marks(marker, "slow_end")] == [second.proc.pid]
+    assert StepCheckpoint.objects.get(run=run).attempt == 2
+
+
+def test_sigterm_past_the_grace_period_hands_the_job_back(rq_engine: Engine, spawn, marker: Path) -> None:
+    first = worker(spawn, marker, "--concurrency", "1", "--grace", "0.3", env=NO_EAGER_STEPS)
     run = start("tests.slow_one", {"id": "h", "seconds": 8.0})
     wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
     assert first.terminate(timeout=20) == 0
@@ -197,7 +239,7 @@ def test_sigterm_past_the_grace_period_hands_the_job_back(rq_engine: Engine, spa
     queue = rq_engine.transport.tiers[NORMAL]
     assert [job.args[1:] for job in queue.jobs] == [("1", 1)], "the step job is back at the head of its queue"
     assert StartedJobRegistry(queue=queue).count == 0
-    second = worker(spawn, marker, "--concurrency", "1")
+    second = worker(spawn, marker, "--concurrency", "1", env=NO_EAGER_STEPS)
     wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
     assert [pid for _, pid in marks(marker, "slow_end")] == [second.proc.pid]
 
@@ -328,7 +370,7 @@ def test_jobs_popped_by_a_killed_worker_are_requeued_once_its_heartbeat_lapses(
 
     from durable_flow.poller import TimerPoller
 
-    victim = worker(spawn, marker, "--concurrency", "1")
+    victim = worker(spawn, marker, "--concurrency", "1", env=NO_EAGER_STEPS)  # the step is a job
     run = start("tests.slow_one", {"id": "r", "seconds": 3.0})
     wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
     victim_id = live_heartbeat(victim).worker_id

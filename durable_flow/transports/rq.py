@@ -30,6 +30,17 @@ Consuming. `RQTransport.source()` is an `RQTaskSource` (`rq_source.py`) for the 
 worker runtime: jobs run on threads under the live concurrency limit, with RQ's bookkeeping kept
 the way a `SimpleWorker` keeps it.
 
+Eager steps (`EAGER_STEPS`, on by default). The first step a turn dispatches runs next on the
+worker thread that ran the turn, with no RQ job, as Temporal's eager activity execution hands a
+workflow task's activity straight back to its worker: a one-step workflow is one job, not two,
+and a step starts without a second trip through Redis. The step is durable all the same: its
+dispatch and its `running` attempt are written in the turn's transaction, stamped with this
+worker, so a worker that dies or stops mid-step leaves it to the poller, which re-drives it as a
+new attempt once the worker's heartbeat says so (`engine/inline_handoff.py`). What it costs: the
+step is in none of RQ's registries, a stopping worker cannot hand it back as a job, and it runs
+in the process that ran its turn. The other steps of a fan-out go out as jobs. Off, every step is
+an RQ job. (A step granted a freed slot runs on the releasing thread either way.)
+
 Durability. Exactly-once results do not depend on RQ: `Engine.record_result` is keyed by
 run/step/attempt and ignores a duplicate or stale attempt, and `execute_step` skips an attempt
 that is no longer the dispatched one, so a retried or duplicated job records nothing twice.
@@ -59,7 +70,7 @@ from rq.job import JobStatus, Retry
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
-from durable_flow.options import Option, non_empty_str
+from durable_flow.options import Option, boolean, non_empty_str
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.rq_claims import ClaimBook
 from durable_flow.transports.runner import EngineRunner, TaskRunner
@@ -137,6 +148,11 @@ class RQTransport(Transport):
         "CONCURRENCY": CONCURRENCY_OPTION,
         "RESULT_TTL": Option("Seconds RQ keeps a finished job in its registry (-1: forever)."),
         "FAILURE_TTL": Option("Seconds RQ keeps a failed job in its registry (-1: forever)."),
+        "EAGER_STEPS": Option(
+            "Whether a step a turn dispatches runs next on the worker thread that ran the turn, with no "
+            "RQ job (True, the default), or goes out as an RQ job like every other step (False).",
+            boolean,
+        ),
     }
 
     def __init__(
@@ -145,6 +161,7 @@ class RQTransport(Transport):
         concurrency: object = 8,
         result_ttl: int | None = None,
         failure_ttl: int | None = None,
+        eager_steps: bool = True,
     ) -> None:
         from django_rq.settings import QUEUES
 
@@ -161,6 +178,7 @@ class RQTransport(Transport):
         self.concurrency = concurrency
         self.result_ttl = result_ttl
         self.failure_ttl = failure_ttl
+        self.eager_steps = eager_steps
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

@@ -46,6 +46,7 @@ class RQTaskSource(TaskSource):
 
     def __init__(self, transport: RQTransport, execution_ttl_s: int | None = None) -> None:
         self.rq = transport
+        self.turn_steps_inline = transport.eager_steps
         self.ordered = [transport.tiers[HIGH], transport.tiers[NORMAL], transport.tiers[LOW]]
         self.queues = [queue.name for queue in self.ordered]
         self._by_key = {queue.key: queue for queue in self.ordered}
