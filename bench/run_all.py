@@ -117,7 +117,7 @@ def headlines(result: Result) -> list[str]:
             f" over db {row[6]} wf/s (ratio {row[7]})"
             for row in rows
             if len(row) == 8 and row[0].isdigit()
-        ] + [line for line in lines if line.startswith("target")]
+        ] + [line for line in lines if line.startswith(("target", "cpu"))]
     if result.name == "waiters":
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
     if result.name in ("rss", "history"):

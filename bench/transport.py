@@ -25,7 +25,10 @@ database of `--redis-url` (its `rq:*` keys are cleared; default db 14).
 
 A one-step workflow costs one RQ job (the turn, its step run next on the same thread, the final
 turn in the result's transaction; two with `EAGER_STEPS` off) and about ten SQL statements in
-three transactions, against one job and no SQL for raw RQ: the ratio is per *workflow*.
+three transactions, against one job and no SQL for raw RQ: the ratio is per *workflow*. The CPU
+lines say why it falls with more processes: on a machine with few cores the processes share them,
+and a rate is bounded by the cores over the CPU milliseconds one item costs all processes together
+(the workers, PostgreSQL, Redis).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import DEVNULL
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,7 +49,7 @@ PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_transport_{os.getpid()}"  # its own: other sessions may run this bench too
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 RQ_CLI = str(ROOT / ".venv" / "bin" / "rq")
-RQ_WORKER = [RQ_CLI, "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--logging_level", "WARNING"]
+RQ_WORKER = [RQ_CLI, "worker", "-w", "rq.worker.SimpleWorker", "--logging_level", "WARNING"]
 
 
 def parse_args() -> argparse.Namespace:
@@ -91,13 +95,17 @@ def steady_rate(
     procs: list[subprocess.Popen[bytes]],
     timeout: float,
     begun: Callable[[], bool] | None = None,
+    cpu: dict[str, float] | None = None,
 ) -> float:
     """Items per second between the 10 % and 90 % completion marks; with `begun`, from the
     first moment `begun()` is true (the first work done) to the 90 % mark instead.
 
     `begun` is for work whose completions all come at the end: the runs of a two-job workflow
     drain FIFO (every run's turn job, then every run's step job), so the 10 % mark falls in the
-    step phase and a window on completions alone would time the step jobs only."""
+    step phase and a window on completions alone would time the step jobs only.
+
+    With `cpu`, it is filled with the CPU milliseconds per item spent over the same window by
+    the worker processes, the PostgreSQL server and the Redis server (`cpu_seconds`)."""
     low, high = max(1, total // 10), total - total // 10
     t_low = t_high = None
     done_at_low = low
@@ -107,6 +115,7 @@ def steady_rate(
         now = time.monotonic()
         if t_low is None and (begun() if begun is not None else done >= low):
             t_low, done_at_low = now, done
+            cpu_at_low = cpu_seconds(procs) if cpu is not None else {}
         if done >= high and t_low is not None:
             t_high = now
             break
@@ -115,7 +124,31 @@ def steady_rate(
         time.sleep(0.01)
     if t_low is None or t_high is None:
         raise RuntimeError(f"timed out: {count()} of {total} done")
+    if cpu is not None:
+        items = max(1, high - done_at_low)
+        cpu.update({kind: 1000 * (spent - cpu_at_low[kind]) / items for kind, spent in cpu_seconds(procs).items()})
     return (high - done_at_low) / max(1e-6, t_high - t_low)
+
+
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> dict[str, float]:
+    """CPU time (user + system) so far of the worker processes, of every PostgreSQL server
+    process (the bench's own polling backend included: a few percent) and of Redis."""
+    import psutil
+
+    spent = {"workers": 0.0, "postgres": 0.0, "redis": 0.0}
+    workers = {proc.pid for proc in procs}
+    for process in psutil.process_iter(["name"]):
+        name = process.info["name"] or ""
+        kind = "workers" if process.pid in workers else "postgres" if name.startswith("postgres") else None
+        kind = kind or ("redis" if name.startswith("redis-server") else None)
+        if kind is None:
+            continue
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        spent[kind] += times.user + times.system
+    return spent
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -139,35 +172,52 @@ def clear_redis() -> None:
         connection.delete(*keys)
 
 
-def raw_rq(jobs: int, processes: int, redis_url: str) -> float:
+def raw_rq(jobs: int, processes: int, redis_url: str, cpu: dict[str, float] | None = None) -> float:
     import django_rq
-    from rq import Queue
+    from rq import Queue, Worker
     from rq.registry import FinishedJobRegistry
 
     clear_redis()
     queue = Queue("bench-raw", connection=django_rq.get_connection("durable"))
-    batch = 500
-    for offset in range(0, jobs, batch):
-        datas = [Queue.prepare_data("os.getpid", result_ttl=600) for _ in range(min(batch, jobs - offset))]
-        queue.enqueue_many(datas)
     procs = [
-        subprocess.Popen(
-            [*RQ_WORKER, "-u", redis_url, "bench-raw"],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        subprocess.Popen([*RQ_WORKER, "-u", redis_url, "bench-raw"], cwd=ROOT, stdout=DEVNULL, stderr=DEVNULL)
         for _ in range(processes)
     ]
     try:
+        wait_until(lambda: Worker.count(queue=queue) >= processes, procs, "raw RQ workers up")
+        batch = 500
+        for offset in range(0, jobs, batch):
+            datas = [Queue.prepare_data("os.getpid", result_ttl=600) for _ in range(min(batch, jobs - offset))]
+            queue.enqueue_many(datas)
         registry = FinishedJobRegistry(queue=queue)
-        return steady_rate(lambda: registry.count, jobs, procs, timeout=300, begun=lambda: registry.count > 0)
+        return steady_rate(lambda: registry.count, jobs, procs, 300, begun=lambda: registry.count > 0, cpu=cpu)
     finally:
         stop(procs)
 
 
-def durable(transport: str, runs: int, processes: int, concurrency: int, *, eager_steps: bool = True) -> float:
-    from django.db import connection
+def wait_until(ready: Callable[[], bool], procs: list[subprocess.Popen[bytes]], what: str) -> None:
+    """Wait for the workers to be up (started, connected, registered) before the backlog exists,
+    so no contender's start-up (Django's import costs about a second of CPU a process) falls in
+    the timed window."""
+    deadline = time.monotonic() + 120
+    while not ready():
+        if any(proc.poll() is not None for proc in procs):
+            raise RuntimeError(f"a worker process exited before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def durable(
+    transport: str,
+    runs: int,
+    processes: int,
+    concurrency: int,
+    *,
+    eager_steps: bool = True,
+    cpu: dict[str, float] | None = None,
+) -> float:
+    from django.db import connection, transaction
 
     from durable_flow.admission.local import LocalAdmissionBackend
     from durable_flow.conf import get_settings
@@ -183,27 +233,32 @@ def durable(transport: str, runs: int, processes: int, concurrency: int, *, eage
     backend = RQTransport(queue="durable") if transport == "rq" else DatabaseTransport()
     engine = Engine(admission=LocalAdmissionBackend(), transport=backend, settings=get_settings())
     set_engine(engine)
-    for i in range(runs):
-        engine.start("tests.slow_one", {"id": i, "seconds": 0})
     env = {**os.environ, "DURABLE_FLOW_TRANSPORT": transport, "PYTHONUNBUFFERED": "1"}
     if not eager_steps:
         env["DURABLE_FLOW_EAGER_STEPS"] = "0"  # settings/test.py: every step an RQ job
-    procs = [
-        subprocess.Popen(
-            [PYTHON, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(processes)
-    ]
+    command = [PYTHON, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)]
+    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=DEVNULL, stderr=DEVNULL) for _ in range(processes)]
+    up = WorkerHeartbeat.objects.filter(stopped_at__isnull=True)
+    try:
+        wait_until(lambda: up.count() >= processes, procs, "durable workers up")
+        with transaction.atomic():  # the whole backlog at once: its tasks and jobs go out on commit
+            for i in range(runs):
+                engine.start("tests.slow_one", {"id": i, "seconds": 0})
+    except BaseException:
+        stop(procs)
+        raise
     completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
     turned = WorkflowRun.objects.filter(turns__gt=0)
     try:
-        return steady_rate(completed.count, runs, procs, timeout=300, begun=turned.exists)
+        return steady_rate(completed.count, runs, procs, timeout=300, begun=turned.exists, cpu=cpu)
     finally:
         stop(procs)
+
+
+def describe(cpu: dict[str, float]) -> str:
+    """`cpu_seconds` per item, as one line's worth: the total, then each part."""
+    parts = ", ".join(f"{kind} {ms:.2f}" for kind, ms in cpu.items())
+    return f"{sum(cpu.values()):.2f} ({parts})"
 
 
 def main() -> None:
@@ -216,16 +271,22 @@ def main() -> None:
     columns += [("rq-jobs", 8), ("ratio", 6), ("db wf/s", 8), ("ratio", 6)]
     print(f"{'procs':>5} " + " ".join(f"{name:>{width}}" for name, width in columns))
     ratios: dict[int, float] = {}
+    spent: list[str] = []
     try:
         for processes in [int(p) for p in args.processes.split(",")]:
-            raw = raw_rq(jobs, processes, args.redis_url)
-            over_rq = durable("rq", runs, processes, args.concurrency)
+            raw_cpu: dict[str, float] = {}
+            rq_cpu: dict[str, float] = {}
+            raw = raw_rq(jobs, processes, args.redis_url, cpu=raw_cpu)
+            over_rq = durable("rq", runs, processes, args.concurrency, cpu=rq_cpu)
             over_rq_jobs = durable("rq", runs, processes, args.concurrency, eager_steps=False)
             over_db = durable("db", runs, processes, args.concurrency)
             ratios[processes] = over_rq / raw
             row = f"{processes:>5} {raw:>14.0f} {over_rq:>8.0f} {over_rq / raw:>6.2f}"
             row += f" {over_rq_jobs:>8.0f} {over_rq_jobs / raw:>6.2f}"
             print(f"{row} {over_db:>8.0f} {over_db / raw:>6.2f}", flush=True)
+            spent.append(f"cpu ms per item at {processes} process(es): raw RQ {describe(raw_cpu)}")
+            spent[-1] += f"; rq {describe(rq_cpu)}"
+        print("\n".join(spent))
         met = "met" if min(ratios.values()) >= 0.5 else "MISSED"
         figures = " / ".join(f"{ratio:.2f}" for ratio in ratios.values())
         counts = ", ".join(str(processes) for processes in ratios)
