@@ -55,8 +55,10 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("fairness", "fairness.py", ["--json"], ["--json"]),
     ("rss", "rss.py", [], []),
     ("history", "history.py", [], ["--runs", "300"]),
-    ("hotpath", "hotpath.py", [], ["--runs", "50"]),
-    ("peer_dbos", "peer_dbos.py", [], ["--runs", "200"]),
+    ("hotpath (SQLite)", "hotpath.py", [], ["--runs", "50"]),
+    ("hotpath (PostgreSQL)", "hotpath.py", ["--postgres"], ["--postgres", "--runs", "50"]),
+    ("peer_dbos (SQLite)", "peer_dbos.py", [], []),  # the N (500) in --quick too
+    ("peer_dbos (PostgreSQL)", "peer_dbos.py", ["--postgres"], ["--postgres"]),
     ("contention", "contention.py", [], ["--quick"]),
 ]
 #: Modules in bench/ that other benches import; not benches themselves.
@@ -122,7 +124,7 @@ def headlines(result: Result) -> list[str]:
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
     if result.name in ("rss", "history"):
         return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio", line) and "each tenth" not in line]
-    if result.name == "hotpath":
+    if result.name.startswith("hotpath"):
         return lines[next((i for i, line in enumerate(lines) if line.startswith("summary")), len(lines)) :]
     if result.name == "contention":
         passed = sum(line.endswith("PASS") for line in lines)

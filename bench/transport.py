@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Transport throughput: raw RQ vs durable_flow over RQ vs durable_flow over the db transport.
 
-    .venv/bin/python bench/transport.py            # ~3 minutes
-    .venv/bin/python bench/transport.py --quick    # ~1 minute
+    .venv/bin/python bench/transport.py            # ~4 minutes
+    .venv/bin/python bench/transport.py --quick    # ~2 minutes
 
 For 1, 2 and 4 worker processes:
 
@@ -264,7 +264,7 @@ def describe(cpu: dict[str, float]) -> str:
 def main() -> None:
     args = parse_args()
     setup_django(args.redis_url)
-    jobs, runs = (1500, 400) if args.quick else (4000, 1200)
+    jobs, runs = (3000, 800) if args.quick else (6000, 2000)
     print(f"raw RQ: {jobs} no-op jobs, SimpleWorker; durable_flow: {runs} one-step workflows, ", end="")
     print(f"durable_worker --concurrency {args.concurrency}; PostgreSQL; {os.cpu_count()} CPUs")
     columns = [("raw RQ jobs/s", 14), ("rq wf/s", 8), ("ratio", 6)]
