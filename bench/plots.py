@@ -100,8 +100,9 @@ def transport_chart(outputs: Outputs) -> Figure | None:
     ):
         left.plot(procs, [row[index] for row in rows], "o-", label=label)
     left.set_ylabel("per second")
+    left.set_ylim(0, max(max(row[1], row[2], row[4], row[6]) for row in rows) * 1.4)  # room for the legend
     left.set_title("throughput", fontsize=10)
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper left")
     right.plot(procs, [row[3] for row in rows], "o-", color="C1", label="over rq / raw RQ")
     right.plot(procs, [row[5] for row in rows], "o-", color="C2", label="every step a job / raw RQ")
     right.plot(procs, [row[7] for row in rows], "o-", color="C3", label="over db / raw RQ")

@@ -140,7 +140,8 @@ JOB_KINDS = {
 
 
 class RQTransport(Transport):
-    """Producer side: one RQ job per workflow turn and per step attempt, enqueued on commit."""
+    """Producer side: an RQ job per workflow turn and per step attempt sent out (not a step run
+    eagerly on its turn's thread), enqueued on commit."""
 
     name = "rq"
     OPTIONS: ClassVar[Mapping[str, Option]] = {

@@ -108,8 +108,9 @@ class TaskSource(ABC):
     transport: str = ""
     queues: list[str] = []
     #: Whether the step a turn dispatches may run next on the turn's worker thread instead of
-    #: going out through this transport (`engine/inline_handoff.py`). Off by default: a broker's
-    #: users expect every step as a job (in its registries, handed back at shutdown).
+    #: going out through this transport (`engine/inline_handoff.py`). Off by default, so a
+    #: source opts in: the `db` source always, the `rq` source with `EAGER_STEPS` (its users may
+    #: want every step as a job, in RQ's registries and handed back at shutdown).
     turn_steps_inline: bool = False
     #: Whether a task sent through this transport may be taken by another worker process, so a
     #: worker that runs two steps while another worker sits idle sends the step its result
