@@ -109,6 +109,7 @@ def steady_rate(
     low, high = max(1, total // 10), total - total // 10
     t_low = t_high = None
     done_at_low = low
+    cpu_at_low: dict[str, float] = {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = count()
@@ -139,9 +140,13 @@ def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     workers = {proc.pid for proc in procs}
     for process in psutil.process_iter(["name"]):
         name = process.info["name"] or ""
-        kind = "workers" if process.pid in workers else "postgres" if name.startswith("postgres") else None
-        kind = kind or ("redis" if name.startswith("redis-server") else None)
-        if kind is None:
+        if process.pid in workers:
+            kind = "workers"
+        elif name.startswith("postgres"):
+            kind = "postgres"
+        elif name.startswith("redis-server"):
+            kind = "redis"
+        else:
             continue
         try:
             times = process.cpu_times()
@@ -239,17 +244,13 @@ def durable(
     command = [PYTHON, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)]
     procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=DEVNULL, stderr=DEVNULL) for _ in range(processes)]
     up = WorkerHeartbeat.objects.filter(stopped_at__isnull=True)
+    completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
+    turned = WorkflowRun.objects.filter(turns__gt=0)
     try:
         wait_until(lambda: up.count() >= processes, procs, "durable workers up")
         with transaction.atomic():  # the whole backlog at once: its tasks and jobs go out on commit
             for i in range(runs):
                 engine.start("tests.slow_one", {"id": i, "seconds": 0})
-    except BaseException:
-        stop(procs)
-        raise
-    completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
-    turned = WorkflowRun.objects.filter(turns__gt=0)
-    try:
         return steady_rate(completed.count, runs, procs, timeout=300, begun=turned.exists, cpu=cpu)
     finally:
         stop(procs)
@@ -284,8 +285,8 @@ def main() -> None:
             row = f"{processes:>5} {raw:>14.0f} {over_rq:>8.0f} {over_rq / raw:>6.2f}"
             row += f" {over_rq_jobs:>8.0f} {over_rq_jobs / raw:>6.2f}"
             print(f"{row} {over_db:>8.0f} {over_db / raw:>6.2f}", flush=True)
-            spent.append(f"cpu ms per item at {processes} process(es): raw RQ {describe(raw_cpu)}")
-            spent[-1] += f"; rq {describe(rq_cpu)}"
+            each = f"raw RQ {describe(raw_cpu)}; rq {describe(rq_cpu)}"
+            spent.append(f"cpu ms per item at {processes} process(es): {each}")
         print("\n".join(spent))
         met = "met" if min(ratios.values()) >= 0.5 else "MISSED"
         figures = " / ".join(f"{ratio:.2f}" for ratio in ratios.values())
