@@ -34,6 +34,15 @@ class EngineUnavailable(BaseException):
     """
 
 
+class InlineTurnFailed(BaseException):
+    """A run's inline turn (taken in the transaction that recorded a step's result) failed
+    with `EngineUnavailable` (its `__cause__`). The transaction is rolled back whole and the
+    result recorded again with the turn queued instead (`ResultsMixin.record_result`).
+
+    A `BaseException`, like `EngineUnavailable`: nothing between the turn and the result's
+    transaction may take it for an error of its own."""
+
+
 @contextmanager
 def engine_call() -> Iterator[None]:
     """Let the workflow's own errors through; turn the engine's failures into `EngineUnavailable`."""

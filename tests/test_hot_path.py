@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 
@@ -24,6 +24,7 @@ from durable_flow.models import (
     RunStatus,
     StepAttempt,
     StepCheckpoint,
+    StepStatus,
     Task,
     TaskKind,
     WorkerHeartbeat,
@@ -230,3 +231,77 @@ def test_a_results_inline_turn_leaves_the_runs_next_step_to_the_transport(
         engine.execute_step(job[0], job[1], job[2], worker_id="w1")
     assert taken == []
     assert [run_id for run_id, *_ in transport.held] == [run.id]
+
+
+def test_a_results_inline_turn_takes_no_savepoint(clock: MovableClock, transactional_db: None) -> None:
+    """A result's transaction takes the run's next turn with no savepoint around it: two
+    statements and a round trip saved per step."""
+    transport = HeldTransport()
+    engine = local_engine(clock, transport)
+    run = start("tests.three_steps", 1)
+    (job,) = transport.held
+    transport.held.clear()
+    with CaptureQueriesContext(connection) as queries:
+        engine.execute_step(job[0], job[1], job[2], worker_id="w1")
+    sent = [query["sql"] for query in queries.captured_queries]
+    assert not [sql for sql in sent if "SAVEPOINT" in sql.upper()], "\n".join(sent)
+    run.refresh_from_db()
+    assert run.turns == 2  # the first turn and the inline one
+    second = StepCheckpoint.objects.get(run=run, status=StepStatus.DISPATCHED)
+    assert [(run_id, key) for run_id, key, *_ in transport.held] == [(run.id, second.key)]
+
+
+def test_a_turns_writes_after_its_last_read_go_in_one_round_trip(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
+    """The turn's dispatched attempt's row and the run's update are held back and sent together
+    at the end of the turn (`writes_together`) on PostgreSQL; SQLite sends one at a time."""
+    engine, _source = db_engine
+    run = start("tests.echo_flow", "hello")
+    with CaptureQueriesContext(connection) as queries, inline_handoff.accepting("w1", turns=True) as taken:
+        engine.run_turn(run.id)
+    assert [h.run_id for h in taken] == [run.id]
+    sent = [query["sql"] for query in queries.captured_queries]
+    attempt = 'INSERT INTO "durable_flow_stepattempt"'
+    update = 'UPDATE "durable_flow_workflowrun"'
+    together = [sql for sql in sent if attempt in sql and update in sql]
+    if connection.vendor == "postgresql":
+        assert len(together) == 1 and together[0].index(attempt) < together[0].index(update), "\n".join(sent)
+    else:  # SQLite's execute takes one statement
+        assert not together and [sql for sql in sent if attempt in sql] and [sql for sql in sent if update in sql]
+    run.refresh_from_db()
+    assert (run.status, run.turns) == (RunStatus.RUNNING, 1)
+    assert StepAttempt.objects.get(run=run).status == AttemptStatus.RUNNING
+
+
+def test_an_inline_turn_that_fails_is_rolled_back_whole_and_the_result_recorded_with_its_turn_queued(
+    clock: MovableClock, transactional_db: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No savepoint guards the inline turn: when it fails (here the database refuses the next
+    step's checkpoint), the result's transaction rolls back whole and the result is recorded
+    again with the run's turn queued, which dispatches the next step."""
+    transport = HeldTransport()
+    engine = local_engine(clock, transport)
+    run = start("tests.three_steps", 1)
+    (job,) = transport.held
+    transport.held.clear()
+    insert = f"INSERT INTO {connection.ops.quote_name(StepCheckpoint._meta.db_table)}"
+    failures = [DatabaseError("the database refused the turn")]
+    inserts: list[str] = []
+
+    def fail_once(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if insert in sql:
+            inserts.append(sql)
+            if failures:
+                raise failures.pop()
+        return result
+
+    with connection.execute_wrapper(fail_once):
+        assert engine.execute_step(job[0], job[1], job[2], worker_id="w1") == "completed"
+    assert not failures and len(inserts) == 2  # the inline turn's, rolled back; the queued turn's
+    assert "inline turn failed" in caplog.text
+    first, second = StepCheckpoint.objects.filter(run=run).order_by("sequence")
+    assert (first.status, first.output) == (StepStatus.COMPLETED, 2)
+    assert second.status == StepStatus.DISPATCHED  # by the queued turn, once
+    assert [(run_id, key) for run_id, key, *_ in transport.held] == [(run.id, second.key)]
+    attempts = StepAttempt.objects.filter(checkpoint=first)
+    assert [(a.attempt, a.status) for a in attempts] == [(1, AttemptStatus.COMPLETED)]

@@ -57,8 +57,9 @@ def test_the_runs_next_step_on_the_same_queue_finds_the_slot_free(engine: tuple[
 
 
 def test_a_release_rolled_back_with_the_inline_turn_is_made_again(engine: tuple[Engine, HeldTransport]) -> None:
-    """The turn's admission released the slot inside the turn's savepoint; the turn then failed
-    (a database error), so the savepoint took the release with it: it is made again after."""
+    """The turn's admission released the slot inside the result's transaction; the turn then
+    failed (a database error), so the transaction rolled back whole, the release with it, and
+    the result was recorded again with the turn queued: the release is made again then."""
     df, transport = engine
     register_queue("render", concurrency=1)
     run = start("tests.two_queued", {"queue": "render", "value": 1})

@@ -3,14 +3,16 @@
 On a backend in the database (`db`) a release takes the queue's lock, which is then held to the
 commit: every statement the transaction sends after the release is waited out by every other
 decider of the queue. A result's transaction releases the slot and then takes the run's next
-turn inline (`TurnsMixin._continue`: a savepoint, the workflow's replay, the run's update), so
+turn inline (`TurnsMixin._continue`: the workflow's replay, the run's update), so
 releasing first would hold the lock over the whole turn. The release is therefore deferred to the
 end of the turn, where the lock spans only the release (and the grant it makes) and the commit.
 
 Deferring must not change what is decided: the turn's first admission (its next step, through
 any queue or step-concurrency constraint) releases the slot first (`release_deferred_now`, called
 by `DispatchMixin.admit`), so the run's next step finds the slot free exactly as before. If the
-turn's savepoint rolls back after that, the release went with it, and it is done again at the end.
+turn fails after that, the whole transaction rolls back, the release with it on `db`, and the
+result is recorded again with its turn queued, the release made at the end of that try (on `redis`
+the first release stands and the second finds the ticket gone: it frees nothing twice).
 A backend whose slots are adopted by the executing process (`SLOTS_ADOPTED`: `redis`) also
 releases at the end of the turn, before the commit: the step it grants is then dispatched, and
 started (its slot adopted), in the result's own transaction, one commit between a result and the
@@ -93,10 +95,3 @@ class ReleaseOrderMixin(EngineBase):
             self.release_settled(queue, ticket)  # after the commit, as a backend outside the database does
         else:
             self.release_outage.recovered()
-
-    @staticmethod
-    def deferred_release_undone() -> None:
-        """The turn's savepoint rolled back, and a release made inside it with it."""
-        deferred: _Deferred | None = getattr(_local, "deferred", None)
-        if deferred is not None:
-            deferred.released = False

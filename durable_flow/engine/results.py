@@ -28,6 +28,7 @@ from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.registry import get_step, step_backoff
 from durable_flow.serialization import ensure_json, error_info
+from durable_flow.turn import InlineTurnFailed
 from durable_flow.worker.outage import Outage, transient_errors
 
 if TYPE_CHECKING:
@@ -137,8 +138,30 @@ class ResultsMixin(EngineBase):
         """Checkpoint a step attempt's result exactly once, release its slot, wake the run.
 
         A duplicate (an RQ job retried, a timed-out attempt answering late) is kept on
-        `late_result` and changes nothing else.
+        `late_result` and changes nothing else. The run's next turn is taken inline, in the same
+        transaction (`TurnsMixin._continue`); if that turn fails, the transaction rolls back and
+        the result is recorded again with the turn queued for a worker instead.
         """
+        result = {"output": output, "error": error, "cancelled": cancelled, "also": also}
+        try:
+            self._record_result(run_id, key, attempt, **result, inline=True)
+        except InlineTurnFailed as failed:
+            logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
+            self._record_result(run_id, key, attempt, **result, inline=False)
+
+    def _record_result(
+        self: Engine,
+        run_id: str,
+        key: str,
+        attempt: int,
+        *,
+        output: Any,
+        error: dict[str, Any] | None,
+        cancelled: bool,
+        also: Callable[[], object] | None,
+        inline: bool,
+    ) -> None:
+        """One try of `record_result`, with the run's next turn taken inline or queued."""
         # Its writes go with the statement after each (`writes_together`): one round trip less
         # for each, on the path between a step's end and the next step's start in its slot.
         with transaction.atomic(), writes_together():
@@ -178,7 +201,8 @@ class ResultsMixin(EngineBase):
                 set_retry_at(cp, attempt, cp.wake_at)
                 if held:
                     self.release_settled(cp.queue, cp.ticket, guarded=True)
-                self._continue(run, checkpoints if not cp.group else None)  # parks it until the backoff is up
+                # Parks it until the backoff is up.
+                self._continue(run, checkpoints if not cp.group else None, inline=inline)
                 return
             if error is not None:
                 self.settle(cp, StepStatus.FAILED, error=error, fields=released)
@@ -188,9 +212,9 @@ class ResultsMixin(EngineBase):
             # queue's lock is not held over the turn (`engine/release_order.py`).
             with self.release_after_turn(cp.queue, cp.ticket) if held else nullcontext():
                 if not cp.group:
-                    self._continue(run, checkpoints)  # every checkpoint of the run is in hand
+                    self._continue(run, checkpoints, inline=inline)  # every checkpoint of the run is in hand
                 elif self._group_settled(cp):
-                    self._continue(run)
+                    self._continue(run, inline=inline)
 
     def release_settled(self: Engine, queue: str, ticket: str, *, guarded: bool = False) -> None:
         """Free the ticket of a call this transaction settles (its slot, or its place in line):

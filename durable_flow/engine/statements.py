@@ -45,12 +45,15 @@ def writes_together() -> Iterator[None]:
     where the database allows it (`one_round_trip`). A held-back UPDATE that matches no row
     raises `DatabaseError` when it is sent, as `save_fields` does.
 
-    For the writes on the path of every handoff, whose results nobody reads: a result's attempt
-    and checkpoint go with the savepoint of the run's inline turn, the run's update with the
-    savepoint's release, a granted step's dispatch (its checkpoint, its attempt's start, its
-    run) in one round trip. Open it inside the transaction (it must end before the commit,
-    which is no statement). If the block raises, what it held back is sent all the same, unless
-    the error is the database's (its transaction is broken then, and rolls back whole)."""
+    For the writes on the path of every step, whose results nobody reads: a result's attempt,
+    checkpoint and run in one round trip after the run's inline turn, a turn's dispatched
+    attempt with the run's update, a granted step's dispatch (its checkpoint, its attempt's
+    start, its run) in one round trip. Open it inside the transaction (it must end before the
+    commit, which is no statement). If the block raises an `Exception`, what it held back is
+    sent all the same (the caller may catch it and commit), unless the error is the database's
+    (its transaction is broken then, and rolls back whole); a `BaseException` that is not an
+    `Exception` (`EngineUnavailable`, `InlineTurnFailed`, `KeyboardInterrupt`) drops them: the
+    transaction around the block rolls back on it."""
     if not one_round_trip():
         yield
         return
@@ -83,8 +86,9 @@ def writes_together() -> Iterator[None]:
         with own.execute_wrapper(with_held_first):
             try:
                 yield
-            except DatabaseError:
-                held.clear()
+            except BaseException as exc:
+                if isinstance(exc, DatabaseError) or not isinstance(exc, Exception):
+                    held.clear()  # the transaction rolls back whole: nothing of it may be sent
                 raise
             finally:
                 own.__dict__["_df_held"] = None

@@ -11,7 +11,7 @@ from django.db import DatabaseError, transaction
 from durable_flow.context import WorkflowContext
 from durable_flow.engine.base import WAKEABLE, EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.statements import save_fields
+from durable_flow.engine.statements import save_fields, writes_together
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
@@ -22,7 +22,7 @@ from durable_flow.models import (
 )
 from durable_flow.registry import get_workflow
 from durable_flow.serialization import ensure_json, error_info
-from durable_flow.turn import EngineUnavailable, Suspend
+from durable_flow.turn import EngineUnavailable, InlineTurnFailed, Suspend
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
@@ -40,7 +40,9 @@ class TurnsMixin(EngineBase):
         `also` runs inside the turn's transaction, after the run's row is locked: the `db`
         transport deletes its task row there, saving a transaction per task."""
         try:
-            with transaction.atomic():
+            # The turn's writes after its last read (the dispatched step's attempt row, the run's
+            # update) go to the database in one round trip (`writes_together`).
+            with transaction.atomic(), writes_together():
                 run, _ = locked_run(run_id)
                 if also is not None:
                     also()
@@ -93,20 +95,27 @@ class TurnsMixin(EngineBase):
         self._finish(run, RunStatus.COMPLETED, output=output, checkpoints=checkpoints)
         return run
 
-    def _continue(self: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None) -> None:
+    def _continue(
+        self: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None, *, inline: bool = True
+    ) -> None:
         """A result is in: take the run's next turn now, in the transaction that recorded it and
         under the lock it holds, instead of queuing a turn for a worker to pick up later. Saves
-        a job, a transaction and a replay's worth of reads per step."""
+        a job, a transaction and a replay's worth of reads per step.
+
+        No savepoint around the turn: on PostgreSQL one costs two statements and a round trip on
+        every step, and a turn that fails is rare. If it does fail (the engine's own work in it:
+        the database, the admission backend), `InlineTurnFailed` rolls the whole transaction
+        back, and `record_result` records the result again with `inline=False`, which queues
+        the turn (`wake`) instead of taking it here."""
         if run.status not in WAKEABLE:
             return
-        try:
-            with transaction.atomic():  # a savepoint: the result above stays recorded either way
-                self._replay(run, checkpoints)
-        except EngineUnavailable as exc:
-            self.deferred_release_undone()  # a slot released inside the savepoint is released again
-            logger.warning("run %s: inline turn failed (%s); queuing it instead", run.id, exc)
-            run.refresh_from_db(fields=["status", "wake_at", "turns"])
+        if not inline:
             self.wake(run)
+            return
+        try:
+            self._replay(run, checkpoints)
+        except EngineUnavailable as exc:
+            raise InlineTurnFailed(run.id) from exc
 
     @staticmethod
     def _group_settled(cp: StepCheckpoint) -> bool:
