@@ -43,7 +43,10 @@ class WorkflowRun(models.Model):
     error = models.JSONField(default=None, null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True, help_text="When the poller next wakes this run.")
     tags = models.JSONField(default=list, blank=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    # Indexed below only where set (`df_run_parent`): most runs have no parent.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_index=False
+    )
     parent_step_key = models.CharField(max_length=100, blank=True, default="")
     concurrency_key = models.CharField(
         max_length=200, null=True, blank=True, default=None, help_text="The start quota this run draws on."
@@ -85,10 +88,23 @@ class WorkflowRun(models.Model):
             models.Index(fields=["workflow", "status"], name="df_run_workflow_status"),
             models.Index(fields=["-created_at"], name="df_run_created"),
             # A start quota's check: one COUNT(*) of a key's runs in the counted statuses.
-            models.Index(fields=["concurrency_key", "status"], name="df_run_quota_status"),
+            # Partial, as are the two after it: a run without the key (most runs) is in none of
+            # them, so its every status change skips them (an UPDATE of an indexed column
+            # inserts an entry in each index the new row version is in).
+            models.Index(
+                fields=["concurrency_key", "status"],
+                name="df_run_quota_status",
+                condition=models.Q(concurrency_key__isnull=False),
+            ),
             # Debounce and singleton: a start finds the key's pending or in-progress run by the key,
             # never by scanning every debounced run (wake_at is in it so it beats status+wake_at).
-            models.Index(fields=["start_key", "status", "wake_at"], name="df_run_start_key_status"),
+            models.Index(
+                fields=["start_key", "status", "wake_at"],
+                name="df_run_start_key_status",
+                condition=models.Q(start_key__isnull=False),
+            ),
+            # A run's children (the admin, `on_delete=SET_NULL` when a parent is deleted).
+            models.Index(fields=["parent"], name="df_run_parent", condition=models.Q(parent__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -125,7 +141,8 @@ class StepCheckpoint(models.Model):
     so a replay finds the same checkpoint for the same call.
     """
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="checkpoints")
+    # No index of its own: the unique (run, key) constraint's index leads with the run.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     key = models.CharField(max_length=100)
     sequence = models.PositiveIntegerField(help_text="Order of creation within the run.")
     kind = models.CharField(max_length=8, choices=StepKind.choices, default=StepKind.STEP)
@@ -306,8 +323,10 @@ class StepAttempt(models.Model):
     attempt still `running` after a later one exists was lost with its worker.
     """
 
-    checkpoint = models.ForeignKey(StepCheckpoint, on_delete=models.CASCADE, related_name="attempts")
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts")
+    # Neither foreign key has an index of its own: the unique (checkpoint, attempt) constraint's
+    # index and `df_attempt_run_started` lead with them. Every index costs each insert.
+    checkpoint = models.ForeignKey(StepCheckpoint, on_delete=models.CASCADE, related_name="attempts", db_index=False)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts", db_index=False)
     attempt = models.PositiveIntegerField()
     status = models.CharField(max_length=10, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING)
     worker = models.CharField(max_length=200, blank=True, default="")
