@@ -142,12 +142,14 @@ class ResultsMixin(EngineBase):
         transaction (`TurnsMixin._continue`); if that turn fails, the transaction rolls back and
         the result is recorded again with the turn queued for a worker instead.
         """
-        result = {"output": output, "error": error, "cancelled": cancelled, "also": also}
+        record = partial(
+            self._record_result, run_id, key, attempt, output=output, error=error, cancelled=cancelled, also=also
+        )
         try:
-            self._record_result(run_id, key, attempt, **result, inline=True)
+            record(inline=True)
         except InlineTurnFailed as failed:
             logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
-            self._record_result(run_id, key, attempt, **result, inline=False)
+            record(inline=False)
 
     def _record_result(
         self: Engine,
