@@ -14,13 +14,18 @@ class DurableFlowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Fail at startup, naming the setting, rather than at the first run."""
+        """Fail at startup, naming the setting, rather than at the first run. Every new database
+        connection gets dumpers for the app's choices (`pg_adapters`)."""
+        from django.db.backends.signals import connection_created
+
         from durable_flow import (
             checks,  # noqa: F401  (registers the system checks)
             task_runner,  # noqa: F401  (the built-in workflow of the tasks backend)
         )
         from durable_flow.conf import get_settings
+        from durable_flow.pg_adapters import register_choice_dumpers
 
+        connection_created.connect(register_choice_dumpers, dispatch_uid="durable_flow.pg_adapters")
         try:
             config = get_settings()
         except ImproperlyConfigured:

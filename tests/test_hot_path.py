@@ -305,3 +305,26 @@ def test_an_inline_turn_that_fails_is_rolled_back_whole_and_the_result_recorded_
     assert [(run_id, key) for run_id, key, *_ in transport.held] == [(run.id, second.key)]
     attempts = StepAttempt.objects.filter(checkpoint=first)
     assert [(a.attempt, a.status) for a in attempts] == [(1, AttemptStatus.COMPLETED)]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's dumpers: the PostgreSQL pass")
+@pytest.mark.django_db
+def test_the_apps_choices_are_dumped_by_a_dumper_registered_for_their_own_class() -> None:
+    """Not found by walking their MRO on every value (`durable_flow/pg_adapters.py`), and sent as
+    the `str` they are."""
+    from psycopg.adapt import PyFormat
+
+    from durable_flow.pg_adapters import CHOICES
+
+    connection.ensure_connection()
+    adapters = connection.connection.adapters
+    for fmt in (PyFormat.TEXT, PyFormat.BINARY, PyFormat.AUTO):
+        own = adapters._dumpers[fmt]  # the map's fast path: psycopg does not cache an MRO walk's find
+        for choices in CHOICES:
+            assert own.get(choices) is adapters.get_dumper(str, fmt), (choices, fmt)
+    run = WorkflowRun.objects.create(workflow="tests.queued", status=RunStatus.SUSPENDED)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT status FROM durable_flow_workflowrun WHERE id = %s AND status = %s", [run.pk, RunStatus.SUSPENDED]
+        )
+        assert cursor.fetchone() == ("suspended",)
