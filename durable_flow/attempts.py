@@ -41,9 +41,14 @@ def attempt_finished(
     error: dict[str, Any] | None,
     cancelled: bool,
     late: bool,
+    worker: str = "",
+    started_at: datetime | None = None,
+    retry_at: datetime | None = None,
 ) -> None:
     """Record how `attempt` ended. Called inside `record_result`'s transaction, so the history
-    and the checkpoint agree; a cancelled attempt that never started gets a row too."""
+    and the checkpoint agree; a cancelled attempt that never started gets a row too. `worker`,
+    `started_at` and `retry_at` fill a row written here whole: an attempt recorded only once it
+    ended (`engine/optimistic.py`)."""
     if cancelled:
         status = AttemptStatus.CANCELLED
     elif error is not None:
@@ -59,6 +64,9 @@ def attempt_finished(
             attempt=attempt,
             run_id=cp.run_id,
             dispatched_at=cp.dispatched_at,
+            worker=worker,
+            started_at=started_at,
+            retry_at=retry_at,
             status=status,
             finished_at=now,
             error=error,

@@ -25,8 +25,9 @@ from durable_flow import start
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.models import RunStatus, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport, run_step_job, tier_for
+from durable_flow.transports.rq_source import RQTaskSource
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from tests.conftest import ManagedProcess, wait_for
 
@@ -35,6 +36,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RQ_ENV = {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_LOG": "WARNING"}
 #: A worker with EAGER_STEPS off (settings/test.py): every step an RQ job.
 NO_EAGER_STEPS = {"DURABLE_FLOW_EAGER_STEPS": "0"}
+#: A worker with OPTIMISTIC_FIRST_STEP on (settings/test.py).
+OPTIMISTIC = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "1"}
 
 
 def clear_rq(connection: Redis) -> None:
@@ -392,3 +395,69 @@ def test_jobs_popped_by_a_killed_worker_are_requeued_once_its_heartbeat_lapses(
     survivor = worker(spawn, marker, "--concurrency", "1")
     wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=60, what="run completed")
     assert [pid for _, pid in marks(marker, "slow_start")] == [victim.proc.pid, survivor.proc.pid]
+
+
+# -- OPTIMISTIC_FIRST_STEP (engine/optimistic.py; engine-level tests: test_optimistic_first_step.py) --
+
+
+def finished_job_kinds(engine: Engine) -> list[str]:
+    queue = engine.transport.tiers[NORMAL]
+    jobs = queue.job_class.fetch_many(FinishedJobRegistry(queue=queue).get_job_ids(), queue.connection)
+    return sorted(job.func_name.rsplit(".", 1)[1] for job in jobs if job)
+
+
+def test_over_rq_the_first_step_runs_with_nothing_written_then_is_recorded_once(
+    rq_engine: Engine, spawn, marker: Path, tmp_path: Path
+) -> None:
+    runner = worker(spawn, marker, "--concurrency", "2", env=OPTIMISTIC)
+    gate = tmp_path / "open"
+    run = start("tests.file_gated", {"path": str(gate), "id": "o"})
+    wait_for(lambda: marks(marker, "file_gate"), timeout=30, what="the gated step to start")
+    # The step runs, and the database knows nothing of it yet: no checkpoint, no turn taken.
+    assert not StepCheckpoint.objects.filter(run=run).exists()
+    assert WorkflowRun.objects.filter(pk=run.id, status=RunStatus.PENDING, turns=0).exists()
+    gate.touch()
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
+    cp = StepCheckpoint.objects.get(run=run)
+    assert (cp.status, cp.attempt, cp.worker) == (StepStatus.COMPLETED, 1, live_heartbeat(runner).worker_id)
+    assert WorkflowRun.objects.get(pk=run.id).turns == 2
+    assert finished_job_kinds(rq_engine) == ["run_turn_job"]
+
+
+def test_over_rq_a_turn_redelivered_after_a_kill_takes_the_locked_path(
+    rq_engine: Engine, spawn, marker: Path, tmp_path: Path
+) -> None:
+    """A worker killed mid-step leaves no attempt behind, only its turn's job, which the poller
+    re-queues once the worker's heartbeat lapses. That second delivery writes the step as
+    dispatched before running it, so a step that kills its process is bounded by its retries."""
+    gate = tmp_path / "open"
+    victim = worker(spawn, marker, "--concurrency", "1", env=OPTIMISTIC)
+    run = start("tests.file_gated", {"path": str(gate), "id": "k"})
+    wait_for(lambda: marks(marker, "file_gate"), timeout=30, what="the gated step to start")
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    assert not StepCheckpoint.objects.filter(run=run).exists()
+    survivor = worker(spawn, marker, "--concurrency", "1", env=OPTIMISTIC)
+    spawn("durable_poller", env={"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_LOG": "WARNING"})
+    wait_for(lambda: len(marks(marker, "file_gate")) == 2, timeout=60, what="the step to run again")
+    cp = StepCheckpoint.objects.get(run=run)  # written before the second run of the step
+    assert (cp.status, cp.attempt) == (StepStatus.DISPATCHED, 1)
+    assert cp.worker == live_heartbeat(survivor).worker_id
+    gate.touch()
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
+    assert [pid for _, pid in marks(marker, "file_gate")] == [victim.proc.pid, survivor.proc.pid]
+
+
+def test_a_popped_turn_is_a_first_delivery_only_if_no_worker_started_it(rq_engine: Engine, redis_conn: Redis) -> None:
+    transport = rq_engine.transport
+    assert isinstance(transport, RQTransport)
+    source = RQTaskSource(transport, execution_ttl_s=60)
+    runner = type("Runner", (), {"worker_id": "w-first", "heartbeat_ttl_s": 3.0})()
+    source.open(runner)  # type: ignore[arg-type]
+    transport.tiers[NORMAL].enqueue("durable_flow.transports.rq.run_turn_job", "run-a")
+    (first,) = source.claim("w-first", 1, 0)
+    assert first.kind == "turn" and first.first_delivery
+    source.hand_back("w-first", [first])  # a stopping worker gives it back
+    (again,) = source.claim("w-first", 1, 0)
+    assert again.run_id == "run-a" and not again.first_delivery
+    source.close("w-first")

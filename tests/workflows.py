@@ -331,6 +331,7 @@ def parent_of_flaky(ctx: Any, key: str) -> Any:
 @step("tests.file_gate")
 def file_gate(payload: dict[str, Any]) -> str:
     """Blocks until the file `payload["path"]` exists (at most 60 s): a gate another process opens."""
+    _mark("file_gate", payload.get("id", ""))
     deadline = time.monotonic() + 60
     while not os.path.exists(payload["path"]) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -22,6 +22,7 @@ from durable_flow.conf import DurableFlowSettings, build_backend, get_settings
 from durable_flow.engine.dispatch import DispatchMixin
 from durable_flow.engine.handoff import GrantTimer, HandoffMixin
 from durable_flow.engine.lifecycle import LifecycleMixin
+from durable_flow.engine.optimistic import OptimisticMixin
 from durable_flow.engine.release_order import ReleaseOrderMixin
 from durable_flow.engine.results import ResultsMixin
 from durable_flow.engine.start_margins import StartMargins
@@ -34,13 +35,14 @@ from durable_flow.worker.outage import Outage
 logger = logging.getLogger("durable_flow.engine")
 
 
-class Engine(LifecycleMixin, TurnsMixin, DispatchMixin, HandoffMixin, ResultsMixin, ReleaseOrderMixin):
+class Engine(LifecycleMixin, TurnsMixin, OptimisticMixin, DispatchMixin, HandoffMixin, ResultsMixin, ReleaseOrderMixin):
     """One process's engine: settings, the admission backend and the transport.
 
     Its operations live in the mixins, one module per responsibility: `lifecycle` (start,
     finish, cancel, signals), `turns` (replay, inline continuation, wake), `dispatch`
     (checkpoints, admission, dispatch), `handoff` (grants to parked waiters, the start
-    window) and `results` (step attempts and results).
+    window), `results` (step attempts and results) and `optimistic` (a first step recorded
+    with its result).
     """
 
     def __init__(

@@ -154,6 +154,13 @@ class RQTransport(Transport):
             "RQ job (True, the default), or goes out as an RQ job like every other step (False).",
             boolean,
         ),
+        "OPTIMISTIC_FIRST_STEP": Option(
+            "Whether a run's first step, when it is a plain one (no queue, step concurrency, timeout or "
+            "fan-out), runs before anything is written and is recorded with its result: one transaction "
+            "a run fewer, but no running step to see meanwhile (engine/optimistic.py). Needs EAGER_STEPS. "
+            "Default False.",
+            boolean,
+        ),
     }
 
     def __init__(
@@ -163,6 +170,7 @@ class RQTransport(Transport):
         result_ttl: int | None = None,
         failure_ttl: int | None = None,
         eager_steps: bool = True,
+        optimistic_first_step: bool = False,
     ) -> None:
         from django_rq.settings import QUEUES
 
@@ -174,12 +182,17 @@ class RQTransport(Transport):
         for key, ttl in (("RESULT_TTL", result_ttl), ("FAILURE_TTL", failure_ttl)):
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < -1):
                 raise ImproperlyConfigured(f'{SETTING}["{key}"]: must be an integer number of seconds, got {ttl!r}')
+        if optimistic_first_step and not eager_steps:
+            raise ImproperlyConfigured(
+                f'{SETTING}["OPTIMISTIC_FIRST_STEP"]: needs EAGER_STEPS (the first step runs on its turn\'s thread)'
+            )
         self.check_concurrency(concurrency)  # validate now, not at worker start
         self.queue_name = queue
         self.concurrency = concurrency
         self.result_ttl = result_ttl
         self.failure_ttl = failure_ttl
         self.eager_steps = eager_steps
+        self.optimistic_first_step = optimistic_first_step
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

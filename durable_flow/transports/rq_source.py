@@ -47,6 +47,7 @@ class RQTaskSource(TaskSource):
     def __init__(self, transport: RQTransport, execution_ttl_s: int | None = None) -> None:
         self.rq = transport
         self.turn_steps_inline = transport.eager_steps
+        self.optimistic_first_step = transport.optimistic_first_step
         self.ordered = [transport.tiers[HIGH], transport.tiers[NORMAL], transport.tiers[LOW]]
         self.queues = [queue.name for queue in self.ordered]
         self._by_key = {queue.key: queue for queue in self.ordered}
@@ -116,19 +117,22 @@ class RQTaskSource(TaskSource):
         assert self.execution_ttl_s is not None, "open() first"
         with self.connection.pipeline() as pipeline:
             for job in jobs:
+                # `started_at` is written by `prepare_for_execution`: already set on a job
+                # re-queued from a dead or stopping worker, or retried after a failure.
+                first_delivery = job.started_at is None
                 execution = Execution.create(job, self.execution_ttl_s, pipeline=pipeline, worker_name=worker_id)
                 job.prepare_for_execution(worker_id, pipeline=pipeline)
-                tasks.append(self._task(job, queue, execution))
+                tasks.append(self._task(job, queue, execution, first_delivery))
             self.claims.strike(popped.ids, pipeline)
             pipeline.execute()
         return tasks
 
     @staticmethod
-    def _task(job: Job, queue: Queue, execution: Execution) -> ClaimedTask:
+    def _task(job: Job, queue: Queue, execution: Execution, first_delivery: bool = False) -> ClaimedTask:
         kind = JOB_KINDS.get(job.func_name, "rq")
         handle = (job, queue, execution)
         if kind == "turn":
-            return ClaimedTask(kind="turn", run_id=str(job.args[0]), handle=handle)
+            return ClaimedTask(kind="turn", run_id=str(job.args[0]), handle=handle, first_delivery=first_delivery)
         if kind == "step":
             run_id, step_key, attempt = job.args
             return ClaimedTask(kind="step", run_id=run_id, step_key=step_key, attempt=int(attempt), handle=handle)

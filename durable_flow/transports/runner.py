@@ -41,6 +41,9 @@ class ClaimedTask:
     #: For an inline step started by the transaction that dispatched it: its checkpoint, so the
     #: worker runs it without a start statement (`Engine.execute_step(dispatched=...)`).
     dispatched: Any = field(default=None, repr=False)
+    #: A turn the source knows it never handed out before (not re-queued from a dead or stopping
+    #: worker, not retried): it may be taken optimistically (`engine/optimistic.py`).
+    first_delivery: bool = False
 
 
 class TaskRunner(ABC):
@@ -112,6 +115,9 @@ class TaskSource(ABC):
     #: source opts in: the `db` source always, the `rq` source with `EAGER_STEPS` (its users may
     #: want every step as a job, in RQ's registries and handed back at shutdown).
     turn_steps_inline: bool = False
+    #: Whether a run's first turn, on its first delivery, may run its first step before writing
+    #: anything (`engine/optimistic.py`): the `rq` source with `OPTIMISTIC_FIRST_STEP`.
+    optimistic_first_step: bool = False
     #: Whether a task sent through this transport may be taken by another worker process, so a
     #: worker that runs two steps while another worker sits idle sends the step its result
     #: grants through it rather than running it next itself (`WorkerRuntime._spreading`), and

@@ -210,6 +210,11 @@ class WorkerRuntime(EngineRunner):
         (`engine/inline_handoff.py`): no step task, no second claim."""
         if self._stop.is_set() or not self.source.turn_steps_inline:
             return super().run_turn(run_id, also=also)
+        task: ClaimedTask | None = getattr(self._handed, "task", None)
+        if self.source.optimistic_first_step and also is None and task is not None and task.first_delivery:
+            status = self.engine.run_first_turn(run_id, self.worker_id)
+            if status is not None:
+                return status
         with inline_handoff.accepting(self.worker_id, turns=True) as taken:
             try:
                 return super().run_turn(run_id, also=also)
@@ -292,6 +297,7 @@ class WorkerRuntime(EngineRunner):
         started = time.monotonic()
         ok = False
         self._handed.steps = None
+        self._handed.task = task  # what `run_turn` is running (its delivery)
         try:
             self._tidy_connection()
             ok = self._run_inline(task) if task.inline else self.source.execute(self, task)

@@ -1,0 +1,230 @@
+"""Optimistic first turns: a run's first step runs before anything is written, and is recorded
+with its result, in the transaction that takes the run's next turn.
+
+A run's first turn, claimed by a worker that accepts its step (`EAGER_STEPS`), normally costs
+two transactions: the turn (lock the run, write the step's checkpoint as dispatched and its
+running attempt, mark the run running), then, after the step, the result (lock the run again,
+settle the checkpoint and the attempt, take the next turn inline). DBOS records a step only
+once it has returned; this does the same for that one step: the turn replays the workflow
+without the run's lock, and when its first call is a plain step (no queue, no step
+concurrency, no timeout, not a fan-out) the thread runs it at once; then one transaction locks
+the run, checks that nothing took the turn meanwhile (the run is still pending with no turn
+taken), writes the checkpoint and its attempt as they ended, and takes the next turn inline.
+Anything else the replay reaches (a sleep, a signal, a child, a queued step, the workflow
+returning or raising) leaves the turn to the locked path, which replays it again.
+
+What it costs, and why it is off by default (`OPTIMISTIC_FIRST_STEP` on the `rq` transport):
+- While the step runs, nothing in the database says so: the run reads `pending` with no
+  checkpoint, and the admin shows no running step.
+- A crash mid-step leaves no attempt behind. The turn's job is still the broker's, so it is run
+  again (the poller re-queues a dead worker's jobs); a job delivered a second time takes the
+  locked path, so a step that kills its process is recorded as dispatched there and is bounded
+  by its retries like any step, instead of crashing the worker forever.
+- Two deliveries of one turn at once may both run the step (a step is at-least-once anyway):
+  the first result to lock the run is recorded, the other is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import DataError, transaction
+
+from durable_flow.attempts import attempt_finished
+from durable_flow.context import WorkflowContext
+from durable_flow.current import running_step
+from durable_flow.engine.base import EngineBase
+from durable_flow.engine.locking import locked_run, one, retry_on_conflict
+from durable_flow.engine.statements import insert, save_fields, writes_together
+from durable_flow.exceptions import DurableFlowError
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.registry import StepDefinition, WorkflowDefinition, get_step, get_workflow, step_backoff
+from durable_flow.serialization import ensure_json, error_info
+from durable_flow.step_concurrency import constraints_of
+from durable_flow.turn import InlineTurnFailed, StepOptions
+
+if TYPE_CHECKING:
+    from durable_flow.engine.core import Engine
+
+logger = logging.getLogger("durable_flow.engine")
+
+
+class _FirstStep(BaseException):
+    """The probe's replay reached a plain step: run it (`cp`, unsaved)."""
+
+    def __init__(self, cp: StepCheckpoint) -> None:
+        super().__init__(cp.key)
+        self.cp = cp
+
+
+class _NotOptimistic(BaseException):
+    """The probe's replay reached a call that must be written first: take the locked path.
+    A `BaseException`, like `Suspend`, so a workflow's `except Exception` lets it through."""
+
+
+class _Probe:
+    """The engine as a probing replay's `ctx` sees it: a plain step's call stops the replay
+    with the step in hand; every other call stops it too, before anything is written."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def now(self) -> datetime:
+        return self._engine.now()
+
+    def create_step_checkpoint(
+        self,
+        run: WorkflowRun,
+        *,
+        key: str,
+        sequence: int,
+        step: StepDefinition[Any],
+        input: Any,
+        options: StepOptions,
+        group: str,
+    ) -> StepCheckpoint:
+        if group or options.timeout is not None or step.timeout is not None:
+            raise _NotOptimistic  # a fan-out's wave, or a step the poller must time out
+        return self._engine.create_step_checkpoint(
+            run, key=key, sequence=sequence, step=step, input=input, options=options, group=group
+        )
+
+    def admit(self, cp: StepCheckpoint) -> bool:
+        gated = bool(cp.queue) and self._engine.admission.handles(cp.queue)
+        if gated or constraints_of(cp.run.step_concurrency):
+            raise _NotOptimistic  # admission decides, and a slot is written down
+        return True
+
+    def dispatch(self, cp: StepCheckpoint, **_: Any) -> None:
+        raise _FirstStep(cp)
+
+    def __getattr__(self, name: str) -> Any:
+        # create_checkpoint, settle, consume_signal, start_child: each writes.
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise _NotOptimistic
+
+        return refuse
+
+
+@dataclass
+class _Ran:
+    """What the optimistic step did."""
+
+    cp: StepCheckpoint
+    started_at: datetime
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+
+class OptimisticMixin(EngineBase):
+    """A run's first turn and first step, written once, with the step's result."""
+
+    def run_first_turn(self: Engine, run_id: str, worker_id: str) -> str | None:
+        """Take a run's first turn optimistically (see the module's docstring). Returns the
+        run's status afterwards, or None when this turn must take the locked path (nothing was
+        written, and the step, if any, did not run)."""
+        run = one(WorkflowRun.objects.filter(pk=run_id))
+        if run is None or run.status != RunStatus.PENDING or run.turns:
+            return None
+        definition = self._probe_definition(run)
+        if definition is None:
+            return None
+        cp = self._probe(run, definition)
+        if cp is None:
+            return None
+        ran = self._run_first_step(cp, worker_id)
+        return self._record_first_step(run_id, ran)
+
+    def _probe_definition(self: Engine, run: WorkflowRun) -> WorkflowDefinition | None:
+        try:
+            definition = get_workflow(run.workflow)
+        except DurableFlowError:
+            return None  # the locked path fails the run
+        return definition if definition.version == run.version else None
+
+    def _probe(self: Engine, run: WorkflowRun, definition: WorkflowDefinition) -> StepCheckpoint | None:
+        """Replay the workflow up to its first call, writing nothing: that call's checkpoint
+        (unsaved) when it is a plain step, else None."""
+        ctx = WorkflowContext(_Probe(self), run, {})
+        try:
+            definition.fn(ctx, run.input)
+        except _FirstStep as first:
+            return first.cp
+        except _NotOptimistic:
+            return None
+        except Exception:  # noqa: BLE001 - the locked path records the workflow's error
+            return None
+        return None  # finished without a call: the locked path records the output
+
+    def _run_first_step(self: Engine, cp: StepCheckpoint, worker_id: str) -> _Ran:
+        """Run attempt 1 of the step on this thread, as `execute_step` runs a claimed one."""
+        now = self.now()
+        cp.attempt, cp.status, cp.dispatched_at, cp.worker = 1, StepStatus.DISPATCHED, now, worker_id
+        ran = _Ran(cp=cp, started_at=now)
+        try:
+            definition = get_step(cp.name)
+            step_input = json.loads(json.dumps(cp.input))  # what the step would read back: JSON
+            with running_step(cp.run_id, cp.key, 1):
+                ran.output = definition.fn(step_input)
+            ensure_json(ran.output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
+        except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
+            ran.output, ran.error = None, error_info(exc)
+        return ran
+
+    def _record_first_step(self: Engine, run_id: str, ran: _Ran) -> str:
+        """Record the step as it ended, with the first turn, then take the next turn inline; if
+        that turn fails, record again with the turn queued (as `record_result` does). A result
+        the database refuses (a value it cannot store) is recorded as the attempt's failure."""
+        try:
+            return self._write_first_step(run_id, ran, inline=True)
+        except InlineTurnFailed as failed:
+            logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
+        except DataError as exc:
+            if ran.error is not None:
+                raise
+            ran.output, ran.error = None, error_info(exc)
+        return self._write_first_step(run_id, ran, inline=False)
+
+    @retry_on_conflict
+    def _write_first_step(self: Engine, run_id: str, ran: _Ran, *, inline: bool) -> str:
+        with transaction.atomic(), writes_together():
+            run, _ = locked_run(run_id)
+            if run is None:
+                return "missing"
+            if run.status != RunStatus.PENDING or run.turns:
+                # Cancelled meanwhile, or another delivery of this turn took it first: that one
+                # answers for the run, and this attempt's result is dropped.
+                logger.info("run %s moved on (%s) while its first step ran; its result is dropped", run_id, run.status)
+                return str(run.status)
+            cp = ran.cp
+            cp.run = run
+            run.turns = 1  # the turn that dispatched the step; the inline turn below is the second
+            retrying = ran.error is not None and cp.attempt < cp.max_attempts
+            now = self.now()
+            if retrying:
+                cp.status, cp.error = StepStatus.RETRYING, ran.error
+                cp.wake_at = now + step_backoff(cp.name, cp.attempt)
+            else:
+                cp.status = StepStatus.FAILED if ran.error is not None else StepStatus.COMPLETED
+                cp.output, cp.error, cp.wake_at, cp.finished_at = ran.output, ran.error, None, now
+            insert(cp)
+            attempt_finished(
+                cp,
+                cp.attempt,
+                now,
+                error=ran.error,
+                cancelled=False,
+                late=False,
+                worker=cp.worker,
+                started_at=ran.started_at,
+                retry_at=cp.wake_at if retrying else None,
+            )
+            run.status = RunStatus.RUNNING  # what the dispatching turn would have left
+            if not inline:
+                save_fields(run, ["status", "turns", "updated_at"])  # so `wake` finds it parked
+            self._continue(run, {cp.key: cp}, inline=inline)
+            return str(run.status)

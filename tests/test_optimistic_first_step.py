@@ -1,0 +1,154 @@
+"""Optimistic first turns (`OPTIMISTIC_FIRST_STEP`, `engine/optimistic.py`): a run's first plain
+step runs before anything is written and is recorded with its result in one transaction; every
+other first call and a run that moved on take the locked path. Over real RQ workers (a turn
+re-delivered after a kill, the first-delivery mark): tests/test_rq_transport.py."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from durable_flow import cancel, register_queue, start
+from durable_flow.engine import Engine
+from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.poller import TimerPoller
+from durable_flow.registry import get_workflow, step_backoff
+from durable_flow.transports.base import Transport
+from durable_flow.transports.rq import RQTransport
+from tests import workflows
+from tests.conftest import MovableClock, local_engine
+
+OPTIMISTIC = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "1"}
+
+
+class QueuedTurns(Transport):
+    """Keeps turns and steps as they are sent, for the test to look at (nothing runs them)."""
+
+    name = "queued-turns"
+
+    def __init__(self) -> None:
+        self.turns: deque[str] = deque()
+        self.steps: deque[tuple[str, str, int]] = deque()
+
+    def enqueue_turn(self, run_id: str) -> None:
+        self.turns.append(run_id)
+
+    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        self.steps.append((run_id, step_key, attempt))
+
+
+@pytest.fixture
+def queued_turns(clock: MovableClock, transactional_db: None) -> tuple[Engine, QueuedTurns]:
+    transport = QueuedTurns()
+    return local_engine(clock, transport), transport
+
+
+def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(
+    queued_turns: tuple[Engine, QueuedTurns],
+) -> None:
+    engine, transport = queued_turns
+    run = start("tests.three_steps", 1)
+    transport.turns.clear()
+    with CaptureQueriesContext(connection) as queries:
+        assert engine.run_first_turn(run.id, "w1") == RunStatus.RUNNING
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert (cp.status, cp.output, cp.attempt, cp.worker) == (StepStatus.COMPLETED, 2, 1, "w1")
+    (attempt,) = StepAttempt.objects.filter(checkpoint=cp)
+    assert (attempt.attempt, attempt.status, attempt.worker) == (1, AttemptStatus.COMPLETED, "w1")
+    assert attempt.started_at is not None and attempt.finished_at >= attempt.started_at
+    run.refresh_from_db()
+    assert run.turns == 2  # the optimistic turn, then the inline one that sent step 2
+    assert [key for _, key, _ in transport.steps] == ["2"] and not transport.turns
+    # The step's checkpoint and its attempt are each one INSERT, never updated after.
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith(("INSERT", "UPDATE"))]
+    checkpoint_table = StepCheckpoint._meta.db_table
+    assert sum(f'INTO "{checkpoint_table}"' in sql for sql in writes) == 2  # step 1, then step 2's dispatch
+    assert not any(sql.startswith(f'UPDATE "{checkpoint_table}"') for sql in writes)
+
+
+def test_a_failed_first_step_with_retries_left_is_recorded_retrying_and_retried_by_the_poller(
+    queued_turns: tuple[Engine, QueuedTurns], clock: MovableClock
+) -> None:
+    engine, transport = queued_turns
+    workflows.FAILURES_LEFT["opt"] = 1
+    run = start("tests.flaky_flow", "opt")
+    assert engine.run_first_turn(run.id, "w1") == RunStatus.SUSPENDED
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.status == StepStatus.RETRYING and "failing" in cp.error["message"]
+    assert cp.wake_at == clock() + step_backoff("tests.flaky", 1)
+    (attempt,) = StepAttempt.objects.filter(checkpoint=cp)
+    assert (attempt.status, attempt.worker, attempt.retry_at) == (AttemptStatus.FAILED, "w1", cp.wake_at)
+    clock.advance(seconds=2)
+    TimerPoller(engine).tick()
+    assert transport.turns.popleft() == run.id
+    engine.run_turn(run.id)  # the locked path: attempt 2 goes out through the transport
+    (sent,) = transport.steps
+    assert sent == (run.id, cp.key, 2)
+    assert engine.execute_step(*sent, worker_id="w2") == "completed"
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED and run.output == "ok opt"
+    assert list(StepAttempt.objects.filter(checkpoint=cp).values_list("attempt", "status")) == [
+        (1, AttemptStatus.FAILED),
+        (2, AttemptStatus.COMPLETED),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workflow", "payload"),
+    [
+        ("tests.queued", {"queue": "opt-q", "value": 1}),  # admission decides and writes a slot
+        ("tests.sleeper", 5),  # a sleep is written first
+        ("tests.fan", {"n": 3}),  # a fan-out's wave
+        ("tests.timeout_flow", {"id": "t", "seconds": 0, "timeout": 5}),  # the poller must time it out
+    ],
+)
+def test_any_other_first_call_takes_the_locked_path_with_nothing_written(
+    queued_turns: tuple[Engine, QueuedTurns], workflow: str, payload: object
+) -> None:
+    engine, _ = queued_turns
+    register_queue("opt-q", concurrency=1)
+    run = start(workflow, payload)
+    assert engine.run_first_turn(run.id, "w1") is None
+    assert not StepCheckpoint.objects.filter(run=run).exists() and not workflows.EXECUTIONS
+    run.refresh_from_db()
+    assert (run.status, run.turns) == (RunStatus.PENDING, 0)
+    engine.run_turn(run.id)  # the locked path takes it from there
+    assert StepCheckpoint.objects.filter(run=run).exists()
+
+
+def test_a_run_cancelled_while_its_first_step_runs_drops_the_result(queued_turns: tuple[Engine, QueuedTurns]) -> None:
+    engine, _ = queued_turns
+    run = start("tests.three_steps", 1)
+    definition = get_workflow(run.workflow)
+    probed = engine._probe(WorkflowRun.objects.get(pk=run.id), definition)
+    assert probed is not None and probed.pk is None
+    ran = engine._run_first_step(probed, "w1")
+    assert ran.output == 2
+    cancel(run.id)  # a pending run with nothing in flight is cancelled at once
+    assert engine._record_first_step(run.id, ran) == RunStatus.CANCELLED
+    assert not StepCheckpoint.objects.filter(run=run).exists()
+
+
+def test_a_turn_another_delivery_took_meanwhile_keeps_that_ones_result(
+    queued_turns: tuple[Engine, QueuedTurns],
+) -> None:
+    engine, transport = queued_turns
+    run = start("tests.slow_one", {"id": "dup", "seconds": 0})
+    probed = engine._probe(WorkflowRun.objects.get(pk=run.id), get_workflow(run.workflow))
+    assert probed is not None
+    ran = engine._run_first_step(probed, "w1")
+    engine.run_turn(run.id)  # the other delivery, on the locked path: the step goes out
+    assert engine._record_first_step(run.id, ran) == RunStatus.RUNNING  # dropped: the run moved on
+    (cp,) = StepCheckpoint.objects.filter(run=run)
+    assert (cp.status, cp.attempt, cp.worker) == (StepStatus.DISPATCHED, 1, "")
+    assert engine.execute_step(*transport.steps[0], worker_id="w2") == "completed"
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+
+
+def test_the_option_needs_eager_steps() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]: needs EAGER_STEPS'):
+        RQTransport.from_options({"EAGER_STEPS": False, "OPTIMISTIC_FIRST_STEP": True})
