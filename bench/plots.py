@@ -86,7 +86,7 @@ def transport_chart(outputs: Outputs) -> Figure | None:
     """Throughput against worker processes, and durable_flow over rq as a ratio of raw RQ."""
     rows = [line.split() for line in outputs.get("transport", "").splitlines()]
     rows = [
-        [number(cell) for cell in row] for row in rows if len(row) == 8 and all(re.fullmatch(NUMBER, c) for c in row)
+        [number(cell) for cell in row] for row in rows if len(row) == 10 and all(re.fullmatch(NUMBER, c) for c in row)
     ]
     if not rows:
         return None
@@ -95,19 +95,21 @@ def transport_chart(outputs: Outputs) -> Figure | None:
     for index, label in (
         (1, "raw RQ SimpleWorker, jobs/s"),
         (2, "durable_flow over rq, wf/s"),
-        (4, "over rq, every step a job, wf/s"),
-        (6, "durable_flow over db, wf/s"),
+        (4, "over rq, OPTIMISTIC_FIRST_STEP, wf/s"),
+        (6, "over rq, every step a job, wf/s"),
+        (8, "durable_flow over db, wf/s"),
     ):
         left.plot(procs, [row[index] for row in rows], "o-", label=label)
     left.set_ylabel("per second")
-    left.set_ylim(0, max(max(row[1], row[2], row[4], row[6]) for row in rows) * 1.4)  # room for the legend
+    left.set_ylim(0, max(max(row[1], row[2], row[4], row[6], row[8]) for row in rows) * 1.4)  # room for the legend
     left.set_title("throughput", fontsize=10)
     left.legend(fontsize=8, loc="upper left")
     right.plot(procs, [row[3] for row in rows], "o-", color="C1", label="over rq / raw RQ")
-    right.plot(procs, [row[5] for row in rows], "o-", color="C2", label="every step a job / raw RQ")
-    right.plot(procs, [row[7] for row in rows], "o-", color="C3", label="over db / raw RQ")
+    right.plot(procs, [row[5] for row in rows], "o-", color="C2", label="OPTIMISTIC_FIRST_STEP / raw RQ")
+    right.plot(procs, [row[7] for row in rows], "o-", color="C3", label="every step a job / raw RQ")
+    right.plot(procs, [row[9] for row in rows], "o-", color="C4", label="over db / raw RQ")
     right.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="target 0.5 (over rq)")
-    right.set_ylim(0, max(1.0, max(max(row[3], row[5], row[7]) for row in rows) * 1.1))
+    right.set_ylim(0, max(1.0, max(max(row[3], row[5], row[7], row[9]) for row in rows) * 1.1))
     right.set_title("ratio to raw RQ, same processes", fontsize=10)
     right.legend(fontsize=8)
     for ax in (left, right):

@@ -115,10 +115,10 @@ def headlines(result: Result) -> list[str]:
         rows = [line.split() for line in lines]
         return [
             f"{row[0]} process(es): raw RQ {row[1]} jobs/s; durable_flow over rq {row[2]} wf/s"
-            f" (ratio {row[3]}), over rq with every step a job {row[4]} wf/s (ratio {row[5]}),"
-            f" over db {row[6]} wf/s (ratio {row[7]})"
+            f" (ratio {row[3]}), over rq with OPTIMISTIC_FIRST_STEP {row[4]} wf/s (ratio {row[5]}),"
+            f" over rq with every step a job {row[6]} wf/s (ratio {row[7]}), over db {row[8]} wf/s (ratio {row[9]})"
             for row in rows
-            if len(row) == 8 and row[0].isdigit()
+            if len(row) == 10 and row[0].isdigit()
         ] + [line for line in lines if line.startswith(("target", "cpu"))]
     if result.name == "waiters":
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
