@@ -12,6 +12,8 @@ For 1, 2 and 4 worker processes:
   the final turn) are started, then P `durable_worker` processes (`--concurrency C`) run them
   until all complete; workflows completed per second, and their ratio to raw RQ.
   A turn's step runs on the turn's thread (`EAGER_STEPS`, the default): one job per workflow.
+* durable_flow/rq-opt: the same with `OPTIMISTIC_FIRST_STEP` on: the step runs before anything
+  is written and is recorded with its result, one transaction fewer (`engine/optimistic.py`).
 * durable_flow/rq-jobs: the same with `EAGER_STEPS` off, every step an RQ job: two jobs.
 * durable_flow/db: the same on the `db` transport.
 

@@ -40,6 +40,10 @@ new attempt once the worker's heartbeat says so (`engine/inline_handoff.py`). Wh
 step is in none of RQ's registries, a stopping worker cannot hand it back as a job, and it runs
 in the process that ran its turn. The other steps of a fan-out go out as jobs. Off, every step is
 an RQ job. (A step granted a freed slot runs on the releasing thread either way.)
+With `OPTIMISTIC_FIRST_STEP` (off by default) a run's first plain step, on its turn job's first
+delivery, runs before anything is written and is recorded with its result in one transaction
+(`engine/optimistic.py`); a re-delivered turn job (its `started_at` already set) takes the
+locked path.
 
 Durability. Exactly-once results do not depend on RQ: `Engine.record_result` is keyed by
 run/step/attempt and ignores a duplicate or stale attempt, and `execute_step` skips an attempt
