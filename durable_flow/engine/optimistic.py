@@ -42,7 +42,7 @@ from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.engine.statements import insert, save_fields, writes_together
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.registry import StepDefinition, WorkflowDefinition, get_step, get_workflow, step_backoff
+from durable_flow.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
 from durable_flow.serialization import ensure_json, error_info
 from durable_flow.step_concurrency import constraints_of
 from durable_flow.turn import InlineTurnFailed, StepOptions
@@ -76,22 +76,13 @@ class _Probe:
     def now(self) -> datetime:
         return self._engine.now()
 
-    def create_step_checkpoint(
-        self,
-        run: WorkflowRun,
-        *,
-        key: str,
-        sequence: int,
-        step: StepDefinition[Any],
-        input: Any,
-        options: StepOptions,
-        group: str,
-    ) -> StepCheckpoint:
-        if group or options.timeout is not None or step.timeout is not None:
-            raise _NotOptimistic  # a fan-out's wave, or a step the poller must time out
-        return self._engine.create_step_checkpoint(
-            run, key=key, sequence=sequence, step=step, input=input, options=options, group=group
-        )
+    def create_step_checkpoint(self, run: WorkflowRun, **call: Any) -> StepCheckpoint:
+        """The engine's (unsaved) checkpoint, unless the call is a fan-out's wave or a step with a
+        timeout (the poller must be able to time it out: it needs the dispatch written)."""
+        options: StepOptions = call["options"]
+        if call["group"] or options.timeout is not None or call["step"].timeout is not None:
+            raise _NotOptimistic
+        return self._engine.create_step_checkpoint(run, **call)
 
     def admit(self, cp: StepCheckpoint) -> bool:
         gated = bool(cp.queue) and self._engine.admission.handles(cp.queue)
