@@ -53,8 +53,14 @@ def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(
     engine, transport = queued_turns
     run = start("tests.three_steps", 1)
     transport.turns.clear()
+    announced: list[tuple[str, bool]] = []
+
+    def on_step(key: str) -> None:  # before the step runs, with nothing written yet
+        announced.append((key, StepCheckpoint.objects.filter(run=run).exists()))
+
     with CaptureQueriesContext(connection) as queries:
-        assert engine.run_first_turn(run.id, "w1") == RunStatus.RUNNING
+        assert engine.run_first_turn(run.id, "w1", on_step=on_step) == RunStatus.RUNNING
+    assert announced == [("1", False)]
     cp = StepCheckpoint.objects.get(run=run, key="1")
     assert (cp.status, cp.output, cp.attempt, cp.worker) == (StepStatus.COMPLETED, 2, 1, "w1")
     (attempt,) = StepAttempt.objects.filter(checkpoint=cp)

@@ -413,9 +413,12 @@ def test_over_rq_the_first_step_runs_with_nothing_written_then_is_recorded_once(
     gate = tmp_path / "open"
     run = start("tests.file_gated", {"path": str(gate), "id": "o"})
     wait_for(lambda: marks(marker, "file_gate"), timeout=30, what="the gated step to start")
-    # The step runs, and the database knows nothing of it yet: no checkpoint, no turn taken.
+    # The step runs, and the database knows nothing of it yet: no checkpoint, no turn taken;
+    # only the worker's heartbeat lists it as running.
     assert not StepCheckpoint.objects.filter(run=run).exists()
     assert WorkflowRun.objects.filter(pk=run.id, status=RunStatus.PENDING, turns=0).exists()
+    wait_for(lambda: f"{run.id}/1/1" in live_heartbeat(runner).running, timeout=30, what="the heartbeat's running list")
+    assert not StepCheckpoint.objects.filter(run=run).exists()
     gate.touch()
     wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=30, what="run completed")
     cp = StepCheckpoint.objects.get(run=run)

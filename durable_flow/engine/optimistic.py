@@ -14,8 +14,9 @@ Anything else the replay reaches (a sleep, a signal, a child, a queued step, the
 returning or raising) leaves the turn to the locked path, which replays it again.
 
 What it costs, and why it is off by default (`OPTIMISTIC_FIRST_STEP` on the `rq` transport):
-- While the step runs, nothing in the database says so: the run reads `pending` with no
-  checkpoint, and the admin shows no running step.
+- While the step runs, the run's rows do not say so: the run reads `pending` with no
+  checkpoint, and the admin shows no running step; only the worker's heartbeat lists it
+  (`ClaimedTask.running_step`, through `on_step`).
 - A crash mid-step leaves no attempt behind. The turn's job is still the broker's, so it is run
   again (the poller re-queues a dead worker's jobs); a job delivered a second time takes the
   locked path, so a step that kills its process is recorded as dispatched there and is bounded
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -114,10 +116,13 @@ class _Ran:
 class OptimisticMixin(EngineBase):
     """A run's first turn and first step, written once, with the step's result."""
 
-    def run_first_turn(self: Engine, run_id: str, worker_id: str) -> str | None:
+    def run_first_turn(
+        self: Engine, run_id: str, worker_id: str, *, on_step: Callable[[str], object] | None = None
+    ) -> str | None:
         """Take a run's first turn optimistically (see the module's docstring). Returns the
         run's status afterwards, or None when this turn must take the locked path (nothing was
-        written, and the step, if any, did not run)."""
+        written, and the step, if any, did not run). `on_step` gets the step's key right before
+        it runs (the worker lists it as running in its heartbeat)."""
         run = one(WorkflowRun.objects.filter(pk=run_id))
         if run is None or run.status != RunStatus.PENDING or run.turns:
             return None
@@ -127,6 +132,8 @@ class OptimisticMixin(EngineBase):
         cp = self._probe(run, definition)
         if cp is None:
             return None
+        if on_step is not None:
+            on_step(cp.key)
         ran = self._run_first_step(cp, worker_id)
         return self._record_first_step(run_id, ran)
 

@@ -44,6 +44,18 @@ class ClaimedTask:
     #: A turn the source knows it never handed out before (not re-queued from a dead or stopping
     #: worker, not retried): it may be taken optimistically (`engine/optimistic.py`).
     first_delivery: bool = False
+    #: The key of the step a turn runs before writing anything (`engine/optimistic.py`), while it
+    #: runs: listed as running in the worker's heartbeat, the one place that shows it then.
+    optimistic_step: str = ""
+
+    @property
+    def running_step(self) -> str:
+        """`run_id/key/attempt` of the step this task is executing, or "" (a turn)."""
+        if self.kind == "step":
+            return f"{self.run_id}/{self.step_key}/{self.attempt}"
+        if self.optimistic_step:
+            return f"{self.run_id}/{self.optimistic_step}/1"
+        return ""
 
 
 class TaskRunner(ABC):

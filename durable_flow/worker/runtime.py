@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections
@@ -212,7 +213,12 @@ class WorkerRuntime(EngineRunner):
             return super().run_turn(run_id, also=also)
         task: ClaimedTask | None = getattr(self._handed, "task", None)
         if self.source.optimistic_first_step and also is None and task is not None and task.first_delivery:
-            status = self.engine.run_first_turn(run_id, self.worker_id)
+            try:
+                status = self.engine.run_first_turn(
+                    run_id, self.worker_id, on_step=partial(setattr, task, "optimistic_step")
+                )
+            finally:
+                task.optimistic_step = ""
             if status is not None:
                 return status
         with inline_handoff.accepting(self.worker_id, turns=True) as taken:
@@ -352,7 +358,7 @@ class WorkerRuntime(EngineRunner):
             running = list(self._running.values())
         try:
             self.source.renew(self.worker_id, [task for task in running if not task.inline])
-            self.heartbeat.beat(running=[f"{t.run_id}/{t.step_key}/{t.attempt}" for t in running if t.kind == "step"])
+            self.heartbeat.beat(running=[step for task in running if (step := task.running_step)])
             if self.source.spreads_handoffs:
                 cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
                 idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
