@@ -110,6 +110,9 @@ def test_a_failed_first_step_with_retries_left_is_recorded_retrying_and_retried_
         ("tests.sleeper", 5),  # a sleep is written first
         ("tests.fan", {"n": 3}),  # a fan-out's wave
         ("tests.timeout_flow", {"id": "t", "seconds": 0, "timeout": 5}),  # the poller must time it out
+        ("tests.signal_waiter", None),  # a signal wait is written first
+        ("tests.child_parent", 1),  # a child run is started first
+        ("tests.child_fan", {"n": 2}),  # children in a fan
     ],
 )
 def test_any_other_first_call_takes_the_locked_path_with_nothing_written(

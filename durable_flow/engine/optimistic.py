@@ -95,12 +95,19 @@ class _Probe:
     def dispatch(self, cp: StepCheckpoint, **_: Any) -> None:
         raise _FirstStep(cp)
 
-    def __getattr__(self, name: str) -> Any:
-        # create_checkpoint, settle, consume_signal, start_child: each writes.
-        def refuse(*_: Any, **__: Any) -> Any:
-            raise _NotOptimistic
+    # The calls that write before anything waits (a sleep's or a signal wait's checkpoint, a
+    # due sleep settled, a signal consumed, a child started): the locked path takes them.
+    def create_checkpoint(self, run: WorkflowRun, **fields: Any) -> StepCheckpoint:
+        raise _NotOptimistic
 
-        return refuse
+    def settle(self, cp: StepCheckpoint, status: str, output: Any = None, error: Any = None) -> None:
+        raise _NotOptimistic
+
+    def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
+        raise _NotOptimistic
+
+    def start_child(self, parent: WorkflowRun, **call: Any) -> StepCheckpoint:
+        raise _NotOptimistic
 
 
 @dataclass
