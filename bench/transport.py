@@ -267,6 +267,14 @@ def describe(cpu: dict[str, float]) -> str:
     return f"{sum(cpu.values()):.2f} ({parts})"
 
 
+def target_line(label: str, ratios: dict[int, float], unit: str = "") -> str:
+    """`label >= 0.5x raw RQ at <processes>: <ratios>: met|MISSED`, the line run_all.py quotes."""
+    met = "met" if min(ratios.values()) >= 0.5 else "MISSED"
+    figures = " / ".join(f"{ratio:.2f}" for ratio in ratios.values())
+    counts = ", ".join(str(processes) for processes in ratios)
+    return f"{label} >= 0.5x raw RQ at {counts}{unit}: {figures}: {met}"
+
+
 def main() -> None:
     args = parse_args()
     setup_django(args.redis_url)
@@ -298,13 +306,8 @@ def main() -> None:
             each = f"raw RQ {describe(raw_cpu)}; rq {describe(rq_cpu)}; rq-opt {describe(opt_cpu)}"
             spent.append(f"cpu ms per item at {processes} process(es): {each}")
         print("\n".join(spent))
-        met = "met" if min(ratios.values()) >= 0.5 else "MISSED"
-        figures = " / ".join(f"{ratio:.2f}" for ratio in ratios.values())
-        counts = ", ".join(str(processes) for processes in ratios)
-        print(f"target: over rq >= 0.5x raw RQ at {counts} process(es): {figures}: {met}")
-        met = "met" if min(optimistic_ratios.values()) >= 0.5 else "MISSED"
-        figures = " / ".join(f"{ratio:.2f}" for ratio in optimistic_ratios.values())
-        print(f"target, with OPTIMISTIC_FIRST_STEP: over rq-opt >= 0.5x raw RQ at {counts}: {figures}: {met}")
+        print(target_line("target: over rq", ratios, " process(es)"))
+        print(target_line("target, with OPTIMISTIC_FIRST_STEP: over rq-opt", optimistic_ratios))
     finally:
         clear_redis()
         from django.db import connections

@@ -22,8 +22,6 @@ from durable_flow.transports.rq import RQTransport
 from tests import workflows
 from tests.conftest import MovableClock, local_engine
 
-OPTIMISTIC = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "1"}
-
 
 class QueuedTurns(Transport):
     """Keeps turns and steps as they are sent, for the test to look at (nothing runs them)."""
