@@ -14,6 +14,7 @@ import logging
 import shutil
 import socketserver
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from durable_flow.poller import TimerPoller
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock, wait_for
 from tests.own_redis import OwnRedis, free_port
+from tests.test_admission_redis import server_ms
 from tests.test_flow_control import HeldTransport
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
@@ -317,3 +319,49 @@ def test_the_heartbeat_outlives_a_server_that_does_not_answer_as_redis(caplog: p
             server.server_close()
     assert not backend._heartbeat.is_alive()
     assert caplog.text.count("instance heartbeat to Redis: service unavailable") == 1
+
+
+def test_a_redis_outage_longer_than_the_instance_ttl_takes_no_live_process_slot(own_redis: OwnRedis) -> None:
+    """Redis down for longer than what is left of a heartbeat's TTL lets every heartbeat lapse,
+    the live processes' too: none could beat. Reclaiming on the first decision after the restart
+    would hand a running step's slot to another (the outage soak saw a cap of 4 run 5 steps). A
+    lapsed heartbeat counts as a death only once the server has heard the fleet for a whole TTL
+    again: a live process beats within a third of it and keeps its slot; the slot of one that
+    still does not beat is reclaimed after that grace, not before."""
+    ttl = 2000
+    prefix = f"df:t:{uuid.uuid4().hex[:8]}"
+    live, dead, asker = (
+        RedisAdmissionBackend(url=own_redis.url(), key_prefix=prefix, instance_ttl_ms=ttl) for _ in range(3)
+    )
+    client = Redis(port=own_redis.port, db=1)
+    try:
+        live.register(QueueConfig(name="render", concurrency=2))
+        assert live.try_admit(AdmissionRequest("render", "live/1")).admitted
+        assert dead.try_admit(AdmissionRequest("render", "dead/1")).admitted
+        assert not asker.try_admit(AdmissionRequest("render", "asker/1")).admitted
+        dead.close()  # it never beats again: its slot must come free, after the grace
+
+        own_redis.kill()
+        time.sleep(1.25 * ttl / 1000)  # the outage outlasts every heartbeat key written before it
+        own_redis.start()
+        assert client.exists(dead.heartbeat_key) == 0
+
+        deadline = time.monotonic() + 60
+        while True:
+            decision = asker.try_admit(AdmissionRequest("render", "asker/1"))
+            after_ms = server_ms(client)
+            assert client.hget(f"{prefix}:q:render:slots", "live/1") == live.instance_id.encode(), (
+                "a live process's slot was reclaimed after the outage"
+            )
+            if decision.admitted:
+                break
+            assert decision.reason == "concurrency"
+            assert time.monotonic() < deadline, "the dead process's slot was never reclaimed"
+            time.sleep(0.01)
+        since = int(client.hget(f"{prefix}:fleet", "since") or 0)
+        assert after_ms - since >= ttl, "reclaimed before the server had heard the fleet for a TTL"
+        assert client.hget(f"{prefix}:q:render:slots", "dead/1") is None
+        assert asker.in_flight("render") == 2
+    finally:
+        for backend in (live, dead, asker):
+            backend.close()

@@ -15,7 +15,7 @@ from durable_flow.admission.base import AdmissionRequest, Constraint, ResourceUs
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
-from tests.test_admission_redis import REDIS_URL, client, prefix  # noqa: F401 - the fixtures
+from tests.test_admission_redis import REDIS_URL, client, lapse, prefix  # noqa: F401 - the fixtures
 
 
 @pytest.fixture
@@ -46,9 +46,7 @@ def test_a_dead_process_resource_slots_go_to_the_waiters(
     assert ask(dying, "d1/1", c).admitted and ask(dying, "d2/1", c).admitted
     assert not ask(alive, "w1/1", c).admitted
     assert ask(alive, "w2/1", c).reason == "step_concurrency"
-    # The process dies: its heartbeat stops and lapses (deleted here, rather than waited for).
-    dying.close()
-    client.delete(dying.heartbeat_key)
+    lapse(client, dying)  # the process dies: its heartbeat stops and lapses
     # The next decision on the pseudo-queue reclaims both slots and grants them, oldest first.
     decision = ask(alive, "w3/1", c)
     assert not decision.admitted and decision.granted == ("w1/1", "w2/1")
@@ -64,8 +62,7 @@ def test_a_step_executing_elsewhere_keeps_its_slot_once_adopted(
     # Admitted through a queue name nobody registered: gated by its constraint alone.
     assert ask(admitting, "s/1", c, queue="not-registered").admitted
     assert executing.adopt("not-registered", "s/1")
-    admitting.close()
-    client.delete(admitting.heartbeat_key)
+    lapse(client, admitting)
     assert ask(other, "t/1", c).reason == "step_concurrency"  # its executor lives: not reclaimed
     assert executing.release("not-registered", "s/1").tickets == ("t/1",)
 

@@ -27,6 +27,7 @@
 local K_QUEUES, K_SLOTS, K_OWNERS, K_WAITERS, K_STARTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_FRESH, K_GRP, K_GIDX, K_KPRIO, K_FKEY = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_SERVED, K_META, K_MARKS, K_HEARTBEAT = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local K_FLEET = KEYS[15] -- P:fleet, see hearing.lua
 
 local op, queue, ticket = ARGV[1], ARGV[2], ARGV[3]
 local me, hb_prefix, channel = ARGV[6], ARGV[10], ARGV[11]
@@ -143,6 +144,9 @@ local function refresh_heartbeat()
     call('SET', K_HEARTBEAT, me, 'PX', ttl)
   end
 end
+
+-- How long the server has heard the fleet without a silence (hearing.lua): every call counts.
+local heard_for = fleet_heard_for(call, K_FLEET, tonumber(ARGV[7]))
 
 if op == 'inflight' then
   return call('HLEN', K_SLOTS)
@@ -463,11 +467,15 @@ if op == 'admit' then
 end
 
 -- 2. Reclaim the slots of instances whose heartbeat lapsed. O(owners) EXISTS per decision (owners
---    = live processes holding slots on this queue); O(slots) only when one is found dead.
+--    = live processes holding slots on this queue); O(slots) only when one is found dead. Not
+--    until the server has heard the fleet for a TTL (hearing.lua): after an outage every
+--    heartbeat may have lapsed, the live processes' too.
 local dead, any_dead = {}, false
-for _, o in ipairs(call('HKEYS', K_OWNERS)) do
-  if call('EXISTS', hb_prefix .. o) == 0 then
-    dead[o], any_dead = true, true
+if heard_for >= tonumber(ARGV[7]) then
+  for _, o in ipairs(call('HKEYS', K_OWNERS)) do
+    if call('EXISTS', hb_prefix .. o) == 0 then
+      dead[o], any_dead = true, true
+    end
   end
 end
 if any_dead then

@@ -21,7 +21,9 @@ key                   type     contents
 ====================  =======  ==============================================================
 P:queues              hash     queue name -> `QueueConfig.as_dict()` JSON (`register`)
 P:inst:<id>           string   an instance's heartbeat, PX = INSTANCE_TTL_MS, refreshed every
-                               ttl/3 by a daemon thread and by every decision it makes
+                               ttl/4 by a daemon thread and by every decision it makes
+P:fleet               hash     `heard`, `since`: when the server last heard any call, and since
+                               when without a silence (`hearing.lua`)
 P:q:Q:slots           hash     ticket -> owning instance id (one field per held slot)
 P:q:Q:owners          hash     instance id -> slots it holds (the heartbeats to check)
 P:q:Q:waiters         hash     ticket -> "priority|arrival|fairness key"
@@ -68,10 +70,17 @@ Instances. Each backend object has an instance id and heartbeat key. Slots it ad
 by it; a live process keeps its slots however long the step runs, and the slots of a process
 whose heartbeat lapsed are reclaimed by the next decision on that queue (within INSTANCE_TTL_MS
 of its death). The constructor does not touch Redis (a process started during an outage rides it
-out): the heartbeat thread beats at once and then every ttl/3, and every script call that makes
+out): the heartbeat thread beats at once and then every ttl/4, and every script call that makes
 this instance an owner refreshes or creates its heartbeat key in the same atomic call, so no
 slot is ever owned without a live heartbeat. `register` during an outage keeps the config and
 sends it before the next call to Redis.
+
+A lapsed heartbeat is a death only if the live could beat meanwhile. When Redis was down,
+restarting or out of reach for longer than what was left of a TTL, every key lapsed, the live
+processes' too; so after any silence of half a TTL (no call and no beat from anyone) no slot is
+reclaimed until the server has heard the fleet for a whole TTL again (`hearing.lua`), time for
+every live process to beat. The price: when the whole fleet was gone (or idle and beating
+nowhere), a dead process's slots come back up to one TTL later than that.
 
 `release` removes a slot whoever owns it (results land on any process) and grants it on; the
 releasing process dispatches the granted steps. The engine releases a step's slot after its
@@ -188,6 +197,8 @@ class RedisAdmissionBackend(AdmissionBackend):
         self.instance_id = uuid.uuid4().hex
         self.heartbeat_key = f"{key_prefix}:inst:{self.instance_id}"
         self._script = self.redis.register_script(redis_resources.script_source())
+        self._heartbeat_script = self.redis.register_script(redis_resources.lua("hearing.lua", "heartbeat.lua"))
+        self.fleet_key = f"{key_prefix}:fleet"
         self._lock = threading.Lock()
         self._registered: set[str] = set()
         self._known: dict[str, tuple[bool, float]] = {}
@@ -230,7 +241,12 @@ class RedisAdmissionBackend(AdmissionBackend):
         keys = self._keys.get(queue)
         if keys is None:
             base = f"{self.prefix}:q:{queue}:"
-            keys = [f"{self.prefix}:queues", *(base + suffix for suffix in _QUEUE_KEYS), self.heartbeat_key]
+            keys = [
+                f"{self.prefix}:queues",
+                *(base + suffix for suffix in _QUEUE_KEYS),
+                self.heartbeat_key,
+                self.fleet_key,
+            ]
             self._keys[queue] = keys
         return keys
 
@@ -446,11 +462,15 @@ class RedisAdmissionBackend(AdmissionBackend):
 
     # -- heartbeat ----------------------------------------------------------------------------
     def _beat(self) -> None:
-        self.redis.set(self.heartbeat_key, self._heartbeat_value, px=self.instance_ttl_ms)
+        """Refresh this instance's heartbeat; the server counts it as hearing the fleet (`hearing.lua`)."""
+        self._heartbeat_script(
+            keys=[self.heartbeat_key, self.fleet_key], args=[self._heartbeat_value, self.instance_ttl_ms]
+        )
 
     def _heartbeat_loop(self) -> None:
-        """Keep this instance's slots alive: refresh the heartbeat every ttl/3, so two missed
-        beats still leave it standing. Nothing ends the loop but `close`: a thread that died on
+        """Keep this instance's slots alive: refresh the heartbeat every ttl/4, so three missed
+        beats still leave it standing, and a server hearing nothing for half a TTL knows it was
+        not hearing the fleet (`hearing.lua`). Nothing ends the loop but `close`: a thread that died on
         one bad answer would let this live process's slots lapse and be handed to others while
         its steps still run (a cap breach), so every error is an outage to ride out."""
         import redis
@@ -458,7 +478,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         from durable_flow.worker.outage import Outage
 
         outage = Outage("admission: instance heartbeat to Redis", logger)
-        interval = self.instance_ttl_ms / 3000
+        interval = self.instance_ttl_ms / 4000
         while True:  # beats at once: the constructor does not touch Redis
             try:
                 self._beat()

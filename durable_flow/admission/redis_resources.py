@@ -27,9 +27,15 @@ if TYPE_CHECKING:
 HERE = Path(__file__).parent
 
 
+def lua(*names: str) -> str:
+    """The named Lua files of this package, in order, as one script: one atomic call."""
+    return "\n".join((HERE / name).read_text() for name in names)
+
+
 def script_source() -> str:
-    """`resources.lua` followed by `admission.lua`: one script, one atomic call."""
-    return (HERE / "resources.lua").read_text() + "\n" + (HERE / "admission.lua").read_text()
+    """The admission script: `hearing.lua` (may a lapsed heartbeat mean a death), `resources.lua`
+    (step concurrency), then `admission.lua`."""
+    return lua("hearing.lua", "resources.lua", "admission.lua")
 
 
 def constraint_args(constraints: Sequence[Constraint]) -> list[Any]:
