@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import close_old_connections, connection, transaction
@@ -49,6 +49,8 @@ class TimerPoller:
         self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
         self._stop = threading.Event()
         self._next_maintenance = 0.0
+        # Until when (engine clock) no worker is judged dead: see `outage_over`. None: judge now.
+        self._judge_deaths_from: datetime | None = None
         self.sampler = Sampler(self.engine)
 
     @retry_on_conflict
@@ -85,12 +87,26 @@ class TimerPoller:
             total += len(woken)
         return total
 
+    def outage_over(self) -> None:
+        """The poller's services answer (at start, or after an outage it rode out): judge no worker
+        dead for one heartbeat TTL from now.
+
+        No worker could beat while the database was away, so every heartbeat may read as lapsed
+        though its worker lives and still runs its steps; re-driving those would run each a
+        second time beside the first (past its queue's cap). A worker that has still not beaten
+        a TTL after the database came back is dead. At start too: this poller cannot know how
+        long the database was gone before it (a supervisor restarts a poller after an outage).
+        """
+        self._judge_deaths_from = self.engine.now() + timedelta(seconds=self.engine.settings.heartbeat_ttl_s)
+
     def maintain(self) -> int:
         """Re-dispatch steps lost with their worker, and re-queue turns a broker lost."""
         settings = self.engine.settings
         now = self.engine.now()
         dead_cutoff = dead_worker_cutoff(settings.heartbeat_ttl_s, now)
         dead_workers = queries.dead_workers(dead_cutoff)
+        if self._judge_deaths_from is not None and now < self._judge_deaths_from:
+            dead_workers = dead_workers.none()  # an outage just ended: see `outage_over`
         lost_after = now - timedelta(seconds=settings.redispatch_after_s)
         lost = queries.lost_steps(dead_workers, lost_after).values_list("run_id", "key")
         lost_by_run: dict[str, list[str]] = {}
@@ -161,6 +177,7 @@ class TimerPoller:
                 self._stop.wait(outage.failed(exc))
                 continue
             break
+        self.outage_over()
         self.engine.grant_timer.start()
         while not self._stop.is_set():
             try:
@@ -179,6 +196,8 @@ class TimerPoller:
                 logger.exception("poller tick failed; retrying")
                 woken = []
             else:
+                if outage.ongoing:
+                    self.outage_over()
                 outage.recovered()
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)

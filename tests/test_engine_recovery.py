@@ -159,6 +159,37 @@ def test_poller_maintenance_redispatches_steps_of_a_dead_worker_only(manual: Eng
     assert [(job.run_id, job.key, job.attempt) for job in transport.steps] == [(dead.id, "1", 2)]
 
 
+@pytest.mark.parametrize("beats_again", [False, True])
+def test_after_an_outage_the_poller_judges_no_worker_dead_for_a_heartbeat_ttl(
+    manual: Engine, clock: MovableClock, beats_again: bool
+) -> None:
+    """No worker could beat while the database was away, so every heartbeat may read as lapsed
+    though its worker lives and still runs its step: re-driving the step then would run it twice
+    at once. The poller waits one TTL after the outage; a worker that beat again keeps its step,
+    one still silent is dead and its step is re-driven."""
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    transport.steps.clear()
+    ttl = manual.settings.heartbeat_ttl_s
+    silent = clock() - timedelta(seconds=ttl + 1)  # its last beat before the outage
+    beat = WorkerHeartbeat.objects.create(
+        worker_id="w", host="h", pid=1, transport="db", started_at=silent, last_seen=silent
+    )
+    StepCheckpoint.objects.filter(run=run).update(worker="w")
+    poller = TimerPoller(manual)
+    poller.outage_over()
+    assert poller.maintain() == 0
+    clock.advance(seconds=ttl / 2)
+    if beats_again:
+        WorkerHeartbeat.objects.filter(pk=beat.pk).update(last_seen=clock())
+    assert poller.maintain() == 0
+    clock.advance(seconds=ttl / 2)
+    assert poller.maintain() == (0 if beats_again else 1)
+    expected = [] if beats_again else [(run.id, "1", 2)]
+    assert [(job.run_id, job.key, job.attempt) for job in transport.steps] == expected
+
+
 def test_changed_workflow_code_under_a_running_run_fails_it_with_non_determinism_error(
     engine: Engine, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
