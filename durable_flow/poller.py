@@ -49,7 +49,8 @@ class TimerPoller:
         self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
         self._stop = threading.Event()
         self._next_maintenance = 0.0
-        # Until when (engine clock) no worker is judged dead: see `outage_over`. None: judge now.
+        # Until when (engine clock) no worker is judged dead: see `outage_seen`. None: judge now
+        # (`maintain` called directly, as in tests and `--once`).
         self._judge_deaths_from: datetime | None = None
         self.sampler = Sampler(self.engine)
 
@@ -87,9 +88,9 @@ class TimerPoller:
             total += len(woken)
         return total
 
-    def outage_over(self) -> None:
-        """The poller's services answer (at start, or after an outage it rode out): judge no worker
-        dead for one heartbeat TTL from now.
+    def outage_seen(self) -> None:
+        """The poller starts, or its services fail or answer again (an outage it rides out):
+        judge no worker dead for one heartbeat TTL from now.
 
         No worker could beat while the database was away, so every heartbeat may read as lapsed
         though its worker lives and still runs its steps; re-driving those would run each a
@@ -106,7 +107,7 @@ class TimerPoller:
         dead_cutoff = dead_worker_cutoff(settings.heartbeat_ttl_s, now)
         dead_workers = queries.dead_workers(dead_cutoff)
         if self._judge_deaths_from is not None and now < self._judge_deaths_from:
-            dead_workers = dead_workers.none()  # an outage just ended: see `outage_over`
+            dead_workers = dead_workers.none()  # an outage just ended: see `outage_seen`
         lost_after = now - timedelta(seconds=settings.redispatch_after_s)
         lost = queries.lost_steps(dead_workers, lost_after).values_list("run_id", "key")
         lost_by_run: dict[str, list[str]] = {}
@@ -177,7 +178,7 @@ class TimerPoller:
                 self._stop.wait(outage.failed(exc))
                 continue
             break
-        self.outage_over()
+        self.outage_seen()
         self.engine.grant_timer.start()
         while not self._stop.is_set():
             try:
@@ -189,6 +190,7 @@ class TimerPoller:
                 self.sampler.maybe_sample()  # the dashboard's history (durable_flow/sampling.py)
             except transient as exc:
                 # Database or broker down: back off (logged once per outage) and carry on.
+                self.outage_seen()  # so the first pass that succeeds judges no death either
                 close_old_connections()
                 self._stop.wait(outage.failed(exc))
                 continue
@@ -197,7 +199,7 @@ class TimerPoller:
                 woken = []
             else:
                 if outage.ongoing:
-                    self.outage_over()
+                    self.outage_seen()  # the TTL counts from the services' return
                 outage.recovered()
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)

@@ -326,7 +326,7 @@ def test_a_redis_outage_longer_than_the_instance_ttl_takes_no_live_process_slot(
     the live processes' too: none could beat. Reclaiming on the first decision after the restart
     would hand a running step's slot to another (the outage soak saw a cap of 4 run 5 steps). A
     lapsed heartbeat counts as a death only once the server has heard the fleet for a whole TTL
-    again: a live process beats within a third of it and keeps its slot; the slot of one that
+    again: a live process beats within a quarter of it and keeps its slot; the slot of one that
     still does not beat is reclaimed after that grace, not before."""
     ttl = 2000
     prefix = f"df:t:{uuid.uuid4().hex[:8]}"

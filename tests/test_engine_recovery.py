@@ -3,11 +3,12 @@ and stale results ignored, and a run whose code changed underneath fails loudly.
 
 from __future__ import annotations
 
+import signal
 import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import OperationalError, connections
 
 from durable_flow import NonDeterminismError, redispatch_pending, start
 from durable_flow.engine import Engine
@@ -178,7 +179,7 @@ def test_after_an_outage_the_poller_judges_no_worker_dead_for_a_heartbeat_ttl(
     )
     StepCheckpoint.objects.filter(run=run).update(worker="w")
     poller = TimerPoller(manual)
-    poller.outage_over()
+    poller.outage_seen()
     assert poller.maintain() == 0
     clock.advance(seconds=ttl / 2)
     if beats_again:
@@ -188,6 +189,41 @@ def test_after_an_outage_the_poller_judges_no_worker_dead_for_a_heartbeat_ttl(
     assert poller.maintain() == (0 if beats_again else 1)
     expected = [] if beats_again else [(run.id, "1", 2)]
     assert [(job.run_id, job.key, job.attempt) for job in transport.steps] == expected
+
+
+def test_a_poller_whose_tick_met_an_outage_judges_no_worker_dead_in_the_pass_after_it(
+    manual: Engine, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_forever` marks the outage when a tick fails, so the first pass that succeeds (its
+    maintenance in the same round) judges no death either."""
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    transport.steps.clear()
+    ttl = manual.settings.heartbeat_ttl_s
+    silent = clock() - timedelta(seconds=ttl + 1)
+    WorkerHeartbeat.objects.create(worker_id="w", host="h", pid=1, transport="db", started_at=silent, last_seen=silent)
+    StepCheckpoint.objects.filter(run=run).update(worker="w")
+
+    class OutageOnce(TimerPoller):
+        ticks = 0
+
+        def tick(self) -> list[str]:
+            self.ticks += 1
+            if self.ticks == 1:
+                clock.advance(seconds=ttl)  # the start's own grace is over
+                raise OperationalError("terminating connection due to administrator command")
+            self.request_stop()  # this round (tick, maintenance) is the last
+            return super().tick()
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # run_forever's handlers: not in a test
+    poller = OutageOnce(manual, maintenance_every_s=0.01)
+    try:
+        poller.run_forever()
+    finally:
+        manual.grant_timer.stop()
+    assert poller.ticks == 2
+    assert transport.steps == [] and StepCheckpoint.objects.get(run=run, key="1").attempt == 1
 
 
 def test_changed_workflow_code_under_a_running_run_fails_it_with_non_determinism_error(

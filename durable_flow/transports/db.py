@@ -4,7 +4,11 @@ Producing is an INSERT inside the engine's transaction, so a dispatch and its ta
 roll back together. Workers claim rows with a lease (`VISIBILITY_TIMEOUT_S`): on PostgreSQL
 with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers never block on each other's rows; on
 SQLite the IMMEDIATE write transaction serialises claimers. A claimed task is deleted when
-done; a worker that dies leaves its lease to lapse, and the task is claimed again.
+done; a worker that dies leaves its lease to lapse, and the task is claimed again (at once when
+the poller finds its heartbeat lapsed: `reclaim_from` gives its tasks up). A lapsed lease is
+taken only by a worker that has had the database for a whole lease since it started or rode
+out an outage: while the database was away no worker could renew its leases, so a lapsed one
+may belong to a live worker still running the task (`DatabaseTaskSource.outage_seen`).
 
 An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable?) and claims
 only when there is: the claim is a write, which on SQLite takes the write lock even when it
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
@@ -150,11 +154,15 @@ class DatabaseTransport(Transport):
             transaction.on_commit(_announce_new_work)
 
     def reclaim_from(self, dead_workers: list[str]) -> int:
-        """Expire the leases of tasks held by workers whose heartbeat lapsed (poller upkeep)."""
+        """Give up the tasks held by workers whose heartbeat lapsed (poller upkeep): unclaimed,
+        so any worker takes them now, even one that does not take lapsed leases yet. A dead
+        worker's turn whose run has another turn queued already is deleted instead."""
         if not dead_workers:
             return 0
-        now = timezone.now()
-        return Task.objects.filter(claimed_by__in=dead_workers, lease_until__gt=now).update(lease_until=now)
+        held = Task.objects.filter(claimed_by__in=dead_workers).values_list("id", "claimed_by")
+        for task_id, worker_id in held:
+            give_up(task_id, worker_id)
+        return len(held)
 
     def source(self) -> DatabaseTaskSource:
         """The consuming side, for `durable_worker`."""
@@ -164,20 +172,33 @@ class DatabaseTransport(Transport):
 assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
 
 
-def _claim_statement(skipped: int = 0) -> str:
+def _claim_statement(skipped: int = 0, lapsed: bool = True) -> str:
     """`UPDATE ... WHERE id IN (SELECT ... LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING ...`:
     the claim in one round trip and one (autocommit) transaction, in the `df_task_claim_order`
-    index's order; `skipped`: how many ids (`_left_alone`) it passes over."""
+    index's order; `skipped`: how many ids (`_left_alone`) it passes over; `lapsed`: whether it
+    takes tasks whose lease lapsed (see `DatabaseTaskSource.outage_seen`)."""
     q = connection.ops.quote_name
     table = q(Task._meta.db_table)
     lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     skip = f" AND {q('id')} NOT IN ({', '.join(['%s'] * skipped)})" if skipped else ""
+    unclaimed = f"{q('claimed_by')} IS NULL"
+    claimable = f"({unclaimed} OR {q('lease_until')} < %s)" if lapsed else unclaimed
     return (
         f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s WHERE {q('id')} IN ("
-        f"SELECT {q('id')} FROM {table} WHERE ({q('claimed_by')} IS NULL OR {q('lease_until')} < %s) "
+        f"SELECT {q('id')} FROM {table} WHERE {claimable} "
         f"AND {q('available_at')} <= %s{skip} ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
         f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}"
     )
+
+
+def give_up(task_id: int, worker_id: str) -> None:
+    """Unclaim a task `worker_id` holds, so any worker takes it now; a turn whose run has
+    another turn queued already is deleted instead (one queued turn a run: the unique index)."""
+    try:
+        with transaction.atomic():
+            Task.objects.filter(id=task_id, claimed_by=worker_id).update(claimed_by=None, lease_until=None)
+    except IntegrityError:  # the unique index says a turn for this run is queued already
+        delete_claimed(task_id, worker_id)
 
 
 def delete_claimed(task_id: int, worker_id: str) -> None:
@@ -205,14 +226,34 @@ class DatabaseTaskSource(TaskSource):
         next poll (`poll_interval_s`)."""
         return _not_announced()
 
-    def __init__(self, visibility_timeout_s: float, poll_interval_s: float) -> None:
+    def __init__(
+        self, visibility_timeout_s: float, poll_interval_s: float, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.visibility = timedelta(seconds=visibility_timeout_s)
         self.poll_interval_s = poll_interval_s
         self.queues = ["db"]
         self._notifications: db_notify.TaskNotifications | None = None
+        self._monotonic = monotonic
+        # From when (monotonic) this source takes lapsed leases: see `outage_seen`. 0: at once.
+        self._lapsed_from = 0.0
+
+    def outage_seen(self) -> None:
+        """The worker starts, or its claims fail or succeed again (an outage it rides out): take
+        no lapsed lease for one lease from now. While the database was away no worker could renew its leases, so
+        a lapsed one may be a live worker's whose task still runs, and taking it would run the
+        task twice at once; that worker renews within a heartbeat of the database's return. A
+        lease still lapsed a whole lease later is a dead worker's. (A task the poller gave up,
+        `reclaim_from`, is unclaimed and taken at once.)"""
+        self._lapsed_from = self._monotonic() + self.visibility.total_seconds()
+
+    def _takes_lapsed(self) -> bool:
+        return self._monotonic() >= self._lapsed_from
 
     def open(self, runner: TaskRunner) -> None:
-        """Listen for the tasks other processes commit, where the database can tell (PostgreSQL)."""
+        """Listen for the tasks other processes commit, where the database can tell
+        (PostgreSQL); take no lapsed lease for a while (`outage_seen`): this process cannot know
+        how long the database was away before it started."""
+        self.outage_seen()
         if self._notifications is None and db_notify.available():
             self._notifications = db_notify.TaskNotifications(_announce_new_work)
             self._notifications.start()
@@ -230,7 +271,8 @@ class DatabaseTaskSource(TaskSource):
             # An idle claimer looks before it claims: on SQLite the claim is a write that takes
             # the database's write lock even when it finds nothing, so idle threads polling with
             # it would queue up in front of every result and dispatch transaction.
-            tasks = self._claim_once(worker_id, limit) if not idle or self._any_claimable() else []
+            lapsed = self._takes_lapsed()
+            tasks = self._claim_once(worker_id, limit, lapsed) if not idle or self._any_claimable(lapsed) else []
             if tasks or time.monotonic() >= deadline:
                 return tasks
             idle = True
@@ -239,16 +281,16 @@ class DatabaseTaskSource(TaskSource):
                     _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     @staticmethod
-    def _any_claimable() -> bool:
+    def _any_claimable(lapsed: bool) -> bool:
         """A read (no lock): is any task claimable now (by this process: not one it left for
-        the others)?"""
+        the others; a lapsed lease only if `lapsed`)?"""
         now = timezone.now()
-        claimable = Q(claimed_by__isnull=True) | Q(lease_until__lt=now)
+        claimable = Q(claimed_by__isnull=True) | Q(lease_until__lt=now) if lapsed else Q(claimed_by__isnull=True)
         tasks = Task.objects.filter(claimable, available_at__lte=now)
         skipped = _left_alone()
         return (tasks.exclude(id__in=skipped) if skipped else tasks).exists()
 
-    def _claim_once(self, worker_id: str, limit: int) -> list[ClaimedTask]:
+    def _claim_once(self, worker_id: str, limit: int, lapsed: bool = True) -> list[ClaimedTask]:
         """One statement: lease up to `limit` claimable rows and return them. On PostgreSQL
         the rows are picked `FOR UPDATE SKIP LOCKED`, so claimers never wait on each other;
         SQLite runs the statement under its write lock.
@@ -260,9 +302,11 @@ class DatabaseTaskSource(TaskSource):
         ops = connection.ops
         params = [worker_id, ops.adapt_datetimefield_value(now + self.visibility)]
         skipped = _left_alone()
-        params += [ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), *skipped, limit]
+        if lapsed:
+            params.append(ops.adapt_datetimefield_value(now))
+        params += [ops.adapt_datetimefield_value(now), *skipped, limit]
         with connection.cursor() as cursor:
-            cursor.execute(_claim_statement(len(skipped)), params)
+            cursor.execute(_claim_statement(len(skipped), lapsed), params)
             rows = sorted(cursor.fetchall(), key=lambda row: (row[1], -row[5], row[0]))
         return [
             ClaimedTask(kind=kind, run_id=run_id, step_key=step_key, attempt=attempt, handle=task_id)
@@ -286,12 +330,7 @@ class DatabaseTaskSource(TaskSource):
 
     def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         for task in tasks:
-            # A queued turn for the same run may exist already; then this claimed one can go.
-            try:
-                with transaction.atomic():
-                    Task.objects.filter(id=task.handle, claimed_by=worker_id).update(claimed_by=None, lease_until=None)
-            except IntegrityError:  # the unique index says a turn for this run is queued already
-                delete_claimed(task.handle, worker_id)
+            give_up(task.handle, worker_id)
 
     def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         Task.objects.filter(id__in=[t.handle for t in tasks], claimed_by=worker_id).update(

@@ -168,6 +168,11 @@ class TaskSource(ABC):
         """The worker stops. Default: nothing."""
         return None
 
+    def outage_seen(self) -> None:
+        """A claim failed for an outage, or succeeded again after one. Default: nothing (the
+        `db` source takes no lapsed lease for a while: none could be renewed meanwhile)."""
+        return None
+
     def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:
         """Run one claimed task; True unless the step failed. Default: `runner.run_task(task)`."""
         return runner.run_task(task)
