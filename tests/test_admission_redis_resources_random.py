@@ -94,6 +94,6 @@ def test_random_operations_keep_the_counts_and_leave_nothing_behind(
         for queue in ("", "q1", "q2"):
             granted(pair[0].grant(queue).tickets)
         assert len(waiting) < before, f"seed {seed}: waiters no grant reaches: {sorted(waiting)}"
-    kept = (":served", ":solo", ":meta", ":queues", ":inst:")  # history and config, not holders or lines
+    kept = (":served", ":solo", ":meta", ":queues", ":inst:", ":fleet")  # history and config, not holders or lines
     left = [k.decode() for k in client.scan_iter(match=f"{prefix}:*") if not any(s in k.decode() for s in kept)]
     assert not left, f"seed {seed}: {left}"

@@ -11,8 +11,9 @@
 -- P:fleet, when it last heard any call ('heard') and since when it has heard calls with no silence
 -- longer than half a TTL between them ('since'). A live process beats every ttl/4, so a longer
 -- silence means the server was not hearing the fleet, and an outage that lets a live key lapse
--- lasts at least three quarters of a TTL (less a late beat's delay). A lapsed heartbeat is a death only once the
--- server has heard the fleet for a whole TTL: time for every live process to beat again.
+-- lasts at least three quarters of a TTL (less a late beat's delay). A lapsed heartbeat is a
+-- death only once the server has heard the fleet for a whole TTL: time for every live process to
+-- beat again.
 --
 -- Always the server's clock (TIME), never a test's injected clock: it is measured against key
 -- expiry, which follows the server's clock.

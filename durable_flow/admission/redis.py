@@ -470,9 +470,9 @@ class RedisAdmissionBackend(AdmissionBackend):
     def _heartbeat_loop(self) -> None:
         """Keep this instance's slots alive: refresh the heartbeat every ttl/4, so three missed
         beats still leave it standing, and a server hearing nothing for half a TTL knows it was
-        not hearing the fleet (`hearing.lua`). Nothing ends the loop but `close`: a thread that died on
-        one bad answer would let this live process's slots lapse and be handed to others while
-        its steps still run (a cap breach), so every error is an outage to ride out."""
+        not hearing the fleet (`hearing.lua`). Nothing ends the loop but `close`: a thread that
+        died on one bad answer would let this live process's slots lapse and be handed to others
+        while its steps still run (a cap breach), so every error is an outage to ride out."""
         import redis
 
         from durable_flow.worker.outage import Outage

@@ -239,11 +239,11 @@ class DatabaseTaskSource(TaskSource):
 
     def outage_seen(self) -> None:
         """The worker starts, or its claims fail or succeed again (an outage it rides out): take
-        no lapsed lease for one lease from now. While the database was away no worker could renew its leases, so
-        a lapsed one may be a live worker's whose task still runs, and taking it would run the
-        task twice at once; that worker renews within a heartbeat of the database's return. A
-        lease still lapsed a whole lease later is a dead worker's. (A task the poller gave up,
-        `reclaim_from`, is unclaimed and taken at once.)"""
+        no lapsed lease for one lease from now. While the database was away no worker could
+        renew its leases, so a lapsed one may be a live worker's whose task still runs, and
+        taking it would run the task twice at once; that worker renews within a heartbeat of the
+        database's return. A lease still lapsed a whole lease later is a dead worker's. (A task
+        the poller gave up, `reclaim_from`, is unclaimed and taken at once.)"""
         self._lapsed_from = self._monotonic() + self.visibility.total_seconds()
 
     def _takes_lapsed(self) -> bool:
@@ -281,7 +281,7 @@ class DatabaseTaskSource(TaskSource):
                     _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     @staticmethod
-    def _any_claimable(lapsed: bool) -> bool:
+    def _any_claimable(lapsed: bool = True) -> bool:
         """A read (no lock): is any task claimable now (by this process: not one it left for
         the others; a lapsed lease only if `lapsed`)?"""
         now = timezone.now()
