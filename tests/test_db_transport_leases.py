@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from durable_flow import start
 from durable_flow.models import Task
+from durable_flow.testing.clock import FakeMonotonic
 from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
 from durable_flow.transports.runner import ClaimedTask
 from durable_flow.worker.concurrency import build_controller
@@ -26,16 +27,6 @@ from tests.conftest import MovableClock, local_engine
 LEASE_S = 60.0
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Monotonic:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def lapse(task_id: int) -> None:
@@ -49,7 +40,7 @@ def test_after_an_outage_a_lapsed_lease_waits_one_lease_for_its_worker_to_renew_
 ) -> None:
     local_engine(clock, DatabaseTransport(visibility_timeout_s=LEASE_S))
     start("tests.three_steps", 1)
-    monotonic = Monotonic()
+    monotonic = FakeMonotonic()
     live = DatabaseTaskSource(LEASE_S, 0.1, monotonic=monotonic)
     other = DatabaseTaskSource(LEASE_S, 0.1, monotonic=monotonic)
     [task] = live.claim("live-w", 1, 0)
@@ -70,7 +61,7 @@ def test_a_task_the_poller_gave_up_is_taken_at_once_even_after_an_outage(clock: 
     transport = DatabaseTransport(visibility_timeout_s=LEASE_S)
     local_engine(clock, transport)
     start("tests.three_steps", 1)
-    monotonic = Monotonic()
+    monotonic = FakeMonotonic()
     dead = DatabaseTaskSource(LEASE_S, 0.1, monotonic=monotonic)
     other = DatabaseTaskSource(LEASE_S, 0.1, monotonic=monotonic)
     [task] = dead.claim("dead-w", 1, 0)
@@ -94,7 +85,7 @@ class RefusedOnce(DatabaseTaskSource):
     """The real source, whose database refuses one claim (an outage, as the worker sees it) a
     whole lease after the worker started."""
 
-    def __init__(self, monotonic: Monotonic) -> None:
+    def __init__(self, monotonic: FakeMonotonic) -> None:
         super().__init__(LEASE_S, 0.1, monotonic=monotonic)
         self.monotonic = monotonic
         self.refused = False
@@ -112,7 +103,7 @@ def test_a_worker_that_rode_out_an_outage_leaves_a_lapsed_lease_to_its_worker(cl
     start("tests.three_steps", 1)
     [task] = DatabaseTaskSource(LEASE_S, 0.1).claim("live-w", 1, 0)
     lapse(task.handle)
-    source = RefusedOnce(Monotonic())
+    source = RefusedOnce(FakeMonotonic())
     WorkerRuntime(engine, source, build_controller(1), idle_wait_s=0.01).run(burst=True)
     assert source.refused
     assert Task.objects.get(pk=task.handle).claimed_by == "live-w"  # not taken in the lease after the outage

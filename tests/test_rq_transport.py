@@ -18,6 +18,7 @@ import django_rq
 import pytest
 from django.conf import settings
 from redis import Redis
+from rq import Retry
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
 
@@ -26,6 +27,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.testing.clock import FakeMonotonic
 from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport, run_step_job, tier_for
 from durable_flow.transports.rq_source import RQTaskSource
 from durable_flow.worker.heartbeat import dead_worker_cutoff
@@ -464,3 +466,42 @@ def test_a_popped_turn_is_a_first_delivery_only_if_no_worker_started_it(rq_engin
     (again,) = source.claim("w-first", 1, 0)
     assert again.run_id == "run-a" and not again.first_delivery
     source.close("w-first")
+
+
+@pytest.mark.parametrize("extended", [True, False])
+def test_after_an_outage_no_expired_execution_is_retried_for_one_execution_ttl(
+    rq_engine: Engine, redis_conn: Redis, extended: bool
+) -> None:
+    """While Redis was away no worker could extend its executions: an expired one may be a live
+    worker's whose job still runs, and RQ's cleanup (a worker's `renew`, now and then) would retry
+    the job beside the running one. A worker that rode out an outage moves none for one execution
+    TTL; by then a live worker has extended its own, and what is still expired was a dead one's."""
+    transport = rq_engine.transport
+    assert isinstance(transport, RQTransport)
+    clock = FakeMonotonic()
+    live = RQTaskSource(transport, execution_ttl_s=60)
+    other = RQTaskSource(transport, execution_ttl_s=60, monotonic=clock)
+    live.open(type("Runner", (), {"worker_id": "w-live", "heartbeat_ttl_s": 3.0})())  # type: ignore[arg-type]
+    other.open(type("Runner", (), {"worker_id": "w-other", "heartbeat_ttl_s": 3.0})())  # type: ignore[arg-type]
+    queue = transport.tiers[NORMAL]
+    queue.enqueue("durable_flow.transports.rq.run_turn_job", "run-a", retry=Retry(max=3))
+    (task,) = live.claim("w-live", 1, 0)
+    registry = StartedJobRegistry(queue=queue)
+    for member in redis_conn.zrange(registry.key, 0, -1):  # Redis was away: the execution expired
+        redis_conn.zadd(registry.key, {member: 1})
+    clock.now += 60  # the start's own wait is over
+    other.outage_seen()  # its claims failed while Redis was away, and succeed again
+    other.renew("w-other", [])
+    assert registry.get_job_ids(cleanup=False) == [task.handle[0].id]  # not moved
+    clock.now += 30
+    if extended:
+        live.renew("w-live", [task])  # the live worker's heartbeat, once Redis is back
+    clock.now += 30  # one execution TTL since the outage
+    other.renew("w-other", [])
+    job_id = task.handle[0].id
+    if extended:
+        assert registry.get_job_ids(cleanup=False) == [job_id] and queue.job_ids == []
+    else:  # a dead worker's: retried (its job back in the queue), as RQ does
+        assert registry.get_job_ids(cleanup=False) == [] and queue.job_ids == [job_id]
+    live.close("w-live")
+    other.close("w-other")

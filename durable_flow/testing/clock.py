@@ -25,3 +25,14 @@ class FakeClock:
     def set(self, now_ms: int) -> None:
         with self._lock:
             self._now = now_ms
+
+
+class FakeMonotonic:
+    """Monotonic seconds (as `time.monotonic`) that move only when told to: the `monotonic` of a
+    task source (its waits after an outage)."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now = start_s
+
+    def __call__(self) -> float:
+        return self.now

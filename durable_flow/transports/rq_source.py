@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rq.executions import Execution
@@ -44,8 +45,14 @@ class RQTaskSource(TaskSource):
     transport = "rq"
     spreads_handoffs = True
 
-    def __init__(self, transport: RQTransport, execution_ttl_s: int | None = None) -> None:
+    def __init__(
+        self,
+        transport: RQTransport,
+        execution_ttl_s: int | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.rq = transport
+        self._monotonic = monotonic
         self.turn_steps_inline = transport.eager_steps
         self.optimistic_first_step = transport.optimistic_first_step
         self.ordered = [transport.tiers[HIGH], transport.tiers[NORMAL], transport.tiers[LOW]]
@@ -76,6 +83,16 @@ class RQTaskSource(TaskSource):
         )
         self.worker.register_birth()
         self.worker.set_state("idle")
+        self.outage_seen()  # this process cannot know how long Redis was away before it started
+
+    def outage_seen(self) -> None:
+        """The worker starts, or its claims fail or succeed again (an outage it rides out): move
+        no expired execution out of RQ's started registries for one execution TTL. While Redis
+        was away no worker could extend its executions, so an expired one may be a live worker's
+        whose job still runs, and RQ's cleanup would retry the job (a second run beside the
+        first); a live worker extends its executions within a heartbeat of Redis's return."""
+        ttl = self.execution_ttl_s if self.execution_ttl_s is not None else REGISTRY_CLEANUP_EVERY_S
+        self._next_cleanup = self._monotonic() + ttl
 
     def close(self, worker_id: str) -> None:
         if self._unregistered is not None:  # else the poller gives them back once this worker is dead
@@ -216,7 +233,7 @@ class RQTaskSource(TaskSource):
                 _job, queue, execution = task.handle
                 execution.heartbeat(queue.started_job_registry, self.execution_ttl_s, pipeline=pipeline)
             pipeline.execute()
-        if time.monotonic() >= self._next_cleanup:
-            self._next_cleanup = time.monotonic() + REGISTRY_CLEANUP_EVERY_S
+        if self._monotonic() >= self._next_cleanup:
+            self._next_cleanup = self._monotonic() + REGISTRY_CLEANUP_EVERY_S
             for queue in self.ordered:
                 StartedJobRegistry(queue.name, connection=self.connection, job_class=queue.job_class).cleanup()
