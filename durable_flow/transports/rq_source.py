@@ -233,7 +233,8 @@ class RQTaskSource(TaskSource):
                 _job, queue, execution = task.handle
                 execution.heartbeat(queue.started_job_registry, self.execution_ttl_s, pipeline=pipeline)
             pipeline.execute()
-        if self._monotonic() >= self._next_cleanup:
-            self._next_cleanup = self._monotonic() + REGISTRY_CLEANUP_EVERY_S
+        now = self._monotonic()
+        if now >= self._next_cleanup:
+            self._next_cleanup = now + REGISTRY_CLEANUP_EVERY_S
             for queue in self.ordered:
                 StartedJobRegistry(queue.name, connection=self.connection, job_class=queue.job_class).cleanup()

@@ -170,7 +170,8 @@ class TaskSource(ABC):
 
     def outage_seen(self) -> None:
         """A claim failed for an outage, or succeeded again after one. Default: nothing (the
-        `db` source takes no lapsed lease for a while: none could be renewed meanwhile)."""
+        `db` source takes no lapsed lease, the `rq` source retries no expired execution, for a
+        while: none could be renewed meanwhile)."""
         return None
 
     def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:

@@ -152,12 +152,12 @@ class WorkerRuntime(EngineRunner):
                     # Broker or database down: keep the process (and its running tasks) alive,
                     # back off, and claim again when it returns. Nothing is lost: a job popped
                     # just before the error is in RQ's started registry or the source's claim book.
-                    self.source.outage_seen()  # the claim that succeeds next takes no lapsed lease
+                    self.source.outage_seen()  # the claim that succeeds next judges no lease lapsed
                     close_old_connections()
                     self._stop.wait(outage.failed(exc))
                     continue
                 if outage.ongoing:
-                    self.source.outage_seen()  # the lease counts from the database's return
+                    self.source.outage_seen()  # the wait counts from the service's return
                 outage.recovered()
                 if not tasks:
                     if burst and self.stats.in_flight == 0:
