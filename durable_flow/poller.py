@@ -148,17 +148,21 @@ class TimerPoller:
         """Steps dispatched long ago to a worker that is alive but not executing them (it gave
         up on the job, e.g. after the database refused its result): re-drive those too."""
         old = queries.stale_dispatched_steps(lost_after)
-        candidates = list(old.values_list("run_id", "key", "attempt", "worker")[: self.batch_size])
+        candidates = list(old.values_list("run_id", "key", "attempt", "worker", "started_at")[: self.batch_size])
         if not candidates:
             return []
         live = queries.live_workers(dead_cutoff).filter(worker_id__in={c[3] for c in candidates})
-        running: dict[str, set[str]] = {
-            worker: set(tasks) for worker, tasks in live.values_list("worker_id", "running")
+        beats: dict[str, tuple[datetime, set[str]]] = {
+            worker: (seen, set(tasks)) for worker, seen, tasks in live.values_list("worker_id", "last_seen", "running")
         }
+        # A step dispatched long ago may have been taken only now (it sat in the broker through
+        # an outage, or its worker waits for the rate window): a beat from before the worker
+        # started it cannot list it. Judged on the worker's next beat instead (its `last_seen` is
+        # read before the list, `WorkerRuntime._beat`).
         return [
             (run_id, key)
-            for run_id, key, attempt, worker in candidates
-            if worker in running and f"{run_id}/{key}/{attempt}" not in running[worker]
+            for run_id, key, attempt, worker, started_at in candidates
+            if worker in beats and beats[worker][0] > started_at and f"{run_id}/{key}/{attempt}" not in beats[worker][1]
         ]
 
     def request_stop(self, *_: Any) -> None:

@@ -17,10 +17,19 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from durable_flow.engine.base import WAKEABLE
-from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import (
+    RunStatus,
+    StepAttempt,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkerHeartbeat,
+    WorkflowRun,
+)
 
 # -- runs ----------------------------------------------------------------------------------------
 
@@ -91,9 +100,17 @@ def lost_steps(dead: QuerySet[WorkerHeartbeat], lost_after: datetime) -> QuerySe
 
 
 def stale_dispatched_steps(lost_after: datetime) -> QuerySet[StepCheckpoint]:
-    """In-flight steps a worker took before `lost_after`; whether that worker still runs them
-    is for its heartbeat to say."""
-    return in_flight_steps().filter(dispatched_at__lt=lost_after).exclude(worker="")
+    """In-flight steps dispatched before `lost_after` that a worker took; whether that worker
+    still runs them is for its heartbeat to say, and only a heartbeat written after the worker
+    started the attempt can say it. Each is annotated with `started_at`: when its worker began
+    the current attempt (its `StepAttempt` row; the dispatch time if it has none)."""
+    started = StepAttempt.objects.filter(checkpoint=OuterRef("pk"), attempt=OuterRef("attempt")).values("started_at")
+    return (
+        in_flight_steps()
+        .filter(dispatched_at__lt=lost_after)
+        .exclude(worker="")
+        .annotate(started_at=Coalesce(Subquery(started[:1]), "dispatched_at"))
+    )
 
 
 def overdue_cancelled_steps(now: datetime) -> QuerySet[StepCheckpoint]:

@@ -3,16 +3,23 @@ races with cancel, id collisions, and work a live worker dropped."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest
 from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.attempts import attempt_started
 from durable_flow.engine import Engine
+from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
+from durable_flow.transports.runner import ClaimedTask, TaskSource
+from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of
 from tests.test_flow_control import queued
@@ -194,6 +201,81 @@ def test_a_step_a_live_worker_dropped_is_redispatched(manual: Engine, clock: Mov
     assert TimerPoller(manual).maintain() == 1
     assert StepCheckpoint.objects.get(run=run, key=first.key).attempt == first.attempt + 1
     assert StepCheckpoint.objects.get(run=run, key=second.key).attempt == second.attempt  # still running there
+
+
+def beat_of(worker_id: str, at: Any, running: list[str]) -> None:
+    """A live worker's heartbeat row, written at `at` and listing `running`."""
+    WorkerHeartbeat.objects.update_or_create(
+        worker_id=worker_id,
+        defaults={"host": "h", "pid": 1, "transport": "db", "started_at": at, "last_seen": at, "running": running},
+    )
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_step_taken_long_after_its_dispatch_is_judged_by_a_beat_after_its_start(
+    manual: Engine, clock: MovableClock, listed: bool
+) -> None:
+    """The step sat in the broker (an outage) or waits for its rate window: its worker took it
+    after its last beat, which cannot list it. Only the next beat says whether it was dropped."""
+    run = start("tests.three_steps", 1)
+    transport = transport_of(manual)
+    transport.run_turns()
+    job = transport.take()
+    clock.advance(seconds=manual.settings.redispatch_after_s + 1)
+    beat_of("alive", clock(), running=[])
+    clock.advance(seconds=1)
+    cp, _ = start_attempt(run.id, job.key, job.attempt, "alive")
+    assert cp is not None
+    attempt_started(cp, job.attempt, "alive", clock())
+    clock.advance(seconds=1)
+    assert TimerPoller(manual).maintain() == 0  # the last beat came before the start
+    assert StepCheckpoint.objects.get(run=run, key=job.key).attempt == job.attempt
+    beat_of("alive", clock(), running=[f"{run.id}/{job.key}/{job.attempt}"] if listed else [])
+    assert TimerPoller(manual).maintain() == (0 if listed else 1)
+    assert StepCheckpoint.objects.get(run=run, key=job.key).attempt == job.attempt + (0 if listed else 1)
+
+
+class StartsAStepDuringTheBeat(TaskSource):
+    """A source with nothing to claim, whose `renew` (inside the worker's beat) runs `starting`:
+    another thread of the worker starting an attempt while the beat is being written."""
+
+    def __init__(self, starting: Any) -> None:
+        self.starting = starting
+
+    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
+        return []
+
+    def done(self, worker_id: str, task: ClaimedTask) -> None:
+        return None
+
+    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        return None
+
+    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        self.starting(worker_id)
+
+
+def test_a_step_started_while_its_worker_beats_is_not_judged_dropped_by_that_beat(
+    manual: Engine, clock: MovableClock
+) -> None:
+    run = start("tests.three_steps", 1)
+    transport = transport_of(manual)
+    transport.run_turns()
+    job = transport.take()
+    lost_after = clock() - timedelta(seconds=manual.settings.redispatch_after_s + 1)
+    StepCheckpoint.objects.filter(run=run, key=job.key).update(dispatched_at=lost_after)
+
+    def starting(worker_id: str) -> None:
+        cp, _ = start_attempt(run.id, job.key, job.attempt, worker_id)
+        assert cp is not None
+        attempt_started(cp, job.attempt, worker_id, timezone.now())  # the worker's own clock
+
+    runtime = WorkerRuntime(manual, StartsAStepDuringTheBeat(starting), build_controller(1))
+    runtime._beat()
+    beat = WorkerHeartbeat.objects.get(worker_id=runtime.worker_id)
+    assert beat.running == []  # read before the step started: the beat cannot list it
+    assert TimerPoller(manual).maintain() == 0
+    assert StepCheckpoint.objects.get(run=run, key=job.key).attempt == job.attempt
 
 
 def test_a_run_failing_while_parked_withdraws_its_waiter(manual: Engine) -> None:

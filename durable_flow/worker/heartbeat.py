@@ -105,9 +105,10 @@ class Heartbeat:
             ram_pct = max(ram_pct, 100.0 * self.process.memory_info().rss / limit)
         return ResourceSample(ram_pct=ram_pct, cpu_pct=psutil.cpu_percent(None), in_flight=self.stats.in_flight)
 
-    def beat(self, stopped: bool = False, running: list[str] | None = None) -> None:
+    def beat(self, stopped: bool = False, running: list[str] | None = None, seen_at: datetime | None = None) -> None:
         """Write the row now. `running` lists the step attempts executing here
-        (`run_id/key/attempt`), so the poller can tell a step this live worker dropped."""
+        (`run_id/key/attempt`), so the poller can tell a step this live worker dropped;
+        `seen_at` (default: now) is when that list was read, the beat's `last_seen`."""
         now_mono = time.monotonic()
         done = self.stats.done
         elapsed = max(1e-6, now_mono - self._last_time)
@@ -115,7 +116,7 @@ class Heartbeat:
         self._last_done, self._last_time = done, now_mono
         adjustment = self.controller.last_adjustment
         reason = adjustment.reason if adjustment else ""
-        now = timezone.now()
+        now = seen_at or timezone.now()
         WorkerHeartbeat.objects.update_or_create(
             worker_id=self.worker_id,
             defaults={

@@ -357,11 +357,15 @@ class WorkerRuntime(EngineRunner):
             logger.exception("could not report task %s to the %s transport", task, self.source.transport)
 
     def _beat(self) -> None:
+        # The beat's time is read before the list: a task joins `_running` before its attempt's
+        # start is stamped, so every attempt started by `seen_at` is listed unless it ended (the
+        # poller judges a step dropped only by a beat newer than the attempt's start).
+        seen_at = timezone.now()
         with self._running_lock:
             running = list(self._running.values())
         try:
             self.source.renew(self.worker_id, [task for task in running if not task.inline])
-            self.heartbeat.beat(running=[step for task in running if (step := task.running_step)])
+            self.heartbeat.beat(running=[step for task in running if (step := task.running_step)], seen_at=seen_at)
             if self.source.spreads_handoffs:
                 cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
                 idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
