@@ -17,13 +17,15 @@ from django.views.decorators.http import require_POST
 from dashboard.access import allowed, require, staff_page
 from dashboard.runs import PAGE_SIZE, RunFilterForm, filtered_runs, run_row, workflow_names
 from dashboard.timeline import build_timeline
-from durable_flow import api
+from durable_flow import api, queries
 from durable_flow import bulk as bulk_operations
 from durable_flow.admin import SignalForm, StartForm
 from durable_flow.audit import record_operation
+from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun
 from durable_flow.operations import RETRYABLE
+from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
 
@@ -99,6 +101,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     context = {
         "run": run,
         "timeline": build_timeline(run),
+        "executing": queries.executing_now(run.pk, dead_worker_cutoff(get_settings().heartbeat_ttl_s)),
         "failed_attempts": [a for a in attempts if a.error],
         "children": run.children.order_by("created_at")[:100],
         "signals": Signal.objects.filter(run=run).order_by("id")[:100],

@@ -12,7 +12,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from dashboard import history as hist
-from durable_flow import quotas, start_control
+from durable_flow import queries, quotas, start_control
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.models import (
@@ -169,10 +169,9 @@ def worker_cards(now: datetime | None = None) -> list[dict[str, Any]]:
 
 
 def _running_step(item: str) -> dict[str, str]:
-    """`run_id/key/attempt` → its parts (run ids may hold slashes; key and attempt do not)."""
-    run_id, _, rest = item.rpartition("/")
-    run_id, _, key = run_id.rpartition("/")
-    return {"run_id": run_id, "key": key, "attempt": rest}
+    """`run_id/key/attempt` → its parts."""
+    run_id, key, attempt = queries.parse_running(item)
+    return {"run_id": run_id, "key": key, "attempt": attempt}
 
 
 def run_counts() -> dict[str, int]:

@@ -133,7 +133,11 @@ class TimerPoller:
         overdue = queries.overdue_cancelled_steps(now).values_list("run_id", "key", "attempt")
         for run_id, key, attempt in list(overdue[: self.batch_size]):
             self.engine.record_result(run_id, key, attempt, cancelled=True)
-        stale_ids = list(queries.stale_pending_runs(lost_after).values_list("id", flat=True)[: self.batch_size])
+        # A run whose first step a live worker runs optimistically reads pending, untouched since
+        # it started: its turn is not lost, and a turn sent again would run the step twice.
+        executing = {step.run_id for step in queries.running_steps(dead_cutoff)}
+        stale = queries.stale_pending_runs(lost_after, executing)
+        stale_ids = list(stale.values_list("id", flat=True)[: self.batch_size])
         if stale_ids:
             with transaction.atomic():
                 # Touched, so each is re-sent once per REDISPATCH_AFTER_S, not on every pass.

@@ -14,6 +14,7 @@ fleet-wide record of calls, whichever backend admitted them.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,9 +42,11 @@ def due_runs(now: datetime) -> QuerySet[WorkflowRun]:
     return WorkflowRun.objects.filter(status__in=due, wake_at__lte=now).order_by("wake_at")
 
 
-def stale_pending_runs(lost_after: datetime) -> QuerySet[WorkflowRun]:
-    """Runs whose queued turn has not run since `lost_after`: a broker may have lost it."""
-    return WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after)
+def stale_pending_runs(lost_after: datetime, executing: Iterable[str] = ()) -> QuerySet[WorkflowRun]:
+    """Runs whose queued turn has not run since `lost_after`: a broker may have lost it. Not
+    those in `executing`: a live worker runs their first step optimistically, with their turn
+    taken and nothing written yet (`running_steps`)."""
+    return WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after).exclude(pk__in=executing)
 
 
 def run_counts() -> dict[str, int]:
@@ -68,6 +71,51 @@ def dead_workers(cutoff: datetime) -> QuerySet[WorkerHeartbeat]:
 def live_workers(cutoff: datetime) -> QuerySet[WorkerHeartbeat]:
     """Workers running and heard from since `cutoff` (the complement of `dead_workers`)."""
     return WorkerHeartbeat.objects.filter(last_seen__gte=cutoff, stopped_at__isnull=True)
+
+
+@dataclass(frozen=True)
+class RunningStep:
+    """A step attempt a live worker listed as executing at its last heartbeat."""
+
+    worker: str
+    run_id: str
+    key: str
+    attempt: str
+
+
+def parse_running(item: str) -> tuple[str, str, str]:
+    """A heartbeat's `running` item, `run_id/key/attempt`, as its parts (a run id may hold
+    slashes; a key and an attempt do not)."""
+    run_id, _, attempt = item.rpartition("/")
+    run_id, _, key = run_id.rpartition("/")
+    return run_id, key, attempt
+
+
+def running_steps(cutoff: datetime, run_id: str | None = None) -> list[RunningStep]:
+    """The step attempts live workers list as executing (of `run_id`, or of every run). The one
+    record of a step that runs before any row says so: an optimistic first step
+    (`engine/optimistic.py`), whose run reads `pending` with no checkpoint until it returns."""
+    steps = []
+    for worker, running in live_workers(cutoff).values_list("worker_id", "running"):
+        for item in running:
+            parts = parse_running(item)
+            if run_id is None or parts[0] == run_id:
+                steps.append(RunningStep(worker, *parts))
+    return steps
+
+
+def executing_now(run_id: str, cutoff: datetime) -> list[str]:
+    """What a run's page says is executing for it, from live workers' heartbeats: one line a
+    step attempt, saying when the run's rows do not show it yet (an optimistic first step)."""
+    steps = running_steps(cutoff, run_id)
+    recorded = set(
+        StepCheckpoint.objects.filter(run_id=run_id, key__in={s.key for s in steps}).values_list("key", "attempt")
+    )
+    return [
+        f"step {s.key}, attempt {s.attempt}, on worker {s.worker}"
+        + ("" if (s.key, int(s.attempt)) in recorded else " (not recorded yet: the run's rows show it once it returns)")
+        for s in steps
+    ]
 
 
 def idle_peer_exists(worker_id: str, transport: str, cutoff: datetime) -> bool:

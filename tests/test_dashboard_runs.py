@@ -4,6 +4,7 @@ permissions and audit entries, the flow snapshot and the burst."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,11 +12,14 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
 
 from dashboard.flow import flow_snapshot
 from dashboard.timeline import build_timeline
 from durable_flow import api, register_queue
-from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.conf import get_settings
+from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock
@@ -174,3 +178,24 @@ def test_flow_snapshot_places_waiting_calls_and_the_burst_starts_runs(
     assert "Waiting line" in page and 'id="n-waiting">2<' in page
     assert admin_client.post("/dashboard/flow/burst/", {"size": "100000"}).status_code == 400
     assert admin_client.get("/favicon.ico").status_code == 200
+
+
+def test_a_run_page_shows_a_step_only_a_live_workers_heartbeat_lists(manual: Any, admin_client: Client) -> None:
+    """An optimistic first step runs before any row of its run says so: its worker's heartbeat
+    is the one record, and the run's page and its admin page read it."""
+    run = api.start("tests.three_steps", 1)
+    now = timezone.now()
+    WorkerHeartbeat.objects.create(
+        worker_id="w-opt", host="h", pid=1, transport="rq", started_at=now, last_seen=now, running=[f"{run.id}/1/1"]
+    )
+    dead = now - timedelta(seconds=get_settings().heartbeat_ttl_s + 60)
+    WorkerHeartbeat.objects.create(
+        worker_id="w-dead", host="h", pid=2, transport="rq", started_at=dead, last_seen=dead, running=[f"{run.id}/1/1"]
+    )
+    line = "step 1, attempt 1, on worker w-opt (not recorded yet"
+    page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
+    assert 'id="executing-now"' in page and line in page and "w-dead" not in page
+    admin_page = admin_client.get(reverse("admin:durable_flow_workflowrun_change", args=[run.id])).content.decode()
+    assert line in admin_page and "w-dead" not in admin_page
+    other = api.start("tests.three_steps", 2)
+    assert 'id="executing-now"' not in admin_client.get(reverse("dashboard:run", args=[other.id])).content.decode()

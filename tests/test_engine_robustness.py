@@ -180,6 +180,24 @@ def test_a_stale_pending_turn_is_resent_once_per_period(manual: Engine, clock: M
     assert sorted(transport.turns) == sorted(run.id for run in runs)
 
 
+def test_a_pending_run_whose_first_step_a_live_worker_runs_is_not_sent_again(
+    manual: Engine, clock: MovableClock
+) -> None:
+    """An optimistic first step (`engine/optimistic.py`): the run reads pending, untouched since
+    it started, while its step runs; only the worker's heartbeat lists it."""
+    run = start("tests.three_steps", 1)
+    transport = transport_of(manual)
+    transport.turns.clear()  # taken by the worker that runs the step
+    clock.advance(seconds=manual.settings.redispatch_after_s + 1)
+    beat_of("opt", clock(), running=[f"{run.id}/1/1"])
+    poller = TimerPoller(manual)
+    poller.maintain()
+    assert transport.turns == []  # a turn sent now would run the step a second time
+    beat_of("opt", clock(), running=[])  # the step returned, its result was not recorded
+    poller.maintain()
+    assert transport.turns == [run.id]
+
+
 def test_a_step_a_live_worker_dropped_is_redispatched(manual: Engine, clock: MovableClock) -> None:
     run = start("tests.fan", {"n": 2})
     transport = transport_of(manual)

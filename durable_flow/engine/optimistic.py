@@ -15,8 +15,9 @@ returning or raising) leaves the turn to the locked path, which replays it again
 
 What it costs, and why it is off by default (`OPTIMISTIC_FIRST_STEP` on the `rq` transport):
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
-  checkpoint, and the admin shows no running step; only the worker's heartbeat lists it
-  (`ClaimedTask.running_step`, through `on_step`).
+  checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
+  pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn
+  sent again for a pending run whose first step a live worker runs).
 - A crash mid-step leaves no attempt behind. The turn's job is still the broker's, so it is run
   again (the poller re-queues a dead worker's jobs); a job delivered a second time takes the
   locked path, so a step that kills its process is recorded as dispatched there and is bounded
