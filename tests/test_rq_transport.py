@@ -38,8 +38,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RQ_ENV = {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_LOG": "WARNING"}
 #: A worker with EAGER_STEPS off (settings/test.py): every step an RQ job.
 NO_EAGER_STEPS = {"DURABLE_FLOW_EAGER_STEPS": "0"}
-#: A worker with OPTIMISTIC_FIRST_STEP on (settings/test.py).
+#: A worker with OPTIMISTIC_FIRST_STEP on (settings/test.py; the default, named where it matters).
 OPTIMISTIC = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "1"}
+#: A worker with OPTIMISTIC_FIRST_STEP off: a first step is written as running before it runs.
+LOCKED = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "0"}
 
 
 def clear_rq(connection: Redis) -> None:
@@ -111,7 +113,12 @@ def test_unknown_option_or_queue_is_improperly_configured(redis_conn: Redis) -> 
         RQTransport.from_options({"EAGER_STEPS": "False"})
     with pytest.raises(ImproperlyConfigured, match=r'\["CONCURRENCY"\]\["max"\]'):
         RQTransport.from_options({"CONCURRENCY": {"mode": "adaptive", "min": 4, "max": 2}})
+    with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]: needs EAGER_STEPS'):
+        RQTransport.from_options({"EAGER_STEPS": False, "OPTIMISTIC_FIRST_STEP": True})
+    assert not RQTransport.from_options({"EAGER_STEPS": False}).optimistic_first_step  # off with it
+    assert not RQTransport.from_options({"OPTIMISTIC_FIRST_STEP": False}).optimistic_first_step
     transport = RQTransport.from_options({"QUEUE": "durable", "CONCURRENCY": "adaptive"})
+    assert transport.optimistic_first_step and transport.eager_steps  # the defaults
     assert [transport.tiers[t].name for t in (HIGH, NORMAL, LOW)] == ["durable:high", "durable", "durable:low"]
     assert (tier_for(5), tier_for(0), tier_for(-1)) == (HIGH, NORMAL, LOW)
 
@@ -157,7 +164,9 @@ def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn
 
 
 def test_sigkill_mid_step_loses_nothing(rq_engine: Engine, spawn, marker: Path) -> None:
-    victim = worker(spawn, marker, "--concurrency", "2")
+    """The locked path: the step was written as running, stamped with its worker. (An optimistic
+    first step's kill: `test_over_rq_a_turn_redelivered_after_a_kill_takes_the_locked_path`.)"""
+    victim = worker(spawn, marker, "--concurrency", "2", env=LOCKED)
     run = start("tests.slow_one", {"id": "k", "seconds": 2.0})
     wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
     victim_id = live_heartbeat(victim).worker_id
@@ -167,7 +176,7 @@ def test_sigkill_mid_step_loses_nothing(rq_engine: Engine, spawn, marker: Path) 
     time.sleep(2.5)  # past the end the step would have had
     assert run_status(run.id) != RunStatus.COMPLETED and not marks(marker, "slow_end")
 
-    survivor = worker(spawn, marker, "--concurrency", "2")
+    survivor = worker(spawn, marker, "--concurrency", "2", env=LOCKED)
     spawn("durable_poller", env=RQ_ENV)
     wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=40, what="run completed after restart")
     cp = StepCheckpoint.objects.get(run=run)
@@ -219,8 +228,9 @@ def test_sigterm_past_the_grace_period_leaves_an_eager_step_to_the_poller(
     rq_engine: Engine, spawn, marker: Path
 ) -> None:
     """An eager step has no job to hand back: its checkpoint is stamped with the stopped worker,
-    whose heartbeat says it stopped, and the poller re-drives it as a new attempt at once."""
-    first = worker(spawn, marker, "--concurrency", "1", "--grace", "0.3")
+    whose heartbeat says it stopped, and the poller re-drives it as a new attempt at once. (The
+    locked path: an optimistic first step's turn job is handed back, the next test.)"""
+    first = worker(spawn, marker, "--concurrency", "1", "--grace", "0.3", env=LOCKED)
     run = start("tests.slow_one", {"id": "g", "seconds": 8.0})
     wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
     assert first.terminate(timeout=20) == 0
@@ -228,10 +238,33 @@ def test_sigterm_past_the_grace_period_leaves_an_eager_step_to_the_poller(
     queue = rq_engine.transport.tiers[NORMAL]
     assert queue.count == 0 and StartedJobRegistry(queue=queue).count == 0, "no job was handed back"
     spawn("durable_poller", env=RQ_ENV)
-    second = worker(spawn, marker, "--concurrency", "1")
+    second = worker(spawn, marker, "--concurrency", "1", env=LOCKED)
     wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=40, what="run completed")
     assert [pid for _, pid in marks(marker, "slow_end")] == [second.proc.pid]
     assert StepCheckpoint.objects.get(run=run).attempt == 2
+
+
+def test_sigterm_past_the_grace_period_hands_an_optimistic_first_steps_turn_back(
+    rq_engine: Engine, spawn, marker: Path
+) -> None:
+    """Nothing of an optimistic first step is written while it runs: its turn job is what the
+    stopping worker hands back, and the next worker, seeing the job was handed out before, takes
+    the locked path (the step written as running first)."""
+    first = worker(spawn, marker, "--concurrency", "1", "--grace", "0.3", env=OPTIMISTIC)
+    run = start("tests.slow_one", {"id": "o", "seconds": 8.0})
+    wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
+    assert not StepCheckpoint.objects.filter(run=run).exists()  # optimistic: nothing written yet
+    assert first.terminate(timeout=20) == 0
+    assert not marks(marker, "slow_end"), "the worker waited for the step instead of leaving it"
+    queue = rq_engine.transport.tiers[NORMAL]
+    assert queue.count == 1, "the turn job was not handed back"
+    second = worker(spawn, marker, "--concurrency", "1", env=OPTIMISTIC)
+    wait_for(lambda: StepCheckpoint.objects.filter(run=run).exists(), timeout=30, what="the step written first")
+    assert StepCheckpoint.objects.get(run=run).worker == live_heartbeat(second).worker_id
+    wait_for(lambda: run_status(run.id) == RunStatus.COMPLETED, timeout=40, what="run completed")
+    assert [pid for _, pid in marks(marker, "slow_end")] == [second.proc.pid]
+    cp = StepCheckpoint.objects.get(run=run)
+    assert cp.attempt == 1 and cp.status == "completed"
 
 
 def test_sigterm_past_the_grace_period_hands_the_job_back(rq_engine: Engine, spawn, marker: Path) -> None:

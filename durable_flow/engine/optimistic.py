@@ -13,7 +13,7 @@ taken), writes the checkpoint and its attempt as they ended, and takes the next 
 Anything else the replay reaches (a sleep, a signal, a child, a queued step, the workflow
 returning or raising) leaves the turn to the locked path, which replays it again.
 
-What it costs, and why it is off by default (`OPTIMISTIC_FIRST_STEP` on the `rq` transport):
+What it costs (`OPTIMISTIC_FIRST_STEP` on the `rq` transport, on by default with `EAGER_STEPS`):
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
   checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
   pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn

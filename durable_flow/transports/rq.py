@@ -40,10 +40,10 @@ new attempt once the worker's heartbeat says so (`engine/inline_handoff.py`). Wh
 step is in none of RQ's registries, a stopping worker cannot hand it back as a job, and it runs
 in the process that ran its turn. The other steps of a fan-out go out as jobs. Off, every step is
 an RQ job. (A step granted a freed slot runs on the releasing thread either way.)
-With `OPTIMISTIC_FIRST_STEP` (off by default) a run's first plain step, on its turn job's first
-delivery, runs before anything is written and is recorded with its result in one transaction
-(`engine/optimistic.py`); a re-delivered turn job (its `started_at` already set) takes the
-locked path.
+With `OPTIMISTIC_FIRST_STEP` (on by default with `EAGER_STEPS`) a run's first plain step, on its
+turn job's first delivery, runs before anything is written and is recorded with its result in one
+transaction (`engine/optimistic.py`); a re-delivered turn job (its `started_at` already set)
+takes the locked path.
 
 Durability. Exactly-once results do not depend on RQ: `Engine.record_result` is keyed by
 run/step/attempt and ignores a duplicate or stale attempt, and `execute_step` skips an attempt
@@ -161,8 +161,8 @@ class RQTransport(Transport):
         "OPTIMISTIC_FIRST_STEP": Option(
             "Whether a run's first step, when it is a plain one (no queue, step concurrency, timeout or "
             "fan-out), runs before anything is written and is recorded with its result: one transaction "
-            "a run fewer, but no running step to see meanwhile (engine/optimistic.py). Needs EAGER_STEPS. "
-            "Default False.",
+            "a run fewer, the running step shown from its worker's heartbeat meanwhile, not from the run's "
+            "rows (engine/optimistic.py). Needs EAGER_STEPS. Default: on with EAGER_STEPS.",
             boolean,
         ),
     }
@@ -174,7 +174,7 @@ class RQTransport(Transport):
         result_ttl: int | None = None,
         failure_ttl: int | None = None,
         eager_steps: bool = True,
-        optimistic_first_step: bool = False,
+        optimistic_first_step: bool | None = None,
     ) -> None:
         from django_rq.settings import QUEUES
 
@@ -190,6 +190,8 @@ class RQTransport(Transport):
             raise ImproperlyConfigured(
                 f'{SETTING}["OPTIMISTIC_FIRST_STEP"]: needs EAGER_STEPS (the first step runs on its turn\'s thread)'
             )
+        if optimistic_first_step is None:
+            optimistic_first_step = eager_steps  # on by default, wherever it can be
         self.check_concurrency(concurrency)  # validate now, not at worker start
         self.queue_name = queue
         self.concurrency = concurrency
