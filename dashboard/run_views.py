@@ -98,10 +98,11 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     attempts = (
         StepAttempt.objects.filter(run=run).select_related("checkpoint").order_by("checkpoint__sequence", "attempt")
     )
+    executing = queries.executing_now(run.pk, dead_worker_cutoff(get_settings().heartbeat_ttl_s))
     context = {
         "run": run,
-        "timeline": build_timeline(run),
-        "executing": queries.executing_now(run.pk, dead_worker_cutoff(get_settings().heartbeat_ttl_s)),
+        "timeline": build_timeline(run, executing=bool(executing)),
+        "executing": executing,
         "failed_attempts": [a for a in attempts if a.error],
         "children": run.children.order_by("created_at")[:100],
         "signals": Signal.objects.filter(run=run).order_by("id")[:100],

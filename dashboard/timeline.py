@@ -183,7 +183,7 @@ def _wake_times(run: WorkflowRun, checkpoints: list[StepCheckpoint]) -> list[dat
     return sorted(times)
 
 
-def turn_row(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: datetime) -> Row:
+def turn_row(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: datetime, executing: bool = False) -> Row:
     """The run's turns, derived from the durable record (no per-turn row is written, to keep
         turns at their few statements): a turn ran when it wrote its calls' checkpoints
         (`created_at`) or finished the run; it could have run from the latest wake before it that
@@ -193,7 +193,9 @@ def turn_row(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: datetime)
         A turn after a step's result usually runs inline, in the result's transaction: its bar is
         the replay alone, a few milliseconds. A turn that made no new call leaves no trace, so a bar
         starts at the latest wake: a lower bound when results arrived while a turn was queued. An
-    operator's retry queues a turn that re-admits the reset steps; that wait shows in their rows."""
+    operator's retry queues a turn that re-admits the reset steps; that wait shows in their rows.
+    `executing`: a live worker runs the pending run's first step optimistically (nothing of it
+    is written, so the bar cannot split the turn's wait from the step's run)."""
     row = Row("", "Workflow turns", "turn", "", note=f"{run.turns} replayed")
     wakes = _wake_times(run, checkpoints)
     ran = sorted(cp.created_at for cp in checkpoints)
@@ -209,18 +211,21 @@ def turn_row(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: datetime)
         # Pending: a turn is queued, since the run was last set pending (its start, a wake, a retry).
         queued = max(run.updated_at, run.created_at)
         row.segments.append(Segment("turn", queued, max(now, queued)))
-        row.status = "waiting"
+        row.status = "running" if executing else "waiting"
+        if executing:
+            row.note += "; its first step is executing, not recorded yet (see Executing now)"
     return row
 
 
-def build_timeline(run: WorkflowRun, now: datetime | None = None) -> Timeline:
-    """Every step attempt, sleep, signal wait and child of `run`, placed on one time axis."""
+def build_timeline(run: WorkflowRun, now: datetime | None = None, executing: bool = False) -> Timeline:
+    """Every step attempt, sleep, signal wait and child of `run`, placed on one time axis
+    (`executing`: see `turn_row`)."""
     now = now or timezone.now()
     checkpoints = list(StepCheckpoint.objects.filter(run=run).order_by("sequence")[: MAX_ROWS + 1])
     attempts: dict[int, list[StepAttempt]] = {}
     for a in StepAttempt.objects.filter(run=run).order_by("attempt"):
         attempts.setdefault(a.checkpoint_id, []).append(a)
-    turns = turn_row(run, checkpoints, now)
+    turns = turn_row(run, checkpoints, now, executing)
     rows: list[Row] = [turns] if turns.segments else []
     for cp in checkpoints:
         if cp.kind == StepKind.STEP:
