@@ -111,8 +111,13 @@ def test_a_poller_killed_and_restarted_wakes_every_due_run_once(
     suspended = WorkflowRun.objects.filter(status=RunStatus.SUSPENDED, wake_at__lte=timezone.now()).count()
     assert suspended == len(run_ids) - len(woken_before)  # due, and nobody is waking them
     spawn("durable_poller", "--batch-size", "20", env=env)
+    # The marker line of a wake is written on commit, after its run is seen woken: wait for both.
     wait_for(
-        lambda: not WorkflowRun.objects.filter(status=RunStatus.SUSPENDED).exists(), what="every due run to be woken"
+        lambda: (
+            not WorkflowRun.objects.filter(status=RunStatus.SUSPENDED).exists()
+            and set(woken_by(marker)) == set(run_ids)
+        ),
+        what="every due run to be woken",
     )
     woken = woken_by(marker)
     assert set(woken) == set(run_ids)
