@@ -95,7 +95,7 @@ def transport_chart(outputs: Outputs) -> Figure | None:
     for index, label in (
         (1, "raw RQ SimpleWorker, jobs/s"),
         (2, "durable_flow over rq, wf/s"),
-        (4, "over rq, OPTIMISTIC_FIRST_STEP, wf/s"),
+        (4, "over rq, OPTIMISTIC_FIRST_STEP off, wf/s"),
         (6, "over rq, every step a job, wf/s"),
         (8, "durable_flow over db, wf/s"),
     ):
@@ -105,7 +105,7 @@ def transport_chart(outputs: Outputs) -> Figure | None:
     left.set_title("throughput", fontsize=10)
     left.legend(fontsize=8, loc="upper left")
     right.plot(procs, [row[3] for row in rows], "o-", color="C1", label="over rq / raw RQ")
-    right.plot(procs, [row[5] for row in rows], "o-", color="C2", label="OPTIMISTIC_FIRST_STEP / raw RQ")
+    right.plot(procs, [row[5] for row in rows], "o-", color="C2", label="OPTIMISTIC_FIRST_STEP off / raw RQ")
     right.plot(procs, [row[7] for row in rows], "o-", color="C3", label="every step a job / raw RQ")
     right.plot(procs, [row[9] for row in rows], "o-", color="C4", label="over db / raw RQ")
     right.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="target 0.5 (over rq)")

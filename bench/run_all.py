@@ -115,7 +115,7 @@ def headlines(result: Result) -> list[str]:
         rows = [line.split() for line in lines]
         return [
             f"{row[0]} process(es): raw RQ {row[1]} jobs/s; durable_flow over rq {row[2]} wf/s"
-            f" (ratio {row[3]}), over rq with OPTIMISTIC_FIRST_STEP {row[4]} wf/s (ratio {row[5]}),"
+            f" (ratio {row[3]}), over rq with OPTIMISTIC_FIRST_STEP off {row[4]} wf/s (ratio {row[5]}),"
             f" over rq with every step a job {row[6]} wf/s (ratio {row[7]}), over db {row[8]} wf/s (ratio {row[9]})"
             for row in rows
             if len(row) == 10 and row[0].isdigit()
