@@ -108,12 +108,11 @@ def executing_now(run_id: str, cutoff: datetime) -> list[str]:
     """What a run's page says is executing for it, from live workers' heartbeats: one line a
     step attempt, saying when the run's rows do not show it yet (an optimistic first step)."""
     steps = running_steps(cutoff, run_id)
-    recorded = set(
-        StepCheckpoint.objects.filter(run_id=run_id, key__in={s.key for s in steps}).values_list("key", "attempt")
-    )
+    checkpoints = StepCheckpoint.objects.filter(run_id=run_id, key__in={s.key for s in steps})
+    recorded = {(key, str(attempt)) for key, attempt in checkpoints.values_list("key", "attempt")}
     return [
         f"step {s.key}, attempt {s.attempt}, on worker {s.worker}"
-        + ("" if (s.key, int(s.attempt)) in recorded else " (not recorded yet: the run's rows show it once it returns)")
+        + ("" if (s.key, s.attempt) in recorded else " (not recorded yet: the run's rows show it once it returns)")
         for s in steps
     ]
 

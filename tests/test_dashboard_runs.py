@@ -23,6 +23,7 @@ from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock
+from tests.engine_support import transport_of
 
 
 @pytest.fixture
@@ -199,3 +200,6 @@ def test_a_run_page_shows_a_step_only_a_live_workers_heartbeat_lists(manual: Any
     assert line in admin_page and "w-dead" not in admin_page
     other = api.start("tests.three_steps", 2)
     assert 'id="executing-now"' not in admin_client.get(reverse("dashboard:run", args=[other.id])).content.decode()
+    transport_of(manual).run_turns()  # the step written as dispatched (the locked path): recorded
+    page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
+    assert "step 1, attempt 1, on worker w-opt" in page and "not recorded yet" not in page
