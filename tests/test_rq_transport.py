@@ -100,7 +100,7 @@ def run_status(run_id: str) -> str:
     return WorkflowRun.objects.get(pk=run_id).status
 
 
-def finished_job_kinds(engine: Engine, at_least: int = 0) -> list[str]:
+def finished_job_kinds(engine: Engine, *, at_least: int) -> list[str]:
     """The kinds of the jobs in RQ's finished registry, once it holds `at_least`: RQ files a job
     as finished after its function returned, so after the run's completion it committed."""
     queue = engine.transport.tiers[NORMAL]
