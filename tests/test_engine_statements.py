@@ -9,7 +9,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from durable_flow.attempts import attempt_finished, attempt_started
 from durable_flow.engine import statements
@@ -79,6 +80,19 @@ def test_the_result_lock_reads_every_checkpoint_of_a_lone_call_and_only_its_own_
     assert list(wave) == ["w1"]
     assert statements.lock_run(str(uuid.uuid4())) is None
     assert statements.lock_checkpoint(run.id, "missing") is None
+
+
+def test_the_unlocked_read_of_a_run_reads_what_the_orm_reads_and_sends_no_lock() -> None:
+    run = new_run(input={"a": [1, 2]}, turns=0)
+    with CaptureQueriesContext(connection) as queries:
+        read = statements.read_run(run.id)
+    assert read is not None
+    stored = WorkflowRun.objects.get(pk=run.pk)
+    assert {f.attname: getattr(read, f.attname) for f in WorkflowRun._meta.concrete_fields} == {
+        f.attname: getattr(stored, f.attname) for f in WorkflowRun._meta.concrete_fields
+    }
+    assert [q["sql"].endswith("FOR UPDATE") for q in queries.captured_queries] == [False]
+    assert statements.read_run(str(uuid.uuid4())) is None
 
 
 def test_the_result_lock_in_one_round_trip_reads_what_the_two_statements_read() -> None:

@@ -41,8 +41,8 @@ from durable_flow.attempts import attempt_finished
 from durable_flow.context import WorkflowContext
 from durable_flow.current import running_step
 from durable_flow.engine.base import EngineBase
-from durable_flow.engine.locking import locked_run, one, retry_on_conflict
-from durable_flow.engine.statements import insert, save_fields, writes_together
+from durable_flow.engine.locking import locked_run, retry_on_conflict
+from durable_flow.engine.statements import insert, read_run, save_fields, writes_together
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
@@ -131,7 +131,7 @@ class OptimisticMixin(EngineBase):
         run's status afterwards, or None when this turn must take the locked path (nothing was
         written, and the step, if any, did not run). `on_step` gets the step's key right before
         it runs (the worker lists it as running in its heartbeat)."""
-        run = one(WorkflowRun.objects.filter(pk=run_id))
+        run = read_run(run_id)
         if run is None or run.status != RunStatus.PENDING or run.turns:
             return None
         definition = self._probe_definition(run)

@@ -273,6 +273,12 @@ def lock_run(run_id: str) -> WorkflowRun | None:
     return next(iter(fetch(WorkflowRun, _run_sql(connection.vendor, _for_update()), [run_id])), None)
 
 
+def read_run(run_id: str) -> WorkflowRun | None:
+    """The run's row, not locked (`filter(pk=run_id)`), or None: the optimistic first turn's
+    read before its step (`engine/optimistic.py`), on the path of every run over `rq`."""
+    return next(iter(fetch(WorkflowRun, _run_sql(connection.vendor, ""), [run_id])), None)
+
+
 @cache
 def _checkpoint_sql(vendor: str, lock: str) -> str:
     table = _q(StepCheckpoint._meta.db_table)
