@@ -119,7 +119,7 @@ def headlines(result: Result) -> list[str]:
             f" over rq with every step a job {row[6]} wf/s (ratio {row[7]}), over db {row[8]} wf/s (ratio {row[9]})"
             for row in rows
             if len(row) == 10 and row[0].isdigit()
-        ] + [line for line in lines if line.startswith(("target", "cpu"))]
+        ] + [line for line in lines if line.startswith(("target", "worst", "rounds", "cpu"))]
     if result.name == "waiters":
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
     if result.name in ("rss", "history"):
