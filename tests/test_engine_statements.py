@@ -213,6 +213,41 @@ def test_the_best_waiter_is_the_one_the_orm_ranks_first(order: str) -> None:
     assert seen == (["d", "f", "b", "c", "a", "e"] if order == "fifo" else ["f", "d", "c", "b", "a", "e"])
 
 
+def test_a_key_drawn_with_the_runs_lock_lets_a_new_rows_insert_be_held_back() -> None:
+    """`lock_run_drawing_id` then `insert_held` write the row `insert` writes, under the drawn
+    key, the INSERT held back to the next round trip on PostgreSQL; elsewhere no key is drawn
+    (the caller inserts with `insert`)."""
+    run = new_run(turns=2)
+    earlier = new_checkpoint(run, "a")
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        locked, drawn = statements.lock_run_drawing_id(run.id, StepCheckpoint)
+        cp = StepCheckpoint(
+            run=run,
+            key="b",
+            sequence=1,
+            kind=StepKind.STEP,
+            name="tests.echo",
+            input={"k": [1]},
+            status=StepStatus.WAITING,
+        )
+        if drawn is None:
+            statements.insert(cp)
+        else:
+            with statements.writes_together():
+                cp.pk = drawn
+                statements.insert_held(cp)
+                held = len(queries)
+    assert locked is not None and locked.turns == 2
+    assert statements.lock_run_drawing_id(str(uuid.uuid4()), StepCheckpoint)[0] is None
+    stored = StepCheckpoint.objects.get(run=run, key="b")
+    assert (stored.pk, stored.input, stored.status, cp._state.adding) == (cp.pk, {"k": [1]}, StepStatus.WAITING, False)
+    if connection.vendor == "postgresql":
+        assert drawn is not None and drawn > earlier.pk
+        assert (held, len(queries)) == (1, 2)  # the lock and the key in one round trip; the INSERT held, then sent
+    else:
+        assert drawn is None
+
+
 def test_writes_held_together_run_in_call_order_and_a_missing_row_still_fails() -> None:
     """`writes_together`: on PostgreSQL the block's `save_fields` and `upsert` go in the round
     trip of the next statement (counted with a query hook), which sees them, and an UPDATE

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durable_flow import cancel, register_queue, start
-from durable_flow.engine import Engine
+from durable_flow.engine import Engine, statements
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.registry import get_workflow, step_backoff
@@ -68,10 +68,46 @@ def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(
     assert run.turns == 2  # the optimistic turn, then the inline one that sent step 2
     assert [key for _, key, _ in transport.steps] == ["2"] and not transport.turns
     # The step's checkpoint and its attempt are each one INSERT, never updated after.
-    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith(("INSERT", "UPDATE"))]
+    # (Statements, not round trips: on PostgreSQL held-back writes go in one `execute`.)
+    sent = [sql for q in queries.captured_queries for sql in q["sql"].split("; ")]
+    writes = [sql for sql in sent if sql.startswith(("INSERT", "UPDATE"))]
     checkpoint_table = StepCheckpoint._meta.db_table
     assert sum(f'INTO "{checkpoint_table}"' in sql for sql in writes) == 2  # step 1, then step 2's dispatch
     assert not any(sql.startswith(f'UPDATE "{checkpoint_table}"') for sql in writes)
+    # One transaction; on PostgreSQL, three round trips in it: the run's lock (with the key drawn
+    # for step 1's checkpoint), the checkpoint and its attempt held back to go with step 2's
+    # dispatch, the run's update. SQLite sends each statement alone.
+    sqls = [q["sql"] for q in queries.captured_queries]
+    begin = next(i for i, sql in enumerate(sqls) if sql.startswith("BEGIN"))
+    assert sqls.count("COMMIT") == 1 and len(sqls[begin + 1 : sqls.index("COMMIT")]) == (
+        3 if statements.one_round_trip() else 5
+    )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite stores a NUL in JSON text: the PostgreSQL pass")
+@pytest.mark.parametrize("workflow", ["tests.echo_flow", "tests.echo_then_step"])
+def test_an_output_the_database_refuses_is_recorded_as_the_attempts_failure(
+    queued_turns: tuple[Engine, QueuedTurns], monkeypatch: pytest.MonkeyPatch, workflow: str
+) -> None:
+    """The checkpoint's INSERT is held back to the transaction's last round trip, so the
+    refusal comes out at the write's end (`echo_flow`) or, as the inline turn's failure, at the
+    next statement that turn sends (`echo_then_step`: step 2's dispatch), not at the INSERT:
+    still one failed attempt, recorded with the turn queued, nothing of the refused write left."""
+    engine, transport = queued_turns
+    # Past the engine's own check (`ensure_json` names a NUL before any database sees it), so
+    # the database is what refuses: the last line of defence this test is about.
+    monkeypatch.setattr("durable_flow.engine.optimistic.ensure_json", lambda value, *_: value)
+    run = start(workflow, "a\\x00b")  # the step turns the escape into a NUL
+    transport.turns.clear()
+    assert engine.run_first_turn(run.id, "w1") == RunStatus.PENDING  # its next turn queued
+    (cp,) = StepCheckpoint.objects.filter(run=run)
+    assert cp.status == StepStatus.FAILED and cp.output is None and "\\u0000" in cp.error["message"]
+    (attempt,) = StepAttempt.objects.filter(checkpoint=cp)
+    assert (attempt.attempt, attempt.status, attempt.worker) == (1, AttemptStatus.FAILED, "w1")
+    assert list(transport.turns) == [run.id]  # the next turn queued, not taken inline
+    engine.run_turn(transport.turns.popleft())
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
 
 
 def test_a_failed_first_step_with_retries_left_is_recorded_retrying_and_retried_by_the_poller(

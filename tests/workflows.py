@@ -293,6 +293,13 @@ def echo_flow(ctx: Any, value: Any) -> Any:
     return ctx.step(echo_raw, value)
 
 
+@workflow("tests.echo_then_step")
+def echo_then_step(ctx: Any, value: Any) -> Any:
+    """`echo_flow`, then a second step: its dispatch is a statement the first result's turn sends."""
+    ctx.step(echo_raw, value)
+    return ctx.step(echo_raw, "second")
+
+
 @step("tests.echo_raw")
 def echo_raw(value: Any) -> Any:
     if isinstance(value, str):

@@ -41,8 +41,15 @@ from durable_flow.attempts import attempt_finished
 from durable_flow.context import WorkflowContext
 from durable_flow.current import running_step
 from durable_flow.engine.base import EngineBase
-from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.statements import insert, read_run, save_fields, writes_together
+from durable_flow.engine.locking import retry_on_conflict
+from durable_flow.engine.statements import (
+    insert,
+    insert_held,
+    lock_run_drawing_id,
+    read_run,
+    save_fields,
+    writes_together,
+)
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
@@ -184,21 +191,26 @@ class OptimisticMixin(EngineBase):
     def _record_first_step(self: Engine, run_id: str, ran: _Ran) -> str:
         """Record the step as it ended, with the first turn, then take the next turn inline; if
         that turn fails, record again with the turn queued (as `record_result` does). A result
-        the database refuses (a value it cannot store) is recorded as the attempt's failure."""
-        try:
-            return self._write_first_step(run_id, ran, inline=True)
-        except InlineTurnFailed as failed:
-            logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
-        except DataError as exc:
-            if ran.error is not None:
-                raise
-            ran.output, ran.error = None, error_info(exc)
-        return self._write_first_step(run_id, ran, inline=False)
+        the database refuses (a value it cannot store) is recorded as the attempt's failure,
+        with the turn queued. The checkpoint's INSERT is held back to the transaction's last
+        round trip on PostgreSQL, so a refusal may come out of the inline turn (as its failure)
+        or at the write's end: either way each retry is taken once."""
+        inline = True
+        while True:
+            try:
+                return self._write_first_step(run_id, ran, inline=inline)
+            except InlineTurnFailed as failed:
+                logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
+            except DataError as exc:
+                if ran.error is not None:
+                    raise
+                ran.output, ran.error = None, error_info(exc)
+            inline = False
 
     @retry_on_conflict
     def _write_first_step(self: Engine, run_id: str, ran: _Ran, *, inline: bool) -> str:
         with transaction.atomic(), writes_together():
-            run, _ = locked_run(run_id)
+            run, drawn_id = lock_run_drawing_id(run_id, StepCheckpoint)
             if run is None:
                 return "missing"
             if run.status != RunStatus.PENDING or run.turns:
@@ -217,7 +229,11 @@ class OptimisticMixin(EngineBase):
             else:
                 cp.status = StepStatus.FAILED if ran.error is not None else StepStatus.COMPLETED
                 cp.output, cp.error, cp.wake_at, cp.finished_at = ran.output, ran.error, None, now
-            insert(cp)
+            if drawn_id is None:
+                insert(cp)
+            else:  # sent with the attempt and the run's writes, in the transaction's last round trip
+                cp.pk = drawn_id
+                insert_held(cp)
             attempt_finished(
                 cp,
                 cp.attempt,

@@ -263,6 +263,19 @@ def insert(obj: Model) -> None:
     obj._state.db = connection.alias
 
 
+def insert_held(obj: Model) -> None:
+    """`insert` for a new row whose primary key is set already (`lock_run_drawing_id`): the
+    key sent with the other columns and nothing read back, so inside a `writes_together` block
+    the INSERT is held back like `save_fields`, and sent with the next statement."""
+    columns, values = _new_row(obj)
+    sql = _insert_sql(type(obj), (obj._meta.pk.column, *columns), connection.vendor)  # type: ignore[union-attr]
+    if not _hold(sql, [obj.pk, *values], must_match=False):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [obj.pk, *values])
+    obj._state.adding = False
+    obj._state.db = connection.alias
+
+
 @cache
 def _run_sql(vendor: str, lock: str) -> str:
     return f"SELECT * FROM {_q(WorkflowRun._meta.db_table)} WHERE {_q('id')} = %s{lock}"
@@ -277,6 +290,27 @@ def read_run(run_id: str) -> WorkflowRun | None:
     """The run's row, not locked (`filter(pk=run_id)`), or None: the optimistic first turn's
     read before its step (`engine/optimistic.py`), on the path of every run over `rq`."""
     return next(iter(fetch(WorkflowRun, _run_sql(connection.vendor, ""), [run_id])), None)
+
+
+def lock_run_drawing_id(run_id: str, model: type[Model]) -> tuple[WorkflowRun | None, int | None]:
+    """`lock_run`, and on PostgreSQL a primary key for a new row of `model` drawn from its
+    table's sequence, in one round trip (`one_round_trip`; elsewhere the key is None). With the
+    key in hand, the row's INSERT needs no RETURNING and can be held back (`insert_held`), so a
+    result's checkpoint goes to the database with the writes after it instead of alone."""
+    lock_sql = _run_sql(connection.vendor, _for_update())
+    if not one_round_trip():
+        return lock_run(run_id), None
+    meta = model._meta
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{lock_sql}; SELECT nextval(pg_get_serial_sequence(%s, %s))",
+            [run_id, meta.db_table, meta.pk.column],  # type: ignore[union-attr]
+        )
+        columns = tuple(column[0] for column in cursor.description)
+        runs = [load(WorkflowRun, columns, row) for row in cursor.fetchall()]
+        cursor.nextset()
+        drawn = int(cursor.fetchone()[0])  # drawn even for a missing run: a gap, as a rollback leaves
+    return (runs[0] if runs else None), drawn
 
 
 @cache
