@@ -54,7 +54,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("caps", "caps.py", [], ["--quick"]),
     ("fairness", "fairness.py", ["--json"], ["--json"]),
     ("rss", "rss.py", [], []),
-    ("history", "history.py", [], ["--runs", "300"]),
+    ("history", "history.py", [], []),  # 600 runs a timing, 3 rounds: --quick would shrink the history
     ("hotpath (SQLite)", "hotpath.py", [], ["--runs", "50"]),
     ("hotpath (PostgreSQL)", "hotpath.py", ["--postgres"], ["--postgres", "--runs", "50"]),
     ("peer_dbos (SQLite)", "peer_dbos.py", [], []),  # the N (500) in --quick too
@@ -123,7 +123,7 @@ def headlines(result: Result) -> list[str]:
     if result.name == "waiters":
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
     if result.name in ("rss", "history"):
-        return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio", line) and "each tenth" not in line]
+        return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio|worst", line) and "each tenth" not in line]
     if result.name.startswith("hotpath"):
         return lines[next((i for i, line in enumerate(lines) if line.startswith("summary")), len(lines)) :]
     if result.name == "contention":
