@@ -73,7 +73,8 @@ def sqlite_database(path: Path) -> dict[str, object]:
     "database is locked" half-way through a read-then-write transaction.
     """
     return {
-        "ENGINE": "django.db.backends.sqlite3",
+        # Django's backend, its write transactions queued on a file lock across processes.
+        "ENGINE": "durable_flow.backends.sqlite3",
         "NAME": path,
         "CONN_MAX_AGE": 60,  # workers close "old" connections around every task
         "OPTIONS": {
