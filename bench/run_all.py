@@ -55,6 +55,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("fairness", "fairness.py", ["--json"], ["--json"]),
     ("rss", "rss.py", [], []),
     ("history", "history.py", [], []),  # 600 runs a timing, 3 rounds: --quick would shrink the history
+    ("sqlite_processes", "sqlite_processes.py", [], []),  # 1,000 runs a timing, 3 rounds (~2 minutes)
     ("hotpath (SQLite)", "hotpath.py", [], ["--runs", "50"]),
     ("hotpath (PostgreSQL)", "hotpath.py", ["--postgres"], ["--postgres", "--runs", "50"]),
     ("peer_dbos (SQLite)", "peer_dbos.py", [], []),  # the N (500) in --quick too
