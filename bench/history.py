@@ -14,7 +14,7 @@ A hot path that reads by primary key and partial indexes does not see the histor
 (target: with history / empty >= 0.9, noise allowing; the ratio is printed as it is).
 
 The two databases are kept as files (the empty one, and the one with the history), and
-`--rounds` rounds (3) each time both from a copy of their file, alternately (empty, with history,
+`--rounds` rounds (5) each time both from a copy of their file, alternately (empty, with history,
 empty, ...): the ratio is the median of each round's ratio. On a shared host whose speed moves
 within minutes, one pair of timings a few minutes apart (the history's insertion between them)
 read 0.87 and 1.16 in two runs of the same code.
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20,000 runs of history, 200 timed")
     parser.add_argument("--history", type=int, default=None, help="completed runs inserted (default 100,000)")
     parser.add_argument("--runs", type=int, default=None, help="workflows timed per phase (default 600)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating timings of each database (the median)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timings of each database (the median)")
     args = parser.parse_args()
     if args.rounds < 1:
         raise SystemExit("--rounds: at least 1")

@@ -54,7 +54,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("caps", "caps.py", [], ["--quick"]),
     ("fairness", "fairness.py", ["--json"], ["--json"]),
     ("rss", "rss.py", [], []),
-    ("history", "history.py", [], []),  # 600 runs a timing, 3 rounds: --quick would shrink the history
+    ("history", "history.py", [], []),  # 600 runs a timing, 5 rounds: --quick would shrink the history
     ("sqlite_processes", "sqlite_processes.py", [], []),  # 1,000 runs a timing, 3 rounds (~2 minutes)
     ("hotpath (SQLite)", "hotpath.py", [], ["--runs", "50"]),
     ("hotpath (PostgreSQL)", "hotpath.py", ["--postgres"], ["--postgres", "--runs", "50"]),
@@ -125,6 +125,8 @@ def headlines(result: Result) -> list[str]:
         return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
     if result.name in ("rss", "history"):
         return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio|worst", line) and "each tenth" not in line]
+    if result.name.startswith("peer_dbos"):
+        return [line for line in lines if "(median)" in line or HEADLINE.search(line)]
     if result.name.startswith("hotpath"):
         return lines[next((i for i, line in enumerate(lines) if line.startswith("summary")), len(lines)) :]
     if result.name == "contention":
