@@ -215,6 +215,10 @@ class Task(models.Model):
     available_at = models.DateTimeField()
     claimed_by = models.CharField(max_length=200, null=True, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
+    #: How many times a worker claimed it: 1 on its first delivery, more once it was handed back,
+    #: given up for a dead worker or taken after its lease lapsed (`engine/optimistic.py` runs a
+    #: run's first step before writing anything only on a turn's first delivery).
+    deliveries = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -36,9 +36,9 @@ if ADMISSION_BACKEND == "redis":
 TRANSPORT: dict[str, object] = {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")}
 if TRANSPORT["BACKEND"] == "rq" and os.environ.get("DURABLE_FLOW_EAGER_STEPS") == "0":
     TRANSPORT["EAGER_STEPS"] = False  # every step an RQ job (tests of RQ's registries, bench/transport.py)
-if TRANSPORT["BACKEND"] == "rq" and os.environ.get("DURABLE_FLOW_OPTIMISTIC_FIRST_STEP") in ("0", "1"):
-    # On by default with EAGER_STEPS; "0": a first step written as running before it runs (the
-    # locked path: tests of it, bench/transport.py's rq-locked column).
+if TRANSPORT["BACKEND"] in ("rq", "db") and os.environ.get("DURABLE_FLOW_OPTIMISTIC_FIRST_STEP") in ("0", "1"):
+    # On by default (on `rq`, with EAGER_STEPS); "0": a first step written as running before it
+    # runs (the locked path: tests of it, bench/transport.py's rq-locked column).
     TRANSPORT["OPTIMISTIC_FIRST_STEP"] = os.environ["DURABLE_FLOW_OPTIMISTIC_FIRST_STEP"] == "1"
 
 DURABLE_FLOW = {

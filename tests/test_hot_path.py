@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection
 from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
@@ -31,7 +32,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.poller import TimerPoller
-from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
+from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport, give_up
 from durable_flow.transports.runner import ClaimedTask, EngineRunner
 from durable_flow.worker.concurrency import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
@@ -59,6 +60,15 @@ def work(engine: Engine, source: DatabaseTaskSource, task: ClaimedTask) -> None:
 
 @pytest.fixture
 def db_engine(clock: MovableClock, transactional_db: None) -> tuple[Engine, DatabaseTaskSource]:
+    """The locked path, which most of these tests count: `OPTIMISTIC_FIRST_STEP` off (a run's
+    first step is written as dispatched before it runs). The default: `db_default`."""
+    transport = DatabaseTransport(optimistic_first_step=False)
+    return local_engine(clock, transport), transport.source()
+
+
+@pytest.fixture
+def db_default(clock: MovableClock, transactional_db: None) -> tuple[Engine, DatabaseTaskSource]:
+    """The `db` transport as configured by default: `OPTIMISTIC_FIRST_STEP` on."""
     transport = DatabaseTransport()
     return local_engine(clock, transport), transport.source()
 
@@ -328,3 +338,85 @@ def test_the_apps_choices_are_dumped_by_a_dumper_registered_for_their_own_class(
             "SELECT status FROM durable_flow_workflowrun WHERE id = %s AND status = %s", [run.pk, RunStatus.SUSPENDED]
         )
         assert cursor.fetchone() == ("suspended",)
+
+
+def checkpoint_writes(queries: CaptureQueriesContext) -> list[str]:
+    """The INSERTs and UPDATEs of step checkpoints sent (held-back writes split apart)."""
+    table = StepCheckpoint._meta.db_table
+    sent = [sql for q in queries.captured_queries for sql in q["sql"].split("; ")]
+    return [sql for sql in sent if sql.startswith((f'INSERT INTO "{table}"', f'UPDATE "{table}"'))]
+
+
+def test_by_default_a_one_step_workflow_is_one_task_and_costs_at_most_eight_statements_in_two_transactions(
+    db_default: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """`OPTIMISTIC_FIRST_STEP` on the `db` transport (the default): the claim (1), the unlocked
+    read of the run (1), then one transaction: lock the run, delete the turn's task row, insert
+    the checkpoint and its attempt as they ended, finish the run (5). The step is recorded once:
+    one INSERT of its checkpoint, no UPDATE."""
+    engine, source = db_default
+    assert source.optimistic_first_step
+    run = start("tests.echo_flow", "hello")
+    runtime = worker(engine, source)
+    with CaptureQueriesContext(connection) as queries:
+        [task] = source.claim(runtime.worker_id, 1, 0)
+        assert task.first_delivery
+        runtime._execute(task)  # the pool thread's work, on this thread so its SQL is captured
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "hello")
+    assert not Task.objects.exists()  # deleted in the transaction that recorded the step
+    cp = StepCheckpoint.objects.get(run=run)
+    assert (cp.status, cp.attempt, cp.worker) == (StepStatus.COMPLETED, 1, runtime.worker_id)
+    row = StepAttempt.objects.get(checkpoint=cp)
+    assert (row.attempt, row.status, row.worker) == (1, AttemptStatus.COMPLETED, runtime.worker_id)
+    assert row.started_at is not None and row.finished_at >= row.started_at
+    writes = checkpoint_writes(queries)
+    assert len(writes) == 1 and writes[0].startswith("INSERT"), writes
+    statements = data_statements(queries)
+    assert len(statements) <= 8, "\n".join(statements)
+    begins = [q for q in queries.captured_queries if q["sql"].startswith("BEGIN")]
+    if connection.vendor == "sqlite":  # PostgreSQL's driver sends BEGIN past the query log
+        assert len(begins) == 1  # the claim and the read are autocommit statements
+
+
+def test_a_turn_task_claimed_a_second_time_takes_the_locked_path(
+    db_default: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """A turn task given up (its worker stopped or died: `give_up`, as the poller's
+    `reclaim_from` does) or taken after its lease lapsed is not a first delivery: the step may
+    have run already, or be running, on the worker that held it. The locked path writes the
+    checkpoint as dispatched first, then settles it."""
+    engine, source = db_default
+    run = start("tests.echo_flow", "hello")
+    first = claim_one(source)
+    assert (first.kind, first.first_delivery) == ("turn", True)
+    give_up(first.handle, "w")
+    again = claim_one(source)
+    assert (again.handle, again.first_delivery) == (first.handle, False)
+    assert Task.objects.get(pk=again.handle).deliveries == 2
+    runtime = worker(engine, source)
+    Task.objects.filter(pk=again.handle).update(claimed_by=runtime.worker_id)
+    with CaptureQueriesContext(connection) as queries:
+        runtime._execute(again)
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "hello")
+    writes = checkpoint_writes(queries)
+    assert [sql.split()[0] for sql in writes] == ["INSERT", "UPDATE"], writes  # dispatched, then settled
+    assert not Task.objects.exists()
+
+
+def test_a_step_task_is_never_a_first_delivery(db_default: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_default
+    run = start("tests.echo_flow", "hello")
+    Task.objects.all().delete()
+    engine.transport.enqueue_step(run.id, "1", 1, 0)
+    step = claim_one(source)
+    assert (step.kind, step.first_delivery) == ("step", False)
+    assert Task.objects.get(pk=step.handle).deliveries == 1
+
+
+def test_optimistic_first_step_is_a_checked_option_of_the_db_transport() -> None:
+    assert DatabaseTransport.from_options({}).source().optimistic_first_step
+    assert not DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": False}).source().optimistic_first_step
+    with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]'):
+        DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": "yes"})

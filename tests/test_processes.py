@@ -67,11 +67,20 @@ def woken_by(marker: Path) -> Counter[str]:
     return Counter(parts[1] for parts in marker_lines(marker) if parts[0] == "woke")
 
 
+@pytest.mark.parametrize("optimistic", [True, False], ids=["optimistic-first-step", "locked"])
 def test_worker_killed_mid_step_loses_nothing_and_the_run_completes_after_restart(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path, optimistic: bool
 ) -> None:
+    """Optimistic (the default): the killed worker wrote nothing, so its turn task, given up
+    by the poller, is claimed a second time and takes the locked path: the step's first
+    recorded attempt is the restarted worker's. Locked: the step was written as dispatched,
+    and the restarted worker's run of it is attempt 2."""
     marker = tmp_path / "marker"
-    env = {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker)}
+    env = {
+        "DURABLE_FLOW_TRANSPORT": "db",
+        "DURABLE_FLOW_TEST_MARKER": str(marker),
+        "DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "1" if optimistic else "0",
+    }
     payload = {"id": "killed", "seconds": 2.0}
     run = start("tests.slow_one", payload)
     spawn("durable_poller", env=env)
@@ -80,7 +89,8 @@ def test_worker_killed_mid_step_loses_nothing_and_the_run_completes_after_restar
     worker.kill()  # SIGKILL, mid-step
     assert worker.proc.returncode == -9
     run.refresh_from_db()
-    assert run.status == RunStatus.RUNNING
+    assert run.status == (RunStatus.PENDING if optimistic else RunStatus.RUNNING)
+    assert StepCheckpoint.objects.filter(run=run).exists() is not optimistic
     spawn("durable_worker", "--concurrency", "2", env=env)
     wait_for(
         lambda: WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED, timeout=60, what="run to complete"
@@ -92,7 +102,8 @@ def test_worker_killed_mid_step_loses_nothing_and_the_run_completes_after_restar
     run.refresh_from_db()
     assert run.output == payload
     (cp,) = StepCheckpoint.objects.filter(run=run)
-    assert (cp.status, cp.attempt, cp.output, cp.late_result) == (StepStatus.COMPLETED, 2, payload, None)
+    attempt = 1 if optimistic else 2
+    assert (cp.status, cp.attempt, cp.output, cp.late_result) == (StepStatus.COMPLETED, attempt, payload, None)
 
 
 def test_a_poller_killed_and_restarted_wakes_every_due_run_once(

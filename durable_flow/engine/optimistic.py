@@ -13,13 +13,17 @@ taken), writes the checkpoint and its attempt as they ended, and takes the next 
 Anything else the replay reaches (a sleep, a signal, a child, a queued step, the workflow
 returning or raising) leaves the turn to the locked path, which replays it again.
 
-What it costs (`OPTIMISTIC_FIRST_STEP` on the `rq` transport, on by default with `EAGER_STEPS`):
+`OPTIMISTIC_FIRST_STEP`: on the `rq` transport, on by default with `EAGER_STEPS` (a turn job's
+first delivery: RQ has not stamped its `started_at`); on the `db` transport, on by default (a
+turn task's first claim: `Task.deliveries` is 1), its task row deleted in the transaction that
+records the step. What it costs:
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
   checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
   pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn
   sent again for a pending run whose first step a live worker runs).
-- A crash mid-step leaves no attempt behind. The turn's job is still the broker's, so it is run
-  again (the poller re-queues a dead worker's jobs); a job delivered a second time takes the
+- A crash mid-step leaves no attempt behind. The turn's job (task row) is still the
+  transport's, so it is run again (the poller re-queues a dead worker's jobs and gives up its
+  task rows; a lapsed lease is taken again); a turn delivered a second time takes the
   locked path, so a step that kills its process is recorded as dispatched there and is bounded
   by its retries like any step, instead of crashing the worker forever.
 - Two deliveries of one turn at once may both run the step (a step is at-least-once anyway):
@@ -132,12 +136,19 @@ class OptimisticMixin(EngineBase):
     """A run's first turn and first step, written once, with the step's result."""
 
     def run_first_turn(
-        self: Engine, run_id: str, worker_id: str, *, on_step: Callable[[str], object] | None = None
+        self: Engine,
+        run_id: str,
+        worker_id: str,
+        *,
+        on_step: Callable[[str], object] | None = None,
+        also: Callable[[], object] | None = None,
     ) -> str | None:
         """Take a run's first turn optimistically (see the module's docstring). Returns the
         run's status afterwards, or None when this turn must take the locked path (nothing was
-        written, and the step, if any, did not run). `on_step` gets the step's key right before
-        it runs (the worker lists it as running in its heartbeat)."""
+        written, `also` was not called, and the step, if any, did not run). `on_step` gets the
+        step's key right before it runs (the worker lists it as running in its heartbeat);
+        `also` runs in the transaction that records the step, as in `run_turn`'s (the `db`
+        source deletes its task row there)."""
         run = read_run(run_id)
         if run is None or run.status != RunStatus.PENDING or run.turns:
             return None
@@ -150,7 +161,7 @@ class OptimisticMixin(EngineBase):
         if on_step is not None:
             on_step(cp.key)
         ran = self._run_first_step(cp, worker_id)
-        return self._record_first_step(run_id, ran)
+        return self._record_first_step(run_id, ran, also)
 
     def _probe_definition(self: Engine, run: WorkflowRun) -> WorkflowDefinition | None:
         try:
@@ -188,7 +199,7 @@ class OptimisticMixin(EngineBase):
             ran.output, ran.error = None, error_info(exc)
         return ran
 
-    def _record_first_step(self: Engine, run_id: str, ran: _Ran) -> str:
+    def _record_first_step(self: Engine, run_id: str, ran: _Ran, also: Callable[[], object] | None = None) -> str:
         """Record the step as it ended, with the first turn, then take the next turn inline; if
         that turn fails, record again with the turn queued (as `record_result` does). A result
         the database refuses (a value it cannot store) is recorded as the attempt's failure,
@@ -198,7 +209,7 @@ class OptimisticMixin(EngineBase):
         inline = True
         while True:
             try:
-                return self._write_first_step(run_id, ran, inline=inline)
+                return self._write_first_step(run_id, ran, inline=inline, also=also)
             except InlineTurnFailed as failed:
                 logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
             except DataError as exc:
@@ -208,9 +219,13 @@ class OptimisticMixin(EngineBase):
             inline = False
 
     @retry_on_conflict
-    def _write_first_step(self: Engine, run_id: str, ran: _Ran, *, inline: bool) -> str:
+    def _write_first_step(
+        self: Engine, run_id: str, ran: _Ran, *, inline: bool, also: Callable[[], object] | None = None
+    ) -> str:
         with transaction.atomic(), writes_together():
             run, drawn_id = lock_run_drawing_id(run_id, StepCheckpoint)
+            if also is not None:
+                also()  # the turn's task is done whatever this finds: recorded, or answered by another
             if run is None:
                 return "missing"
             if run.status != RunStatus.PENDING or run.turns:

@@ -34,7 +34,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
-from durable_flow.options import Option, positive_number
+from durable_flow.options import Option, boolean, positive_number
 from durable_flow.transports import db_notify
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
@@ -102,10 +102,21 @@ class DatabaseTransport(Transport):
             "Lease (s) on a claimed task; renewed by the worker's heartbeat.", positive_number
         ),
         "POLL_INTERVAL_S": Option("Pause (s) between claims when the table is empty.", positive_number),
+        "OPTIMISTIC_FIRST_STEP": Option(
+            "Whether a run's first step, when it is a plain one (no queue, step concurrency, timeout or "
+            "fan-out), runs on the first delivery of the run's first turn before anything is written and "
+            "is recorded with its result: one transaction a run fewer, the running step shown from its "
+            "worker's heartbeat meanwhile, not from the run's rows (engine/optimistic.py). Default: on.",
+            boolean,
+        ),
     }
 
     def __init__(
-        self, concurrency: object = 4, visibility_timeout_s: float = 60.0, poll_interval_s: float = 0.1
+        self,
+        concurrency: object = 4,
+        visibility_timeout_s: float = 60.0,
+        poll_interval_s: float = 0.1,
+        optimistic_first_step: bool = True,
     ) -> None:
         if (
             isinstance(visibility_timeout_s, bool)
@@ -118,6 +129,7 @@ class DatabaseTransport(Transport):
         self.concurrency = concurrency
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
+        self.optimistic_first_step = optimistic_first_step
         self._engine: Engine | None = None
 
     def enqueue_turn(self, run_id: str) -> None:
@@ -166,7 +178,9 @@ class DatabaseTransport(Transport):
 
     def source(self) -> DatabaseTaskSource:
         """The consuming side, for `durable_worker`."""
-        return DatabaseTaskSource(self.visibility_timeout_s, self.poll_interval_s)
+        return DatabaseTaskSource(
+            self.visibility_timeout_s, self.poll_interval_s, optimistic_first_step=self.optimistic_first_step
+        )
 
 
 assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
@@ -183,11 +197,13 @@ def _claim_statement(skipped: int = 0, lapsed: bool = True) -> str:
     skip = f" AND {q('id')} NOT IN ({', '.join(['%s'] * skipped)})" if skipped else ""
     unclaimed = f"{q('claimed_by')} IS NULL"
     claimable = f"({unclaimed} OR {q('lease_until')} < %s)" if lapsed else unclaimed
+    deliveries = q("deliveries")
     return (
-        f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s WHERE {q('id')} IN ("
-        f"SELECT {q('id')} FROM {table} WHERE {claimable} "
+        f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s, {deliveries} = {deliveries} + 1 "
+        f"WHERE {q('id')} IN (SELECT {q('id')} FROM {table} WHERE {claimable} "
         f"AND {q('available_at')} <= %s{skip} ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
-        f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}"
+        f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}, "
+        f"{deliveries}"
     )
 
 
@@ -227,8 +243,14 @@ class DatabaseTaskSource(TaskSource):
         return _not_announced()
 
     def __init__(
-        self, visibility_timeout_s: float, poll_interval_s: float, monotonic: Callable[[], float] = time.monotonic
+        self,
+        visibility_timeout_s: float,
+        poll_interval_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        *,
+        optimistic_first_step: bool = False,
     ) -> None:
+        self.optimistic_first_step = optimistic_first_step
         self.visibility = timedelta(seconds=visibility_timeout_s)
         self.poll_interval_s = poll_interval_s
         self.queues = ["db"]
@@ -309,8 +331,15 @@ class DatabaseTaskSource(TaskSource):
             cursor.execute(_claim_statement(len(skipped), lapsed), params)
             rows = sorted(cursor.fetchall(), key=lambda row: (row[1], -row[5], row[0]))
         return [
-            ClaimedTask(kind=kind, run_id=run_id, step_key=step_key, attempt=attempt, handle=task_id)
-            for task_id, kind, run_id, step_key, attempt, _ in rows
+            ClaimedTask(
+                kind=kind,
+                run_id=run_id,
+                step_key=step_key,
+                attempt=attempt,
+                handle=task_id,
+                first_delivery=kind == TaskKind.TURN and deliveries == 1,
+            )
+            for task_id, kind, run_id, step_key, attempt, _, deliveries in rows
         ]
 
     def execute(self, runner: TaskRunner, task: ClaimedTask) -> bool:

@@ -215,10 +215,10 @@ class WorkerRuntime(EngineRunner):
         if self._stop.is_set() or not self.source.turn_steps_inline:
             return super().run_turn(run_id, also=also)
         task: ClaimedTask | None = getattr(self._handed, "task", None)
-        if self.source.optimistic_first_step and also is None and task is not None and task.first_delivery:
+        if self.source.optimistic_first_step and task is not None and task.first_delivery:
             try:
                 status = self.engine.run_first_turn(
-                    run_id, self.worker_id, on_step=partial(setattr, task, "optimistic_step")
+                    run_id, self.worker_id, on_step=partial(setattr, task, "optimistic_step"), also=also
                 )
             finally:
                 task.optimistic_step = ""
