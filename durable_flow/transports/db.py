@@ -8,7 +8,10 @@ done; a worker that dies leaves its lease to lapse, and the task is claimed agai
 the poller finds its heartbeat lapsed: `reclaim_from` gives its tasks up). A lapsed lease is
 taken only by a worker that has had the database for a whole lease since it started or rode
 out an outage: while the database was away no worker could renew its leases, so a lapsed one
-may belong to a live worker still running the task (`DatabaseTaskSource.outage_seen`).
+may belong to a live worker still running the task (`DatabaseTaskSource.outage_seen`). Each
+claim counts itself in the row (`deliveries`): a turn claimed for the first time may run its
+run's first step before anything is written (`OPTIMISTIC_FIRST_STEP`, `engine/optimistic.py`);
+one claimed again (handed back, given up, its lease lapsed) takes the locked path.
 
 An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable?) and claims
 only when there is: the claim is a write, which on SQLite takes the write lock even when it
