@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_flow import cancel, register_queue, start
 from durable_flow.engine import Engine, statements
+from durable_flow.engine.optimistic import ProbeGate
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.registry import get_workflow, step_backoff
@@ -195,3 +196,33 @@ def test_a_turn_another_delivery_took_meanwhile_keeps_that_ones_result(
 def test_the_option_needs_eager_steps() -> None:
     with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]: needs EAGER_STEPS'):
         RQTransport.from_options({"EAGER_STEPS": False, "OPTIMISTIC_FIRST_STEP": True})
+
+
+def test_the_probe_gate_thins_probes_after_misses_in_a_row_and_resumes_on_a_find() -> None:
+    gate = ProbeGate(misses_to_thin=3, thinned_every=4)
+    for _ in range(3):
+        assert gate.should_probe()
+        gate.record(found=False)
+    assert [gate.should_probe() for _ in range(8)] == [False, False, False, True] * 2
+    gate.record(found=True)  # one find: every first delivery is probed again
+    assert all(gate.should_probe() for _ in range(5))
+
+
+def test_a_thinned_gate_sends_a_first_delivery_to_the_locked_path_without_a_read(
+    queued_turns: tuple[Engine, QueuedTurns],
+) -> None:
+    """A process whose first calls keep being ones the locked path takes (here, sleeps) stops
+    paying an unlocked read and a partial replay for each; a plain first step is still run on
+    the locked path, correctly, only not optimistically."""
+    engine, _ = queued_turns
+    engine.probe_gate = ProbeGate(misses_to_thin=2, thinned_every=1000)
+    for _ in range(2):
+        sleeper = start("tests.sleeper", 5)
+        assert engine.run_first_turn(sleeper.id, "w1") is None  # probed: a sleep is written first
+    run = start("tests.three_steps", 1)
+    with CaptureQueriesContext(connection) as queries:
+        assert engine.run_first_turn(run.id, "w1") is None
+    assert queries.captured_queries == []
+    assert not StepCheckpoint.objects.filter(run=run).exists()
+    engine.run_turn(run.id)  # the locked path takes it
+    assert StepCheckpoint.objects.get(run=run, key="1").status == StepStatus.DISPATCHED

@@ -22,7 +22,7 @@ from durable_flow.conf import DurableFlowSettings, build_backend, get_settings
 from durable_flow.engine.dispatch import DispatchMixin
 from durable_flow.engine.handoff import GrantTimer, HandoffMixin
 from durable_flow.engine.lifecycle import LifecycleMixin
-from durable_flow.engine.optimistic import OptimisticMixin
+from durable_flow.engine.optimistic import OptimisticMixin, ProbeGate
 from durable_flow.engine.release_order import ReleaseOrderMixin
 from durable_flow.engine.results import ResultsMixin
 from durable_flow.engine.start_margins import StartMargins
@@ -65,6 +65,7 @@ class Engine(LifecycleMixin, TurnsMixin, OptimisticMixin, DispatchMixin, Handoff
         self.release_outage = Outage("admission: releasing settled steps' slots", logger)
         self.start_outage = Outage("admission: counting a step's start", logger)
         self.start_margins = StartMargins()
+        self.probe_gate = ProbeGate()
         for config in self.settings.queues:
             self.admission.register(config)
         transport.bind(self)
