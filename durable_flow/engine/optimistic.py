@@ -188,11 +188,7 @@ class OptimisticMixin(EngineBase):
         source deletes its task row there). Probed as `probe_gate` says (see `ProbeGate`)."""
         if not self.probe_gate.should_probe():
             return None
-        run = read_run(run_id)
-        definition = None
-        if run is not None and run.status == RunStatus.PENDING and not run.turns:
-            definition = self._probe_definition(run)
-        cp = self._probe(run, definition) if run is not None and definition is not None else None
+        cp = self._probe_first_call(run_id)
         self.probe_gate.record(found=cp is not None)
         if cp is None:
             return None
@@ -200,6 +196,15 @@ class OptimisticMixin(EngineBase):
             on_step(cp.key)
         ran = self._run_first_step(cp, worker_id)
         return self._record_first_step(run_id, ran, also)
+
+    def _probe_first_call(self: Engine, run_id: str) -> StepCheckpoint | None:
+        """The run's first call (unsaved) when it is a plain step and this is the run's first
+        turn (the run pending, no turn taken), read without the run's lock; else None."""
+        run = read_run(run_id)
+        if run is None or run.status != RunStatus.PENDING or run.turns:
+            return None
+        definition = self._probe_definition(run)
+        return None if definition is None else self._probe(run, definition)
 
     def _probe_definition(self: Engine, run: WorkflowRun) -> WorkflowDefinition | None:
         try:
