@@ -24,7 +24,7 @@ from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
-from durable_flow.registry import workflows
+from durable_flow.registry import startable_workflows
 from durable_flow.validation import max_length
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
@@ -40,7 +40,7 @@ class StartForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["workflow"].choices = [(name, name) for name in sorted(workflows())]
+        self.fields["workflow"].choices = [(name, name) for name in sorted(startable_workflows())]
 
 
 class SignalForm(forms.Form):

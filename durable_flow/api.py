@@ -32,14 +32,16 @@ def start(
     """Start a run of `workflow` with a JSON `input`; returns the `WorkflowRun`.
 
     Idempotent on `run_id`: starting an id that exists returns that run, unchanged.
-    Raises `WorkflowNotFound` for an unknown name and `InvalidInput` for non-JSON input.
+    Raises `WorkflowNotFound` for an unknown name or a built-in one (the tasks backend's
+    `durable_flow.task`) and `InvalidInput` for non-JSON input.
     `quota` (`{"key": "tenant:acme", "limit": 8}`) overrides the workflow's start quota for this
     start; over it, `ConcurrencyLimitError` is raised at once and nothing is created.
     """
     from durable_flow.engine import get_engine
+    from durable_flow.registry import startable_workflow
 
     # Run id and tags are checked by the engine, which every start path goes through.
-    return get_engine().start(workflow, input, run_id=run_id, tags=tags, quota=quota)
+    return get_engine().start(startable_workflow(workflow), input, run_id=run_id, tags=tags, quota=quota)
 
 
 def cancel(run_id: str) -> WorkflowRun:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import SuspiciousOperation
+
 
 class DurableFlowError(Exception):
     """Base class of every error durable_flow raises on purpose."""
@@ -13,6 +15,18 @@ class WorkflowNotFound(DurableFlowError, LookupError):
 
 class StepNotFound(DurableFlowError, LookupError):
     """No step is registered under that name (a task names a step this process does not know)."""
+
+
+class TaskNotDeclared(DurableFlowError, SuspiciousOperation):
+    """A task run names something that is no declared `@task` (stored input, never imported)."""
+
+    def __init__(self, path: object) -> None:
+        self.path = path
+        super().__init__(
+            f"{path!r} is not a declared task: a task run calls only a @task of a DurableFlowBackend, "
+            "declared in an installed app's tasks module or a module listed in DURABLE_FLOW['WORKFLOWS']; "
+            "nothing was imported for it"
+        )
 
 
 class RegistrationError(DurableFlowError):

@@ -76,6 +76,7 @@ class WorkflowDefinition:
     quota: QuotaSpec | None = None
     concurrency: tuple[ConcurrencySpec, ...] = ()
     start_control: StartControl | None = None
+    internal: bool = False
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
@@ -125,6 +126,7 @@ def workflow(
     concurrency: int | Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
     debounce: Mapping[str, Any] | None = None,
     singleton: Mapping[str, Any] | None = None,
+    internal: bool = False,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -137,6 +139,8 @@ def workflow(
     `debounce` (`{"key": "input.user", "period": timedelta(seconds=5), "max_wait": ...}`) folds
     starts of one key into one later run with the latest input; `singleton` (`{"key": ...,
     "mode": "skip" | "cancel"}`) keeps one run per key in progress; see `start_control.py`.
+    `internal` marks a built-in workflow that only durable_flow starts (the tasks backend's, whose
+    input names the code it runs): `start()`, the JSON API and the start forms refuse it by name.
     """
     _check_name(name, "workflow")
     quota_spec = parse_workflow_quota(name, quota)
@@ -154,6 +158,7 @@ def workflow(
             quota=quota_spec,
             concurrency=concurrency_specs,
             start_control=control,
+            internal=internal,
         )
         _workflows[name] = definition
         return definition
@@ -219,6 +224,22 @@ def resolve_workflow(target: str | WorkflowDefinition) -> WorkflowDefinition:
     raise InvalidInput(f"expected a workflow name or a @workflow function, got {type(target).__name__}")
 
 
+def startable_workflow(target: str | WorkflowDefinition) -> WorkflowDefinition:
+    """`resolve_workflow` for a start by a person or a caller's code: an internal workflow is
+    refused with `WorkflowNotFound`, as an unknown one is."""
+    definition = resolve_workflow(target)
+    if definition.internal:
+        raise WorkflowNotFound(
+            f"workflow {definition.name!r} is built in and is not started by name (enqueue a @task instead)"
+        )
+    return definition
+
+
 def workflows() -> dict[str, WorkflowDefinition]:
     """Every registered workflow, by name."""
     return dict(_workflows)
+
+
+def startable_workflows() -> dict[str, WorkflowDefinition]:
+    """The workflows `start()` and the start forms accept (every one but the internal ones)."""
+    return {name: definition for name, definition in _workflows.items() if not definition.internal}

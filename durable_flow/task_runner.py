@@ -1,6 +1,7 @@
 """The built-in workflow behind `durable_flow.tasks.DurableFlowBackend`: one `@task` call is one
-durable run of `durable_flow.task`, whose single step imports the task function by path and
-calls it.
+durable run of `durable_flow.task`, whose single step calls the declared task its input names
+(`declared_tasks`: the path is looked up, never imported). The workflow is internal: only the
+backend starts it, never `start()`, the JSON API or a start form (its input would choose what runs).
 
 Imported by `AppConfig.ready()` in every process (worker, poller, web), so a worker can run a
 task's step whether or not its process ever touched the tasks backend. It needs neither
@@ -13,25 +14,24 @@ from datetime import datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.utils.module_loading import import_string
 
+from durable_flow.declared_tasks import declared_task
 from durable_flow.registry import step, workflow
 
 TASK_WORKFLOW = "durable_flow.task"
 TASK_STEP = "durable_flow.task.call"
 
 
-def task_function(path: str) -> Any:
-    """The function behind a task's module path (`@task` replaces the name with a `Task`)."""
-    target = import_string(path)
-    return getattr(target, "func", target)
+def task_function(path: object) -> Any:
+    """The function of the declared task at `path`; `TaskNotDeclared` (the run fails) otherwise."""
+    return declared_task(path).func
 
 
 @step(TASK_STEP)
 def call_task(payload: dict[str, Any]) -> Any:
     """Run the task function with the enqueued args/kwargs; its exception fails the step (and
     the run), its return value is the run's output."""
-    func = task_function(payload["task"])
+    func = task_function(payload.get("task"))
     args = list(payload.get("args", []))
     if payload.get("takes_context"):
         from durable_flow.tasks import task_context
@@ -48,7 +48,7 @@ def _is_async(func: Any) -> bool:
     return iscoroutinefunction(func)
 
 
-@workflow(TASK_WORKFLOW)
+@workflow(TASK_WORKFLOW, internal=True)
 def run_task(ctx: Any, payload: dict[str, Any]) -> Any:
     """`run_after` is a durable sleep; the call goes through the flow-control queue named by
     the task's `queue_name`, at the task's priority (admission order and broker priority)."""

@@ -22,10 +22,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.utils.crypto import get_random_string
 
 from durable_flow import api, start_control
-from durable_flow.exceptions import ConcurrencyLimitError, RegistrationError, RunNotFound
+from durable_flow.declared_tasks import declare, declared_task
+from durable_flow.exceptions import (
+    ConcurrencyLimitError,
+    InvalidInput,
+    RegistrationError,
+    RunNotFound,
+    TaskNotDeclared,
+)
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
+from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -185,6 +193,17 @@ class DurableFlowBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
+    def validate_task(self, task: Task) -> None:
+        """The framework's checks, then the queue name, by `ctx.step(queue=...)`'s rule (non-empty,
+        storable, at most the checkpoint column's length): `InvalidTaskError`, nothing stored.
+        A valid task is declared: a task run may call it (`declared_tasks`)."""
+        super().validate_task(task)
+        try:
+            storable_text(task.queue_name, "queue_name", max_length("StepCheckpoint", "queue"))
+        except InvalidInput as exc:
+            raise InvalidTaskError(str(exc)) from None
+        declare(task)
+
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Start a `durable_flow.task` run for this call; the result id is the run id.
 
@@ -287,12 +306,11 @@ class DurableFlowBackend(BaseTaskBackend):
 
 
 def _task_for(payload: Mapping[str, Any]) -> Task:
-    """The `Task` as it was enqueued: the module-level task with the call's queue and priority."""
-    from django.utils.module_loading import import_string
-
-    target = import_string(payload["task"])
-    if not isinstance(target, Task):
-        raise TaskResultDoesNotExist(f"{payload['task']} is no longer a task")
+    """The `Task` as it was enqueued: the declared task with the call's queue and priority."""
+    try:
+        target = declared_task(payload.get("task"))
+    except TaskNotDeclared as exc:
+        raise TaskResultDoesNotExist(str(exc)) from None
     from datetime import datetime
 
     run_after = datetime.fromisoformat(payload["run_after"]) if payload.get("run_after") else None

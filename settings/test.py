@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import dj_database_url
+import django
 
 from settings.base import *  # noqa: F403
 from settings.base import VAR_DIR, sqlite_database
@@ -42,7 +43,7 @@ if TRANSPORT["BACKEND"] in ("rq", "db") and os.environ.get("DURABLE_FLOW_OPTIMIS
     TRANSPORT["OPTIMISTIC_FIRST_STEP"] = os.environ["DURABLE_FLOW_OPTIMISTIC_FIRST_STEP"] == "1"
 
 DURABLE_FLOW = {
-    "WORKFLOWS": ["tests.workflows", "tests.sc_workflows"],
+    "WORKFLOWS": ["tests.workflows", "tests.sc_workflows", "tests.task_functions"],
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": TRANSPORT,
@@ -71,6 +72,10 @@ if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
 TASKS = {
     "default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
     "other": {"BACKEND": "durable_flow.tasks.DurableFlowBackend"},
+    "any_queue": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": []},  # every name allowed
+    "immediate": {
+        "BACKEND": f"{'django.tasks' if django.VERSION >= (6,) else 'django_tasks'}.backends.immediate.ImmediateBackend"
+    },
 }
 
 # The flow view's burst button in the browser tests: short steps through a throttled queue.

@@ -68,6 +68,8 @@ POSTGRESQL_PASS = (
     "tests/test_start_control_tasks.py",
     "tests/test_step_concurrency.py",
     "tests/test_step_concurrency_processes.py",
+    "tests/test_task_declarations.py::test_starting_the_built_in_workflow_through_the_json_api_runs_nothing_on_a_worker",
+    "tests/test_task_declarations.py::test_a_stored_run_naming_a_non_task_fails_on_a_worker_without_importing_it",
     "tests/test_task_notifications.py",
     "tests/test_tasks.py::test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport",
 )

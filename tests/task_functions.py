@@ -35,6 +35,15 @@ def explode(message: str) -> None:
 
 
 @task
+def flaky(key: str) -> str:
+    """Fails on its first call with a key, then returns the key (a retried task run)."""
+    CALLS.append(("flaky", key))
+    if CALLS.count(("flaky", key)) == 1:
+        raise ValueError(key)
+    return key
+
+
+@task
 async def async_greet(name: str) -> str:
     return f"hello {name}"
 
@@ -46,6 +55,18 @@ def with_context(context: TaskContext, n: int) -> dict[str, Any]:
 
 @task(backend="other")
 def on_other(value: int) -> int:
+    return value
+
+
+@task(backend="any_queue")
+def on_any_queue(value: int) -> int:
+    """On a backend whose `QUEUES` is empty: any queue name the framework allows."""
+    return value
+
+
+@task(backend="immediate")
+def on_immediate(value: int) -> int:
+    """A task of another framework backend: never run by a durable_flow task run."""
     return value
 
 
