@@ -162,10 +162,10 @@ def test_a_stored_task_that_is_not_a_declared_path_fails_the_run(engine: Engine,
     assert step_error(run.pk)["type"] == "durable_flow.exceptions.TaskNotDeclared"
 
 
-def test_get_result_of_a_stored_run_naming_a_non_task_does_not_exist(engine: Engine) -> None:
+def test_get_result_of_a_stored_run_naming_a_non_task_does_not_exist(engine: Engine, tmp_path: Path) -> None:
     from tests.tasks_framework import TaskResultDoesNotExist, default_task_backend
 
-    run = engine.start(TASK_WORKFLOW, task_payload(f"{MODULE_NEVER_IMPORTED}.touch", "x"))
+    run = engine.start(TASK_WORKFLOW, task_payload(f"{MODULE_NEVER_IMPORTED}.touch", str(tmp_path / "called")))
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(run.pk)
     assert MODULE_NEVER_IMPORTED not in sys.modules
