@@ -9,7 +9,8 @@ whole batch (lock the rows, read their unsettled checkpoints, one UPDATE per kin
 INSERT of the audit entries), not a transaction per run. What cannot be done for a set without
 repeating the engine's per-run rules takes the engine's own per-run path inside the batch's
 transaction: cancelling a child whose parent is still live (the parent must be told), and
-retrying a run with failed or cancelled child calls (the children are retried with it).
+retrying a run with failed or cancelled child calls (the children are retried with it) or one
+under a start quota or a singleton (each passes them again, counting the runs retried before it).
 
 Each processed run gets its own admin `LogEntry` (so its History shows who cancelled or retried
 it), written with one bulk INSERT per batch.
@@ -29,7 +30,7 @@ from django.utils import timezone
 from durable_flow.attempts import operator_retried
 from durable_flow.audit import record_operations
 from durable_flow.engine import get_engine, retry_on_conflict
-from durable_flow.exceptions import DurableFlowError, WorkflowNotFound
+from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, WorkflowNotFound
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -185,16 +186,22 @@ def retry_batch(ids: Sequence[str], user: Any = None, message: str = "Retried (b
                 status__in=(StepStatus.FAILED, StepStatus.CANCELLED),
             ).values_list("run_id", flat=True)
         )
+        # A run under a start quota or a singleton must pass them again, each counting the runs
+        # retried before it: the per-run path, like a run whose children are retried with it.
+        per_run = with_children | {run.pk for run in ok if run.concurrency_key or run.start_key}
         done: list[WorkflowRun] = []
         for run in ok:
-            if run.pk in with_children:
+            if run.pk in per_run:
                 try:
-                    retry(run.pk)  # children are retried with it: the engine's per-run path
+                    retry(run.pk)
+                except ConcurrencyLimitError as exc:
+                    refused.append(f"run {run.pk!r}: {exc}")
+                    continue
                 except DurableFlowError as exc:
                     refused.append(str(exc))
                     continue
             done.append(run)
-        _reset_set(engine, [run.pk for run in done if run.pk not in with_children])
+        _reset_set(engine, [run.pk for run in done if run.pk not in per_run])
         record_operations(user, done, message)
     return len(done), refused
 
@@ -213,9 +220,10 @@ def _refusal(run: WorkflowRun, parent_status: dict[str, str]) -> str | None:
 
 
 def _reset_set(engine: Any, ids: list[str]) -> None:
-    """What `operations.retry` does per run, for locked runs with no failed child calls: failed
-    or cancelled steps wait for admission again with a new attempt budget, cancelled sleeps
-    start over, and each run is pending with one queued turn."""
+    """What `operations.retry` does per run, for locked runs with no failed child calls, start
+    quota or singleton: failed or cancelled steps wait for admission again with a new attempt
+    budget, cancelled sleeps and signal waits start over, and each run is pending with one
+    queued turn."""
     if not ids:
         return
     unsettled = StepCheckpoint.objects.filter(run_id__in=ids, status__in=(StepStatus.FAILED, StepStatus.CANCELLED))
@@ -232,7 +240,8 @@ def _reset_set(engine: Any, ids: list[str]) -> None:
             finished_at=None,
             max_attempts=F("attempt") + _attempt_budget(name),
         )
-    unsettled.filter(kind=StepKind.SLEEP, status=StepStatus.CANCELLED).delete()
+    # As `operations.retry`: a cancelled sleep or signal wait starts over.
+    unsettled.filter(kind__in=(StepKind.SLEEP, StepKind.SIGNAL), status=StepStatus.CANCELLED).delete()
     WorkflowRun.objects.filter(pk__in=ids).update(
         status=RunStatus.PENDING, output=None, error=None, finished_at=None, wake_at=None, updated_at=timezone.now()
     )

@@ -12,17 +12,27 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.db.models import Max
 
+from durable_flow import quotas, start_control
 from durable_flow.attempts import operator_retried
 from durable_flow.engine import get_engine, one, retry_on_conflict
-from durable_flow.exceptions import DurableFlowError, QueueNotFound, RunNotFound, StepNotFound, WorkflowNotFound
+from durable_flow.exceptions import (
+    ConcurrencyLimitError,
+    DurableFlowError,
+    QueueNotFound,
+    RunNotFound,
+    StepNotFound,
+    WorkflowNotFound,
+)
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict, resized_windows
 from durable_flow.registry import get_step, get_workflow
 from durable_flow.validation import max_length, storable_text
 
 if TYPE_CHECKING:
-    pass
+    from durable_flow.quotas import QuotaCheck
+    from durable_flow.registry import WorkflowDefinition
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -46,14 +56,27 @@ def retry(run_id: str) -> WorkflowRun:
     Completed calls keep their checkpoints (and results); failed or cancelled steps go back to
     waiting for admission with a new attempt budget (their attempt count goes on, so the history
     shows attempt 4 after attempts 1-3); failed or cancelled child runs are retried with it; a
-    cancelled sleep starts over for its full duration. The run replays at once.
+    cancelled sleep or signal wait starts over (a signal kept from before is consumed); a child
+    start a quota refused, when the refusal ended the run, is attempted again. The run replays
+    at once.
+
+    The run becomes active again, so it passes the gates a start passes: its start quota (over
+    it, `ConcurrencyLimitError`, and nothing changes; a retried child is checked against its
+    own) and its singleton (`RetryRefused` while another run of its key is in progress).
     """
-    with transaction.atomic():
-        run = _reset(run_id, top_level=True)
+    # Planned before the transaction, as a start plans: a limit callable (a per-plan lookup)
+    # then runs under no lock. A run's key is fixed at its start, so the plan still holds.
+    plans = _quota_plans(run_id)
+    try:
+        with transaction.atomic():
+            run = _reset(run_id, top_level=True, plans=plans)
+    except ConcurrencyLimitError as exc:
+        quotas.record_refusal(exc)  # after the refused transaction rolled back, as a start does
+        raise
     return run
 
 
-def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
+def _reset(run_id: str, *, top_level: bool, plans: Mapping[str, QuotaCheck | None] | None = None) -> WorkflowRun:
     run = one(WorkflowRun.objects.select_for_update().filter(pk=run_id))
     if run is None:
         raise RunNotFound(f"no run with id {run_id!r}")
@@ -76,24 +99,33 @@ def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
         .exists()
     ):
         raise RetryRefused(f"run {run_id!r} is a child of finished run {run.parent_id!r}; retry the parent")
-    unsettled = StepCheckpoint.objects.select_for_update().filter(
-        run=run, status__in=(StepStatus.FAILED, StepStatus.CANCELLED)
+    _admit_again(run, definition, plans or {})
+    unsettled = list(
+        StepCheckpoint.objects.select_for_update().filter(run=run, status__in=(StepStatus.FAILED, StepStatus.CANCELLED))
     )
+    last = run.checkpoints.aggregate(last=Max("sequence"))["last"]
     for cp in unsettled:
         if cp.kind == StepKind.STEP:
             operator_retried([cp.pk], get_engine().now())
             cp.status, cp.holds_slot, cp.wake_at, cp.finished_at = StepStatus.WAITING, False, None, None
             cp.max_attempts = cp.attempt + _attempt_budget(cp.name)
             cp.save(update_fields=["status", "holds_slot", "wake_at", "finished_at", "max_attempts"])
+        elif cp.kind == StepKind.CHILD and quotas.is_refusal(cp):
+            # No child was created. A refusal that ended the run (its last call) is asked again:
+            # the replay starts the child if there is room now, or is refused as the first time.
+            # One the workflow caught and went on from stays in its history.
+            if cp.sequence == last:
+                cp.delete()
         elif cp.kind == StepKind.CHILD and cp.child_run_id:
             child = WorkflowRun.objects.filter(pk=cp.child_run_id).values_list("status", flat=True).first()
             if child in RETRYABLE:
                 _reset(cp.child_run_id, top_level=False)
             cp.status, cp.error, cp.finished_at = StepStatus.DISPATCHED, None, None
             cp.save(update_fields=["status", "error", "finished_at"])
-        elif cp.kind == StepKind.SLEEP and cp.status == StepStatus.CANCELLED:
+        elif cp.kind in (StepKind.SLEEP, StepKind.SIGNAL) and cp.status == StepStatus.CANCELLED:
             # Cancel settled it and dropped its wake time: the replay checkpoints it afresh, so
-            # the sleep starts over for its full duration.
+            # the sleep (or a signal wait's timeout) starts over for its full duration, and a
+            # signal wait waits again (consuming a signal kept from before the cancel).
             cp.delete()
         # A timed-out signal wait stays as recorded: the workflow saw SignalTimeout, and a replay
         # must see the same.
@@ -101,6 +133,34 @@ def _reset(run_id: str, *, top_level: bool) -> WorkflowRun:
     run.save(update_fields=["status", "output", "error", "finished_at", "wake_at", "updated_at"])
     get_engine().transport.enqueue_turn(run.id)
     return run
+
+
+def _quota_plans(run_id: str) -> dict[str, QuotaCheck | None]:
+    """The quota check a retry of the run will pass, by run id (empty when there is none to plan,
+    or the run cannot be retried: `_reset` says why)."""
+    run = one(WorkflowRun.objects.filter(pk=run_id))
+    if run is None or not run.concurrency_key:
+        return {}
+    try:
+        definition = get_workflow(run.workflow)
+    except WorkflowNotFound:
+        return {}
+    return {run.pk: quotas.retry_plan(run, definition.quota)}
+
+
+def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mapping[str, QuotaCheck | None]) -> None:
+    """Check the gates a start passes before `run` is active again: another run of its singleton
+    key in progress is `RetryRefused`; a full start quota is `ConcurrencyLimitError` (checked with
+    the run's plan from `plans`, else planned now: a retried child's)."""
+    other = start_control.retry_conflict(definition, run)
+    if other is not None:
+        raise RetryRefused(
+            f"run {run.pk!r}: run {other!r} of its singleton key {run.start_key!r} is in progress; "
+            f"retry it once that run has finished"
+        )
+    check = plans[run.pk] if run.pk in plans else quotas.retry_plan(run, definition.quota)
+    if check is not None:
+        check.enforce(excluding=run.pk)
 
 
 def _attempt_budget(step_name: str) -> int:

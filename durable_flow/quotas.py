@@ -32,7 +32,7 @@ from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.validation import max_length
 
 if TYPE_CHECKING:
-    from durable_flow.models import StepCheckpoint
+    from durable_flow.models import StepCheckpoint, WorkflowRun
 
 # Literal status names rather than `RunStatus`: `@workflow` parses quotas at import time, before
 # Django's app registry is ready, so this module must not import the models at the top.
@@ -180,16 +180,17 @@ class QuotaCheck:
     def tag(self) -> str:
         return f"{TAG_PREFIX}{self.key}"
 
-    def enforce(self) -> None:
+    def enforce(self, *, excluding: str | None = None) -> None:
         """Serialise on the key, count its active runs, and refuse when the quota is full.
 
-        Must run inside the transaction that INSERTs the run: the advisory lock is held until
-        that transaction ends, so the next start on the key counts this run.
+        Must run inside the transaction that INSERTs the run (or, for a retry, makes run
+        `excluding` active again; that run is not counted against itself): the advisory lock is
+        held until that transaction ends, so the next start on the key counts this run.
         """
         if self.limit <= 0:
             raise ConcurrencyLimitError(self.key, self.limit, 0, self.workflow)
         lock_key(self.key)
-        active = count_active(self.key, self.count_statuses)
+        active = count_active(self.key, self.count_statuses, excluding=excluding)
         if active >= self.limit:
             raise ConcurrencyLimitError(self.key, self.limit, active, self.workflow)
 
@@ -209,6 +210,32 @@ def plan(
     return QuotaCheck(key=key, limit=spec.resolve_limit(key), count_statuses=spec.count_statuses, workflow=workflow)
 
 
+def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck | None:
+    """The check a retry of `run` passes before the run is active again, or None when the run
+    started unlimited: the key it started under (`concurrency_key`), with the workflow's limit
+    for that key now and its counted statuses, or, when a per-start quota gave the key, the limit
+    that start stored. A retried run takes a slot as a start does; it never takes one it was not
+    started with."""
+    key = run.concurrency_key
+    if not key:
+        return None
+    if workflow_quota is not None:
+        try:
+            own = workflow_quota.resolve_key(run.input) == key
+        except InvalidQuota:
+            own = False
+        if own:
+            return QuotaCheck(
+                key=key,
+                limit=workflow_quota.resolve_limit(key),
+                count_statuses=workflow_quota.count_statuses,
+                workflow=run.workflow,
+            )
+    if run.concurrency_limit is None:  # a row from before limits were stored: none to check against
+        return None
+    return QuotaCheck(key=key, limit=run.concurrency_limit, count_statuses=ACTIVE_STATUSES, workflow=run.workflow)
+
+
 def lock_key(key: str) -> None:
     """Take the key's transaction-scoped lock (PostgreSQL); SQLite's write lock is already held."""
     if connection.vendor == "postgresql":
@@ -216,11 +243,15 @@ def lock_key(key: str) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
 
 
-def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES) -> int:
-    """Runs of `key` occupying a slot: one COUNT(*) on the (concurrency_key, status) index."""
+def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES, *, excluding: str | None = None) -> int:
+    """Runs of `key` occupying a slot (but run `excluding`): one COUNT(*) on the
+    (concurrency_key, status) index."""
     from durable_flow.models import WorkflowRun
 
-    return WorkflowRun.objects.filter(concurrency_key=key, status__in=list(statuses)).count()
+    runs = WorkflowRun.objects.filter(concurrency_key=key, status__in=list(statuses))
+    if excluding is not None:
+        runs = runs.exclude(pk=excluding)
+    return runs.count()
 
 
 def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
@@ -241,11 +272,16 @@ def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
     }
 
 
+def is_refusal(cp: StepCheckpoint) -> bool:
+    """Whether a child checkpoint records a refused start (no child run was created)."""
+    error = cp.error if isinstance(cp.error, dict) else {}
+    return cp.status == "failed" and error.get("status") == REFUSED
+
+
 def raise_if_refused(cp: StepCheckpoint) -> None:
     """Inside the parent's `ctx.child`: re-raise a recorded refusal as `ConcurrencyLimitError`."""
-    error = cp.error if isinstance(cp.error, dict) else {}
-    if cp.status == "failed" and error.get("status") == REFUSED:
-        quota = error["quota"]
+    if is_refusal(cp):
+        quota = cp.error["quota"]
         raise ConcurrencyLimitError(quota["key"], quota["limit"], quota["active"], quota["workflow"])
 
 

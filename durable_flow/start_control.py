@@ -22,8 +22,9 @@ takes a due debounced run `FOR UPDATE SKIP LOCKED`, and a start updates the run 
 lock, so a run is either pushed back or started, never both.
 
 Scope: top-level starts (`start`, `rerun`, the HTTP API, the tasks backend). A child run is part
-of its parent's deterministic replay and is neither debounced nor skipped; `retry` of a failed
-run is an operator's explicit act and is not checked against a singleton.
+of its parent's deterministic replay and is neither debounced nor skipped. `retry` of a failed or
+cancelled singleton run is refused while another run of its key is in progress (`retry_conflict`):
+either mode, as a retry resumes an old run rather than starting a new one.
 """
 
 from __future__ import annotations
@@ -182,6 +183,20 @@ class StartGate:
             engine.cancel(run.pk)
         count_start(self.label, "replaced")
         return None
+
+
+def retry_conflict(definition: WorkflowDefinition, run: WorkflowRun) -> str | None:
+    """Under the key's lock: the id of another run of `run`'s singleton key in progress, which a
+    retry of `run` would make two of, or None. Must run in the retry's transaction."""
+    from durable_flow.models import WorkflowRun
+
+    control = definition.start_control
+    if not isinstance(control, SingletonSpec) or not run.start_key:
+        return None
+    gate = StartGate(control=control, key=run.start_key, workflow=run.workflow, label=run.workflow)
+    lock_key(gate.lock_name)
+    others = WorkflowRun.objects.filter(start_key=run.start_key, workflow=run.workflow, status__in=IN_PROGRESS)
+    return others.exclude(pk=run.pk).values_list("pk", flat=True).first()
 
 
 def _capped(wake_at: Any, until: Any) -> Any:

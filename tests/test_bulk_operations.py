@@ -120,6 +120,25 @@ def test_bulk_retry_retries_a_failed_child_with_its_parent(engine: Engine) -> No
     assert WorkflowRun.objects.get(pk=parent.pk).status == RunStatus.COMPLETED
 
 
+def test_bulk_retry_refuses_a_run_over_its_start_quota(engine: Engine) -> None:
+    payload = {"tenant": "acme", "seconds": 600}
+    api.start("tests.quota_sleeper", payload, run_id="q1")
+    api.cancel("q1")  # mid-sleep: its slot frees
+    api.start("tests.quota_sleeper", payload, run_id="q2")
+    result = bulk.retry_matching(WorkflowRun.objects.filter(pk="q1"))
+    assert result.done == 0 and len(result.refused) == 1 and "sleeper:acme" in result.refused[0]
+    assert WorkflowRun.objects.get(pk="q1").status == RunStatus.CANCELLED
+
+
+def test_bulk_retry_of_a_run_cancelled_waiting_for_a_signal_waits_for_it_again(engine: Engine) -> None:
+    run = api.start("tests.signal_waiter", None)
+    api.cancel(run.pk)
+    assert bulk.retry_matching(WorkflowRun.objects.filter(pk=run.pk)).done == 1
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.SUSPENDED
+    api.send_signal(run.pk, "approve", "late")
+    assert WorkflowRun.objects.get(pk=run.pk).output == {"got": "late"}
+
+
 # -- the admin: by filter, confirmation first, batches, bounded queries ------------------------
 def test_cancel_all_matching_confirms_the_count_then_cancels_in_batches(db_engine: Engine) -> None:
     target = make_runs(1_600, RunStatus.PENDING, "tests.sleeper", "target")

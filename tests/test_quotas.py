@@ -18,7 +18,7 @@ from durable_flow import ConcurrencyLimitError, RegistrationError, api, workflow
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQuota
 from durable_flow.http import quota_limited
-from durable_flow.models import RunStatus, StepCheckpoint, Task, WorkflowRun
+from durable_flow.models import QuotaRefusal, RunStatus, StepCheckpoint, Task, WorkflowRun
 from durable_flow.quotas import count_active
 from tests.conftest import ManagedProcess, wait_for
 
@@ -436,3 +436,108 @@ def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: E
     assert listed == {"tenant:acme": (2, 2), "tenant:initech": (0, None)}
     dashboard = admin.get("/").content.decode()
     assert 'data-quota="tenant:acme"' in dashboard and "2 / 2" in dashboard
+
+
+# -- retry: a run made active again takes a slot, through the same gate as a start --------------
+def sleeper(tenant: str, run_id: str) -> WorkflowRun:
+    return api.start("tests.quota_sleeper", {"tenant": tenant, "seconds": 600}, run_id=run_id)
+
+
+def test_a_retry_over_the_quota_is_refused_and_changes_nothing(engine: Engine) -> None:
+    sleeper("acme", "s1")
+    api.cancel("s1")  # mid-sleep: its slot frees
+    sleeper("acme", "s2")
+    with pytest.raises(ConcurrencyLimitError) as info:
+        api.retry("s1")
+    assert (info.value.key, info.value.limit, info.value.active) == ("sleeper:acme", 1, 1)
+    run = WorkflowRun.objects.get(pk="s1")
+    assert (run.status, run.error["type"]) == (RunStatus.CANCELLED, "Cancelled")
+    assert StepCheckpoint.objects.get(run=run).status == "cancelled"  # its sleep was not reset
+    assert count_active("sleeper:acme") == 1
+    assert QuotaRefusal.objects.get(key="sleeper:acme").refusals == 1
+    api.cancel("s2")
+    assert api.retry("s1").status == RunStatus.PENDING  # room now: it takes the slot
+    assert status("s1") == RunStatus.SUSPENDED
+    assert refused("tests.quota_sleeper", None, quota={"key": "sleeper:acme", "limit": 1}).active == 1
+
+
+def test_retrying_a_parent_failed_by_a_refused_child_starts_the_child_once_there_is_room(engine: Engine) -> None:
+    start("quota.child", "acme", "busy")
+    start("quota.parent", "acme", "p1")
+    assert status("p1") == RunStatus.FAILED
+    api.cancel("busy")
+    api.retry("p1")
+    child = WorkflowRun.objects.get(parent_id="p1")
+    assert (child.status, child.concurrency_key) == (RunStatus.SUSPENDED, "child:acme")
+    api.send_signal(child.pk, "go", "child done")
+    api.send_signal("p1", "done")
+    run = WorkflowRun.objects.get(pk="p1")
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "child done")
+
+
+def test_retrying_a_parent_failed_by_a_refused_child_while_the_quota_is_full_fails_it_the_same_way(
+    engine: Engine,
+) -> None:
+    start("quota.child", "acme", "busy")
+    start("quota.parent", "acme", "p1")
+    api.retry("p1")
+    run = WorkflowRun.objects.get(pk="p1")
+    assert run.status == RunStatus.FAILED and run.error["type"].endswith("ConcurrencyLimitError")
+    assert not WorkflowRun.objects.filter(parent_id="p1").exists()
+    assert count_active("child:acme") == 1
+
+
+def test_retrying_a_parent_that_caught_a_refusal_replays_the_refusal(engine: Engine) -> None:
+    start("quota.child", "acme", "busy")
+    api.start("quota.parent", {"tenant": "acme", "catch": True}, run_id="p2")
+    api.cancel("p2")  # while waiting for "done", after it took the refusal
+    api.cancel("busy")  # room now, but the parent's history says refused
+    api.retry("p2")
+    assert status("p2") == RunStatus.SUSPENDED
+    api.send_signal("p2", "done")
+    run = WorkflowRun.objects.get(pk="p2")
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "refused child:acme at 1/1")
+    assert not WorkflowRun.objects.filter(parent_id="p2").exists()
+
+
+def test_a_retry_over_the_quota_is_refused_with_a_real_worker(
+    db_engine: Engine, spawn: Callable[..., ManagedProcess]
+) -> None:
+    spawn("durable_worker", "--concurrency", "2", env={"DURABLE_FLOW_TRANSPORT": "db"})
+    sleeper("acme", "w1")
+    wait_for(lambda: status("w1") == RunStatus.SUSPENDED, timeout=60, what="w1 to sleep")
+    api.cancel("w1")
+    sleeper("acme", "w2")
+    wait_for(lambda: status("w2") == RunStatus.SUSPENDED, timeout=60, what="w2 to sleep")
+    with pytest.raises(ConcurrencyLimitError) as info:
+        api.retry("w1")
+    assert (info.value.limit, info.value.active) == (1, 1)
+    assert status("w1") == RunStatus.CANCELLED and count_active("sleeper:acme") == 1
+    api.cancel("w2")
+    api.retry("w1")
+    wait_for(lambda: status("w1") == RunStatus.SUSPENDED, timeout=60, what="the retried w1 to sleep again")
+    assert refused("tests.quota_sleeper", None, quota={"key": "sleeper:acme", "limit": 1}).active == 1
+
+
+def test_the_json_api_answers_429_to_a_retry_over_the_quota(client: Client) -> None:
+    sleeper("acme", "h1")
+    api.cancel("h1")
+    sleeper("acme", "h2")
+    response = client.post("/api/runs/h1/retry/")
+    assert response.status_code == 429 and response.json()["active"] == 1
+    assert status("h1") == RunStatus.CANCELLED
+
+
+def test_a_parent_retry_that_would_put_its_child_over_the_quota_is_refused_and_changes_nothing(
+    engine: Engine,
+) -> None:
+    start("quota.parent", "acme", "p1")
+    child = WorkflowRun.objects.get(parent_id="p1")
+    api.cancel(child.pk)  # the parent fails with its child call
+    assert status("p1") == RunStatus.FAILED
+    start("quota.child", "acme", "busy")  # takes the slot the child left
+    with pytest.raises(ConcurrencyLimitError) as info:
+        api.retry("p1")
+    assert (info.value.key, info.value.active) == ("child:acme", 1)
+    assert (status("p1"), status(child.pk)) == (RunStatus.FAILED, RunStatus.CANCELLED)
+    assert StepCheckpoint.objects.get(run_id="p1").status == "failed"

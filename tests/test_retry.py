@@ -95,3 +95,40 @@ def test_retry_from_the_admin_detail_page(engine: Any) -> None:
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     assert 'id="retry-run"' not in admin.get(f"/admin/durable_flow/workflowrun/{run.id}/change/").content.decode()
+
+
+# -- a wait cancelled before its signal came waits again -----------------------------------------
+def test_retry_of_a_run_cancelled_waiting_for_a_signal_waits_for_it_again(engine: Any) -> None:
+    run = api.start("tests.signal_waiter", None)
+    api.cancel(run.id)
+    api.retry(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED and run.output is None
+    api.send_signal(run.id, "approve", {"ok": True})
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"got": {"ok": True}})
+
+
+def test_retry_of_a_signal_wait_with_a_timeout_starts_the_timeout_over(engine: Any, clock: Any) -> None:
+    run = api.start("tests.signal_waiter", 600)
+    api.cancel(run.id)
+    clock.advance(seconds=30)
+    api.retry(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED and run.wake_at == clock() + timedelta(seconds=600)
+
+
+def test_retry_consumes_a_signal_that_arrived_before_the_cancel(manual: Any) -> None:
+    from tests.engine_support import transport_of
+
+    transport = transport_of(manual)
+    run = api.start("tests.signal_waiter", None)
+    transport.run_turns()
+    api.send_signal(run.id, "approve", "early")  # kept; the turn that would consume it is queued
+    api.cancel(run.id)
+    transport.run_turns()  # that turn finds the run cancelled
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.CANCELLED
+    api.retry(run.id)
+    transport.run_turns()
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"got": "early"})

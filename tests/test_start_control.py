@@ -202,6 +202,21 @@ def test_cancel_mode_cancels_the_run_in_progress_and_starts_the_new_one(engine: 
     assert start_outcomes()[("sc.latest_wins", "replaced")] == 1
 
 
+@pytest.mark.parametrize("name", ["sc.only_one", "sc.latest_wins"])
+def test_a_retry_is_refused_while_another_run_of_its_singleton_key_is_in_progress(engine: Engine, name: str) -> None:
+    from durable_flow.operations import RetryRefused
+
+    first = api.start(name, {"account": "a1"})
+    api.cancel(first.pk)
+    second = api.start(name, {"account": "a1"})
+    with pytest.raises(RetryRefused, match=second.pk):
+        api.retry(first.pk)
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.CANCELLED
+    api.send_signal(second.pk, "go", "done")
+    api.retry(first.pk)  # the key's run finished: the retried run is the one in progress
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.SUSPENDED
+
+
 def test_a_replacing_start_refused_by_its_quota_leaves_the_run_in_progress(engine: Engine) -> None:
     """The cancel and the refusal share one transaction: refused, nothing is cancelled or counted."""
     from durable_flow import ConcurrencyLimitError

@@ -445,3 +445,10 @@ def two_queued(ctx: Any, payload: dict[str, Any]) -> list[Any]:
     """Two steps in a row through one queue."""
     first = ctx.step(echo, payload["value"], queue=payload["queue"])
     return [first, ctx.step(double, 21, queue=payload["queue"])]
+
+
+@workflow("tests.quota_sleeper", quota={"key": '"sleeper:" + input.tenant', "limit": 1})
+def quota_sleeper(ctx: Any, payload: dict[str, Any]) -> str:
+    """Holds its tenant's only quota slot through a sleep (retry of a run cancelled mid-sleep)."""
+    ctx.sleep(timedelta(seconds=payload["seconds"]))
+    return ctx.step(echo, "woke")
