@@ -347,12 +347,13 @@ def test_a_queue_topic_pushes_that_queues_fragments(staff_client: Client, engine
     assert "0 / 3" in message["fragments"]["queue-stats"]
 
 
-def test_an_unknown_topic_is_accepted_then_closed_with_4400(staff_client: Client) -> None:
+@pytest.mark.parametrize("topic", ["nope", "flow:a%00b"])
+def test_an_unknown_topic_is_accepted_then_closed_with_4400(staff_client: Client, topic: str) -> None:
     """Closed after the handshake, so the page's script sees 4400 (a refused handshake is an
-    HTTP 403 that a browser reports only as code 1006)."""
+    HTTP 403 that a browser reports only as code 1006). A NUL names no queue."""
 
     async def go() -> tuple[bool, Any]:
-        tab = WebsocketCommunicator(_application(), "/ws/live/?topic=nope", headers=_cookie(staff_client))
+        tab = WebsocketCommunicator(_application(), f"/ws/live/?topic={topic}", headers=_cookie(staff_client))
         connected, _ = await tab.connect()
         closed = await tab.receive_output(timeout=10) if connected else None
         await tab.wait()
