@@ -1,53 +1,85 @@
 """The live feed: `/ws/live/?topic=<page>`. Staff only; each tab joins its topic's group and
-forwards the ticks the broadcaster sends (`dashboard/live.py`), so nothing is computed per tab."""
+forwards the ticks the broadcaster sends (`dashboard/live.py`), so nothing is computed per tab.
+
+Before it forwards a tick, a tab re-reads who its session logs in (Django's own `get_user`), so
+a user logged out, deactivated, deleted, whose password changed or who is no longer staff gets
+no further tick: the socket closes instead, with a code the page's script understands.
+"""
 
 from __future__ import annotations
 
-import time
 from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.contrib.auth import SESSION_KEY
+from django.contrib.auth import get_user
 
 from dashboard.live import broadcaster, group_name, parse_topic
 
-#: Close codes the page's script understands.
-FORBIDDEN, BAD_TOPIC, SESSION_EXPIRED = 4403, 4400, 4401
+#: Close codes the page's script understands. 4401: the session no longer logs this user in
+#: (logged out, expired, flushed, the password changed, the user deactivated or deleted): log
+#: in again. 4403: signed in, but not staff. 4400: no such live topic.
+BAD_TOPIC, SESSION_EXPIRED, FORBIDDEN = 4400, 4401, 4403
 
 
-def session_alive(session_key: str | None, user_pk: Any) -> bool:
-    """Whether the session this socket opened with still logs in the same user (not expired,
-    not logged out)."""
-    if not session_key:
-        return False
+class _SessionData(dict[str, Any]):
+    """A session's data, as `django.contrib.auth.get_user` reads it. A socket only reads: the
+    key `get_user` cycles (a hash made with a fallback SECRET_KEY) or the data it flushes (a
+    hash that fails) stay as they are for the browser's next request, which makes those writes
+    and sets the cookie, so a check here never logs the browser out behind its back."""
+
+    def cycle_key(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        self.clear()
+
+
+def session_user(session_key: str | None) -> Any:
+    """Who the session logs in now (`AnonymousUser` if nobody): Django's `get_user` on a fresh
+    read of the session, so its expiry, a logout, the auth hash (a changed password; with
+    `SECRET_KEY_FALLBACKS`) and the backend's refusal of an inactive or deleted user all count."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    return store.load().get(SESSION_KEY) == str(user_pk)
+    data = store.load() if session_key else {}
+    return get_user(SimpleNamespace(session=_SessionData(data)))  # type: ignore[arg-type]
+
+
+def refusal(user: Any, opened_by: Any = None) -> int | None:
+    """None while `user` may watch the dashboard, else the close code that says why not.
+    `opened_by`: the user the socket opened with; the session now logging in another is 4401."""
+    if not user.is_authenticated or not user.is_active:
+        return SESSION_EXPIRED
+    if opened_by is not None and user.pk != opened_by.pk:
+        return SESSION_EXPIRED
+    if not user.is_staff:
+        return FORBIDDEN
+    return None
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
-    """Closes anonymous and non-staff connections (4403) and unknown topics (4400); every
-    `session_check_s` re-checks the session and closes with 4401 once it has expired."""
-
-    session_check_s = 30.0
+    """Refuses the handshake of anonymous, inactive and non-staff users (HTTP 403); accepts and
+    closes an unknown topic with 4400, so the page can tell it from a drop. Before every tick
+    (one a second, `broadcaster.interval_s`) it re-checks the session's user (two primary-key
+    reads) and closes with 4401 or 4403 instead of forwarding it."""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
-        if user is None or not user.is_authenticated or not user.is_staff:
+        if user is None or refusal(user) is not None:
             await self.close(code=FORBIDDEN)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode("utf-8", "replace"))
         topic = (query.get("topic") or ["overview"])[0]
+        await self.accept()
         if parse_topic(topic) is None:
             await self.close(code=BAD_TOPIC)
             return
         self.topic = topic
+        self.closing = False
         await self.channel_layer.group_add(group_name(topic), self.channel_name)
-        await self.accept()
-        self._checked = time.monotonic()
         broadcaster.subscribe(topic)
 
     async def disconnect(self, code: int) -> None:
@@ -57,12 +89,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group_name(topic), self.channel_name)
 
     async def dashboard_tick(self, event: dict[str, Any]) -> None:
-        if time.monotonic() - self._checked >= self.session_check_s:
-            self._checked = time.monotonic()
-            session = self.scope.get("session")
-            key = getattr(session, "session_key", None)
-            if not await database_sync_to_async(session_alive)(key, self.scope["user"].pk):
-                await self.send_json({"session": "expired"})
-                await self.close(code=SESSION_EXPIRED)
-                return
-        await self.send_json(event["data"])
+        if self.closing:
+            return  # ticks already queued before the close was noticed
+        session_key = getattr(self.scope.get("session"), "session_key", None)
+        user = await database_sync_to_async(session_user)(session_key)
+        code = refusal(user, opened_by=self.scope["user"])
+        if code is None:
+            await self.send_json(event["data"])
+            return
+        self.closing = True
+        if code == SESSION_EXPIRED:
+            await self.send_json({"session": "expired"})
+        await self.close(code=code)

@@ -12,17 +12,24 @@ from dashboard.access import allowed, require, staff_page
 from dashboard.flow import MAX_BURST, burst_config, burst_inputs, flow_snapshot
 from durable_flow import api
 from durable_flow.audit import record_operation
-from durable_flow.exceptions import DurableFlowError
+from durable_flow.exceptions import DurableFlowError, InvalidInput
+from durable_flow.http import error_response
 from durable_flow.models import FlowQueue
+from durable_flow.validation import max_length, storable_text
 
 
 def _queue(request: HttpRequest) -> str:
-    return request.GET.get("queue") or burst_config()["QUEUE"]
+    """The `?queue=` to show; `InvalidInput` for a name no queue can have (a NUL, over-long)."""
+    queue = request.GET.get("queue") or burst_config()["QUEUE"]
+    return storable_text(queue, "queue", max_length("FlowQueue", "name"))
 
 
 @staff_page
 def flow(request: HttpRequest) -> HttpResponse:
-    queue = _queue(request)
+    try:
+        queue = _queue(request)
+    except InvalidInput as exc:
+        return error_response(exc)
     context = {
         "snap": flow_snapshot(queue),
         "queue": queue,
@@ -35,7 +42,11 @@ def flow(request: HttpRequest) -> HttpResponse:
 
 @staff_page
 def flow_json(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(flow_snapshot(_queue(request)))
+    try:
+        queue = _queue(request)
+    except InvalidInput as exc:
+        return error_response(exc)
+    return JsonResponse(flow_snapshot(queue))
 
 
 @staff_page

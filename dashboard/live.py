@@ -25,6 +25,8 @@ from channels.layers import get_channel_layer
 
 from dashboard import pages
 from dashboard.snapshot import snapshot
+from durable_flow.exceptions import InvalidInput
+from durable_flow.validation import storable_text
 
 logger = logging.getLogger("dashboard.live")
 
@@ -41,9 +43,14 @@ def register_topic(kind: str, render: Renderer) -> None:
 
 
 def parse_topic(raw: str) -> tuple[str, str] | None:
-    """`queue:emails` → ("queue", "emails"); None for an unknown kind or an over-long topic."""
+    """`queue:emails` → ("queue", "emails"); None for an unknown kind, an over-long topic or one
+    the database cannot take (a NUL: `flow:<queue>` looks its queue up on every tick)."""
     kind, _, argument = raw.partition(":")
-    if kind not in TOPICS or len(raw) > 400:
+    if kind not in TOPICS:
+        return None
+    try:
+        storable_text(raw, "topic", 400)
+    except InvalidInput:
         return None
     return kind, argument
 

@@ -9,8 +9,8 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
@@ -22,7 +22,7 @@ from durable_flow import bulk as bulk_operations
 from durable_flow.admin import SignalForm, StartForm
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
-from durable_flow.exceptions import DurableFlowError
+from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
 from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun
 from durable_flow.operations import RETRYABLE
 from durable_flow.worker.heartbeat import dead_worker_cutoff
@@ -94,7 +94,7 @@ def _bulk(request: HttpRequest, action: str, matching: QuerySet[WorkflowRun]) ->
 @staff_page
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     """A run: its timeline, attempts with errors, input/output, parent/children, signals, actions."""
-    run = get_object_or_404(WorkflowRun, pk=run_id)
+    run = _run_or_404(run_id)
     attempts = (
         StepAttempt.objects.filter(run=run).select_related("checkpoint").order_by("checkpoint__sequence", "attempt")
     )
@@ -113,6 +113,14 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     return render(request, "dashboard/run_detail.html", context)
 
 
+def _run_or_404(run_id: str) -> WorkflowRun:
+    """The run a URL names; 404 for an id that names none, one the database cannot store too."""
+    try:
+        return api.get_run(run_id)
+    except (RunNotFound, InvalidInput):
+        raise Http404(f"no run with id {run_id!r}") from None
+
+
 def _back(run_id: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(reverse("dashboard:run", args=[run_id]))
 
@@ -120,7 +128,7 @@ def _back(run_id: str) -> HttpResponseRedirect:
 @staff_page
 def cancel(request: HttpRequest, run_id: str) -> HttpResponse:
     """GET: a confirmation page; POST: cancel the run and its children."""
-    run = get_object_or_404(WorkflowRun, pk=run_id)
+    run = _run_or_404(run_id)
     require(request, "cancel")
     if request.method != "POST":
         return render(request, "dashboard/cancel_confirm.html", {"run": run})
@@ -132,7 +140,7 @@ def cancel(request: HttpRequest, run_id: str) -> HttpResponse:
 @staff_page
 @require_POST
 def retry(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = get_object_or_404(WorkflowRun, pk=run_id)
+    run = _run_or_404(run_id)
     require(request, "retry")
     try:
         record_operation(request.user, api.retry(run.pk), "Retried (dashboard)")
@@ -146,7 +154,7 @@ def retry(request: HttpRequest, run_id: str) -> HttpResponse:
 @staff_page
 @require_POST
 def rerun(request: HttpRequest, run_id: str) -> HttpResponse:
-    original = get_object_or_404(WorkflowRun, pk=run_id)
+    original = _run_or_404(run_id)
     require(request, "start")
     try:
         run = api.rerun(original.pk)
@@ -161,7 +169,7 @@ def rerun(request: HttpRequest, run_id: str) -> HttpResponse:
 @staff_page
 @require_POST
 def signal(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = get_object_or_404(WorkflowRun, pk=run_id)
+    run = _run_or_404(run_id)
     require(request, "signal")
     form = SignalForm(request.POST)
     if not form.is_valid():

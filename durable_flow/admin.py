@@ -6,13 +6,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.db import DataError, NotSupportedError
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import CharField, Count, OuterRef, QuerySet, Subquery
+from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -22,10 +23,10 @@ from durable_flow.admin_attempts import StepAttemptInline
 from durable_flow.admin_bulk import BulkByFilterMixin
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
-from durable_flow.exceptions import DurableFlowError
+from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import startable_workflows
-from durable_flow.validation import max_length
+from durable_flow.validation import max_length, storable_text
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
@@ -77,8 +78,61 @@ class CheckpointInline(admin.TabularInline):
         return False
 
 
+#: Lookups a changelist URL may not use: the database compiles the pattern (an invalid one fails
+#: inside SQLite's or PostgreSQL's matcher), and the admin's own filters never build one.
+REFUSED_LOOKUPS = frozenset({"regex", "iregex"})
+
+
+class UrlSafeAdmin(admin.ModelAdmin):
+    """The app's admins: a value from the URL the database cannot take is an invalid filter (the
+    changelist's `?e=1` page), a refused lookup (400) or an object that does not exist, never a
+    500."""
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        if lookup.rsplit(LOOKUP_SEP, 1)[-1] in REFUSED_LOOKUPS:
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """A filter value no database stores (a NUL, which SQLite's LIKE would also read as the end
+        of its pattern: "%" matches every row) or that the database refuses (a year of 20 digits)
+        is a bad request the changelist reports as such."""
+        if any("\x00" in f"{key}{value}" for key, values in request.GET.lists() for value in values):
+            raise IncorrectLookupParameters("a filter value contains a NUL character")
+        try:
+            return super().get_changelist_instance(request)
+        except (OverflowError, ValueError, NotSupportedError, DataError) as exc:
+            raise IncorrectLookupParameters(str(exc)) from exc
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> tuple[Any, bool]:
+        """Nothing for a term with a NUL (the autocomplete's `?term=`; the changelist refuses it
+        first): it names no row, and PostgreSQL would refuse the query."""
+        if "\x00" in search_term:
+            return queryset.none(), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        """A ticked id with a NUL (only a forged form sends one) names no row: the action does
+        nothing and says why, instead of a query PostgreSQL refuses."""
+        if any("\x00" in pk for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)):
+            self.message_user(request, "A selected id contains a NUL character; nothing was done.", messages.ERROR)
+            return None
+        return super().response_action(request, queryset)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        """None (the admin's "doesn't exist") for a text key the database cannot store, as for
+        any other id that names no row."""
+        field = self.model._meta.pk if from_field is None else self.model._meta.get_field(from_field)
+        if isinstance(field, CharField) and field.max_length is not None:
+            try:
+                storable_text(object_id, field.name, field.max_length)
+            except InvalidInput:
+                return None
+        return super().get_object(request, object_id, from_field)
+
+
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
+class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
     list_display = ["id", "workflow", "status", "concurrency_key", "created_at", "updated_at", "wake_at", "turns"]
     list_filter = ["status", "workflow", "checkpoints__queue"]
     search_fields = ["id", "workflow", "=concurrency_key", "=start_key"]
@@ -118,14 +172,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         """From live workers' heartbeats: the one place that shows an optimistic first step."""
         cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now())
         return "; ".join(queries.executing_now(obj.pk, cutoff)) or "—"
-
-    def get_changelist_instance(self, request: HttpRequest) -> Any:
-        """A filter value the database cannot take (a year of 20 digits) is a bad request the
-        changelist reports as such (its `?e=1` page), not a server error."""
-        try:
-            return super().get_changelist_instance(request)
-        except (OverflowError, ValueError, NotSupportedError, DataError) as exc:
-            raise IncorrectLookupParameters(str(exc)) from exc
 
     # Runs change only through operations (cancel, re-run, signal), never by editing fields:
     # the change page is read-only and only finished runs may be deleted.
@@ -194,6 +240,12 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
             {**self.admin_site.each_context(request), "opts": self.model._meta, "title": title, **context},
         )
 
+    def _run(self, request: HttpRequest, object_id: str) -> WorkflowRun:
+        run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404(f"no run with id {object_id!r}")
+        return run
+
     def _to_run(self, run: WorkflowRun) -> HttpResponseRedirect:
         return HttpResponseRedirect(reverse("admin:durable_flow_workflowrun_change", args=[run.pk]))
 
@@ -201,7 +253,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         """GET: a confirmation page; POST (CSRF-checked by the admin view): cancel."""
         from durable_flow.api import cancel
 
-        run = get_object_or_404(WorkflowRun, pk=object_id)
+        run = self._run(request, object_id)
         if not self.has_cancel_permission(request):
             raise PermissionDenied
         if request.method != "POST":
@@ -216,7 +268,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         """POST: start a new run with the same workflow and input."""
         from durable_flow.api import rerun
 
-        original = get_object_or_404(WorkflowRun, pk=object_id)
+        original = self._run(request, object_id)
         if not self.has_start_permission(request):
             raise PermissionDenied
         if request.method != "POST":
@@ -230,7 +282,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         """POST: resume a failed or cancelled run from where it stopped."""
         from durable_flow.api import retry
 
-        run = get_object_or_404(WorkflowRun, pk=object_id)
+        run = self._run(request, object_id)
         if not self.has_retry_permission(request):
             raise PermissionDenied
         if request.method == "POST":
@@ -246,7 +298,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
         """A form to send a named signal with a JSON payload to the run."""
         from durable_flow.api import send_signal
 
-        run = get_object_or_404(WorkflowRun, pk=object_id)
+        run = self._run(request, object_id)
         if not self.has_signal_permission(request):
             raise PermissionDenied
         form = SignalForm(request.POST or None)
@@ -284,7 +336,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, admin.ModelAdmin):
 
 
 @admin.register(FlowQueue)
-class FlowQueueAdmin(admin.ModelAdmin):
+class FlowQueueAdmin(UrlSafeAdmin):
     list_display = ["name", "config_summary", "paused", "waiting", "updated_at"]
     readonly_fields = ["name", "config", "updated_at"]
     exclude = ["next_arrival", "next_serve"]
@@ -337,7 +389,7 @@ class FlowQueueAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(admin.ModelAdmin):
+class WorkerHeartbeatAdmin(UrlSafeAdmin):
     list_display = [
         "worker_id",
         "alive",
@@ -367,7 +419,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
 
 @admin.register(QuotaRefusal)
-class QuotaRefusalAdmin(admin.ModelAdmin):
+class QuotaRefusalAdmin(UrlSafeAdmin):
     """Start-quota refusals per key and minute, beside the key's active runs and limit now."""
 
     list_display = ["key", "minute", "refusals", "active_now", "limit_now"]

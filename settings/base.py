@@ -57,6 +57,9 @@ TEMPLATES = [
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
 LOGIN_URL = "admin:login"
+# Where a login lands when its `next` is missing or unsafe (another site): the dashboard, not
+# Django's default /accounts/profile/, which this project does not serve.
+LOGIN_REDIRECT_URL = "dashboard:index"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True

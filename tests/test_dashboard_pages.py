@@ -5,11 +5,14 @@ one snapshot per tick for every open tab."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
@@ -20,7 +23,6 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import live
-from dashboard.consumers import LiveConsumer
 from dashboard.snapshot import human_period, snapshot
 from durable_flow import api, start
 from durable_flow.engine import Engine
@@ -345,33 +347,111 @@ def test_a_queue_topic_pushes_that_queues_fragments(staff_client: Client, engine
     assert "0 / 3" in message["fragments"]["queue-stats"]
 
 
-def test_an_unknown_topic_is_refused(staff_client: Client) -> None:
-    async def go() -> tuple[bool, int | None]:
-        tab = WebsocketCommunicator(_application(), "/ws/live/?topic=nope", headers=_cookie(staff_client))
-        connected, code = await tab.connect()
-        return connected, code
+@pytest.mark.parametrize("topic", ["nope", "flow:a%00b"])
+def test_an_unknown_topic_is_accepted_then_closed_with_4400(staff_client: Client, topic: str) -> None:
+    """Closed after the handshake, so the page's script sees 4400 (a refused handshake is an
+    HTTP 403 that a browser reports only as code 1006). A NUL names no queue."""
 
-    assert async_to_sync(go)() == (False, 4400)
+    async def go() -> tuple[bool, Any]:
+        tab = WebsocketCommunicator(_application(), f"/ws/live/?topic={topic}", headers=_cookie(staff_client))
+        connected, _ = await tab.connect()
+        closed = await tab.receive_output(timeout=10) if connected else None
+        await tab.wait()
+        return connected, closed
+
+    assert async_to_sync(go)() == (True, {"type": "websocket.close", "code": 4400})
+
+
+EXPIRED = {"type": "websocket.send", "text": '{"session": "expired"}'}
+
+
+def _tick() -> Any:
+    """One tick to the `workers` topic's tabs, as the broadcaster sends it."""
+    return get_channel_layer().group_send(
+        live.group_name("workers"), {"type": "dashboard.tick", "data": {"fragments": {}}}
+    )
+
+
+def _after_revoking(client: Client, revoke: Callable[[], object], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Open a tab, take its first tick, run `revoke` (in the database thread), send one more
+    tick: what the tab gets for it (the farewell and the close, or the tick forwarded)."""
+    # The broadcaster ticks once on the first subscription, then only when this test says so.
+    monkeypatch.setattr(live.broadcaster, "interval_s", 3600.0)
+
+    async def go() -> list[Any]:
+        tab = WebsocketCommunicator(_application(), "/ws/live/?topic=workers", headers=_cookie(client))
+        assert (await tab.connect())[0]
+        assert "fragments" in await tab.receive_json_from(timeout=30)
+        await database_sync_to_async(revoke)()
+        await _tick()
+        outputs = [await tab.receive_output(timeout=30)]
+        if outputs[0] == EXPIRED:
+            outputs.append(await tab.receive_output(timeout=30))
+        await tab.disconnect()
+        return outputs
+
+    return async_to_sync(go)()
+
+
+def _revoking(user: Any, **changes: Any) -> Callable[[], None]:
+    def revoke() -> None:
+        fresh = get_user_model().objects.get(pk=user.pk)
+        for name, value in changes.items():
+            setattr(fresh, name, value)
+        fresh.save()
+
+    return revoke
 
 
 def test_the_socket_closes_with_4401_once_the_session_expired(
     staff_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(LiveConsumer, "session_check_s", 0.0)
+    outputs = _after_revoking(staff_client, lambda: Session.objects.all().delete(), monkeypatch)
+    assert outputs == [EXPIRED, {"type": "websocket.close", "code": 4401}]
 
-    async def go() -> tuple[dict[str, Any], Any]:
-        tab = WebsocketCommunicator(_application(), "/ws/live/?topic=workers", headers=_cookie(staff_client))
-        assert (await tab.connect())[0]
-        first = await tab.receive_json_from(timeout=10)
-        from channels.db import database_sync_to_async
 
-        await database_sync_to_async(Session.objects.all().delete)()
-        farewell = await tab.receive_json_from(timeout=10)
-        closed = await tab.receive_output(timeout=10)
-        await tab.wait()
-        return first, (farewell, closed)
+def test_the_socket_closes_with_4403_once_the_user_is_no_longer_staff(
+    staff_client: Client, staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs = _after_revoking(staff_client, _revoking(staff, is_staff=False), monkeypatch)
+    assert outputs == [{"type": "websocket.close", "code": 4403}]
 
-    first, (farewell, closed) = async_to_sync(go)()
-    assert "fragments" in first
-    assert farewell == {"session": "expired"}
-    assert closed == {"type": "websocket.close", "code": 4401}
+
+def test_the_socket_closes_with_4401_once_the_user_is_deactivated(
+    staff_client: Client, staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs = _after_revoking(staff_client, _revoking(staff, is_active=False), monkeypatch)
+    assert outputs == [EXPIRED, {"type": "websocket.close", "code": 4401}]
+
+
+def test_the_socket_closes_with_4401_once_the_password_changed(
+    staff_client: Client, staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def change_password() -> None:
+        fresh = get_user_model().objects.get(pk=staff.pk)
+        fresh.set_password("another")
+        fresh.save()
+
+    outputs = _after_revoking(staff_client, change_password, monkeypatch)
+    assert outputs == [EXPIRED, {"type": "websocket.close", "code": 4401}]
+
+
+def test_the_socket_closes_with_4401_once_the_user_is_deleted(
+    staff_client: Client, staff: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs = _after_revoking(staff_client, lambda: get_user_model().objects.filter(pk=staff.pk).delete(), monkeypatch)
+    assert outputs == [EXPIRED, {"type": "websocket.close", "code": 4401}]
+
+
+def test_a_secret_key_rotated_into_the_fallbacks_keeps_the_socket_open(
+    staff_client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-check is Django's own (`get_user`): a session whose auth hash was made with a key
+    now in `SECRET_KEY_FALLBACKS` still logs the user in, as it does over HTTP."""
+
+    def rotate() -> None:
+        settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+        settings.SECRET_KEY = "a-rotated-secret-key-for-this-test-only-0123456789"
+
+    outputs = _after_revoking(staff_client, rotate, monkeypatch)
+    assert outputs == [{"type": "websocket.send", "text": '{"fragments": {}}'}]

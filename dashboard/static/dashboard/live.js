@@ -87,6 +87,8 @@
     };
     socket.onclose = (event) => {
       if (event.code === 4401) return expired();
+      // An unknown topic stays unknown: retrying would only repeat the refusal.
+      if (event.code === 4400) return setStatus("disconnected", "no live updates for this page");
       afterDrop();
     };
   }
