@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from durable_flow.exceptions import InvalidInput
 from durable_flow.validation import MAX_JSON_DEPTH, bounded_depth
+
+T = TypeVar("T")
+
+
+class TooDeep(str):
+    """What a stored JSON value nested deeper than `MAX_JSON_DEPTH` reads as (one stored before
+    the limit, or written by hand): `TOO_DEEP`, a placeholder text that pages and the JSON API
+    show as it is. Decoding the value itself may fail (`RecursionError`) and fail every query
+    that loads its row; the engine refuses the placeholder (`readable`) rather than run on it."""
+
+
+TOO_DEEP = TooDeep("(too deeply nested to display)")
+
+
+def readable(value: T, what: str) -> T:
+    """`value`, read from the database, unless it is `TOO_DEEP`: then `InvalidInput` naming it."""
+    if isinstance(value, TooDeep):
+        raise InvalidInput(f"{what} is stored nested more than {MAX_JSON_DEPTH} levels deep and cannot be read")
+    return value
 
 
 def nested_too_deep(text: str) -> bool:
@@ -21,6 +40,7 @@ def ensure_json(value: Any, what: str, max_bytes: int) -> Any:
 
     `what` names the thing in the message, e.g. "input of step 'charge'".
     """
+    readable(value, what)
     try:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
