@@ -8,11 +8,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DataError, NotSupportedError
 from django.db.models import CharField, Count, OuterRef, QuerySet, Subquery
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Coalesce
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -26,15 +27,34 @@ from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import startable_workflows
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import MAX_JSON_DEPTH, bounded_depth, max_length, storable_text
 from durable_flow.worker.heartbeat import dead_worker_cutoff
+
+
+class JSONInputField(forms.JSONField):
+    """JSON typed into a form, nested at most `MAX_JSON_DEPTH` deep: deeper is a form error, and
+    the form shows the text back as typed (decoding or re-encoding it could exhaust the stack)."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return bounded_depth(super().to_python(value), "JSON")
+        except RecursionError:
+            raise ValidationError(f"JSON is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid") from None
+        except InvalidInput as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return bounded_depth(super().bound_data(data, initial), "JSON")
+        except (RecursionError, InvalidInput):
+            return InvalidJSONInput(data)
 
 
 class StartForm(forms.Form):
     """Start a run of a registered workflow."""
 
     workflow = forms.ChoiceField(choices=())
-    input = forms.JSONField(required=False, help_text='JSON, e.g. {"account": 42}')
+    input = JSONInputField(required=False, help_text='JSON, e.g. {"account": 42}')
     run_id = forms.CharField(
         required=False, max_length=max_length("WorkflowRun", "id"), help_text="Optional; makes the start idempotent."
     )
@@ -48,7 +68,7 @@ class SignalForm(forms.Form):
     """Send a named signal with a JSON payload."""
 
     name = forms.CharField(max_length=max_length("Signal", "name"))
-    payload = forms.JSONField(required=False)
+    payload = JSONInputField(required=False)
 
 
 class CheckpointInline(admin.TabularInline):

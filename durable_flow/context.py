@@ -26,6 +26,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.registry import StepDefinition, WorkflowDefinition, resolve_workflow
+from durable_flow.serialization import readable
 from durable_flow.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
 from durable_flow.validation import max_length, storable_text
 
@@ -178,7 +179,7 @@ class WorkflowContext:
             key, StepKind.SIGNAL, name, self.now + timeout if timeout is not None else None
         )
         if cp.status == StepStatus.DISPATCHED:
-            payload = self._engine.consume_signal(self._run, name, key)
+            payload = readable(self._engine.consume_signal(self._run, name, key), f"payload of signal {name!r}")
             if payload is not PENDING:
                 self._engine.settle(cp, StepStatus.COMPLETED, output=payload)
             elif cp.wake_at is not None and cp.wake_at <= self.now:
@@ -251,6 +252,8 @@ class WorkflowContext:
                 f"{cp.kind} {cp.name!r}; the workflow's code changed under a running run "
                 f"(bump its version for new runs)"
             )
+        if cp is not None:
+            readable(cp.output, f"output of call #{key} ({cp.kind} {cp.name!r})")
         return cp
 
     def _drive_step(

@@ -4,16 +4,43 @@ admission state and worker heartbeats. A run's state lives here, never only in m
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
 
 from durable_flow.admission.base import Ticket
+from durable_flow.exceptions import InvalidInput
+from durable_flow.serialization import TOO_DEEP, nested_too_deep
+from durable_flow.validation import bounded_depth
 
 
 def new_run_id() -> str:
     """A random run id; callers may pass their own to make `start` idempotent."""
     return uuid.uuid4().hex
+
+
+class BoundedJSONField(models.JSONField):
+    """A `JSONField` that reads a value nested deeper than `MAX_JSON_DEPTH` (stored before the
+    limit existed, or written by hand) as the placeholder `TOO_DEEP`. A deep enough value does
+    not decode at all (`RecursionError`), and would fail every query that loads its row: the
+    run list, the run's pages, the worker's turn, which would then be delivered again forever.
+
+    The column is a plain JSON column: migrations see a `JSONField` (`deconstruct`), so a field
+    changed to this class alters nothing in the database.
+    """
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if isinstance(value, str) and nested_too_deep(value):
+            try:
+                return bounded_depth(super().from_db_value(value, expression, connection), self.name)
+            except (RecursionError, InvalidInput):
+                return TOO_DEEP
+        return super().from_db_value(value, expression, connection)
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
 
 
 class RunStatus(models.TextChoices):
@@ -38,8 +65,8 @@ class WorkflowRun(models.Model):
     workflow = models.CharField(max_length=200)
     version = models.CharField(max_length=50, default="1")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
-    input = models.JSONField(default=None, null=True)
-    output = models.JSONField(default=None, null=True, blank=True)
+    input = BoundedJSONField(default=None, null=True)
+    output = BoundedJSONField(default=None, null=True, blank=True)
     error = models.JSONField(default=None, null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True, help_text="When the poller next wakes this run.")
     tags = models.JSONField(default=list, blank=True)
@@ -148,8 +175,8 @@ class StepCheckpoint(models.Model):
     kind = models.CharField(max_length=8, choices=StepKind.choices, default=StepKind.STEP)
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=12, choices=StepStatus.choices)
-    input = models.JSONField(default=None, null=True)
-    output = models.JSONField(default=None, null=True, blank=True)
+    input = BoundedJSONField(default=None, null=True)
+    output = BoundedJSONField(default=None, null=True, blank=True)
     error = models.JSONField(default=None, null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
@@ -162,7 +189,7 @@ class StepCheckpoint(models.Model):
     timeout_s = models.FloatField(null=True, blank=True, help_text="Per-call timeout, overriding the step's.")
     child_run_id = models.CharField(max_length=200, blank=True, default="")
     worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker executing the attempt.")
-    late_result = models.JSONField(default=None, null=True, blank=True)
+    late_result = BoundedJSONField(default=None, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -189,7 +216,7 @@ class Signal(models.Model):
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals")
     name = models.CharField(max_length=200)
-    payload = models.JSONField(default=None, null=True)
+    payload = BoundedJSONField(default=None, null=True)
     consumed_by = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -33,7 +33,7 @@ from durable_flow.exceptions import (
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import bounded_depth, max_length, storable_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -214,6 +214,8 @@ class DurableFlowBackend(BaseTaskBackend):
         or in-progress run instead of a new one.
         """
         self.validate_task(task)
+        # Before the framework's normalisation, which recurses a level at a time (a ValueError, as it raises).
+        bounded_depth({"args": args, "kwargs": kwargs}, f"arguments of task {task.module_path!r}")
         result_id = get_random_string(32)  # the framework's own id length
         result = TaskResult(
             task=task,

@@ -8,6 +8,8 @@ from typing import Any
 
 from django import template
 
+from durable_flow.serialization import TooDeep
+
 register = template.Library()
 
 
@@ -37,6 +39,9 @@ def ms_time(value: datetime | None) -> str:
 
 @register.filter
 def pretty_json(value: Any) -> str:
+    """Indented JSON; a value stored too deeply nested to read shows as its placeholder text."""
+    if isinstance(value, TooDeep):
+        return str(value)
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 

@@ -62,7 +62,7 @@ from durable_flow.engine.statements import (
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
-from durable_flow.serialization import ensure_json, error_info
+from durable_flow.serialization import ensure_json, error_info, readable
 from durable_flow.step_concurrency import constraints_of
 from durable_flow.turn import InlineTurnFailed, StepOptions
 
@@ -218,7 +218,7 @@ class OptimisticMixin(EngineBase):
         (unsaved) when it is a plain step, else None."""
         ctx = WorkflowContext(_Probe(self), run, {})
         try:
-            definition.fn(ctx, run.input)
+            definition.fn(ctx, readable(run.input, f"input of run {run.id!r}"))
         except _FirstStep as first:
             return first.cp
         except _NotOptimistic:

@@ -27,7 +27,7 @@ from durable_flow.engine.statements import writes_together
 from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.registry import get_step, step_backoff
-from durable_flow.serialization import ensure_json, error_info
+from durable_flow.serialization import ensure_json, error_info, readable
 from durable_flow.turn import InlineTurnFailed
 from durable_flow.worker.outage import Outage, transient_errors
 
@@ -94,7 +94,7 @@ class ResultsMixin(EngineBase):
             if cp.holds_slot and cp.queue:
                 self._await_start_through_outages(cp)  # the window counts the start: right before the call
             with running_step(run_id, key, attempt):  # for durable_flow.current_step()
-                output = definition.fn(cp.input)
+                output = definition.fn(readable(cp.input, f"input of step {cp.name!r}"))
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
             self.record_result(run_id, key, attempt, error=error_info(exc), also=also)

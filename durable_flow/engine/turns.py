@@ -21,7 +21,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.registry import get_workflow
-from durable_flow.serialization import ensure_json, error_info
+from durable_flow.serialization import ensure_json, error_info, readable
 from durable_flow.turn import EngineUnavailable, InlineTurnFailed, Suspend
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class TurnsMixin(EngineBase):
         ctx = WorkflowContext(self, run, checkpoints)
         run.turns += 1
         try:
-            output = definition.fn(ctx, run.input)
+            output = definition.fn(ctx, readable(run.input, f"input of run {run.id!r}"))
             ensure_json(output, f"output of workflow {run.workflow!r}", self.settings.max_payload_bytes)
         except Suspend:
             run.status = RunStatus.RUNNING if ctx.in_flight else RunStatus.SUSPENDED
