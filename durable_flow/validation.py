@@ -71,12 +71,13 @@ def number_problem(
 ) -> str | None:
     """What is wrong with `value` as a bounded number, or None when it is fine.
 
-    The one check of every number a setting or an API call gives: a bool is not a number, an
-    `integer` must be an int, and NaN and the infinities are never within bounds (NaN compares
-    false to everything, so a bare `value <= 0` test lets it through). `above_minimum` makes the
-    lower bound exclusive (`number_problem(0, minimum=0, maximum=60, above_minimum=True)` is a
-    problem: "must be a number above 0 and at most 60"). The message starts with "must be" and
-    gives the whole range, for the caller to prefix with the setting's name.
+    The one check of every number in the settings, backend options, queue specs and quotas: a
+    bool is not a number, an `integer` must be an int, and NaN and the infinities are never
+    within bounds (NaN compares false to everything, so a bare `value <= 0` test lets it
+    through). `above_minimum` makes the lower bound exclusive:
+    `number_problem(0, minimum=0, maximum=60, above_minimum=True)` is "must be a number above 0
+    and at most 60, got 0". The message starts with "must be" and gives the whole range, for the
+    caller to prefix with the setting's name.
     """
     kind = "an integer" if integer else "a number"
     low = f"above {_shown(minimum)} and at most" if above_minimum else f"from {_shown(minimum)} to"
