@@ -3,7 +3,8 @@
 - `durable_flow.E001`: the setting does not parse (a top-level key, QUEUES, POLLER, HEARTBEAT...);
 - `durable_flow.E002` / `E003`: the admission / transport backend's class cannot be imported;
 - `durable_flow.E004` / `E005`: the admission / transport backend refuses its options (an
-  unknown key, a bad value), checked by the backend class without building it;
+  unknown key, a bad value, an `RQ_QUEUES` name that is not there), checked by the backend class
+  without building it or connecting to anything;
 - `durable_flow.E006`: the dashboard's sampling (`POLLER["SAMPLE_INTERVAL_S"]`,
   `POLLER["SAMPLE_RETENTION_S"]`) is out of range.
 """
@@ -19,12 +20,17 @@ from django.utils.module_loading import import_string
 from durable_flow.options import Configurable
 
 HINTS = {
-    "E001": "See the settings reference in README.md.",
+    "E001": (
+        "See the settings reference in README.md: every number has a documented range, and NaN, "
+        "infinities and True/False are refused."
+    ),
     "E002": "Install the backend's extra dependencies or fix the dotted path.",
     "E003": "Install the backend's extra dependencies or fix the dotted path.",
     "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
     "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
-    "E006": "SAMPLE_INTERVAL_S is at least 1 s and SAMPLE_RETENTION_S at least 3600 s (the charts show an hour).",
+    "E006": (
+        "SAMPLE_INTERVAL_S is 1 to 3600 s, SAMPLE_RETENTION_S 3600 s (the charts show an hour) to a year (31536000 s)."
+    ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see README, Step concurrency).",
 }
 

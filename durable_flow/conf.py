@@ -1,7 +1,10 @@
 """`settings.DURABLE_FLOW`, parsed and validated once into a frozen value.
 
 Every error is an `ImproperlyConfigured` that names the offending key, e.g.
-`DURABLE_FLOW["QUEUES"][1].concurrency: must be a positive integer`.
+`DURABLE_FLOW["POLLER"]: BATCH_SIZE must be an integer from 1 to 10000, got 0`. Every number
+goes through `validation.number_problem`: a bool, NaN or an infinity is never a number, and
+each has a finite maximum (documented in the README's settings reference), so a value that
+passes `manage.py check` cannot overflow a `timedelta`, a column or a sleep later.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from django.utils.module_loading import import_string
 
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.queues import QueueConfig
+from durable_flow.validation import DAY_S, HOUR_S, WEEK_S, number_problem
 
 ADMISSION_BACKENDS = {
     "local": "durable_flow.admission.local.LocalAdmissionBackend",
@@ -28,6 +32,10 @@ TRANSPORT_BACKENDS = {
     "db": "durable_flow.transports.db.DatabaseTransport",
     "rq": "durable_flow.transports.rq.RQTransport",
 }
+#: The poller's longest sleep between ticks, and the most runs it wakes in one tick (one
+#: transaction): the bounds of POLLER's INTERVAL_MS and BATCH_SIZE and of the command's flags.
+MAX_POLLER_INTERVAL_MS = HOUR_S * 1000
+MAX_POLLER_BATCH_SIZE = 10_000
 TOP_LEVEL_KEYS = {
     "WORKFLOWS",
     "QUEUES",
@@ -81,17 +89,29 @@ def _fail(key: str, message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f'DURABLE_FLOW["{key}"]: {message}')
 
 
-def _positive_number(raw: Mapping[str, Any], key: str, default: float, where: str) -> float:
+def _refuse(where: str, key: str, problem: str) -> ImproperlyConfigured:
+    """`DURABLE_FLOW["POLLER"]: BATCH_SIZE must be ...`, or `DURABLE_FLOW["MAX_PAYLOAD_BYTES"]: must
+    be ...` for a top-level key (`where` empty)."""
+    return _fail(where, f"{key} {problem}") if where else _fail(key, problem)
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float, where: str, maximum: float) -> float:
+    """A duration above 0 s and at most `maximum` s."""
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise _fail(where, f"{key} must be a positive number, got {value!r}")
+    problem = number_problem(value, minimum=0, maximum=maximum, above_minimum=True, unit="seconds")
+    if problem:
+        raise _refuse(where, key, problem)
     return value
 
 
-def _positive_int(raw: Mapping[str, Any], key: str, default: int, where: str) -> int:
+def _number(
+    raw: Mapping[str, Any], key: str, default: float, where: str, *, minimum: float, maximum: float, **kind: Any
+) -> Any:
+    """`raw[key]` (or the default) within [minimum, maximum], else `ImproperlyConfigured`."""
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(where, f"{key} must be a positive integer, got {value!r}")
+    problem = number_problem(value, minimum=minimum, maximum=maximum, **kind)
+    if problem:
+        raise _refuse(where, key, problem)
     return value
 
 
@@ -124,17 +144,20 @@ class SamplingMisconfigured(ImproperlyConfigured):
 def parse_sampling(poller: Mapping[str, Any]) -> tuple[float, float]:
     """The dashboard's sampling interval and retention, in seconds.
 
-    At least 1 s between samples (each one is a row per queue and live worker), and a retention
-    of at least one hour, since the charts show the last hour.
+    From 1 s to an hour between samples (each one is a row per queue and live worker; the charts
+    show the last hour), and a retention from one hour (the charts' span) to a year.
     """
-    interval = poller.get("SAMPLE_INTERVAL_S", 10.0)
-    retention = poller.get("SAMPLE_RETENTION_S", 86_400.0)
-    for key, value, least in (("SAMPLE_INTERVAL_S", interval, 1), ("SAMPLE_RETENTION_S", retention, 3600)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < least:
-            raise SamplingMisconfigured(
-                f'DURABLE_FLOW["POLLER"]: {key} must be a number of seconds of at least {least}, got {value!r}'
-            )
-    return float(interval), float(retention)
+    values: list[float] = []
+    for key, default, least, most in (
+        ("SAMPLE_INTERVAL_S", 10.0, 1, HOUR_S),
+        ("SAMPLE_RETENTION_S", 86_400.0, HOUR_S, 365 * DAY_S),
+    ):
+        value = poller.get(key, default)
+        problem = number_problem(value, minimum=least, maximum=most, unit="seconds")
+        if problem:
+            raise SamplingMisconfigured(f'DURABLE_FLOW["POLLER"]: {key} {problem}')
+        values.append(float(value))
+    return values[0], values[1]
 
 
 def parse_settings(raw: object) -> DurableFlowSettings:
@@ -179,20 +202,16 @@ def parse_settings(raw: object) -> DurableFlowSettings:
     )
     sample_interval, sample_retention = parse_sampling(poller)
     _known_keys(heartbeat, "HEARTBEAT", ("INTERVAL_S", "TTL_S"))
-    heartbeat_interval = _positive_number(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT")
-    heartbeat_ttl = _positive_number(heartbeat, "TTL_S", 15.0, "HEARTBEAT")
+    heartbeat_interval = _seconds(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT", HOUR_S)
+    heartbeat_ttl = _seconds(heartbeat, "TTL_S", 15.0, "HEARTBEAT", DAY_S)
     if heartbeat_ttl <= heartbeat_interval:
         # A worker would be declared dead between two of its own beats.
         raise _fail("HEARTBEAT", f"TTL_S ({heartbeat_ttl}) must be greater than INTERVAL_S ({heartbeat_interval})")
-    poller_interval = _positive_number(poller, "INTERVAL_MS", 500, "POLLER")
-    if poller_interval < 1:
-        raise _fail("POLLER", f"INTERVAL_MS must be at least 1 (milliseconds), got {poller_interval!r}")
-    max_payload = raw.get("MAX_PAYLOAD_BYTES", 1_000_000)
-    if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
-        raise _fail("MAX_PAYLOAD_BYTES", f"must be a positive integer, got {max_payload!r}")
-    redispatch = raw.get("REDISPATCH_AFTER_S", 600)
-    if isinstance(redispatch, bool) or not isinstance(redispatch, int | float) or redispatch <= 0:
-        raise _fail("REDISPATCH_AFTER_S", f"must be a positive number of seconds, got {redispatch!r}")
+    poller_interval = _number(
+        poller, "INTERVAL_MS", 500, "POLLER", minimum=1, maximum=MAX_POLLER_INTERVAL_MS, unit="milliseconds"
+    )
+    max_payload = _number(raw, "MAX_PAYLOAD_BYTES", 1_000_000, "", minimum=1, maximum=2**30, integer=True, unit="bytes")
+    redispatch = _seconds(raw, "REDISPATCH_AFTER_S", 600, "", WEEK_S)
 
     metrics = raw.get("METRICS", {})
     if not isinstance(metrics, Mapping):
@@ -216,8 +235,10 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         admission=_backend(raw.get("ADMISSION"), "ADMISSION", ADMISSION_BACKENDS, "local"),
         transport=_backend(raw.get("TRANSPORT"), "TRANSPORT", TRANSPORT_BACKENDS, "inline"),
         poller_interval_ms=int(poller_interval),
-        poller_batch_size=_positive_int(poller, "BATCH_SIZE", 500, "POLLER"),
-        poller_maintenance_s=float(_positive_number(poller, "MAINTENANCE_S", 5.0, "POLLER")),
+        poller_batch_size=_number(
+            poller, "BATCH_SIZE", 500, "POLLER", minimum=1, maximum=MAX_POLLER_BATCH_SIZE, integer=True
+        ),
+        poller_maintenance_s=float(_seconds(poller, "MAINTENANCE_S", 5.0, "POLLER", HOUR_S)),
         sample_interval_s=sample_interval,
         sample_retention_s=sample_retention,
         heartbeat_interval_s=heartbeat_interval,
@@ -225,7 +246,7 @@ def parse_settings(raw: object) -> DurableFlowSettings:
         max_payload_bytes=max_payload,
         redispatch_after_s=float(redispatch),
         metrics_token=token,
-        metrics_window_s=_positive_number(metrics, "WINDOW_S", 300.0, "METRICS"),
+        metrics_window_s=_seconds(metrics, "WINDOW_S", 300.0, "METRICS", DAY_S),
         environment=environment,
     )
 

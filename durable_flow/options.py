@@ -14,22 +14,24 @@ from typing import Any, ClassVar, Self
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_flow.validation import number_problem
+
 Validator = Callable[[Any], str | None]
 """Returns what is wrong with a value, or None when it is fine."""
 
 
-def positive_int(value: Any) -> str | None:
-    """A whole number of at least 1 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return f"must be a positive integer, got {value!r}"
-    return None
+def number(
+    minimum: float, maximum: float, *, integer: bool = False, above_minimum: bool = False, unit: str = ""
+) -> Validator:
+    """A finite number within bounds (not a bool, NaN or an infinity): `number(0, 60,
+    above_minimum=True, unit="seconds")` takes 0.1 and 60, refuses 0, 61 and `float("inf")`."""
 
+    def validate(value: Any) -> str | None:
+        return number_problem(
+            value, minimum=minimum, maximum=maximum, integer=integer, above_minimum=above_minimum, unit=unit
+        )
 
-def positive_number(value: Any) -> str | None:
-    """An int or float above zero (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return f"must be a positive number, got {value!r}"
-    return None
+    return validate
 
 
 def boolean(value: Any) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from durable_flow.exceptions import InvalidQueueConfig
-from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS, max_length
+from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS, max_length, number_problem
 
 Algorithm = Literal["fixed", "sliding"]
 Fairness = Literal["fifo", "key"]
@@ -112,10 +112,8 @@ class QueueConfig:
         if not isinstance(name, str) or not name.strip() or len(name) > longest or "\x00" in name:
             raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most {longest} characters is required")
         where = f"{where} {name!r}"
-        if concurrency is not None and (not _is_int(concurrency) or not 1 <= concurrency <= MAX_COUNT):
-            raise InvalidQueueConfig(
-                f"{where}.concurrency: must be an integer from 1 to {MAX_COUNT} or omitted, got {concurrency!r}"
-            )
+        if concurrency is not None:
+            _check_count(concurrency, f"{where}.concurrency", "(or omitted)")
         rate_limit, per_key = _rate_limits(rate_limit, f"{where}.rate_limit")
         if per_key is not None and key_rate_limit is not None:
             raise InvalidQueueConfig(f"{where}.rate_limit: a per-key window is given twice")
@@ -124,10 +122,7 @@ class QueueConfig:
             throttle = _throttle(throttle, f"{where}.throttle")
         elif throttle is not None and not isinstance(throttle, Throttle):
             raise InvalidQueueConfig(f"{where}.throttle: expected a dict with limit, period_ms and burst")
-        if not _is_int(retry_ms) or not 1 <= retry_ms <= MAX_DURATION_MS:
-            raise InvalidQueueConfig(
-                f"{where}.retry_ms: must be an integer from 1 to {MAX_DURATION_MS} (milliseconds), got {retry_ms!r}"
-            )
+        _check_duration_ms(retry_ms, f"{where}.retry_ms")
         if fairness not in ("fifo", "key"):
             raise InvalidQueueConfig(f"{where}.fairness: must be 'fifo' or 'key', got {fairness!r}")
         if order not in ("fifo", "lifo"):
@@ -144,8 +139,18 @@ class QueueConfig:
         )
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _check_count(value: object, what: str, note: str = "") -> None:
+    """A count (concurrency, limit, burst): an int from 1 to what every backend stores."""
+    problem = number_problem(value, minimum=1, maximum=MAX_COUNT, integer=True)
+    if problem:
+        raise InvalidQueueConfig(f"{what}: {problem}{f' {note}' if note else ''}")
+
+
+def _check_duration_ms(value: object, what: str) -> None:
+    """A duration in whole milliseconds, from 1 to ten years."""
+    problem = number_problem(value, minimum=1, maximum=MAX_DURATION_MS, integer=True, unit="milliseconds")
+    if problem:
+        raise InvalidQueueConfig(f"{what}: {problem}")
 
 
 def _rate_limits(raw: object, where: str) -> tuple[RateLimit | None, RateLimit | None]:
@@ -188,20 +193,15 @@ def _throttle(raw: Mapping[str, Any], where: str) -> Throttle:
     limit, period_ms, burst = raw.get("limit"), raw.get("period_ms"), raw.get("burst", 1)
     per = raw.get("per", "global")
     _check_limit_and_period(limit, period_ms, where)
-    if not _is_int(burst) or not 1 <= burst <= MAX_COUNT:  # type: ignore[operator]
-        raise InvalidQueueConfig(f"{where}.burst: must be an integer from 1 to {MAX_COUNT}, got {burst!r}")
+    _check_count(burst, f"{where}.burst")
     if per not in ("global", "key"):
         raise InvalidQueueConfig(f"{where}.per: must be 'global' or 'key', got {per!r}")
     return Throttle(limit=limit, period_ms=period_ms, burst=burst, per=per)  # type: ignore[arg-type]
 
 
 def _check_limit_and_period(limit: object, period_ms: object, where: str) -> None:
-    if not _is_int(limit) or not 1 <= limit <= MAX_COUNT:  # type: ignore[operator]
-        raise InvalidQueueConfig(f"{where}.limit: must be an integer from 1 to {MAX_COUNT}, got {limit!r}")
-    if not _is_int(period_ms) or not 1 <= period_ms <= MAX_DURATION_MS:  # type: ignore[operator]
-        raise InvalidQueueConfig(
-            f"{where}.period_ms: must be an integer from 1 to {MAX_DURATION_MS} (milliseconds), got {period_ms!r}"
-        )
+    _check_count(limit, f"{where}.limit")
+    _check_duration_ms(period_ms, f"{where}.period_ms")
 
 
 def _rate_limit(raw: Mapping[str, Any], where: str) -> RateLimit:

@@ -28,8 +28,8 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 
 from durable_flow.cel import compile_cel, evaluate_cel
-from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
-from durable_flow.validation import max_length
+from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput, InvalidQuota
+from durable_flow.validation import MAX_COUNT, max_length, number_problem, storable_text
 
 if TYPE_CHECKING:
     from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -79,7 +79,9 @@ class QuotaSpec:
             raise InvalidQuota(f"quota key must be a string or a callable of the input, got {type(key).__name__}")
         limit = value["limit"]
         if not callable(limit):
-            check_limit(limit)
+            # A workflow's limit may be 0 (a plan with none: every start refused); a per-start
+            # limit is the caller's own number for this start, so 0 there is a mistake.
+            check_limit(limit, minimum=1 if per_start else 0)
         statuses = value.get("count_statuses", ACTIVE_STATUSES)
         if isinstance(statuses, str) or not isinstance(statuses, Iterable):
             raise InvalidQuota("quota count_statuses must be a list of run statuses")
@@ -90,10 +92,16 @@ class QuotaSpec:
         return cls(key=key, limit=limit, count_statuses=statuses)
 
     def resolve_key(self, input: Any) -> str | None:
-        """The bucket for this input; None leaves the start unlimited."""
+        """The bucket for this input; None leaves the start unlimited. A key callable that
+        raises on the input is an `InvalidQuota` (its error chained), like a failing CEL key."""
         if isinstance(self.key, str):
             return self.key
-        key = self.key(input)
+        try:
+            key = self.key(input)
+        except InvalidQuota:
+            raise
+        except Exception as exc:
+            raise InvalidQuota(f"quota key {_name(self.key)} failed on this input: {exc!r}") from exc
         return None if key is None else check_key(key)
 
     def resolve_limit(self, key: str) -> int:
@@ -142,17 +150,25 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
+def _name(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", None) or type(function).__name__
+
+
 def check_key(key: object) -> str:
+    """`key` if the run's `concurrency_key` column can store it; else `InvalidQuota`."""
     longest = max_length("WorkflowRun", "concurrency_key")
-    if not isinstance(key, str) or not key or len(key) > longest:
-        raise InvalidQuota(f"a quota key must be a non-empty string of at most {longest} characters, got {key!r}")
-    return key
+    try:
+        return storable_text(key, "a quota key", longest)
+    except InvalidInput as exc:
+        raise InvalidQuota(str(exc)) from None
 
 
-def check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise InvalidQuota(f"quota limit must be an integer or a callable of the key, got {limit!r}")
-    return limit
+def check_limit(limit: object, minimum: int = 0) -> int:
+    """`limit` if it is an int from `minimum` to what `concurrency_limit` (an `integer`) holds."""
+    problem = number_problem(limit, minimum=minimum, maximum=MAX_COUNT, integer=True)
+    if problem:
+        raise InvalidQuota(f"quota limit {problem} (or a callable of the key)")
+    return limit  # type: ignore[return-value]  # an int, checked above
 
 
 def parse_workflow_quota(name: str, value: QuotaSpec | Mapping[str, Any] | None) -> QuotaSpec | None:

@@ -9,6 +9,8 @@ Lua double) before they reach one, and JSON values to a nesting depth every read
 
 from __future__ import annotations
 
+import math
+import reprlib
 from collections.abc import Iterator
 from functools import cache
 from typing import Any, TypeVar
@@ -27,6 +29,8 @@ MAX_JSON_DEPTH = 100
 
 _CONTAINERS = (dict, list, tuple)  # what `json.dumps` writes as an array or an object
 T = TypeVar("T")
+#: Durations in seconds, for the settings' documented maxima.
+MINUTE_S, HOUR_S, DAY_S, WEEK_S = 60, 3600, 86_400, 7 * 86_400
 
 
 @cache
@@ -66,13 +70,48 @@ def storable_text(value: object, what: str, max_length: int, *, allow_empty: boo
     return value
 
 
+def number_problem(
+    value: object,
+    *,
+    minimum: float,
+    maximum: float,
+    integer: bool = False,
+    above_minimum: bool = False,
+    unit: str = "",
+) -> str | None:
+    """What is wrong with `value` as a bounded number, or None when it is fine.
+
+    The one check of every number in the settings, backend options, queue specs and quotas: a
+    bool is not a number, an `integer` must be an int, and NaN and the infinities are never
+    within bounds (NaN compares false to everything, so a bare `value <= 0` test lets it
+    through). `above_minimum` makes the lower bound exclusive:
+    `number_problem(0, minimum=0, maximum=60, above_minimum=True)` is "must be a number above 0
+    and at most 60, got 0". The message starts with "must be" and gives the whole range, for the
+    caller to prefix with the setting's name.
+    """
+    kind = "an integer" if integer else "a number"
+    low = f"above {_shown(minimum)} and at most" if above_minimum else f"from {_shown(minimum)} to"
+    problem = f"must be {kind} {low} {_shown(maximum)}{f' ({unit})' if unit else ''}, got {reprlib.repr(value)}"
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        return problem
+    if isinstance(value, float) and not math.isfinite(value):
+        return problem
+    if value > maximum or value < minimum or (above_minimum and value == minimum):
+        return problem
+    return None
+
+
+def _shown(bound: float) -> str:
+    """A bound as written in the docs: `86400`, not `86400.0` or `8.64e+04`."""
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
 def bounded_int(value: object, what: str, *, minimum: int, maximum: int) -> int:
     """`value` if it is an int (not a bool) within [minimum, maximum]; else `InvalidInput`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{what} must be an integer, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise InvalidInput(f"{what} must be between {minimum} and {maximum}, got {value}")
-    return value
+    problem = number_problem(value, minimum=minimum, maximum=maximum, integer=True)
+    if problem:
+        raise InvalidInput(f"{what} {problem}")
+    return value  # type: ignore[return-value]  # an int, checked above
 
 
 def bounded_depth(value: T, what: str) -> T:

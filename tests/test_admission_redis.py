@@ -212,7 +212,7 @@ def lapse(client: redis.Redis, backend: RedisAdmissionBackend) -> None:
         ({"CONNECTION": "nope"}, 'DURABLE_FLOW["ADMISSION"]["CONNECTION"]: \'nope\' is not a queue'),
         ({"URL": "http://x"}, 'DURABLE_FLOW["ADMISSION"]["URL"]: must be a redis://'),
         ({"URL": REDIS_URL, "CONNECTION": "default"}, 'DURABLE_FLOW["ADMISSION"]["URL"]: give CONNECTION or URL'),
-        ({"INSTANCE_TTL_MS": 0}, 'DURABLE_FLOW["ADMISSION"]["INSTANCE_TTL_MS"]: must be a positive integer'),
+        ({"INSTANCE_TTL_MS": 0}, 'DURABLE_FLOW["ADMISSION"]["INSTANCE_TTL_MS"]: must be an integer from 1 to 3600000'),
         ({"KEY_PREFIX": ""}, 'DURABLE_FLOW["ADMISSION"]["KEY_PREFIX"]: must be a non-empty string'),
         ({"HOST": "x"}, 'DURABLE_FLOW["ADMISSION"]: unknown option(s) HOST'),
     ],

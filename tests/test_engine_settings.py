@@ -102,7 +102,9 @@ def manage_check(tmp_path: Path, durable_flow: str) -> subprocess.CompletedProce
 def test_manage_py_check_with_malformed_settings_fails_naming_the_key(tmp_path: Path) -> None:
     result = manage_check(tmp_path, '{"WORKFLOWS": ["tests.workflows"], "POLLER": {"INTERVAL_MS": -5}}')
     assert result.returncode != 0
-    assert 'DURABLE_FLOW["POLLER"]: INTERVAL_MS must be a positive number, got -5' in result.stderr
+    assert (
+        'DURABLE_FLOW["POLLER"]: INTERVAL_MS must be a number from 1 to 3600000 (milliseconds), got -5' in result.stderr
+    )
 
 
 def test_manage_py_check_reports_malformed_settings_as_e001(tmp_path: Path) -> None:

@@ -72,6 +72,20 @@ def closed(ctx: Any, input: dict[str, Any]) -> Any:
     return "never"
 
 
+def strict_tenant_key(input: dict[str, Any]) -> str:
+    return f"tenant:{input['tenant']}"  # a KeyError on an input without a tenant
+
+
+@workflow("quota.strict", quota={"key": strict_tenant_key, "limit": 1})
+def strict(ctx: Any, input: dict[str, Any]) -> Any:
+    return ctx.wait_for_signal("go")
+
+
+@workflow("quota.huge_limit", quota={"key": tenant_key, "limit": lambda key: 10**30})
+def huge_limit(ctx: Any, input: dict[str, Any]) -> Any:
+    return ctx.wait_for_signal("go")
+
+
 @workflow("quota.unlimited")
 def unlimited(ctx: Any, input: dict[str, Any]) -> Any:
     return ctx.wait_for_signal("go")
@@ -205,10 +219,9 @@ def test_limit_may_be_a_sync_or_async_callable_of_the_key(engine: Engine, name: 
     assert refused(name, "pro").limit == 3
 
 
-def test_a_limit_of_zero_refuses_every_start(engine: Engine) -> None:
+def test_a_workflows_limit_of_zero_refuses_every_start(engine: Engine) -> None:
     exc = refused("quota.closed", "acme")
     assert (exc.limit, exc.active) == (0, 0)
-    refused("quota.unlimited", None, quota={"key": "k", "limit": -1})
     assert not WorkflowRun.objects.exists()
 
 
@@ -234,6 +247,14 @@ def test_a_per_start_quota_overrides_the_workflows(engine: Engine) -> None:
         {"key": "k", "limit": 1, "count_statuses": ["running", "sleeping"]},
         {"key": "k", "limit": 1, "extra": True},
         {"key": "", "limit": 1},
+        {"key": "k" * 201, "limit": 1},
+        {"key": "a\x00", "limit": 1},
+        {"key": "a\ud800", "limit": 1},
+        {"key": "k", "limit": 0},
+        {"key": "k", "limit": -1},
+        {"key": "k", "limit": 2**31},
+        {"key": "k", "limit": 10**30},
+        {"key": "k", "limit": 1.0},
     ],
 )
 def test_a_bad_per_start_quota_is_a_typed_error(engine: Engine, quota: dict[str, Any]) -> None:
@@ -242,9 +263,29 @@ def test_a_bad_per_start_quota_is_a_typed_error(engine: Engine, quota: dict[str,
     assert not WorkflowRun.objects.exists()
 
 
+def test_a_quota_key_function_that_raises_is_invalid_quota_with_its_cause(engine: Engine) -> None:
+    with pytest.raises(InvalidQuota, match="quota key") as info:
+        api.start("quota.strict", {})
+    assert isinstance(info.value.__cause__, KeyError)
+    assert not WorkflowRun.objects.exists()
+
+
+def test_a_limit_callable_giving_more_than_the_column_holds_is_invalid_quota(engine: Engine) -> None:
+    with pytest.raises(InvalidQuota, match="limit"):
+        start("quota.huge_limit", "acme")
+    assert not WorkflowRun.objects.exists()
+
+
 @pytest.mark.parametrize(
     "quota",
-    [{"key": '"tenant:" +', "limit": 1}, {"key": tenant_key, "limit": True}, {"limit": 1}, ["key", "limit"]],
+    [
+        {"key": '"tenant:" +', "limit": 1},
+        {"key": tenant_key, "limit": True},
+        {"key": tenant_key, "limit": -1},
+        {"key": tenant_key, "limit": 2**31},
+        {"limit": 1},
+        ["key", "limit"],
+    ],
 )
 def test_a_bad_workflow_quota_fails_registration_naming_the_workflow(quota: Any) -> None:
     with pytest.raises(RegistrationError, match=r"quota\.bad"):
@@ -312,6 +353,14 @@ def test_the_json_api_answers_429_with_retry_after(client: Client) -> None:
     data = response.json()
     assert (data["key"], data["limit"], data["active"]) == ("tenant:acme", 2, 2)
     assert WorkflowRun.objects.count() == 2
+
+
+def test_the_json_api_answers_400_when_a_quota_key_function_raises(client: Client) -> None:
+    body = json.dumps({"workflow": "quota.strict", "input": {}})
+    response = client.post("/api/runs/", data=body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"] == "InvalidQuota"
+    assert not WorkflowRun.objects.exists()
 
 
 def test_quota_limited_maps_a_refusal_in_a_users_view_to_429(engine: Engine) -> None:
@@ -420,7 +469,7 @@ def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: E
     start("quota.turn", "globex")
     refused("quota.turn", "acme")
     refused("quota.turn", "acme")
-    refused("quota.unlimited", None, quota={"key": "tenant:initech", "limit": 0})
+    refused("quota.closed", "initech")
     rows = {row["key"]: row for row in usage()}
     assert rows["tenant:acme"] == {"key": "tenant:acme", "active": 2, "limit": 2, "refused_per_min": 2}
     assert rows["tenant:globex"]["active"] == 1 and rows["tenant:globex"]["refused_per_min"] == 0

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.core.checks import run_checks
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.test import override_settings
+
+from tests.conftest import ManagedProcess
 
 MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
     (
@@ -32,7 +36,7 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
         "bad admission value",
         {"ADMISSION": {"BACKEND": "redis", "INSTANCE_TTL_MS": "60s"}},
         "durable_flow.E004",
-        'DURABLE_FLOW["ADMISSION"]["INSTANCE_TTL_MS"]: must be a positive integer',
+        'DURABLE_FLOW["ADMISSION"]["INSTANCE_TTL_MS"]: must be an integer from 1 to 3600000 (milliseconds), got',
     ),
     (
         "unknown key under POLLER",
@@ -56,31 +60,31 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
         "zero poll interval",
         {"TRANSPORT": {"BACKEND": "db", "POLL_INTERVAL_S": 0}},
         "durable_flow.E005",
-        'DURABLE_FLOW["TRANSPORT"]["POLL_INTERVAL_S"]: must be a positive number, got 0',
+        'DURABLE_FLOW["TRANSPORT"]["POLL_INTERVAL_S"]: must be a number above 0 and at most 60 (seconds), got 0',
     ),
     (
         "fractional batch size",
         {"POLLER": {"BATCH_SIZE": 0.5}},
         "durable_flow.E001",
-        'DURABLE_FLOW["POLLER"]: BATCH_SIZE must be a positive integer, got 0.5',
+        'DURABLE_FLOW["POLLER"]: BATCH_SIZE must be an integer from 1 to 10000, got 0.5',
     ),
     (
         "absurd concurrency",
         {"TRANSPORT": {"BACKEND": "db", "CONCURRENCY": 10**30}},
         "durable_flow.E005",
-        'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]: must be between 1 and 1024',
+        'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]: must be an integer from 1 to 1024, got 1000',
     ),
     (
         "samples more than once a second",
         {"POLLER": {"SAMPLE_INTERVAL_S": 0.5}},
         "durable_flow.E006",
-        'DURABLE_FLOW["POLLER"]: SAMPLE_INTERVAL_S must be a number of seconds of at least 1, got 0.5',
+        'DURABLE_FLOW["POLLER"]: SAMPLE_INTERVAL_S must be a number from 1 to 3600 (seconds), got 0.5',
     ),
     (
         "samples kept less than the charts' hour",
         {"POLLER": {"SAMPLE_RETENTION_S": 600}},
         "durable_flow.E006",
-        'DURABLE_FLOW["POLLER"]: SAMPLE_RETENTION_S must be a number of seconds of at least 3600, got 600',
+        'DURABLE_FLOW["POLLER"]: SAMPLE_RETENTION_S must be a number from 3600 to 31536000 (seconds), got 600',
     ),
     (
         "misspelt transport option",
@@ -117,3 +121,122 @@ def test_well_formed_settings_pass_manage_py_check() -> None:
     }
     with override_settings(DURABLE_FLOW=setting):
         call_command("check")
+
+
+# -- numbers: every numeric setting refuses bools, NaN, infinities and values out of its bounds ----
+NAN, INF = float("nan"), float("inf")
+NOT_NUMBERS: tuple[object, ...] = (NAN, INF, -INF, 10**30, True, "5")
+
+
+Build = Callable[[object], dict[str, Any]]
+
+
+def under(section: str, key: str, **beside: object) -> Build:
+    return lambda value: {section: {key: value, **beside}}
+
+
+def top(key: str) -> Build:
+    return lambda value: {key: value}
+
+
+def backend(section: str, name: str, key: str) -> Build:
+    return lambda value: {section: {"BACKEND": name, key: value}}
+
+
+def adaptive(field: str) -> Build:
+    return lambda value: {"TRANSPORT": {"BACKEND": "db", "CONCURRENCY": {"mode": "adaptive", field: value}}}
+
+
+def queue(fields: Build) -> Build:
+    return lambda value: {"QUEUES": [{"name": "q", **fields(value)}]}
+
+
+TEN_YEARS_S = 10 * 365 * 86_400
+# (DURABLE_FLOW for a value, check id, the setting as the message names it, other values refused)
+NUMERIC_SETTINGS: list[tuple[Build, str, str, tuple[object, ...]]] = [
+    (under("POLLER", "INTERVAL_MS"), "E001", 'DURABLE_FLOW["POLLER"]: INTERVAL_MS', (0, -1, 3_600_001)),
+    (under("POLLER", "BATCH_SIZE"), "E001", 'DURABLE_FLOW["POLLER"]: BATCH_SIZE', (0, -1, 2.5, 10_001)),
+    (under("POLLER", "MAINTENANCE_S"), "E001", 'DURABLE_FLOW["POLLER"]: MAINTENANCE_S', (0, -1, 3601)),
+    (under("POLLER", "SAMPLE_INTERVAL_S"), "E006", 'DURABLE_FLOW["POLLER"]: SAMPLE_INTERVAL_S', (0, 0.5, 3601)),
+    (under("POLLER", "SAMPLE_RETENTION_S"), "E006", 'DURABLE_FLOW["POLLER"]: SAMPLE_RETENTION_S', (0, 600, 10**8)),
+    (under("HEARTBEAT", "INTERVAL_S", TTL_S=86_400), "E001", 'DURABLE_FLOW["HEARTBEAT"]: INTERVAL_S', (0, -1, 3601)),
+    (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]: TTL_S', (0, -1, 86_401)),
+    (top("MAX_PAYLOAD_BYTES"), "E001", 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]:', (0, -1, 1.5, 2**30 + 1)),
+    (top("REDISPATCH_AFTER_S"), "E001", 'DURABLE_FLOW["REDISPATCH_AFTER_S"]:', (0, -1, 7 * 86_400 + 1)),
+    (under("METRICS", "WINDOW_S"), "E001", 'DURABLE_FLOW["METRICS"]: WINDOW_S', (0, -1, 86_401)),
+    (queue(lambda v: {"concurrency": v}), "E001", "'q'.concurrency:", (0, -1, 2**31)),
+    (queue(lambda v: {"retry_ms": v}), "E001", "'q'.retry_ms:", (0, -1)),
+    (queue(lambda v: {"rate_limit": {"limit": v, "period_ms": 1000}}), "E001", "'q'.rate_limit.limit:", (0, 2**31)),
+    (queue(lambda v: {"rate_limit": {"limit": 1, "period_ms": v}}), "E001", "'q'.rate_limit.period_ms:", (0, -1)),
+    (queue(lambda v: {"throttle": {"limit": 1, "period_ms": 1, "burst": v}}), "E001", "'q'.throttle.burst:", (0, -1)),
+    (backend("TRANSPORT", "db", "VISIBILITY_TIMEOUT_S"), "E005", '["VISIBILITY_TIMEOUT_S"]:', (0, -1, 86_401)),
+    (backend("TRANSPORT", "db", "POLL_INTERVAL_S"), "E005", '["POLL_INTERVAL_S"]:', (0, -1, 61)),
+    (backend("TRANSPORT", "db", "CONCURRENCY"), "E005", '["TRANSPORT"]["CONCURRENCY"]:', (0, -1, 1025)),
+    (adaptive("min"), "E005", '["CONCURRENCY"]["min"]:', (0, -1, 1025)),
+    (adaptive("max"), "E005", '["CONCURRENCY"]["max"]:', (0, -1, 1025)),
+    (adaptive("tick_ms"), "E005", '["CONCURRENCY"]["tick_ms"]:', (0, 9, 60_001)),
+    (adaptive("ram_ceiling_pct"), "E005", '["CONCURRENCY"]["ram_ceiling_pct"]:', (0, -1, 101)),
+    (adaptive("cpu_ceiling_pct"), "E005", '["CONCURRENCY"]["cpu_ceiling_pct"]:', (0, -1, 101)),
+    (backend("TRANSPORT", "rq", "RESULT_TTL"), "E005", '["RESULT_TTL"]:', (-2, 1.5, TEN_YEARS_S + 1)),
+    (backend("TRANSPORT", "rq", "FAILURE_TTL"), "E005", '["FAILURE_TTL"]:', (-2, 1.5, TEN_YEARS_S + 1)),
+    (backend("ADMISSION", "redis", "INSTANCE_TTL_MS"), "E004", '["INSTANCE_TTL_MS"]:', (0, -1, 1.5, 3_600_001)),
+]
+
+
+@pytest.mark.parametrize(
+    ("durable_flow", "check_id", "names"),
+    [
+        pytest.param(build(value), check_id, names, id=f"{names}{value!r}")
+        for build, check_id, names, refused in NUMERIC_SETTINGS
+        for value in (*NOT_NUMBERS, *refused)
+    ],
+)
+def test_every_numeric_setting_refuses_non_finite_and_out_of_bounds_values(
+    durable_flow: dict[str, Any], check_id: str, names: str
+) -> None:
+    with override_settings(DURABLE_FLOW=durable_flow):
+        errors = run_checks(tags=["durable_flow"])
+    assert [error.id for error in errors] == [f"durable_flow.{check_id}"]
+    assert names in errors[0].msg and " must be " in errors[0].msg
+    assert errors[0].hint
+
+
+@pytest.mark.parametrize(
+    ("names", "durable_flow"),
+    [pytest.param(names, build, id=names) for build, _, names, _ in NUMERIC_SETTINGS],
+)
+def test_every_numeric_setting_accepts_a_value_within_its_bounds(names: str, durable_flow: Build) -> None:
+    sane = {"SAMPLE_RETENTION_S": 7200, "tick_ms": 2000, "RESULT_TTL": -1}
+    value = next((value for key, value in sane.items() if key in names), 20)
+    with override_settings(DURABLE_FLOW=durable_flow(value)):
+        assert run_checks(tags=["durable_flow"]) == []
+
+
+def test_an_unknown_redis_admission_connection_fails_check_without_connecting() -> None:
+    setting = {"ADMISSION": {"BACKEND": "redis", "CONNECTION": "nope"}}
+    with override_settings(DURABLE_FLOW=setting, RQ_QUEUES={"default": {"URL": "redis://unreachable.invalid:1/0"}}):
+        errors = run_checks(tags=["durable_flow"])
+    assert [error.id for error in errors] == ["durable_flow.E004"]
+    assert 'DURABLE_FLOW["ADMISSION"]["CONNECTION"]: \'nope\' is not a queue in settings.RQ_QUEUES' in errors[0].msg
+    assert errors[0].hint
+
+
+@pytest.mark.parametrize("command", ["durable_poller", "durable_worker"])
+def test_a_process_with_a_bad_setting_refuses_to_start_with_the_check_error(
+    command: str, spawn: Callable[..., ManagedProcess]
+) -> None:
+    """`durable_poller` and `durable_worker` run the system checks first: a NaN heartbeat TTL
+    (which used to crash the poller mid-pass) stops them before they start."""
+    process = spawn(command, env={"DURABLE_FLOW_HEARTBEAT_TTL_S": "nan", "DURABLE_FLOW_TRANSPORT": "db"})
+    assert process.proc.wait(60) != 0
+    output = process.output()
+    assert "SystemCheckError" in output and "durable_flow.E001" in output
+    assert 'DURABLE_FLOW["HEARTBEAT"]: TTL_S must be ' in output and "HINT:" in output
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("flag", ["--batch-size", "--interval-ms"])
+@pytest.mark.parametrize("value", ["0", str(10**30)])
+def test_the_pollers_flags_are_bounded_like_its_settings(flag: str, value: str) -> None:
+    with pytest.raises(CommandError, match=f"{flag} must be an integer from 1 to"):
+        call_command("durable_poller", "--once", flag, value)

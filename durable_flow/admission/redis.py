@@ -116,8 +116,9 @@ from durable_flow.admission.base import (
     ResourceUsage,
 )
 from durable_flow.admission.policy import key_start_window, oldest_mark_needed, start_key
-from durable_flow.options import Option, non_empty_str, positive_int
+from durable_flow.options import Option, non_empty_str, number
 from durable_flow.queues import QueueConfig, queue_from_dict
+from durable_flow.validation import HOUR_S
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -169,7 +170,10 @@ class RedisAdmissionBackend(AdmissionBackend):
         "CONNECTION": Option("The django-rq RQ_QUEUES entry whose Redis to use (default 'default').", non_empty_str),
         "URL": Option("A redis://, rediss:// or unix:// URL, instead of CONNECTION.", _redis_url),
         "KEY_PREFIX": Option("Prefix of every key, so several deployments can share a Redis.", non_empty_str),
-        "INSTANCE_TTL_MS": Option("A dead process's slots are reclaimed within this (ms).", positive_int),
+        "INSTANCE_TTL_MS": Option(
+            "A dead process's slots are reclaimed within this (ms): 1 to an hour.",
+            number(1, HOUR_S * 1000, integer=True, unit="milliseconds"),
+        ),
     }
 
     def __init__(
@@ -230,10 +234,13 @@ class RedisAdmissionBackend(AdmissionBackend):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        """The declared checks, plus: CONNECTION and URL exclude each other."""
+        """The declared checks, plus: CONNECTION and URL exclude each other, and CONNECTION (or
+        its default, 'default') names an `RQ_QUEUES` entry; nothing connects to Redis."""
         super().check_options(options)
         if "URL" in options and "CONNECTION" in options:
             raise _option_error("URL", "give CONNECTION or URL, not both")
+        if "URL" not in options:
+            _connection_name(options.get("CONNECTION", "default"))
 
     # -- keys ---------------------------------------------------------------------------------
     def queue_keys(self, queue: str) -> list[str]:
@@ -522,8 +529,8 @@ def _grant(retry_at: bytes | str | int, tickets: Sequence[bytes | str]) -> Grant
     return Grant(tuple(_text(t) for t in tickets), int(reopen) if reopen else None)
 
 
-def _named_connection(name: object) -> Redis:
-    """A connection from django-rq's `RQ_QUEUES[name]`, so Redis is configured in one place."""
+def _connection_name(name: object) -> str:
+    """`name` if it is a queue of `settings.RQ_QUEUES`, else `ImproperlyConfigured` (no connection)."""
     from django.conf import settings
 
     if not isinstance(name, str) or not name:
@@ -532,6 +539,11 @@ def _named_connection(name: object) -> Redis:
     if name not in queues:
         known = ", ".join(sorted(queues)) or "none defined"
         raise _option_error("CONNECTION", f"{name!r} is not a queue in settings.RQ_QUEUES ({known})")
+    return name
+
+
+def _named_connection(name: object) -> Redis:
+    """A connection from django-rq's `RQ_QUEUES[name]`, so Redis is configured in one place."""
     import django_rq
 
-    return django_rq.get_connection(name)
+    return django_rq.get_connection(_connection_name(name))

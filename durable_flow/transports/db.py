@@ -31,16 +31,16 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.models import Task, TaskKind
-from durable_flow.options import Option, boolean, positive_number
+from durable_flow.options import Option, boolean, number, parse_options
 from durable_flow.transports import db_notify
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
+from durable_flow.validation import DAY_S, MINUTE_S
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -102,9 +102,13 @@ class DatabaseTransport(Transport):
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "CONCURRENCY": CONCURRENCY_OPTION,
         "VISIBILITY_TIMEOUT_S": Option(
-            "Lease (s) on a claimed task; renewed by the worker's heartbeat.", positive_number
+            "Lease (s) on a claimed task; renewed by the worker's heartbeat. Above 0, at most a day.",
+            number(0, DAY_S, above_minimum=True, unit="seconds"),
         ),
-        "POLL_INTERVAL_S": Option("Pause (s) between claims when the table is empty.", positive_number),
+        "POLL_INTERVAL_S": Option(
+            "Pause (s) between claims when the table is empty. Above 0, at most a minute.",
+            number(0, MINUTE_S, above_minimum=True, unit="seconds"),
+        ),
         "OPTIMISTIC_FIRST_STEP": Option(
             "Whether a run's first step, when it is a plain one (no queue, step concurrency, timeout or "
             "fan-out), runs on the first delivery of the run's first turn before anything is written and "
@@ -121,14 +125,12 @@ class DatabaseTransport(Transport):
         poll_interval_s: float = 0.1,
         optimistic_first_step: bool = True,
     ) -> None:
-        if (
-            isinstance(visibility_timeout_s, bool)
-            or not isinstance(visibility_timeout_s, int | float)
-            or visibility_timeout_s <= 0
-        ):
-            raise ImproperlyConfigured(
-                'DURABLE_FLOW["TRANSPORT"]["VISIBILITY_TIMEOUT_S"]: must be a positive number of seconds'
-            )
+        # Built directly (tests, bench) as well as from settings: the same checks either way.
+        parse_options(
+            self.OPTIONS,
+            {"VISIBILITY_TIMEOUT_S": visibility_timeout_s, "POLL_INTERVAL_S": poll_interval_s},
+            self.SETTING,
+        )
         self.concurrency = concurrency
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.poll_interval_s = float(poll_interval_s)

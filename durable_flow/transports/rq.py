@@ -74,10 +74,11 @@ from rq.job import JobStatus, Retry
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
-from durable_flow.options import Option, boolean, non_empty_str
+from durable_flow.options import Option, Validator, boolean, non_empty_str, number
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.rq_claims import ClaimBook
 from durable_flow.transports.runner import EngineRunner, TaskRunner
+from durable_flow.validation import MAX_DURATION_MS
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -87,6 +88,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("durable_flow.transports.rq")
 
 SETTING = 'DURABLE_FLOW["TRANSPORT"]'
+_TTL: Validator = number(-1, MAX_DURATION_MS // 1000, integer=True, unit="seconds, -1: forever")
+
+
+def _ttl(value: object) -> str | None:
+    """RESULT_TTL / FAILURE_TTL: whole seconds up to ten years, -1 (forever) or None (RQ's)."""
+    return None if value is None else _TTL(value)
+
+
 HIGH, NORMAL, LOW = "high", "normal", "low"
 
 _current = threading.local()
@@ -151,8 +160,8 @@ class RQTransport(Transport):
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "QUEUE": Option("The RQ_QUEUES entry whose connection, serializer and job class are used.", non_empty_str),
         "CONCURRENCY": CONCURRENCY_OPTION,
-        "RESULT_TTL": Option("Seconds RQ keeps a finished job in its registry (-1: forever)."),
-        "FAILURE_TTL": Option("Seconds RQ keeps a failed job in its registry (-1: forever)."),
+        "RESULT_TTL": Option("Seconds RQ keeps a finished job in its registry (-1: forever).", _ttl),
+        "FAILURE_TTL": Option("Seconds RQ keeps a failed job in its registry (-1: forever).", _ttl),
         "EAGER_STEPS": Option(
             "Whether a step a turn dispatches runs next on the worker thread that ran the turn, with no "
             "RQ job (True, the default), or goes out as an RQ job like every other step (False).",
@@ -184,8 +193,8 @@ class RQTransport(Transport):
                 f'{SETTING}["QUEUE"]: {queue!r} is not in settings.RQ_QUEUES (configured: {known})'
             )
         for key, ttl in (("RESULT_TTL", result_ttl), ("FAILURE_TTL", failure_ttl)):
-            if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < -1):
-                raise ImproperlyConfigured(f'{SETTING}["{key}"]: must be an integer number of seconds, got {ttl!r}')
+            if problem := _ttl(ttl):
+                raise ImproperlyConfigured(f'{SETTING}["{key}"]: {problem}')
         if optimistic_first_step and not eager_steps:
             raise ImproperlyConfigured(
                 f'{SETTING}["OPTIMISTIC_FIRST_STEP"]: needs EAGER_STEPS (the first step runs on its turn\'s thread)'

@@ -47,9 +47,12 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_flow.validation import number_problem
 from durable_flow.worker.concurrency import MAX_CONCURRENCY, Adjustment, ResourceSample
 
 FIELDS = ("mode", "min", "max", "start", "tick_ms", "ram_ceiling_pct", "cpu_ceiling_pct")
+#: The slowest control loop: a tick at most once a minute (a longer one adapts to nothing).
+MAX_TICK_MS = 60_000
 
 
 def _percentile(ordered: list[float], share: float) -> float:
@@ -116,30 +119,29 @@ class AdaptiveConcurrency:
         if options.get("mode", "adaptive") != "adaptive":
             raise ImproperlyConfigured(f'{setting}["mode"]: must be "adaptive", got {options.get("mode")!r}')
 
-        def integer(name: str, default: int, low: int, high: int | None = None) -> int:
+        def checked(name: str, default: float | None, **bounds: Any) -> Any:
             value = options.get(name, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ImproperlyConfigured(f'{setting}["{name}"]: must be an integer ≥ {low}, got {value!r}')
-            if high is not None and value > high:
-                raise ImproperlyConfigured(f'{setting}["{name}"]: must be at most {high}, got {value!r}')
+            problem = number_problem(value, **bounds)
+            if problem:
+                raise ImproperlyConfigured(f'{setting}["{name}"]: {problem}')
             return value
 
+        def integer(name: str, default: int, low: int, high: int, unit: str = "") -> int:
+            return int(checked(name, default, minimum=low, maximum=high, integer=True, unit=unit))
+
         def percent(name: str, default: float | None) -> float | None:
-            value = options.get(name, default)
-            if value is None and default is None:
+            if options.get(name, default) is None and default is None:
                 return None
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 100:
-                raise ImproperlyConfigured(f'{setting}["{name}"]: must be a percentage in (0, 100], got {value!r}')
-            return float(value)
+            return float(checked(name, default, minimum=0, maximum=100, above_minimum=True, unit="percent"))
 
         min_limit = integer("min", 1, 1, MAX_CONCURRENCY)
         max_limit = integer("max", max(32, min_limit), 1, MAX_CONCURRENCY)
         if max_limit < min_limit:
             raise ImproperlyConfigured(f'{setting}["max"]: must be ≥ min ({min_limit}), got {max_limit}')
-        start = integer("start", min_limit, 1)
+        start = integer("start", min_limit, 1, MAX_CONCURRENCY)
         if not min_limit <= start <= max_limit:
             raise ImproperlyConfigured(f'{setting}["start"]: must be within [min, max] = [{min_limit}, {max_limit}]')
-        tick_ms = integer("tick_ms", 2000, 10)
+        tick_ms = integer("tick_ms", 2000, 10, MAX_TICK_MS, unit="milliseconds")
         ram = percent("ram_ceiling_pct", 85.0)
         assert ram is not None
         return cls(

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 
+from durable_flow.validation import number_problem
+
 
 @dataclass(frozen=True, slots=True)
 class Adjustment:
@@ -75,15 +77,12 @@ MAX_CONCURRENCY = 1024
 
 def build_controller(spec: object, setting: str = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]') -> ConcurrencyController:
     """Parse a CONCURRENCY setting into its controller; `ImproperlyConfigured` names the setting."""
-    if isinstance(spec, bool):
-        raise ImproperlyConfigured(f"{setting}: expected a positive integer, 'adaptive' or a dict, got {spec!r}")
-    if isinstance(spec, int):
-        if not 1 <= spec <= MAX_CONCURRENCY:
-            raise ImproperlyConfigured(f"{setting}: must be between 1 and {MAX_CONCURRENCY}, got {spec}")
-        return FixedConcurrency(spec)
     if spec == "adaptive" or (isinstance(spec, Mapping) and spec.get("mode") == "adaptive"):
         from durable_flow.worker.adaptive import AdaptiveConcurrency
 
         options: Mapping[str, Any] = spec if isinstance(spec, Mapping) else {}
         return AdaptiveConcurrency.from_spec(options, setting=setting)
-    raise ImproperlyConfigured(f"{setting}: expected a positive integer, 'adaptive' or a dict, got {spec!r}")
+    problem = number_problem(spec, minimum=1, maximum=MAX_CONCURRENCY, integer=True)
+    if problem:
+        raise ImproperlyConfigured(f"{setting}: {problem} (or 'adaptive', or an adaptive spec dict)")
+    return FixedConcurrency(spec)  # type: ignore[arg-type]  # an int, checked above

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from durable_flow.conf import MAX_POLLER_BATCH_SIZE, MAX_POLLER_INTERVAL_MS
 from durable_flow.poller import TimerPoller
+from durable_flow.validation import number_problem
 
 
 class Command(BaseCommand):
@@ -20,6 +22,13 @@ class Command(BaseCommand):
         parser.add_argument("--report", default="", help="With --once: write the woken run ids to this JSON file.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        for flag, key, maximum in (
+            ("--interval-ms", "interval_ms", MAX_POLLER_INTERVAL_MS),
+            ("--batch-size", "batch_size", MAX_POLLER_BATCH_SIZE),
+        ):
+            problem = number_problem(options[key], minimum=1, maximum=maximum, integer=True)
+            if options[key] is not None and problem:
+                raise CommandError(f"{flag} {problem}")
         poller = TimerPoller(batch_size=options["batch_size"], interval_ms=options["interval_ms"])
         if options["once"]:
             woken: list[str] = []
