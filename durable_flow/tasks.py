@@ -172,6 +172,15 @@ def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
     return QuotaSpec(key=key, limit=spec.limit, count_statuses=spec.count_statuses)
 
 
+def start_checks(
+    task: Task, payload: Mapping[str, Any], run_id: str
+) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
+    """The start quota and the debounce or singleton a new run `run_id` of this stored call
+    passes (a re-run of a task run), as `enqueue` checks them for the call."""
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    return _start_quota(task, args, kwargs), _start_gate(task, args, kwargs, run_id)
+
+
 STATUS_MAP: Mapping[str, Any] = {
     # Parked (admission, run_after sleep, backoff) or waiting for a worker: ready to run.
     RunStatus.PENDING: TaskResultStatus.READY,

@@ -112,3 +112,10 @@ def test_a_retry_of_a_run_whose_task_is_not_declared_is_not_blocked(manual: Engi
     WorkflowRun.objects.filter(pk__in=[first.pk, second.pk]).update(start_key=key)
     api.retry(first.pk)
     assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.PENDING
+
+
+def test_a_rerun_of_a_task_run_passes_its_task_singleton(manual: Engine) -> None:
+    """A re-run is a new start of the task: it is skipped while the key's run is in progress."""
+    first = task_functions.sync_account.enqueue("a1")
+    again = api.rerun(first.id)
+    assert again.pk == first.id and WorkflowRun.objects.count() == 1
