@@ -100,7 +100,8 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     run = get_engine().start(
         original.workflow, original.input, run_id=new_run_id, tags=original.tags, quota=quota, gate=gate
     )
-    if not run.rerun_of and run.pk != original.pk:
+    # A start a debounce folded or a singleton skipped returns another run: no re-run of this one.
+    if not run.rerun_of and run.pk != original.pk and getattr(run, "start_outcome", None) is None:
         WorkflowRun.objects.filter(pk=run.pk, rerun_of="").update(rerun_of=original.pk)
         run.rerun_of = original.pk
     return run

@@ -119,3 +119,12 @@ def test_a_rerun_of_a_task_run_passes_its_task_singleton(manual: Engine) -> None
     first = task_functions.sync_account.enqueue("a1")
     again = api.rerun(first.id)
     assert again.pk == first.id and WorkflowRun.objects.count() == 1
+
+
+def test_a_skipped_rerun_does_not_mark_the_run_in_progress_as_a_rerun(manual: Engine) -> None:
+    first = task_functions.sync_account.enqueue("a1")
+    transport_of(manual).run_all()
+    second = task_functions.sync_account.enqueue("a1")
+    again = api.rerun(first.id)
+    assert (again.pk, getattr(again, "start_outcome", None)) == (second.id, "skipped")
+    assert WorkflowRun.objects.get(pk=second.id).rerun_of == ""
