@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from durable_flow.queues import QueueConfig, RateLimit
     from durable_flow.quotas import QuotaSpec
     from durable_flow.registry import WorkflowDefinition
+    from durable_flow.start_control import StartGate
 
 
 def _run_id(run_id: object) -> str:
@@ -81,13 +82,26 @@ def retry(run_id: str) -> WorkflowRun:
 
 def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     """Start a new run of the same workflow with the same input; the new run keeps a link to
-    the original (`rerun_of`). Idempotent on `new_run_id`, like `start`."""
+    the original (`rerun_of`). Idempotent on `new_run_id`, like `start`. A task run's re-run
+    passes its task's quota, debounce and singleton, as `enqueue` does."""
     from durable_flow.engine import get_engine
     from durable_flow.models import WorkflowRun
+    from durable_flow.models import new_run_id as fresh_run_id
+    from durable_flow.task_runner import TASK_WORKFLOW, run_task_of
 
     original = get_run(run_id)
-    run = get_engine().start(original.workflow, original.input, run_id=new_run_id, tags=original.tags)
-    if not run.rerun_of and run.pk != original.pk:
+    quota: QuotaSpec | None = None
+    gate: StartGate | None = None
+    if original.workflow == TASK_WORKFLOW and (task := run_task_of(original.input)) is not None:
+        from durable_flow.tasks import start_checks  # a declared task: the framework imports
+
+        new_run_id = new_run_id if new_run_id is not None else fresh_run_id()
+        quota, gate = start_checks(task, original.input, new_run_id)
+    run = get_engine().start(
+        original.workflow, original.input, run_id=new_run_id, tags=original.tags, quota=quota, gate=gate
+    )
+    # A start a debounce folded or a singleton skipped returns another run: no re-run of this one.
+    if not run.rerun_of and run.pk != original.pk and getattr(run, "start_outcome", None) is None:
         WorkflowRun.objects.filter(pk=run.pk, rerun_of="").update(rerun_of=original.pk)
         run.rerun_of = original.pk
     return run

@@ -24,7 +24,8 @@ lock, so a run is either pushed back or started, never both.
 Scope: top-level starts (`start`, `rerun`, the HTTP API, the tasks backend). A child run is part
 of its parent's deterministic replay and is neither debounced nor skipped. `retry` of a failed or
 cancelled singleton run is refused while another run of its key is in progress (`retry_conflict`):
-either mode, as a retry resumes an old run rather than starting a new one.
+either mode, as a retry resumes an old run rather than starting a new one; a task run's
+singleton is its task's (`task_runner.task_start_control`).
 """
 
 from __future__ import annotations
@@ -185,12 +186,12 @@ class StartGate:
         return None
 
 
-def retry_conflict(definition: WorkflowDefinition, run: WorkflowRun) -> str | None:
+def retry_conflict(control: StartControl | None, run: WorkflowRun) -> str | None:
     """Under the key's lock: the id of another run of `run`'s singleton key in progress, which a
-    retry of `run` would make two of, or None. Must run in the retry's transaction."""
+    retry of `run` would make two of, or None. `control` is the one `run` started under (its
+    workflow's, or its task's). Must run in the retry's transaction."""
     from durable_flow.models import WorkflowRun
 
-    control = definition.start_control
     if not isinstance(control, SingletonSpec) or not run.start_key:
         return None
     gate = StartGate(control=control, key=run.start_key, workflow=run.workflow, label=run.workflow)

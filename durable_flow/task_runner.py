@@ -11,12 +11,17 @@ task's step whether or not its process ever touched the tasks backend. It needs 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 
 from durable_flow.declared_tasks import declared_task
+from durable_flow.exceptions import TaskNotDeclared
 from durable_flow.registry import step, workflow
+
+if TYPE_CHECKING:
+    from durable_flow.start_control import StartControl
+    from durable_flow.tasks import Task
 
 TASK_WORKFLOW = "durable_flow.task"
 TASK_STEP = "durable_flow.task.call"
@@ -25,6 +30,31 @@ TASK_STEP = "durable_flow.task.call"
 def task_function(path: object) -> Any:
     """The function of the declared task at `path`; `TaskNotDeclared` (the run fails) otherwise."""
     return declared_task(path).func
+
+
+def run_task_of(payload: object) -> Task | None:
+    """The declared task a task run's input names, or None for a path no declared task has (the
+    run fails at its step with `TaskNotDeclared`, whatever an operator's retry or re-run does)."""
+    try:
+        return declared_task(payload.get("task") if isinstance(payload, dict) else None)
+    except TaskNotDeclared:
+        return None
+
+
+def task_start_control(payload: object) -> StartControl | None:
+    """The debounce or singleton declared on the task a task run's input names
+    (`tasks.singleton`), which a retry of the run passes again; None when the task declares none.
+
+    A path no declared task has gives None too, so an operator's retry is never blocked by it:
+    the retried run fails at its step with `TaskNotDeclared`, as the first attempt did."""
+    task = run_task_of(payload)
+    if task is None:
+        return None
+    # A declared task means the tasks framework imports, and `durable_flow.tasks` with it.
+    from durable_flow.tasks import START_CONTROL_ATTRIBUTE
+
+    control: StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
+    return control
 
 
 @step(TASK_STEP)

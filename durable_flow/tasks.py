@@ -15,6 +15,7 @@ Written against the `django-tasks` backport (Django 5.2); on Django 6 the same c
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -172,6 +173,35 @@ def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
     return QuotaSpec(key=key, limit=spec.limit, count_statuses=spec.count_statuses)
 
 
+def start_checks(
+    task: Task, payload: Mapping[str, Any], run_id: str
+) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
+    """The start quota and the debounce or singleton a new run `run_id` of this stored call
+    passes (a re-run of a task run), as `enqueue` checks them for the call."""
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    return _start_quota(task, args, kwargs), _start_gate(task, args, kwargs, run_id)
+
+
+class StoredTaskError(TaskError):
+    """A failure read from a run. Its class path is stored text, so `exception_class` resolves
+    it among the modules this process has already imported, by `vars()` (no module `__getattr__`
+    runs), and imports nothing: the framework's `TaskError` would import any path a row holds."""
+
+    __slots__ = ()
+
+    @property
+    def exception_class(self) -> type[BaseException]:
+        module_name, _, name = self.exception_class_path.rpartition(".")
+        module = sys.modules.get(module_name)
+        found = vars(module).get(name) if module is not None else None
+        if not (isinstance(found, type) and issubclass(found, BaseException)):
+            raise ValueError(
+                f"{self.exception_class_path!r} is no exception class of a module this process has "
+                "imported (a stored class path is never imported)"
+            )
+        return found
+
+
 STATUS_MAP: Mapping[str, Any] = {
     # Parked (admission, run_after sleep, backoff) or waiting for a worker: ready to run.
     RunStatus.PENDING: TaskResultStatus.READY,
@@ -281,7 +311,9 @@ class DurableFlowBackend(BaseTaskBackend):
         if run.status == RunStatus.FAILED:
             error = (call.error if call is not None and call.error else None) or run.error or {}
             errors.append(
-                TaskError(exception_class_path=str(error.get("type", "")), traceback=str(error.get("traceback", "")))
+                StoredTaskError(
+                    exception_class_path=str(error.get("type", "")), traceback=str(error.get("traceback", ""))
+                )
             )
         attempts = call.attempt if call is not None else 0
         worker = (call.worker if call is not None else "") or self.alias

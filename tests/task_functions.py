@@ -100,3 +100,10 @@ def sync_account(account: str) -> str:
 def other_sync(account: str) -> str:
     """Same keys as `sync_account`: a task's keys are its own."""
     return account
+
+
+@task
+@singleton(key="input.args[0]", mode="cancel")
+def sync_latest(account: str) -> str:
+    """A singleton whose new call replaces the key's run in progress."""
+    return account

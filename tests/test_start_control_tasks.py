@@ -4,14 +4,18 @@ decided at `enqueue` exactly as at a workflow's start (tests/test_start_control.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
+from durable_flow import api, bulk
 from durable_flow.counters import start_outcomes
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput, RegistrationError
 from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.operations import RetryRefused
 from durable_flow.poller import TimerPoller
+from durable_flow.task_runner import TASK_WORKFLOW
 from durable_flow.tasks import debounce, singleton
 from tests import task_functions
 from tests.conftest import MovableClock
@@ -67,3 +71,60 @@ def test_a_bad_task_declaration_fails_at_import() -> None:
         debounce(key="input.args[0]", period=timedelta(0))(fn)
     with pytest.raises(RegistrationError, match="cannot be combined"):
         singleton(key="input.args[0]")(debounce(key="input.args[0]", period=timedelta(seconds=1))(fn))
+
+
+# -- retry: a retried task run passes its task's singleton ---------------------------------------
+@pytest.mark.parametrize("task", [task_functions.sync_account, task_functions.sync_latest], ids=["skip", "cancel"])
+def test_a_task_run_retry_is_refused_while_another_run_of_its_singleton_key_is_in_progress(
+    manual: Engine, task: Any
+) -> None:
+    first = task.enqueue("a1")
+    api.cancel(first.id)
+    second = task.enqueue("a1")
+    with pytest.raises(RetryRefused, match=second.id):
+        api.retry(first.id)
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.CANCELLED
+    transport_of(manual).run_all()  # the key's run finishes
+    api.retry(first.id)
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.PENDING
+
+
+def test_a_bulk_retry_of_two_runs_of_one_task_singleton_key_retries_one(manual: Engine) -> None:
+    first = task_functions.sync_account.enqueue("a1")
+    api.cancel(first.id)
+    second = task_functions.sync_account.enqueue("a1")
+    api.cancel(second.id)
+    result = bulk.retry_matching(WorkflowRun.objects.filter(pk__in=[first.id, second.id]))
+    assert result.done == 1 and len(result.refused) == 1 and "in progress" in result.refused[0]
+    statuses = sorted(WorkflowRun.objects.filter(pk__in=[first.id, second.id]).values_list("status", flat=True))
+    assert statuses == [RunStatus.CANCELLED, RunStatus.PENDING]
+
+
+def test_a_retry_of_a_run_whose_task_is_not_declared_is_not_blocked(manual: Engine) -> None:
+    """Whether the path declared a singleton cannot be known without importing it: the retry goes
+    ahead, and the run fails at its step with `TaskNotDeclared` as before."""
+    from tests.test_task_declarations import task_payload
+
+    key = "tests.gone.sync:a1"
+    first = manual.start(TASK_WORKFLOW, task_payload("tests.gone.sync", "a1"))
+    api.cancel(first.pk)
+    second = manual.start(TASK_WORKFLOW, task_payload("tests.gone.sync", "a1"))
+    WorkflowRun.objects.filter(pk__in=[first.pk, second.pk]).update(start_key=key)
+    api.retry(first.pk)
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.PENDING
+
+
+def test_a_rerun_of_a_task_run_passes_its_task_singleton(manual: Engine) -> None:
+    """A re-run is a new start of the task: it is skipped while the key's run is in progress."""
+    first = task_functions.sync_account.enqueue("a1")
+    again = api.rerun(first.id)
+    assert again.pk == first.id and WorkflowRun.objects.count() == 1
+
+
+def test_a_skipped_rerun_does_not_mark_the_run_in_progress_as_a_rerun(manual: Engine) -> None:
+    first = task_functions.sync_account.enqueue("a1")
+    transport_of(manual).run_all()
+    second = task_functions.sync_account.enqueue("a1")
+    again = api.rerun(first.id)
+    assert (again.pk, getattr(again, "start_outcome", None)) == (second.id, "skipped")
+    assert WorkflowRun.objects.get(pk=second.id).rerun_of == ""

@@ -171,6 +171,25 @@ def test_get_result_of_a_stored_run_naming_a_non_task_does_not_exist(engine: Eng
     assert MODULE_NEVER_IMPORTED not in sys.modules
 
 
+def test_a_stored_exception_class_path_is_not_imported_by_get_result(engine: Engine) -> None:
+    """The framework's `TaskError.exception_class` imports the path it holds: a failed run's
+    stored error type is resolved among the modules already imported, never imported."""
+    from tests.tasks_framework import default_task_backend
+
+    failed = task_functions.explode.enqueue("boom")
+    StepCheckpoint.objects.filter(run_id=failed.id, kind="step").update(
+        error={"type": f"{MODULE_NEVER_IMPORTED}.Boom", "message": "boom", "traceback": ""}
+    )
+    error = default_task_backend.get_result(failed.id).errors[0]
+    try:
+        assert error.exception_class_path == f"{MODULE_NEVER_IMPORTED}.Boom"  # shown as stored
+        with pytest.raises(ValueError, match="never imported"):
+            _ = error.exception_class
+        assert MODULE_NEVER_IMPORTED not in sys.modules
+    finally:
+        sys.modules.pop(MODULE_NEVER_IMPORTED, None)
+
+
 def test_a_task_in_an_installed_apps_tasks_module_is_found_by_the_scan(
     engine: Engine, settings: Any, rescan: None
 ) -> None:

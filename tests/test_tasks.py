@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 
-from durable_flow import register_queue, start
+from durable_flow import api, register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
@@ -243,6 +243,15 @@ def test_a_task_declared_with_a_quota_refuses_enqueue_when_its_key_is_full(manua
     transport_of(manual).run_all()
     assert default_task_backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
     assert task_functions.per_tenant.enqueue("acme", 4).status == TaskResultStatus.READY  # a slot freed
+
+
+def test_a_rerun_of_a_task_run_passes_its_task_quota(manual: Engine) -> None:
+    """A re-run is a new start of the task: over the task's quota it is refused like `enqueue`."""
+    first = task_functions.per_tenant.enqueue("acme", 1)
+    with pytest.raises(ConcurrencyLimitError) as refused:
+        api.rerun(first.id)
+    assert (refused.value.key, refused.value.active) == ("tenant:acme", 1)
+    assert WorkflowRun.objects.count() == 1
 
 
 def test_a_cel_quota_key_sees_args_and_kwargs_and_null_is_unlimited(manual: Engine) -> None:
