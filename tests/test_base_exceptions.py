@@ -38,7 +38,8 @@ from durable_flow.models import (
 from durable_flow.poller import TimerPoller
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
-from tests.conftest import ManagedProcess, MovableClock, wait_for
+from tests.conftest import ManagedProcess, MovableClock, local_engine, wait_for
+from tests.test_optimistic_first_step import QueuedTurns
 from tests.test_rq_transport import RQ_ENV, clear_rq
 
 #: How long a process test waits for a run to settle. Generous: on today's code before the fix
@@ -47,6 +48,15 @@ SETTLE_S = 90.0
 
 #: The log line a worker writes for a step whose code raised outside `Exception`.
 LOGGED = "raised {kind} (not an Exception): recorded as its failure"
+
+
+#: The module of each exception the test workflows raise (`tests.workflows.BASE_EXCEPTIONS`).
+MODULE_OF = {"SystemExit": "builtins", "KeyboardInterrupt": "builtins", "GeneratorExit": "builtins"}
+
+
+def type_name(kind: str) -> str:
+    """How a recorded error names the exception `kind`."""
+    return f"{MODULE_OF.get(kind, 'tests.workflows')}.{kind}"
 
 
 def attempts(run: WorkflowRun) -> list[StepAttempt]:
@@ -60,16 +70,8 @@ def assert_one_failed_attempt(run: WorkflowRun, kind: str) -> None:
     assert run.error["type"] == "durable_flow.exceptions.StepFailed" and kind in run.error["message"]
     (attempt,) = attempts(run)
     assert attempt.status == AttemptStatus.FAILED and attempt.attempt == 1
-    assert attempt.error["type"] == f"{BUILTIN_OR_TESTS[kind]}.{kind}"
+    assert attempt.error["type"] == type_name(kind)
     assert f"{kind} from a" in attempt.error["traceback"]
-
-
-BUILTIN_OR_TESTS = {
-    "SystemExit": "builtins",
-    "KeyboardInterrupt": "builtins",
-    "GeneratorExit": "builtins",
-    "CustomStop": "tests.workflows",
-}
 
 
 # -- in-process, the inline engine -------------------------------------------------------------
@@ -120,7 +122,7 @@ def test_on_the_inline_engine_a_workflow_raising_a_base_exception_fails_its_run(
     run = start("tests.body_raises_base", {"kind": kind, "after_step": after_step})
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
-    assert run.error["type"] == f"{BUILTIN_OR_TESTS[kind]}.{kind}" and f"{kind} from a workflow" in run.error["message"]
+    assert run.error["type"] == type_name(kind) and f"{kind} from a workflow" in run.error["message"]
 
 
 def test_on_the_inline_engine_a_step_raising_system_exit_is_retried_by_its_policy(
@@ -134,6 +136,20 @@ def test_on_the_inline_engine_a_step_raising_system_exit_is_retried_by_its_polic
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED and run.output == "second time lucky"
     assert [(a.attempt, a.status) for a in attempts(run)] == [(1, AttemptStatus.FAILED), (2, AttemptStatus.COMPLETED)]
+
+
+def test_an_optimistic_probe_leaves_a_workflows_system_exit_to_the_locked_path(
+    clock: MovableClock, transactional_db: None
+) -> None:
+    """The probe replays the workflow without the run's lock and writes nothing: a body that
+    exits before any call is recorded by the locked turn that follows, which fails the run."""
+    engine = local_engine(clock, QueuedTurns())
+    run = start("tests.body_raises_base", {"kind": "SystemExit"})
+    assert engine.run_first_turn(run.id, "w1") is None
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.PENDING
+    engine.run_turn(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and run.error["type"] == "builtins.SystemExit"
 
 
 def test_a_real_ctrl_c_on_the_main_thread_still_stops_the_program(engine: Engine) -> None:
