@@ -1,5 +1,5 @@
 """What a turn's `ctx` and the engine agree on: the small engine interface the context calls,
-the `PENDING` sentinel, per-call options, and the two ways a turn unwinds.
+the `PENDING` sentinel, per-call options, and the ways a turn unwinds (`Unwind`).
 
 The context (`context.py`) depends on this module, not on the engine package, so the engine's
 internals can change without the context importing their private names.
@@ -21,12 +21,17 @@ PENDING: Any = object()
 """A call has no result yet (a step in flight, a signal not sent): the turn must suspend."""
 
 
-class Suspend(BaseException):
-    """Unwinds the workflow function when it must wait. A `BaseException` so a workflow's
-    `except Exception` cannot swallow it."""
+class Unwind(BaseException):
+    """How the engine unwinds user code (a turn's `Suspend`, the engine's own failure): a
+    `BaseException`, so a workflow's `except Exception` cannot swallow it, and never taken for
+    the code's own failure (`engine/user_code.py`)."""
 
 
-class EngineUnavailable(BaseException):
+class Suspend(Unwind):
+    """Unwinds the workflow function when it must wait."""
+
+
+class EngineUnavailable(Unwind):
     """The engine's own work inside a `ctx` call failed (database, admission backend, broker).
 
     Not the workflow's fault, so it must neither fail the run nor be caught by the workflow's
@@ -34,12 +39,12 @@ class EngineUnavailable(BaseException):
     """
 
 
-class InlineTurnFailed(BaseException):
+class InlineTurnFailed(Unwind):
     """A run's inline turn (taken in the transaction that recorded a step's result) failed
     with `EngineUnavailable` (its `__cause__`). The transaction is rolled back whole and the
     result recorded again with the turn queued instead (`ResultsMixin.record_result`).
 
-    A `BaseException`, like `EngineUnavailable`: nothing between the turn and the result's
+    An `Unwind`, like `EngineUnavailable`: nothing between the turn and the result's
     transaction may take it for an error of its own."""
 
 

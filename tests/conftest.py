@@ -40,6 +40,7 @@ POSTGRESQL_PASS = (
     "tests/test_admission_db_clock.py",
     "tests/test_admission_redis_outage.py",
     "tests/test_admission_resources_equivalence.py",
+    "tests/test_base_exceptions.py",
     "tests/test_bulk_operations.py",
     "tests/test_current_step.py",
     "tests/test_engine_cancel.py",

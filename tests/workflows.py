@@ -7,6 +7,7 @@ multi-process tests, as rows of a marker file, so tests can count how often a st
 from __future__ import annotations
 
 import os
+import signal
 import time
 from datetime import timedelta
 from typing import Any
@@ -452,3 +453,81 @@ def quota_sleeper(ctx: Any, payload: dict[str, Any]) -> str:
     """Holds its tenant's only quota slot through a sleep (retry of a run cancelled mid-sleep)."""
     ctx.sleep(timedelta(seconds=payload["seconds"]))
     return ctx.step(echo, "woke")
+
+
+# -- exceptions outside `Exception` raised by user code (tests/test_base_exceptions.py) -----------
+
+
+class CustomStop(BaseException):
+    """A `BaseException` of the user's own, neither an `Exception` nor one of Python's."""
+
+
+#: What `raises_base` and `body_raises_base` raise, by name (a fixed table: never an import path).
+BASE_EXCEPTIONS: dict[str, type[BaseException]] = {
+    "SystemExit": SystemExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit,
+    "CustomStop": CustomStop,
+}
+
+
+@step("tests.raises_base")
+def raises_base(kind: str) -> None:
+    """Raises the `BaseException` named `kind` (no retries: one attempt, then the run fails)."""
+    _mark("raises_base", kind)
+    raise BASE_EXCEPTIONS[kind](f"{kind} from a step")
+
+
+@step("tests.raises_base_async")
+async def raises_base_async(kind: str) -> None:
+    _mark("raises_base_async", kind)
+    raise BASE_EXCEPTIONS[kind](f"{kind} from an async step")
+
+
+@workflow("tests.raises_base_flow")
+def raises_base_flow(ctx: Any, kind: str) -> Any:
+    return ctx.step(raises_base, kind)
+
+
+@workflow("tests.raises_base_async_flow")
+def raises_base_async_flow(ctx: Any, kind: str) -> Any:
+    return ctx.step(raises_base_async, kind)
+
+
+@workflow("tests.body_raises_base")
+def body_raises_base(ctx: Any, payload: dict[str, Any]) -> Any:
+    """Raises the `BaseException` named `payload["kind"]` in the workflow's own code, after a
+    step when `payload["after_step"]` (the turn taken inline with the step's result)."""
+    if payload.get("after_step"):
+        ctx.step(echo, payload["kind"])
+    raise BASE_EXCEPTIONS[payload["kind"]](f"{payload['kind']} from a workflow")
+
+
+@step("tests.exits_once", retries=1, backoff=timedelta(milliseconds=200))
+def exits_once(path: str) -> str:
+    """Raises `SystemExit` the first time (it leaves the file `path` behind), then succeeds."""
+    _mark("exits_once", path)
+    if not os.path.exists(path):
+        with open(path, "w"):
+            pass
+        raise SystemExit(f"exiting once ({path})")
+    return "second time lucky"
+
+
+@workflow("tests.exits_once_flow")
+def exits_once_flow(ctx: Any, path: str) -> str:
+    return ctx.step(exits_once, path)
+
+
+@step("tests.signals_itself")
+def signals_itself(_: Any) -> str:
+    """Sends its own process SIGUSR1 and waits: the handler a test installed runs meanwhile, on
+    the main thread, in the middle of this step."""
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(5)
+    return "not interrupted"
+
+
+@workflow("tests.signals_itself_flow")
+def signals_itself_flow(ctx: Any, _: Any) -> str:
+    return ctx.step(signals_itself, None)

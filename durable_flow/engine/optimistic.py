@@ -59,12 +59,13 @@ from durable_flow.engine.statements import (
     save_fields,
     writes_together,
 )
+from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
 from durable_flow.serialization import ensure_json, error_info, readable
 from durable_flow.step_concurrency import constraints_of
-from durable_flow.turn import InlineTurnFailed, StepOptions
+from durable_flow.turn import InlineTurnFailed, StepOptions, Unwind
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("durable_flow.engine")
 
 
-class _FirstStep(BaseException):
+class _FirstStep(Unwind):
     """The probe's replay reached a plain step: run it (`cp`, unsaved)."""
 
     def __init__(self, cp: StepCheckpoint) -> None:
@@ -80,9 +81,9 @@ class _FirstStep(BaseException):
         self.cp = cp
 
 
-class _NotOptimistic(BaseException):
+class _NotOptimistic(Unwind):
     """The probe's replay reached a call that must be written first: take the locked path.
-    A `BaseException`, like `Suspend`, so a workflow's `except Exception` lets it through."""
+    An `Unwind`, like `Suspend`, so a workflow's `except Exception` lets it through."""
 
 
 class _Probe:
@@ -223,7 +224,9 @@ class OptimisticMixin(EngineBase):
             return first.cp
         except _NotOptimistic:
             return None
-        except Exception:  # noqa: BLE001 - the locked path records the workflow's error
+        except BaseException as exc:  # the locked path records the workflow's error
+            if not is_code_failure(exc):
+                raise
             return None
         return None  # finished without a call: the locked path records the output
 
@@ -238,7 +241,9 @@ class OptimisticMixin(EngineBase):
             with running_step(cp.run_id, cp.key, 1):
                 ran.output = definition.fn(step_input)
             ensure_json(ran.output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
-        except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
+        except BaseException as exc:  # a step's failure is data, recorded durably
+            if not is_code_failure(exc, f"step {cp.name!r} of run {cp.run_id} (attempt 1)"):
+                raise  # nothing was written: the turn's task is run again
             ran.output, ran.error = None, error_info(exc)
         return ran
 

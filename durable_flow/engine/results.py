@@ -25,6 +25,7 @@ from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run_for_result, retry_on_conflict
 from durable_flow.engine.statements import writes_together
 from durable_flow.engine.step_start import start_attempt
+from durable_flow.engine.user_code import is_code_failure
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.registry import get_step, step_backoff
 from durable_flow.serialization import ensure_json, error_info, readable
@@ -96,7 +97,9 @@ class ResultsMixin(EngineBase):
             with running_step(run_id, key, attempt):  # for durable_flow.current_step()
                 output = definition.fn(readable(cp.input, f"input of step {cp.name!r}"))
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
-        except Exception as exc:  # noqa: BLE001 - a step's failure is data, recorded durably
+        except BaseException as exc:  # a step's failure is data, recorded durably
+            if not is_code_failure(exc, f"step {cp.name!r} of run {run_id} (attempt {attempt})"):
+                raise  # the engine's own unwinding, or a signal's stop (`engine/user_code.py`)
             self.record_result(run_id, key, attempt, error=error_info(exc), also=also)
             return "failed"
         try:

@@ -12,6 +12,7 @@ from durable_flow.context import WorkflowContext
 from durable_flow.engine.base import WAKEABLE, EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.statements import save_fields, writes_together
+from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
@@ -88,7 +89,9 @@ class TurnsMixin(EngineBase):
             # The workflow's code touched the database and failed (or aborted the transaction):
             # not a verdict on the run. Roll the turn back and retry it.
             raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - any workflow error fails the run, durably
+        except BaseException as exc:  # any workflow error fails the run, durably
+            if not is_code_failure(exc, f"workflow {run.workflow!r} of run {run.id}"):
+                raise  # the engine's own unwinding, or a signal's stop (`engine/user_code.py`)
             logger.info("run %s failed: %s", run.id, exc)
             self._finish(run, RunStatus.FAILED, error=error_info(exc), checkpoints=checkpoints)
             return run

@@ -310,7 +310,7 @@ class WorkerRuntime(EngineRunner):
         try:
             self._tidy_connection()
             ok = self._run_inline(task) if task.inline else self.source.execute(self, task)
-        except Exception as exc:
+        except BaseException as exc:  # anything: the pool keeps it on a future nobody reads
             self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides
             # (`failed`); by default the task stays leased and is re-claimed when its lease
