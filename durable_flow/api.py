@@ -90,6 +90,14 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     from durable_flow.task_runner import TASK_WORKFLOW, run_task_of
 
     original = get_run(run_id)
+    if new_run_id is not None:
+        new_run_id = _run_id(new_run_id)
+        taken = WorkflowRun.objects.filter(pk=new_run_id).values_list("rerun_of", flat=True).first()
+        if taken is not None and taken != original.pk:
+            # Idempotent for this re-run only: another run's id is not relabelled as a copy of this one.
+            raise InvalidInput(f"run id {new_run_id!r} belongs to a run that is not a re-run of {original.pk!r}")
+        if taken is not None:
+            return get_run(new_run_id)
     quota: QuotaSpec | None = None
     gate: StartGate | None = None
     if original.workflow == TASK_WORKFLOW and (task := run_task_of(original.input)) is not None:

@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from durable_flow import api
-from durable_flow.exceptions import RunNotFound
+from durable_flow.exceptions import InvalidInput, RunNotFound
 from durable_flow.models import RunStatus, WorkflowRun
 
 OPERATIONS = ["start_workflowrun", "cancel_workflowrun", "signal_workflowrun"]
@@ -53,6 +53,14 @@ def test_rerun_starts_the_same_workflow_with_the_same_input_and_links_the_origin
     assert api.rerun(original.pk, new_run_id="again-1").pk == "again-1"  # idempotent on the new id
     with pytest.raises(RunNotFound):
         api.rerun("nope")
+
+
+def test_a_rerun_under_the_id_of_an_unrelated_run_is_refused_and_leaves_that_run_alone(engine: Any) -> None:
+    original = api.start("tests.three_steps", 5)
+    unrelated = api.start("tests.three_steps", 7, run_id="taken-1")
+    with pytest.raises(InvalidInput, match="taken-1"):
+        api.rerun(original.pk, new_run_id="taken-1")
+    assert WorkflowRun.objects.get(pk=unrelated.pk).rerun_of == ""
 
 
 def test_json_api_operations_need_their_permission(engine: Any) -> None:
