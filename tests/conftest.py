@@ -70,6 +70,7 @@ POSTGRESQL_PASS = (
     "tests/test_step_concurrency_processes.py",
     "tests/test_task_notifications.py",
     "tests/test_tasks.py::test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport",
+    "tests/test_tasks_contract.py",
 )
 
 
