@@ -380,7 +380,9 @@ def call_task_function(payload: Mapping[str, Any], func: Callable[..., Any]) -> 
     call = async_to_sync(func) if iscoroutinefunction(func) else func
     try:
         value = normalize_json(call(*args, **payload.get("kwargs", {})))
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise  # the framework's runners let it through too
+    except BaseException as exc:
         error = TaskError(
             exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
             traceback="".join(format_exception(exc)),
@@ -388,11 +390,23 @@ def call_task_function(payload: Mapping[str, Any], func: Callable[..., Any]) -> 
         result.errors.append(error)
         _finished(result, TaskResultStatus.FAILED)
         task_finished.send(sender, task_result=result)
-        raise
+        if isinstance(exc, Exception):
+            raise
+        raise _as_exception(exc) from None
     _finished(result, TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "_return_value", value)
     task_finished.send(sender, task_result=result)
     return value
+
+
+def _as_exception(exc: BaseException) -> Exception:
+    """`exc`, not an `Exception` (a task's `SystemExit`, say), as one the engine records as the
+    step's failure (it lets other `BaseException`s through, and a worker thread that a
+    `SystemExit` reaches ends silently): a stand-in recorded under `exc`'s class path, with its
+    args and traceback, so the task fails with `exc`'s class as the framework's runners fail it."""
+    cls = type(exc)
+    stand_in = type(cls.__name__, (Exception,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return stand_in(*exc.args).with_traceback(exc.__traceback__)
 
 
 def _finished(result: TaskResult, status: Any) -> None:

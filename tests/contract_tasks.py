@@ -47,6 +47,11 @@ def fail_with_nested_exception() -> None:
 
 
 @task
+def fail_with_system_exit() -> None:
+    raise SystemExit("This task failed due to SystemExit")
+
+
+@task
 def return_unserialisable() -> Any:
     return {"value": object()}
 

@@ -194,6 +194,16 @@ def test_a_failing_task_is_failed_with_its_exception_class_and_traceback(worker:
     assert error.traceback.endswith("ValueError: This task failed due to ValueError\n")
 
 
+def test_a_task_raising_system_exit_fails_and_the_worker_runs_on(worker: ManagedProcess) -> None:
+    result = finished(contract_tasks.fail_with_system_exit.enqueue())
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class is SystemExit
+    assert error.traceback.endswith("SystemExit: This task failed due to SystemExit\n")
+    assert finished(contract_tasks.meaning_of_life.enqueue()).return_value == 42
+    assert worker.proc.poll() is None
+
+
 def test_an_exception_wrapping_an_exception_is_recorded_whole(worker: ManagedProcess) -> None:
     result = finished(contract_tasks.fail_with_nested_exception.enqueue())
     assert result.status == TaskResultStatus.FAILED
