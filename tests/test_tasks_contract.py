@@ -35,6 +35,7 @@ from tests.tasks_framework import (
     LOGGER,
     InvalidTaskError,
     TaskResultDoesNotExist,
+    TaskResultMismatch,
     TaskResultStatus,
     default_task_backend,
     task_enqueued,
@@ -133,6 +134,21 @@ def test_aenqueue_and_aget_result_give_the_same_result(db_engine: Engine) -> Non
 
     result, fetched = async_to_sync(enqueue_and_read)()
     assert (fetched.id, fetched.status, fetched.task) == (result.id, TaskResultStatus.READY, contract_tasks.noop)
+
+
+def test_get_result_reads_back_the_enqueued_result_until_a_worker_runs_it(db_engine: Engine) -> None:
+    result = default_task_backend.enqueue(contract_tasks.noop, (), {})
+    assert default_task_backend.get_result(result.id) == result
+    assert contract_tasks.noop.get_result(result.id) == result
+    assert async_to_sync(contract_tasks.noop.aget_result)(result.id) == result
+
+
+def test_a_tasks_get_result_refuses_the_result_of_another_task(db_engine: Engine) -> None:
+    result = contract_tasks.noop_async.enqueue()
+    with pytest.raises(TaskResultMismatch, match="Task does not match"):
+        contract_tasks.noop.get_result(result.id)
+    with pytest.raises(TaskResultMismatch, match="Task does not match"):
+        async_to_sync(contract_tasks.noop.aget_result)(result.id)
 
 
 def test_arguments_that_are_not_json_are_refused_with_the_frameworks_type_error(db_engine: Engine) -> None:
