@@ -191,6 +191,8 @@ def test_a_worker_runs_the_task_to_successful_with_its_return_value(
     assert result.enqueued_at <= result.started_at <= result.finished_at
     assert result.last_attempted_at == result.started_at
     assert result.attempts == 1 and result.errors == []
+    (worker_id,) = result.worker_ids  # the worker's own id: host:pid:random
+    assert worker_id.split(":")[1] == str(worker.proc.pid)
 
 
 def test_args_and_the_return_value_round_trip_as_json(worker: ManagedProcess) -> None:
