@@ -2,10 +2,13 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# The tasks tests also run on the newest Django 6 (`django.tasks` in core), which needs Python >= 3.12.
+PYTHON_DJANGO6 ?= $(shell command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python)
+VENV_DJANGO6   ?= .venv-django6
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PORT   ?= 8000
 
-.PHONY: demo test test-postgresql lint venv clean
+.PHONY: demo test test-postgresql test-django6 lint venv venv-django6 clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,30 +18,43 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
+$(VENV_DJANGO6)/.installed: requirements-django6.txt
+	$(PYTHON_DJANGO6) -m venv $(VENV_DJANGO6)
+	$(VENV_DJANGO6)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_DJANGO6)/bin/python -m pip install --quiet -r requirements-django6.txt
+	touch $@
+
+venv-django6: $(VENV_DJANGO6)/.installed
+
 ## The main job on the embedded default: SQLite + db transport + db admission, no Redis.
 ## `make demo PORT=8001` serves on another port; a port in use is an error (exit 1).
 demo: venv
 	$(PY) manage.py migrate --noinput
 	DEMO_PORT=$(PORT) exec $(PY) -m examples.demo
 
-## Lint, then the whole suite on SQLite and the database-dependent tests (marked `postgresql`,
-## see tests/conftest.py) on PostgreSQL, side by side (.ci/test-passes; TEST_PASSES=serial for
-## one after the other). Redis and PostgreSQL are started if down.
-## `make test-postgresql` runs the whole suite on PostgreSQL.
-test: venv
+## Lint, then the whole suite on SQLite, the database-dependent tests (marked `postgresql`,
+## see tests/conftest.py) on PostgreSQL, and the tasks tests on Django 6, side by side
+## (.ci/test-passes; TEST_PASSES=serial for one after the other). Redis and PostgreSQL are
+## started if down. `make test-postgresql` runs the whole suite on PostgreSQL; `make
+## test-django6` the tasks tests on Django 6 alone.
+test: venv venv-django6
 	bash .ci/ensure-services
 	bash .ci/ensure-browser
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
-	VENV=$(VENV) PG_URL=$(PG_URL) bash .ci/test-passes
+	VENV=$(VENV) VENV_DJANGO6=$(VENV_DJANGO6) PG_URL=$(PG_URL) bash .ci/test-passes
 
 test-postgresql: venv
 	bash .ci/ensure-services
 	DATABASE_URL=$(PG_URL) $(VENV)/bin/pytest -q
+
+test-django6: venv-django6
+	bash .ci/ensure-services
+	VENV_DJANGO6=$(VENV_DJANGO6) TEST_PASSES=django6 bash .ci/test-passes
 
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(VENV_DJANGO6) var

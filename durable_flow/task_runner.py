@@ -5,15 +5,13 @@ backend starts it, never `start()`, the JSON API or a start form (its input woul
 
 Imported by `AppConfig.ready()` in every process (worker, poller, web), so a worker can run a
 task's step whether or not its process ever touched the tasks backend. It needs neither
-`django_tasks` nor `django.tasks` until a task that takes a context runs.
+`django_tasks` nor `django.tasks` until a task runs.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-
-from asgiref.sync import async_to_sync
 
 from durable_flow.declared_tasks import declared_task
 from durable_flow.exceptions import TaskNotDeclared
@@ -59,23 +57,13 @@ def task_start_control(payload: object) -> StartControl | None:
 
 @step(TASK_STEP)
 def call_task(payload: dict[str, Any]) -> Any:
-    """Run the task function with the enqueued args/kwargs; its exception fails the step (and
-    the run), its return value is the run's output."""
+    """Run the task function with the enqueued args/kwargs, as the framework's runners do
+    (`tasks.call_task_function`: its signals, a JSON return value); its exception fails the
+    step (and the run), its return value is the run's output."""
     func = task_function(payload.get("task"))
-    args = list(payload.get("args", []))
-    if payload.get("takes_context"):
-        from durable_flow.tasks import task_context
+    from durable_flow.tasks import call_task_function
 
-        args.insert(0, task_context(payload["result_id"]))
-    if _is_async(func):
-        return async_to_sync(func)(*args, **payload.get("kwargs", {}))
-    return func(*args, **payload.get("kwargs", {}))
-
-
-def _is_async(func: Any) -> bool:
-    from inspect import iscoroutinefunction
-
-    return iscoroutinefunction(func)
+    return call_task_function(payload, func)
 
 
 @workflow(TASK_WORKFLOW, internal=True)

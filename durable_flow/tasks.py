@@ -17,12 +17,18 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from inspect import iscoroutinefunction
+from traceback import format_exception
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import async_to_sync
+from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from durable_flow import api, start_control
+from durable_flow import api, queries, start_control
+from durable_flow.conf import get_settings
+from durable_flow.current import StepInfo, step_or_none
 from durable_flow.declared_tasks import declare, declared_task
 from durable_flow.exceptions import (
     ConcurrencyLimitError,
@@ -31,13 +37,15 @@ from durable_flow.exceptions import (
     RunNotFound,
     TaskNotDeclared,
 )
-from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
+from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
 from durable_flow.validation import bounded_depth, max_length, storable_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from django.core.checks import CheckMessage
 
 try:  # Django 6: the framework is in core.
     from django.tasks.backends.base import BaseTaskBackend  # type: ignore[import-not-found]
@@ -50,10 +58,14 @@ try:  # Django 6: the framework is in core.
     )
     from django.tasks.exceptions import InvalidTask as InvalidTaskError  # type: ignore[import-not-found]
     from django.tasks.exceptions import TaskResultDoesNotExist  # type: ignore[import-not-found]
+    from django.tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[import-not-found]
+    from django.utils.json import normalize_json  # type: ignore[import-not-found]
 except ImportError:  # Django 5.2: the `django-tasks` backport.
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
 
 __all__ = [
     "DurableFlowBackend",
@@ -284,12 +296,14 @@ class DurableFlowBackend(BaseTaskBackend):
                 tags=[f"task:{task.module_path}"],
                 quota=_start_quota(task, result.args, result.kwargs),
                 gate=_start_gate(task, result.args, result.kwargs, result_id),
+                priority=task.priority,  # the first turn's: uncontended tasks run by priority too
             )
         except ConcurrencyLimitError as exc:
             raise ConcurrencyLimitError(exc.key, exc.limit, exc.active, task.module_path) from None
         if run.pk != result_id:  # folded into a debounced call, or skipped by a singleton
             return self._result(run)
         object.__setattr__(result, "enqueued_at", run.created_at)
+        task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
@@ -303,7 +317,24 @@ class DurableFlowBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         return self._result(run)
 
-    def _result(self, run: WorkflowRun) -> TaskResult:
+    def check(self, **kwargs: Any) -> Iterable[CheckMessage]:
+        """`durable_flow.tasks.E001`: the `durable_flow` app is not installed, so nothing runs
+        the enqueued runs (no models, no workflows, no worker command). Run by the framework's
+        own check (`manage.py check`, with `django_tasks` installed on Django 5.2)."""
+        from django.apps import apps
+        from django.core import checks
+
+        yield from super().check(**kwargs)
+        if not apps.is_installed("durable_flow"):
+            yield checks.Error(
+                f"TASKS[{self.alias!r}] uses DurableFlowBackend but 'durable_flow' is not in INSTALLED_APPS.",
+                hint="Add 'durable_flow' to INSTALLED_APPS: tasks run as its workflows, on its workers.",
+                id="durable_flow.tasks.E001",
+            )
+
+    def _result(self, run: WorkflowRun, running: StepInfo | None = None) -> TaskResult:
+        """The task's result as `run`'s rows tell it; `running` is the attempt executing now in
+        this thread (the worker's view: its rows may not record it yet)."""
         payload: dict[str, Any] = run.input
         task = _task_for(payload)
         call = StepCheckpoint.objects.filter(run=run, kind=StepKind.STEP, name=TASK_STEP).first()
@@ -315,13 +346,23 @@ class DurableFlowBackend(BaseTaskBackend):
                     exception_class_path=str(error.get("type", "")), traceback=str(error.get("traceback", ""))
                 )
             )
-        attempts = call.attempt if call is not None else 0
-        worker = (call.worker if call is not None else "") or self.alias
+        # One worker id per attempt (the framework counts attempts this way), from the attempts'
+        # own rows; an attempt not recorded yet is this thread's (`running`) or one a live
+        # worker lists in its heartbeat (an optimistic first step: `engine/optimistic.py`).
+        workers = list(StepAttempt.objects.filter(checkpoint=call).values_list("worker", flat=True)) if call else []
+        workers = [worker or self.alias for worker in workers]
         started = call.dispatched_at if call is not None else None
+        status = STATUS_MAP[run.status]
+        if running is not None:
+            status, started = TaskResultStatus.RUNNING, started or timezone.now()
+            workers += [self.alias] * (running.attempt - len(workers))
+        elif status == TaskResultStatus.READY and call is None and (executing := _executing(run.id)) is not None:
+            status, started = TaskResultStatus.RUNNING, executing[1]
+            workers.append(executing[0])
         result = TaskResult(
             task=task,
             id=run.id,
-            status=STATUS_MAP[run.status],
+            status=status,
             enqueued_at=run.created_at,
             started_at=started,
             finished_at=run.finished_at,
@@ -330,13 +371,24 @@ class DurableFlowBackend(BaseTaskBackend):
             kwargs=payload.get("kwargs", {}),
             backend=self.alias,
             errors=errors,
-            # One entry per attempt (the framework counts attempts this way); the checkpoint
-            # remembers only the last attempt's worker.
-            worker_ids=[worker] * attempts,
+            worker_ids=workers,
         )
         if run.status == RunStatus.COMPLETED:
             object.__setattr__(result, "_return_value", run.output)
         return result
+
+
+def _executing(run_id: str) -> tuple[str, datetime] | None:
+    """The live worker whose heartbeat lists `run_id`'s step as executing, and that heartbeat's
+    time (the step started no later), or None: an optimistic first step, before any row
+    records it (`queries.running_steps`)."""
+    from durable_flow.worker.heartbeat import dead_worker_cutoff
+
+    cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now())
+    for worker, running, seen in queries.live_workers(cutoff).values_list("worker_id", "running", "last_seen"):
+        if any(queries.parse_running(item)[0] == run_id for item in running):
+            return worker, seen
+    return None
 
 
 def _task_for(payload: Mapping[str, Any]) -> Task:
@@ -352,12 +404,52 @@ def _task_for(payload: Mapping[str, Any]) -> Task:
 
 
 def task_context(result_id: str) -> TaskContext:
-    """The context a `takes_context=True` task receives: its result as of now."""
-    from durable_flow.models import WorkflowRun as Run
+    """The context a `takes_context=True` task receives: its result as of now, `RUNNING`, with
+    this attempt counted (`context.attempt` is 1 on the first)."""
+    return TaskContext(task_result=_running_result(result_id))
 
-    run = Run.objects.get(pk=result_id)
+
+def _running_result(result_id: str) -> TaskResult:
+    """The task's result as the worker running it sees it (inside the task's step)."""
+    run = WorkflowRun.objects.get(pk=result_id)
     backend = _backend(run.input.get("backend", "default"))
-    return TaskContext(task_result=backend._result(run))
+    return backend._result(run, running=step_or_none())
+
+
+def call_task_function(payload: Mapping[str, Any], func: Callable[..., Any]) -> Any:
+    """Call a task's function as the framework's runners do: `task_started` before it, its
+    return value normalised to JSON (a value JSON cannot hold fails the task with the framework's
+    `TypeError`), `task_finished` after it with the outcome. The signals are sent by the worker
+    (sender: the backend's class); `task_finished` goes out before the engine records the
+    outcome, so a receiver reading the result back may still see it running.
+    """
+    result = _running_result(payload["result_id"])
+    sender = type(_backend(result.backend))
+    task_started.send(sender, task_result=result)
+    args = list(payload.get("args", []))
+    if payload.get("takes_context"):
+        args.insert(0, TaskContext(task_result=result))
+    call = async_to_sync(func) if iscoroutinefunction(func) else func
+    try:
+        value = normalize_json(call(*args, **payload.get("kwargs", {})))
+    except BaseException as exc:  # the engine records any exception of user code as the failure
+        error = TaskError(
+            exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            traceback="".join(format_exception(exc)),
+        )
+        result.errors.append(error)
+        _finished(result, TaskResultStatus.FAILED)
+        task_finished.send(sender, task_result=result)
+        raise
+    _finished(result, TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(sender, task_result=result)
+    return value
+
+
+def _finished(result: TaskResult, status: Any) -> None:
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
 
 
 def _backend(alias: str) -> DurableFlowBackend:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DURABLE_FLOW_VAR_DIR", BASE_DIR / "var"))
 
@@ -25,6 +27,10 @@ INSTALLED_APPS = [
     "durable_flow",
     "dashboard",
 ]
+if django.VERSION < (6, 0):
+    # The tasks framework's backport: its checks (each backend's `check()`) and its reset of
+    # `task_backends` when `TASKS` changes load only as an app. On Django 6 it is `django.tasks`.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

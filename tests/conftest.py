@@ -74,6 +74,7 @@ POSTGRESQL_PASS = (
     "tests/test_task_declarations.py::test_a_stored_run_naming_a_non_task_fails_on_a_worker_without_importing_it",
     "tests/test_task_notifications.py",
     "tests/test_tasks.py::test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport",
+    "tests/test_tasks_contract.py",
     "tests/test_url_input.py",
 )
 

@@ -206,15 +206,15 @@ def test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport(
     set_engine(engine)
     register_queue("capped", concurrency=1, retry_ms=200)
     marker = tmp_path / "order"
-    results = [task_functions.record.enqueue("first")]
+    results = [task_functions.record.using(priority=100).enqueue("first")]
     env = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker)}
     results += [
         task_functions.record.using(priority=priority).enqueue(label)
         for label, priority in (("low", -10), ("high", 90), ("mid", 10))
     ]
-    # The four first turns run here, in arrival order: "first" takes the only slot and the rest
-    # park in its line. (A worker claims step tasks ahead of turns, so left to the worker,
-    # "first" would finish before the others asked, and nothing would contend.)
+    # The four first turns run here, highest priority first: "first" takes the only slot and
+    # the rest park in its line. (A worker claims step tasks ahead of turns, so left to the
+    # worker, "first" would finish before the others asked, and nothing would contend.)
     source, runner = transport.source(), EngineRunner(engine, "test")
     for turn in source.claim("test", 10, 0):
         source.execute(runner, turn)

@@ -54,8 +54,10 @@ class LifecycleMixin(EngineBase):
         tags: Iterable[str] = (),
         quota: QuotaSpec | Mapping[str, Any] | None = None,
         gate: start_control.StartGate | None = None,
+        priority: int = 0,
     ) -> WorkflowRun:
-        """Create a run and queue its first turn. Idempotent on `run_id`.
+        """Create a run and queue its first turn (at `priority`, where the transport orders
+        turns: `Transport.enqueue_first_turn`). Idempotent on `run_id`.
 
         Over its start quota (`quota`, else the workflow's) it raises `ConcurrencyLimitError`
         and creates nothing; an existing `run_id` is returned without a quota check. A workflow's
@@ -96,7 +98,9 @@ class LifecycleMixin(EngineBase):
                         return existing
                     check.enforce()
                 run = WorkflowRun.objects.create(**fields)
-                if run.status == RunStatus.PENDING:  # a debounced run waits for the poller
+                if run.status == RunStatus.PENDING and priority:
+                    self.transport.enqueue_first_turn(run.id, priority)
+                elif run.status == RunStatus.PENDING:  # a debounced run waits for the poller
                     self.transport.enqueue_turn(run.id)
         except ConcurrencyLimitError as exc:
             quotas.record_refusal(exc)

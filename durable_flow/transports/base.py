@@ -49,6 +49,11 @@ class Transport(Configurable, ABC):
         higher `priority` first where the broker can order work."""
 
     # -- optional, with defaults -------------------------------------------------------------
+    def enqueue_first_turn(self, run_id: str, priority: int) -> None:
+        """Queue a new run's first turn at `priority` (a task's, `durable_flow.tasks`): higher
+        first where the transport orders turns (`db`); the default queues it as any turn."""
+        self.enqueue_turn(run_id)
+
     def enqueue_turns(self, run_ids: Sequence[str]) -> None:
         """Queue a turn for each run (bulk operations); a transport that can batch overrides it."""
         for run_id in run_ids:

@@ -145,6 +145,16 @@ class DatabaseTransport(Transport):
         db_notify.notify()
         transaction.on_commit(_announce_new_work)
 
+    def enqueue_first_turn(self, run_id: str, priority: int) -> None:
+        """The turn's task row carries `priority`: the claim takes higher priorities first, so
+        tasks no queue holds back run in priority order, not only in arrival order."""
+        Task.objects.bulk_create(
+            [Task(kind=TaskKind.TURN, run_id=run_id, priority=priority, available_at=timezone.now())],
+            ignore_conflicts=True,
+        )
+        db_notify.notify()
+        transaction.on_commit(_announce_new_work)
+
     def enqueue_turns(self, run_ids: Sequence[str]) -> None:
         """One INSERT for many runs' turns (bulk retry)."""
         now = timezone.now()
