@@ -43,7 +43,7 @@ if TRANSPORT["BACKEND"] in ("rq", "db") and os.environ.get("DURABLE_FLOW_OPTIMIS
     TRANSPORT["OPTIMISTIC_FIRST_STEP"] = os.environ["DURABLE_FLOW_OPTIMISTIC_FIRST_STEP"] == "1"
 
 DURABLE_FLOW = {
-    "WORKFLOWS": ["tests.workflows", "tests.sc_workflows", "tests.task_functions"],
+    "WORKFLOWS": ["tests.workflows", "tests.sc_workflows", "tests.task_functions", "tests.contract_tasks"],
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": TRANSPORT,

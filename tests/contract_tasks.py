@@ -1,7 +1,8 @@
 """Module-level `@task` functions for tests/test_tasks_contract.py, after the task modules of
 django-tasks' and Django's own test suites (`tests/tasks.py` in both).
 
-A worker process imports this module to run one of its tasks; the receivers below then record
+A worker process imports this module (listed in the test settings' `WORKFLOWS`, so its tasks are
+declared there: `durable_flow/declared_tasks.py`); the receivers below then record
 the framework's `task_started`/`task_finished` signals in the file `DURABLE_FLOW_TEST_SIGNALS`
 names, so a test reads what the worker sent.
 """
