@@ -5,15 +5,22 @@ PY     := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PORT   ?= 8000
 
-.PHONY: demo test test-postgresql lint venv clean
+.PHONY: demo test test-postgresql lint venv lock clean
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
 venv: $(VENV)/.installed
+
+## Recompile requirements.lock from pyproject.toml's ranges (every extra), keeping the pinned
+## versions that still fit; `uv` is fetched into a throwaway venv if it is not on the PATH.
+lock:
+	@command -v uv >/dev/null || { $(PYTHON) -m venv var/uv && var/uv/bin/pip install --quiet uv; }
+	$$(command -v uv || echo var/uv/bin/uv) pip compile pyproject.toml --all-extras --python-version 3.11 \
+		-o requirements.lock --annotation-style line --custom-compile-command "make lock"
 
 ## The main job on the embedded default: SQLite + db transport + db admission, no Redis.
 ## `make demo PORT=8001` serves on another port; a port in use is an error (exit 1).
