@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DURABLE_FLOW_VAR_DIR", BASE_DIR / "var"))
 
@@ -24,6 +26,9 @@ INSTALLED_APPS = [
     "channels",
     "durable_flow",
     "dashboard",
+    # Django's tasks framework: the `django-tasks` backport is an app on 5.2 (its checks, and
+    # `override_settings(TASKS=...)`); Django 6 has it built in.
+    *(["django_tasks"] if django.VERSION < (6,) else []),
 ]
 
 MIDDLEWARE = [
