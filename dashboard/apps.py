@@ -9,6 +9,6 @@ class DashboardConfig(AppConfig):
     verbose_name = "durable_flow dashboard"
 
     def ready(self) -> None:
-        from dashboard import checks
+        from . import checks
 
         checks.register()
