@@ -4,7 +4,8 @@
   live updates are never sent;
 - `durable_flow_dashboard.E002`: `ASGI_APPLICATION` does not route WebSockets through Channels,
   so the pages' live socket is refused;
-- `durable_flow_dashboard.E003`: the dashboard's templates are not found (HTTP 500 on every page).
+- `durable_flow_dashboard.E003`: the dashboard's templates are not found (HTTP 500 on every page);
+- `durable_flow_dashboard.E004`: the dashboard's URLs are not included in `ROOT_URLCONF`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ HINTS = {
     "E002": 'Set ASGI_APPLICATION to a channels ProtocolTypeRouter with a "websocket" route to '
     "dashboard.routing.websocket_urlpatterns (see settings/asgi.py).",
     "E003": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
+    "E004": 'Add path("", include("dashboard.urls")) to the project\'s URLs (see settings/urls.py).',
 }
 
 # The page every other dashboard page extends.
@@ -62,8 +64,19 @@ def check_templates(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     return [_error(message, "E003") for message in missing_templates([BASE_TEMPLATE])]
 
 
+def check_urls(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("dashboard:index")
+    except NoReverseMatch:
+        return [_error("the dashboard's URLs are not included: no URL named 'dashboard:index'", "E004")]
+    return []
+
+
 def register() -> None:
     """Called from `DashboardConfig.ready`."""
     checks.register(check_channel_layer, "durable_flow_dashboard")
     checks.register(check_websocket_routing, "durable_flow_dashboard")
     checks.register(check_templates, checks.Tags.templates)
+    checks.register(check_urls, checks.Tags.urls)

@@ -160,6 +160,12 @@ MISWIRED: list[tuple[str, dict[str, Any], str, str]] = [
         "does not route WebSockets through Channels",
     ),
     (
+        "dashboard URLs not included",
+        {"ROOT_URLCONF": "durable_flow.urls"},
+        "durable_flow_dashboard.E004",
+        "the dashboard's URLs are not included",
+    ),
+    (
         "dashboard templates not searched",
         {"TEMPLATES": NO_APP_TEMPLATES},
         "durable_flow_dashboard.E003",
