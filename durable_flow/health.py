@@ -79,7 +79,7 @@ class HealthCheckMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path != HEALTH_PATH or request.method not in ("GET", "HEAD"):
+        if request.path_info != HEALTH_PATH or request.method not in ("GET", "HEAD"):
             return self.get_response(request)
         # The reason stays in the logs of whoever runs the check: the probe may be public.
         if database_error() is not None:
