@@ -12,7 +12,7 @@
 - `durable_flow.W002`: the transport is `inline` (the default, a test mode: steps run inside the
   process that starts the run, the web process included) while `DEBUG` is off.
 
-The dashboard's wiring (Channels routing, channel layer, templates) is checked by
+The dashboard's wiring (Channels routing, channel layer, templates, URLs) is checked by
 `dashboard/checks.py`.
 """
 
