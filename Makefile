@@ -8,9 +8,9 @@ VENV_DJANGO6   ?= .venv-django6
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PORT   ?= 8000
 
-.PHONY: demo test test-postgresql test-django6 lint venv venv-django6 clean
+.PHONY: demo test test-postgresql test-django6 lint venv venv-django6 lock clean
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -25,6 +25,13 @@ $(VENV_DJANGO6)/.installed: requirements-django6.txt
 	touch $@
 
 venv-django6: $(VENV_DJANGO6)/.installed
+
+## Recompile requirements.lock from pyproject.toml's ranges (every extra), keeping the pinned
+## versions that still fit; `uv` is fetched into a throwaway venv if it is not on the PATH.
+lock:
+	@command -v uv >/dev/null || { $(PYTHON) -m venv var/uv && var/uv/bin/pip install --quiet uv; }
+	$$(command -v uv || echo var/uv/bin/uv) pip compile pyproject.toml --all-extras --python-version 3.11 \
+		-o requirements.lock --annotation-style line --custom-compile-command "make lock"
 
 ## The main job on the embedded default: SQLite + db transport + db admission, no Redis.
 ## `make demo PORT=8001` serves on another port; a port in use is an error (exit 1).

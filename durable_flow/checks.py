@@ -6,7 +6,15 @@
   unknown key, a bad value, an `RQ_QUEUES` name that is not there), checked by the backend class
   without building it or connecting to anything;
 - `durable_flow.E006`: the dashboard's sampling (`POLLER["SAMPLE_INTERVAL_S"]`,
-  `POLLER["SAMPLE_RETENTION_S"]`) is out of range.
+  `POLLER["SAMPLE_RETENTION_S"]`) is out of range;
+- `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
+  installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
+- `durable_flow.E008`: the admin's run pages cannot find the app's templates;
+- `durable_flow.W002`: the transport is `inline` (the default, a test mode: steps run inside the
+  process that starts the run, the web process included) while `DEBUG` is off.
+
+The dashboard's wiring (Channels routing, channel layer, templates, URLs) is checked by
+`dashboard/checks.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from durable_flow.conf import TRANSPORT_BACKENDS
 from durable_flow.options import Configurable
 
 HINTS = {
@@ -32,7 +41,14 @@ HINTS = {
         "SAMPLE_INTERVAL_S is 1 to 3600 s, SAMPLE_RETENTION_S 3600 s (the charts show an hour) to a year (31536000 s)."
     ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see README, Step concurrency).",
+    "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
+    "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
+    "W002": 'Set DURABLE_FLOW["TRANSPORT"] to "db" or "rq" and run `manage.py durable_worker` (docs/deployment.md); '
+    "silence durable_flow.W002 in test settings.",
 }
+
+# A template of the admin's run pages: found only if the app's templates directory is searched.
+ADMIN_TEMPLATE = "admin/durable_flow/workflowrun/change_form.html"
 
 
 def _error(message: str, check_id: str) -> checks.Error:
@@ -69,7 +85,63 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 errors.append(_error(str(exc), options_id))
         if key == "ADMISSION" and not getattr(cls, "SUPPORTS_CONSTRAINTS", False):
             errors.extend(_unenforced_step_concurrency())
+    if config.transport.path == TRANSPORT_BACKENDS["inline"] and not settings.DEBUG:
+        explicit = "TRANSPORT" in (getattr(settings, "DURABLE_FLOW", None) or {})
+        message = (
+            f'DURABLE_FLOW["TRANSPORT"] is "inline"{"" if explicit else " (the default)"} with DEBUG off: '
+            "every step runs inside the process that starts or resumes its run, the web process included"
+        )
+        errors.append(checks.Warning(message, hint=HINTS["W002"], id="durable_flow.W002"))
     return errors
+
+
+@checks.register("durable_flow")
+def check_tasks_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """On Django 5.2 the tasks framework is an app: without it in INSTALLED_APPS its
+    `setting_changed` receiver and its checks are never loaded."""
+    import django
+    from django.apps import apps
+    from django.conf import settings
+
+    if django.VERSION >= (6,) or apps.is_installed("django_tasks"):
+        return []
+    tasks = getattr(settings, "TASKS", None)
+    aliases = sorted(
+        alias
+        for alias, options in (tasks.items() if isinstance(tasks, dict) else ())
+        if isinstance(options, dict) and str(options.get("BACKEND", "")).startswith("durable_flow.")
+    )
+    if not aliases:
+        return []
+    message = f"TASKS[{aliases[0]!r}] uses durable_flow's tasks backend but django_tasks is not in INSTALLED_APPS"
+    return [_error(message, "E007")]
+
+
+@checks.register(checks.Tags.templates)
+def check_admin_templates(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The admin's run pages extend templates shipped in `durable_flow/templates/`."""
+    from django.apps import apps
+
+    if not apps.is_installed("django.contrib.admin"):
+        return []
+    return [_error(message, "E008") for message in missing_templates([ADMIN_TEMPLATE])]
+
+
+def missing_templates(names: list[str]) -> list[str]:
+    """A message for each template no configured engine finds (none when no engine is set up:
+    Django's own checks report that)."""
+    from django.template import TemplateDoesNotExist, engines
+    from django.template.loader import get_template
+
+    if not engines.all():
+        return []
+    missing = []
+    for name in names:
+        try:
+            get_template(name)
+        except TemplateDoesNotExist:
+            missing.append(f"template {name!r} not found: the app's templates directory is not searched")
+    return missing
 
 
 def _unenforced_step_concurrency() -> list[checks.CheckMessage]:

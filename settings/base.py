@@ -26,6 +26,9 @@ INSTALLED_APPS = [
     "channels",
     "durable_flow",
     "dashboard",
+    # Django's tasks framework: the `django-tasks` backport is an app on 5.2 (its checks, and
+    # `override_settings(TASKS=...)`); Django 6 has it built in.
+    *(["django_tasks"] if django.VERSION < (6,) else []),
 ]
 if django.VERSION < (6, 0):
     # The tasks framework's backport: its checks (each backend's `check()`) and its reset of
@@ -33,6 +36,7 @@ if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
+    "durable_flow.health.HealthCheckMiddleware",  # /healthz, before host checks and HTTPS redirects
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -85,3 +85,6 @@ DASHBOARD_BURST = {
     "SIZE": 12,
     "INPUT": {"queue": "browser-flow", "seconds": 0.4},
 }
+
+# inline transport is what most tests run on (W002 warns about it outside DEBUG).
+SILENCED_SYSTEM_CHECKS = ["durable_flow.W002"]

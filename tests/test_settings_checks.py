@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import django
 import pytest
+from django.conf import settings
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
@@ -240,3 +242,115 @@ def test_a_process_with_a_bad_setting_refuses_to_start_with_the_check_error(
 def test_the_pollers_flags_are_bounded_like_its_settings(flag: str, value: str) -> None:
     with pytest.raises(CommandError, match=f"{flag} must be an integer from 1 to"):
         call_command("durable_poller", "--once", flag, value)
+
+
+# The wiring a host project copies from the settings reference: each missing piece is an error
+# (or a warning) of `manage.py check`, with a hint.
+
+APP_TEMPLATES_ONLY = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+NO_APP_TEMPLATES = [{**APP_TEMPLATES_ONLY[0], "APP_DIRS": False}]
+
+MISWIRED: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "no channel layer",
+        {"CHANNEL_LAYERS": {}},
+        "durable_flow_dashboard.E001",
+        "CHANNEL_LAYERS has no 'default' layer",
+    ),
+    (
+        "no ASGI application",
+        {"ASGI_APPLICATION": None},
+        "durable_flow_dashboard.E002",
+        "ASGI_APPLICATION is not set",
+    ),
+    (
+        "an ASGI application without WebSocket routing",
+        {"ASGI_APPLICATION": "django.core.handlers.asgi.ASGIHandler"},
+        "durable_flow_dashboard.E002",
+        "does not route WebSockets through Channels",
+    ),
+    (
+        "dashboard URLs not included",
+        {"ROOT_URLCONF": "durable_flow.urls"},
+        "durable_flow_dashboard.E004",
+        "the dashboard's URLs are not included",
+    ),
+    (
+        "dashboard templates not searched",
+        {"TEMPLATES": NO_APP_TEMPLATES},
+        "durable_flow_dashboard.E003",
+        "template 'dashboard/base.html' not found",
+    ),
+    (
+        "admin templates not searched",
+        {"TEMPLATES": NO_APP_TEMPLATES},
+        "durable_flow.E008",
+        "template 'admin/durable_flow/workflowrun/change_form.html' not found",
+    ),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("overrides", "check_id", "message"),
+    [pytest.param(overrides, check_id, message, id=name) for name, overrides, check_id, message in MISWIRED],
+)
+def test_missing_wiring_fails_manage_py_check(overrides: dict[str, Any], check_id: str, message: str) -> None:
+    with override_settings(**overrides), pytest.raises(SystemCheckError) as failure:
+        call_command("check")
+    report = str(failure.value)
+    assert check_id in report
+    assert message in report
+    assert "HINT:" in report
+
+
+def test_apps_carry_their_templates() -> None:
+    """A host project with no templates directory of its own finds the dashboard's and the
+    admin's pages in the apps."""
+    from django.template.loader import get_template
+
+    with override_settings(TEMPLATES=APP_TEMPLATES_ONLY):
+        get_template("dashboard/index.html")
+        get_template("admin/durable_flow/workflowrun/change_list.html")
+
+
+@pytest.mark.skipif(django.VERSION >= (6,), reason="Django 6 has the tasks framework built in")
+@pytest.mark.django_db
+def test_tasks_backend_without_the_django_tasks_app_fails_manage_py_check() -> None:
+    without = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
+    with override_settings(INSTALLED_APPS=without), pytest.raises(SystemCheckError) as failure:
+        call_command("check")
+    report = str(failure.value)
+    assert "durable_flow.E007" in report
+    assert "django_tasks is not in INSTALLED_APPS" in report
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("durable_flow", [{}, {"TRANSPORT": {"BACKEND": "inline"}}], ids=["default", "explicit"])
+def test_inline_transport_without_debug_warns(durable_flow: dict[str, Any]) -> None:
+    overrides = {"DEBUG": False, "SILENCED_SYSTEM_CHECKS": [], "DURABLE_FLOW": durable_flow}
+    with override_settings(**overrides), pytest.raises(SystemCheckError) as failure:
+        call_command("check", fail_level="WARNING")
+    report = str(failure.value)
+    assert "durable_flow.W002" in report
+    assert "web process" in report
+
+
+@pytest.mark.django_db
+def test_inline_transport_with_debug_does_not_warn() -> None:
+    overrides = {"DEBUG": True, "SILENCED_SYSTEM_CHECKS": [], "DURABLE_FLOW": {}}
+    with override_settings(**overrides):
+        call_command("check", fail_level="WARNING")

@@ -293,6 +293,7 @@ SETTINGS_FED_IMPORTS = {
     ("durable_flow/checks.py", "import_string(spec.path)"),  # the same, in the system checks
     ("durable_flow/declared_tasks.py", "import_module(name)"),  # WORKFLOWS and installed apps' tasks
     ("dashboard/consumers.py", "import_module(settings.SESSION_ENGINE)"),
+    ("dashboard/checks.py", "import_string(path)"),  # settings.ASGI_APPLICATION, as daphne does
 }
 
 

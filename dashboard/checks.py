@@ -1,0 +1,82 @@
+"""System checks for the dashboard's wiring, which lives in the host project's settings.
+
+- `durable_flow_dashboard.E001`: no `default` channel layer (`CHANNEL_LAYERS`): the pages'
+  live updates are never sent;
+- `durable_flow_dashboard.E002`: `ASGI_APPLICATION` does not route WebSockets through Channels,
+  so the pages' live socket is refused;
+- `durable_flow_dashboard.E003`: the dashboard's templates are not found (HTTP 500 on every page);
+- `durable_flow_dashboard.E004`: the dashboard's URLs are not included in `ROOT_URLCONF`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+HINTS = {
+    "E001": 'Set CHANNEL_LAYERS = {"default": {...}}: channels_redis.core.RedisChannelLayer when web and '
+    "workers are separate processes (docs/deployment.md).",
+    "E002": 'Set ASGI_APPLICATION to a channels ProtocolTypeRouter with a "websocket" route to '
+    "dashboard.routing.websocket_urlpatterns (see settings/asgi.py).",
+    "E003": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
+    "E004": 'Add path("", include("dashboard.urls")) to the project\'s URLs (see settings/urls.py).',
+}
+
+# The page every other dashboard page extends.
+BASE_TEMPLATE = "dashboard/base.html"
+
+
+def _error(message: str, check_id: str) -> checks.Error:
+    return checks.Error(message, hint=HINTS[check_id], id=f"durable_flow_dashboard.{check_id}")
+
+
+def check_channel_layer(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.conf import settings
+
+    layers = getattr(settings, "CHANNEL_LAYERS", None)
+    if isinstance(layers, dict) and isinstance(layers.get("default"), dict) and layers["default"].get("BACKEND"):
+        return []
+    return [_error("CHANNEL_LAYERS has no 'default' layer: the dashboard's live updates are never sent", "E001")]
+
+
+def check_websocket_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Imports `ASGI_APPLICATION` (as daphne and `runserver` do) and looks for a WebSocket route."""
+    from channels.routing import ProtocolTypeRouter
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    path = getattr(settings, "ASGI_APPLICATION", None)
+    if not path:
+        return [_error("ASGI_APPLICATION is not set: the dashboard's live socket needs Channels' routing", "E002")]
+    try:
+        application = import_string(path)
+    except ImportError as exc:
+        return [_error(f"ASGI_APPLICATION {path!r} cannot be imported: {exc}", "E002")]
+    if isinstance(application, ProtocolTypeRouter) and "websocket" in application.application_mapping:
+        return []
+    return [_error(f"ASGI_APPLICATION {path!r} does not route WebSockets through Channels", "E002")]
+
+
+def check_templates(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from durable_flow.checks import missing_templates
+
+    return [_error(message, "E003") for message in missing_templates([BASE_TEMPLATE])]
+
+
+def check_urls(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("dashboard:index")
+    except NoReverseMatch:
+        return [_error("the dashboard's URLs are not included: no URL named 'dashboard:index'", "E004")]
+    return []
+
+
+def register() -> None:
+    """Called from `DashboardConfig.ready`."""
+    checks.register(check_channel_layer, "durable_flow_dashboard")
+    checks.register(check_websocket_routing, "durable_flow_dashboard")
+    checks.register(check_templates, checks.Tags.templates)
+    checks.register(check_urls, checks.Tags.urls)
