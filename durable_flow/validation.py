@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from durable_flow.exceptions import InvalidInput
 
@@ -21,6 +22,9 @@ from durable_flow.exceptions import InvalidInput
 MAX_COUNT = 2**31 - 1
 #: The longest duration in milliseconds: ten years, well inside Lua's exact doubles (2**53).
 MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
+#: `MAX_DURATION_MS` as a timedelta: the longest period, timeout, backoff or sleep a workflow or
+#: step declares. Far inside `datetime`'s range, so `now + duration` never overflows.
+MAX_DURATION = timedelta(milliseconds=MAX_DURATION_MS)
 #: The deepest a JSON input, output or payload may nest, in lists and objects (`[]` is one level,
 #: `{"a": [1]}` two). Far below Python's recursion limit (1000 by default): `json.dumps` and
 #: `json.loads` recurse once a level, on top of a worker's or a view's own stack, and a value
@@ -104,6 +108,25 @@ def number_problem(
 def _shown(bound: float) -> str:
     """A bound as written in the docs: `86400`, not `86400.0` or `8.64e+04`."""
     return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+def duration_problem(value: object, *, minimum: Literal["positive", "zero", "any"] = "positive") -> str | None:
+    """What is wrong with `value` as a duration, or None when it is fine.
+
+    A duration is a `timedelta` of at most `MAX_DURATION` (ten years) either way: `minimum` is
+    `"positive"` (above zero), `"zero"` (zero allowed) or `"any"` (a negative one too, as
+    `ctx.sleep` takes). `duration_problem(timedelta(0))` is "must be a positive timedelta of at
+    most 3650 days, got datetime.timedelta(0)". Checked by `number_problem` on its seconds.
+    """
+    kind = {"positive": "a positive timedelta", "zero": "a timedelta from 0", "any": "a timedelta"}[minimum]
+    longest = MAX_DURATION.total_seconds()
+    problem = f"must be {kind} of at most {MAX_DURATION.days} days, got {reprlib.repr(value)}"
+    if not isinstance(value, timedelta):
+        return problem
+    low = -longest if minimum == "any" else 0
+    if number_problem(value.total_seconds(), minimum=low, maximum=longest, above_minimum=minimum == "positive"):
+        return problem
+    return None
 
 
 def bounded_int(value: object, what: str, *, minimum: int, maximum: int) -> int:
