@@ -99,12 +99,18 @@ def run_json(run: WorkflowRun, with_steps: bool = False) -> dict[str, Any]:
     return data
 
 
+def _not_a_number(constant: str) -> float:
+    """Python's `json` reads `NaN`, `Infinity` and `-Infinity`, which strict JSON has not: a body
+    carrying one is refused whole, before any of its values reaches a validator or a column."""
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 def _body(request: HttpRequest) -> dict[str, Any]:
     if len(request.body) > MAX_BODY_BYTES:
         raise InvalidInput(f"request body over {MAX_BODY_BYTES} bytes")
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError as exc:  # not JSON, not UTF-8, or an integer too long to convert
+        body = json.loads(request.body or b"{}", parse_constant=_not_a_number)
+    except ValueError as exc:  # not JSON, not UTF-8, an integer too long to convert, or NaN
         raise InvalidInput(f"request body is not JSON: {exc}") from None
     except RecursionError:
         raise InvalidInput("request body is nested too deeply") from None
