@@ -9,6 +9,7 @@ Lua double) before they reach one, and JSON values to a nesting depth every read
 
 from __future__ import annotations
 
+import json
 import math
 import reprlib
 from collections.abc import Iterator
@@ -135,6 +136,20 @@ def bounded_int(value: object, what: str, *, minimum: int, maximum: int) -> int:
     if problem:
         raise InvalidInput(f"{what} {problem}")
     return value  # type: ignore[return-value]  # an int, checked above
+
+
+class StrictJSONDecoder(json.JSONDecoder):
+    """A decoder of strict JSON for what people and clients send (request bodies, form fields):
+    `NaN`, `Infinity` and `-Infinity`, which Python's `json` reads by default, raise
+    `ValueError("NaN is not a JSON number")`, so a number no validator can bound is refused with
+    the text it came in. `json.loads("[NaN]", cls=StrictJSONDecoder)` raises."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "parse_constant": _not_a_number})
+
+
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def bounded_depth(value: T, what: str) -> T:

@@ -31,7 +31,7 @@ from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.run_filters import runs_from_json
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import StrictJSONDecoder, max_length, storable_text
 
 MAX_BODY_BYTES = 2_000_000
 
@@ -99,17 +99,11 @@ def run_json(run: WorkflowRun, with_steps: bool = False) -> dict[str, Any]:
     return data
 
 
-def _not_a_number(constant: str) -> float:
-    """Python's `json` reads `NaN`, `Infinity` and `-Infinity`, which strict JSON has not: a body
-    carrying one is refused whole, before any of its values reaches a validator or a column."""
-    raise ValueError(f"{constant} is not a JSON number")
-
-
 def _body(request: HttpRequest) -> dict[str, Any]:
     if len(request.body) > MAX_BODY_BYTES:
         raise InvalidInput(f"request body over {MAX_BODY_BYTES} bytes")
     try:
-        body = json.loads(request.body or b"{}", parse_constant=_not_a_number)
+        body = json.loads(request.body or b"{}", cls=StrictJSONDecoder)
     except ValueError as exc:  # not JSON, not UTF-8, an integer too long to convert, or NaN
         raise InvalidInput(f"request body is not JSON: {exc}") from None
     except RecursionError:

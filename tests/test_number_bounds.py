@@ -223,3 +223,25 @@ def test_an_absurd_resize_period_is_a_message_not_an_error(admin_client: Client,
     page = admin_client.get(response["Location"]).content.decode()
     assert "Not resized" in page and "rate period s must be" in page
     assert FlowQueue.objects.get(pk="steer").config["concurrency"] == 2
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_start_form_with_nan_or_infinity_in_its_json_is_a_form_error(
+    admin_client: Client, engine: Any, constant: str
+) -> None:
+    form = {"workflow": "tests.three_steps", "input": f'{{"n": {constant}}}', "run_id": "nan-form"}
+    response = admin_client.post("/dashboard/runs/start/", form)
+    assert response.status_code == 400
+    assert f"{constant} is not a JSON number" in response.content.decode()
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity"])
+def test_a_signal_form_with_nan_or_infinity_in_its_payload_is_refused_with_the_reason(
+    admin_client: Client, engine: Any, constant: str
+) -> None:
+    run = api.start("tests.signal_waiter", None)
+    form = {"name": "approve", "payload": f"[{constant}]"}
+    response = admin_client.post(f"/dashboard/runs/{run.id}/signal/", form, follow=True)
+    assert response.status_code == 200 and f"{constant} is not a JSON number" in response.content.decode()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED
