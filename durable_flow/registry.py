@@ -33,7 +33,7 @@ MAX_RETRIES = 1_000_000
 
 DEFAULT_BACKOFF = timedelta(seconds=1)
 DEFAULT_MAX_BACKOFF = timedelta(minutes=5)
-#: Past this many doublings any backoff is over `MAX_DURATION`, and so capped (and `2.0**n` stays finite).
+#: Past this many doublings any backoff above zero (1 µs at least) is over `MAX_DURATION`, so capped.
 MAX_DOUBLINGS = 64
 
 
@@ -68,7 +68,7 @@ def exponential_backoff(
     doublings = min(max(0, attempt - 1), MAX_DOUBLINGS)
     if backoff.total_seconds() * 2.0**doublings >= max_backoff.total_seconds():
         return max_backoff
-    return backoff * 2**doublings
+    return min(backoff * 2**doublings, max_backoff)
 
 
 def step_backoff(name: str, attempt: int) -> timedelta:
@@ -140,8 +140,8 @@ def _check_version(workflow: str, version: object) -> None:
             storable_text(version, where, max_length("WorkflowRun", "version"))
         except InvalidInput as exc:
             raise RegistrationError(str(exc)) from None
-    elif problem := number_problem(version, minimum=0, maximum=MAX_COUNT, integer=True):
-        raise RegistrationError(f"{where} {problem}, or a string")
+    elif problem := number_problem(version, minimum=-MAX_COUNT, maximum=MAX_COUNT, integer=True):
+        raise RegistrationError(f"{where} must be a string or {problem.removeprefix('must be ')}")
 
 
 def workflow(

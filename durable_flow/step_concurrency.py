@@ -85,9 +85,7 @@ def parse_concurrency(workflow: str, value: object) -> tuple[ConcurrencySpec, ..
 
 def _parse_one(workflow: str, entry: object) -> ConcurrencySpec | None:
     where = f"workflow {workflow!r}: concurrency"
-    if isinstance(entry, int) and not isinstance(entry, bool):
-        entry = {"limit": entry}
-    if isinstance(entry, bool | float):  # a number, just not a limit: say what a limit is
+    if isinstance(entry, int | float):  # a bare limit (a bool or a float is then refused as one)
         entry = {"limit": entry}
     if not isinstance(entry, Mapping):
         raise RegistrationError(f"{where} entries must be dicts, got {type(entry).__name__}")
