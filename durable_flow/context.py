@@ -29,7 +29,7 @@ from durable_flow.models import (
 from durable_flow.registry import MAX_RETRIES, StepDefinition, WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import readable
 from durable_flow.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
-from durable_flow.validation import MAX_COUNT, duration_problem, max_length, number_problem, storable_text
+from durable_flow.validation import MAX_COUNT, MAX_DURATION, duration_problem, max_length, number_problem, storable_text
 
 __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
 
@@ -173,6 +173,10 @@ class WorkflowContext:
         """Suspend the run until `when` (an aware datetime)."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise TypeError("ctx.sleep_until takes a timezone-aware datetime")
+        if when - self.now > MAX_DURATION:  # also keeps its UTC form (stored) inside datetime's range
+            raise InvalidInput(
+                f"ctx.sleep_until: when must be at most {MAX_DURATION.days} days from now, got {when.isoformat()}"
+            )
         key = self._next_key()
         with engine_call():
             self._drive_sleep(key, "sleep_until", lambda: when)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -87,6 +87,9 @@ def test_the_backoff_of_a_late_attempt_is_capped_not_an_overflow() -> None:
 BAD_CALLS: dict[str, Callable[[Any], Any]] = {
     "sleep_forever": lambda ctx: ctx.sleep(timedelta.max),
     "sleep_eleven_years": lambda ctx: ctx.sleep(TOO_LONG),
+    "sleep_until_year_9999": lambda ctx: ctx.sleep_until(
+        datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))
+    ),
     "signal_timeout_forever": lambda ctx: ctx.wait_for_signal("go", timeout=timedelta.max),
     "step_timeout_forever": lambda ctx: ctx.step(add_one, 1, timeout=timedelta.max),
     "step_priority_bool": lambda ctx: ctx.step(add_one, 1, priority=True),
@@ -98,6 +101,7 @@ BAD_CALLS: dict[str, Callable[[Any], Any]] = {
 NAMED = {
     "sleep_forever": "ctx.sleep: duration",
     "sleep_eleven_years": "ctx.sleep: duration",
+    "sleep_until_year_9999": "ctx.sleep_until: when",
     "signal_timeout_forever": "ctx.wait_for_signal: timeout",
     "step_timeout_forever": "timeout",
     "step_priority_bool": "priority",
@@ -245,3 +249,14 @@ def test_a_signal_form_with_nan_or_infinity_in_its_payload_is_refused_with_the_r
     response = admin_client.post(f"/dashboard/runs/{run.id}/signal/", form, follow=True)
     assert response.status_code == 200 and f"{constant} is not a JSON number" in response.content.decode()
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED
+
+
+def test_a_sleep_until_a_year_from_now_suspends_the_run_until_then(manual: Engine) -> None:
+    BAD_CALLS["next_year"] = lambda ctx: ctx.sleep_until(ctx.now + timedelta(days=365))
+    try:
+        run = api.start("bounds.bad_call", "next_year")
+        transport_of(manual).run_turns()
+    finally:
+        del BAD_CALLS["next_year"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED and run.wake_at == manual.now() + timedelta(days=365)
