@@ -5,7 +5,10 @@
 - `durable_flow_dashboard.E002`: `ASGI_APPLICATION` does not route WebSockets through Channels,
   so the pages' live socket is refused;
 - `durable_flow_dashboard.E003`: the dashboard's templates are not found (HTTP 500 on every page);
-- `durable_flow_dashboard.E004`: the dashboard's URLs are not included in `ROOT_URLCONF`.
+- `durable_flow_dashboard.E004`: the dashboard's URLs are not included in `ROOT_URLCONF`;
+- `durable_flow_dashboard.E005`: `DASHBOARD_BURST` is malformed (not a dict, an unknown key, a
+  name the database cannot store, a `SIZE` that is no whole number from 1 to `MAX_BURST`, an
+  `INPUT` that is no dict): the flow view's burst button would answer 400.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 from django.core import checks
 
+from dashboard.flow import MAX_BURST, burst_problem
+
 HINTS = {
     "E001": 'Set CHANNEL_LAYERS = {"default": {...}}: channels_redis.core.RedisChannelLayer when web and '
     "workers are separate processes (docs/deployment.md).",
@@ -21,6 +26,8 @@ HINTS = {
     "dashboard.routing.websocket_urlpatterns (see settings/asgi.py).",
     "E003": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
     "E004": 'Add path("", include("dashboard.urls")) to the project\'s URLs (see settings/urls.py).',
+    "E005": f'DASHBOARD_BURST is {{"WORKFLOW": <workflow name>, "QUEUE": <queue name>, "SIZE": 1 to {MAX_BURST}, '
+    '"INPUT": {...}}, each key optional (see README.md, the flow view); NaN, infinities and True/False are refused.',
 }
 
 # The page every other dashboard page extends.
@@ -74,9 +81,18 @@ def check_urls(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
     return []
 
 
+def check_burst(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Check `DASHBOARD_BURST`, which the flow view's burst button reads."""
+    from django.conf import settings
+
+    problem = burst_problem(getattr(settings, "DASHBOARD_BURST", {}))
+    return [_error(problem, "E005")] if problem else []
+
+
 def register() -> None:
     """Called from `DashboardConfig.ready`."""
     checks.register(check_channel_layer, "durable_flow_dashboard")
     checks.register(check_websocket_routing, "durable_flow_dashboard")
     checks.register(check_templates, checks.Tags.templates)
     checks.register(check_urls, checks.Tags.urls)
+    checks.register(check_burst, "durable_flow_dashboard")

@@ -8,15 +8,19 @@ checkpoint moves from `waiting` to `dispatched` on a worker to `completed`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
+from durable_flow.exceptions import InvalidInput
 from durable_flow.models import FlowQueue, StepCheckpoint, StepStatus, WorkerHeartbeat
+from durable_flow.validation import max_length, number_problem, storable_text
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 #: Dots drawn per zone; the rest are counted ("+120 more").
@@ -30,8 +34,35 @@ TENANTS = ("acme", "globex", "initech", "umbrella")
 
 
 def burst_config() -> dict[str, Any]:
-    """`settings.DASHBOARD_BURST` over the defaults: which workflow a burst starts, into which queue."""
-    return {**DEFAULT_BURST, **getattr(settings, "DASHBOARD_BURST", {})}
+    """`settings.DASHBOARD_BURST` over the defaults: which workflow a burst starts, into which
+    queue. `ImproperlyConfigured` for a malformed setting (which `durable_flow_dashboard.E005` reports)."""
+    value = getattr(settings, "DASHBOARD_BURST", {})
+    problem = burst_problem(value)
+    if problem:
+        raise ImproperlyConfigured(problem)
+    return {**DEFAULT_BURST, **value}
+
+
+def burst_problem(value: object) -> str | None:
+    """What is wrong with a `DASHBOARD_BURST` setting, or None: a dict of the default's keys,
+    names the database can store, a `SIZE` from 1 to `MAX_BURST` and an `INPUT` dict."""
+    if not isinstance(value, Mapping):
+        return f"DASHBOARD_BURST must be a dict, got {type(value).__name__}"
+    unknown = sorted(set(map(str, value)) - set(DEFAULT_BURST))
+    if unknown:
+        return f"DASHBOARD_BURST: unknown key(s) {', '.join(unknown)}"
+    config = {**DEFAULT_BURST, **value}
+    try:
+        storable_text(config["WORKFLOW"], 'DASHBOARD_BURST["WORKFLOW"]', max_length("WorkflowRun", "workflow"))
+        storable_text(config["QUEUE"], 'DASHBOARD_BURST["QUEUE"]', max_length("FlowQueue", "name"))
+    except InvalidInput as exc:
+        return str(exc)
+    problem = number_problem(config["SIZE"], minimum=1, maximum=MAX_BURST, integer=True, unit="runs")
+    if problem:
+        return f'DASHBOARD_BURST["SIZE"] {problem}'
+    if not isinstance(config["INPUT"], dict):
+        return f'DASHBOARD_BURST["INPUT"] must be a dict, got {type(config["INPUT"]).__name__}'
+    return None
 
 
 def burst_inputs(size: int) -> list[dict[str, Any]]:

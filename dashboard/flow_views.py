@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.access import allowed, require, staff_page
-from dashboard.flow import MAX_BURST, burst_config, burst_inputs, flow_snapshot
+from dashboard.flow import DEFAULT_BURST, MAX_BURST, burst_config, burst_inputs, flow_snapshot
 from durable_flow import api
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import DurableFlowError, InvalidInput
@@ -18,9 +21,18 @@ from durable_flow.models import FlowQueue
 from durable_flow.validation import max_length, storable_text
 
 
+def _shown_burst() -> dict[str, Any]:
+    """The burst the page offers. A malformed `DASHBOARD_BURST` (reported by `manage.py check`
+    as `durable_flow_dashboard.E005`, refused by the burst button) still lets the page draw, with the defaults."""
+    try:
+        return burst_config()
+    except ImproperlyConfigured:
+        return DEFAULT_BURST
+
+
 def _queue(request: HttpRequest) -> str:
     """The `?queue=` to show; `InvalidInput` for a name no queue can have (a NUL, over-long)."""
-    queue = request.GET.get("queue") or burst_config()["QUEUE"]
+    queue = request.GET.get("queue") or _shown_burst()["QUEUE"]
     return storable_text(queue, "queue", max_length("FlowQueue", "name"))
 
 
@@ -34,7 +46,7 @@ def flow(request: HttpRequest) -> HttpResponse:
         "snap": flow_snapshot(queue),
         "queue": queue,
         "queues": list(FlowQueue.objects.values_list("name", flat=True)),
-        "burst": burst_config(),
+        "burst": _shown_burst(),
         **allowed(request),
     }
     return render(request, "dashboard/flow.html", context)
@@ -54,7 +66,10 @@ def flow_json(request: HttpRequest) -> HttpResponse:
 def burst(request: HttpRequest) -> HttpResponse:
     """Start N runs of the configured burst workflow (into its throttled queue) at once."""
     require(request, "start")
-    config = burst_config()
+    try:
+        config = burst_config()
+    except ImproperlyConfigured as exc:
+        return JsonResponse({"error": "ImproperlyConfigured", "message": str(exc)}, status=400)
     try:
         size = int(request.POST.get("size") or config["SIZE"])
     except ValueError:

@@ -21,6 +21,7 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
 from durable_flow.queues import Throttle
+from durable_flow.validation import MAX_DURATION_MS
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
@@ -356,9 +357,14 @@ def parse_resize_form(post: Mapping[str, Any]) -> dict[str, Any]:
             seconds = Decimal(raw)
         except InvalidOperation:
             raise ValueError(f"{name.replace('_', ' ')} must be a number of seconds, got {raw!r}") from None
-        ms = seconds * 1000
-        if not seconds.is_finite() or ms < 1 or ms != ms.to_integral_value():
-            raise ValueError(f"{name.replace('_', ' ')} must be whole milliseconds of at least 0.001 s, got {raw!r}")
+        # Bounded before it is multiplied: `1e999999` seconds overflows the decimal context.
+        in_range = seconds.is_finite() and seconds <= MAX_DURATION_MS // 1000
+        ms = seconds * 1000 if in_range else Decimal(0)
+        if ms < 1 or ms != ms.to_integral_value():
+            raise ValueError(
+                f"{name.replace('_', ' ')} must be whole milliseconds from 0.001 to {MAX_DURATION_MS // 1000} s, "
+                f"got {raw!r}"
+            )
         return int(ms)
 
     def choice(name: str, allowed: tuple[str, ...]) -> str:

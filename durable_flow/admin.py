@@ -27,26 +27,30 @@ from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import startable_workflows
-from durable_flow.validation import MAX_JSON_DEPTH, bounded_depth, max_length, storable_text
+from durable_flow.validation import MAX_JSON_DEPTH, StrictJSONDecoder, bounded_depth, max_length, storable_text
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
 class JSONInputField(forms.JSONField):
-    """JSON typed into a form, nested at most `MAX_JSON_DEPTH` deep: deeper is a form error, and
-    the form shows the text back as typed (decoding or re-encoding it could exhaust the stack)."""
+    """Strict JSON typed into a form, nested at most `MAX_JSON_DEPTH` deep: deeper, or `NaN` and
+    the infinities (`StrictJSONDecoder`), is a form error, and the form shows the text back as
+    typed (decoding or re-encoding it could exhaust the stack)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(decoder=StrictJSONDecoder, **kwargs)
 
     def to_python(self, value: Any) -> Any:
         try:
             return bounded_depth(super().to_python(value), "JSON")
         except RecursionError:
             raise ValidationError(f"JSON is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid") from None
-        except InvalidInput as exc:
+        except ValueError as exc:  # too deep (`InvalidInput`), or a constant strict JSON has not
             raise ValidationError(str(exc), code="invalid") from None
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         try:
             return bounded_depth(super().bound_data(data, initial), "JSON")
-        except (RecursionError, InvalidInput):
+        except (RecursionError, ValueError):
             return InvalidJSONInput(data)
 
 

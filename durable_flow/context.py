@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from durable_flow import quotas
 from durable_flow.exceptions import (
     ChildFailed,
+    InvalidInput,
     NonDeterminismError,
     SignalTimeout,
     StepFailed,
@@ -25,15 +26,31 @@ from durable_flow.models import (
     StepStatus,
     WorkflowRun,
 )
-from durable_flow.registry import StepDefinition, WorkflowDefinition, resolve_workflow
+from durable_flow.registry import MAX_RETRIES, StepDefinition, WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import readable
 from durable_flow.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import MAX_COUNT, MAX_DURATION, duration_problem, max_length, number_problem, storable_text
 
 __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
 
 
-PRIORITY_LIMIT = 2**31 - 1  # the database's integer column
+PRIORITY_LIMIT = MAX_COUNT  # the database's integer column
+
+
+def _check_number(argument: str, value: object, *, minimum: int, maximum: int) -> None:
+    """`InvalidInput` naming `argument` unless `value` is a whole number in range: a workflow's
+    bad number fails its run at the call, never as an overflow inside the engine."""
+    problem = number_problem(value, minimum=minimum, maximum=maximum, integer=True)
+    if problem:
+        raise InvalidInput(f"{argument} {problem}")
+
+
+def _check_duration(argument: str, value: object, *, minimum: Literal["positive", "any"] = "positive") -> None:
+    """`InvalidInput` naming `argument` unless `value` is a timedelta of at most ten years, so
+    `now + value` is a date the engine can store."""
+    problem = duration_problem(value, minimum=minimum)
+    if problem:
+        raise InvalidInput(f"{argument} {problem}")
 
 
 class WorkflowContext:
@@ -100,10 +117,8 @@ class WorkflowContext:
         Over a child workflow: two waves of `concurrency // 2` children in flight, the next
         going out as soon as one settles. Each settled wave costs the parent one turn.
         """
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise ValueError(f"ctx.all: concurrency must be a positive integer, got {concurrency!r}")
+        if concurrency is not None:
+            _check_number("ctx.all: concurrency", concurrency, minimum=1, maximum=MAX_COUNT)
         if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
             raise TypeError("ctx.all: inputs must be a list")
         base = self._next_key()
@@ -149,6 +164,7 @@ class WorkflowContext:
         """Suspend the run for `duration`; durable (the wake time is persisted)."""
         if not isinstance(duration, timedelta):
             raise TypeError("ctx.sleep takes a datetime.timedelta")
+        _check_duration("ctx.sleep: duration", duration, minimum="any")  # zero or less returns at once
         key = self._next_key()
         with engine_call():
             self._drive_sleep(key, "sleep", lambda: self.now + duration)
@@ -157,6 +173,10 @@ class WorkflowContext:
         """Suspend the run until `when` (an aware datetime)."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise TypeError("ctx.sleep_until takes a timezone-aware datetime")
+        if when - self.now > MAX_DURATION:  # also keeps its UTC form (stored) inside datetime's range
+            raise InvalidInput(
+                f"ctx.sleep_until: when must be at most {MAX_DURATION.days} days from now, got {when.isoformat()}"
+            )
         key = self._next_key()
         with engine_call():
             self._drive_sleep(key, "sleep_until", lambda: when)
@@ -168,8 +188,8 @@ class WorkflowContext:
         `SignalTimeout` if none arrived in time.
         """
         storable_text(name, "ctx.wait_for_signal: signal name", max_length("Signal", "name"))
-        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
-            raise ValueError("ctx.wait_for_signal: timeout must be a positive timedelta")
+        if timeout is not None:
+            _check_duration("ctx.wait_for_signal: timeout", timeout)
         key = self._next_key()
         with engine_call():
             return self._drive_signal(key, name, timeout)
@@ -226,16 +246,13 @@ class WorkflowContext:
         self._registered_step(step)
         if queue is not None:
             storable_text(queue, "queue", max_length("StepCheckpoint", "queue"))
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an integer, got {priority!r}")
-        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
-            raise ValueError(f"priority must be within ±{PRIORITY_LIMIT}, got {priority}")
-        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
-            raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
+        _check_number("priority", priority, minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT)
+        if timeout is not None:
+            _check_duration("timeout", timeout)
         if fairness_key is not None:
             storable_text(fairness_key, "fairness_key", max_length("StepCheckpoint", "fairness_key"), allow_empty=True)
-        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-            raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
+        if retries is not None:
+            _check_number("retries", retries, minimum=0, maximum=MAX_RETRIES)
         return StepOptions(
             queue=queue or "",
             priority=priority,

@@ -19,15 +19,22 @@ from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFoun
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.start_control import StartControl, parse_start_control
 from durable_flow.step_concurrency import ConcurrencySpec, parse_concurrency
-from durable_flow.validation import max_length
+from durable_flow.validation import MAX_COUNT, duration_problem, max_length, number_problem, storable_text
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 WorkflowFn = Callable[[Any, Any], Any]
 
+#: The most retries a step (or one call of it) may ask for: its attempts are counted in an
+#: integer column (`StepCheckpoint.max_attempts`), which a run retried by hand raises by a whole
+#: budget again each time, so a budget stays far below the column's limit.
+MAX_RETRIES = 1_000_000
+
 DEFAULT_BACKOFF = timedelta(seconds=1)
 DEFAULT_MAX_BACKOFF = timedelta(minutes=5)
+#: Past this many doublings any backoff above zero (1 µs at least) is over `MAX_DURATION`, so capped.
+MAX_DOUBLINGS = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,8 +60,15 @@ class StepDefinition(Generic[R]):
 def exponential_backoff(
     attempt: int, backoff: timedelta = DEFAULT_BACKOFF, max_backoff: timedelta = DEFAULT_MAX_BACKOFF
 ) -> timedelta:
-    """`backoff` doubled after each failed attempt (1-based), capped at `max_backoff`."""
-    return min(backoff * (2 ** max(0, attempt - 1)), max_backoff)
+    """`backoff` doubled after each failed attempt (1-based), capped at `max_backoff`.
+
+    The doubling is compared in seconds first: `backoff * 2**n` overflows a timedelta by the
+    48th attempt of a one-second backoff, long before a large `retries` runs out.
+    """
+    doublings = min(max(0, attempt - 1), MAX_DOUBLINGS)
+    if backoff.total_seconds() * 2.0**doublings >= max_backoff.total_seconds():
+        return max_backoff
+    return min(backoff * 2**doublings, max_backoff)
 
 
 def step_backoff(name: str, attempt: int) -> timedelta:
@@ -118,6 +132,18 @@ def _check_name(name: object, what: str) -> str:
     return name
 
 
+def _check_version(workflow: str, version: object) -> None:
+    # Stored as text on every run (`WorkflowRun.version`): a string that fits, or a whole number.
+    where = f"workflow {workflow!r}: version"
+    if isinstance(version, str):
+        try:
+            storable_text(version, where, max_length("WorkflowRun", "version"))
+        except InvalidInput as exc:
+            raise RegistrationError(str(exc)) from None
+    elif problem := number_problem(version, minimum=-MAX_COUNT, maximum=MAX_COUNT, integer=True):
+        raise RegistrationError(f"{where} must be a string or {problem.removeprefix('must be ')}")
+
+
 def workflow(
     name: str,
     *,
@@ -143,6 +169,7 @@ def workflow(
     input names the code it runs): `start()`, the JSON API and the start forms refuse it by name.
     """
     _check_name(name, "workflow")
+    _check_version(name, version)
     quota_spec = parse_workflow_quota(name, quota)
     concurrency_specs = parse_concurrency(name, concurrency)
     control = parse_start_control(name, debounce, singleton)
@@ -180,10 +207,17 @@ def step(
     `max_backoff`); `timeout` re-dispatches an attempt whose result has not landed in time.
     """
     _check_name(name, "step")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise RegistrationError(f"step {name!r}: retries must be a non-negative integer, got {retries!r}")
-    if timeout is not None and timeout <= timedelta(0):
-        raise RegistrationError(f"step {name!r}: timeout must be positive")
+    # Each attempt's number is stored (`StepCheckpoint.max_attempts`, an integer column), each
+    # wait is added to a date: both are bounded here, not left to overflow on a worker.
+    problems = {
+        "retries": number_problem(retries, minimum=0, maximum=MAX_RETRIES, integer=True),
+        "backoff": duration_problem(backoff, minimum="zero"),
+        "max_backoff": duration_problem(max_backoff, minimum="zero"),
+        "timeout": None if timeout is None else duration_problem(timeout),
+    }
+    for argument, problem in problems.items():
+        if problem:
+            raise RegistrationError(f"step {name!r}: {argument} {problem}")
 
     def decorate(fn: Callable[[Any], R]) -> StepDefinition[R]:
         existing = _steps.get(name)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from durable_flow.exceptions import InvalidInput, RegistrationError
 from durable_flow.keys import MAX_KEY_LENGTH, Key, evaluate_key, parse_key
 from durable_flow.quotas import lock_key
+from durable_flow.validation import duration_problem
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -75,9 +76,11 @@ StartControl = DebounceSpec | SingletonSpec
 
 
 def _positive(where: str, value: object) -> timedelta:
-    if not isinstance(value, timedelta) or value <= timedelta(0):
-        raise RegistrationError(f"{where} must be a positive timedelta, got {value!r}")
-    return value
+    # Bounded above too: a run's wake time is `now + period`, which a huge timedelta overflows.
+    problem = duration_problem(value)
+    if problem:
+        raise RegistrationError(f"{where} {problem}")
+    return value  # type: ignore[return-value]  # a timedelta, checked above
 
 
 def _fields(where: str, value: object, allowed: set[str]) -> Mapping[str, Any]:

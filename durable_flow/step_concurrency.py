@@ -30,6 +30,7 @@ from typing import Any, Literal
 from durable_flow.admission.base import Constraint
 from durable_flow.exceptions import RegistrationError
 from durable_flow.keys import Key, describe_key, evaluate_key, parse_key
+from durable_flow.validation import MAX_COUNT, number_problem
 
 Scope = Literal["fn", "env", "account"]
 SCOPES: tuple[Scope, ...] = ("fn", "env", "account")
@@ -84,9 +85,7 @@ def parse_concurrency(workflow: str, value: object) -> tuple[ConcurrencySpec, ..
 
 def _parse_one(workflow: str, entry: object) -> ConcurrencySpec | None:
     where = f"workflow {workflow!r}: concurrency"
-    if isinstance(entry, bool):
-        raise RegistrationError(f"{where} limit must be an integer >= 0, got {entry!r}")
-    if isinstance(entry, int):
+    if isinstance(entry, int | float):  # a bare limit (a bool or a float is then refused as one)
         entry = {"limit": entry}
     if not isinstance(entry, Mapping):
         raise RegistrationError(f"{where} entries must be dicts, got {type(entry).__name__}")
@@ -94,8 +93,9 @@ def _parse_one(workflow: str, entry: object) -> ConcurrencySpec | None:
     if unknown:
         raise RegistrationError(f"{where}: unknown field(s) {', '.join(unknown)}")
     limit = entry.get("limit", 0)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise RegistrationError(f"{where} limit must be an integer >= 0, got {limit!r}")
+    problem = number_problem(limit, minimum=0, maximum=MAX_COUNT, integer=True)
+    if problem:
+        raise RegistrationError(f"{where} limit {problem}")
     scope = entry.get("scope", "fn")
     if scope not in SCOPES:
         raise RegistrationError(f"{where} scope must be one of {', '.join(SCOPES)}, got {scope!r}")

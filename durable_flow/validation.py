@@ -9,11 +9,13 @@ Lua double) before they reach one, and JSON values to a nesting depth every read
 
 from __future__ import annotations
 
+import json
 import math
 import reprlib
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from durable_flow.exceptions import InvalidInput
 
@@ -21,6 +23,9 @@ from durable_flow.exceptions import InvalidInput
 MAX_COUNT = 2**31 - 1
 #: The longest duration in milliseconds: ten years, well inside Lua's exact doubles (2**53).
 MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
+#: `MAX_DURATION_MS` as a timedelta: the longest period, timeout, backoff or sleep a workflow or
+#: step declares. Far inside `datetime`'s range, so `now + duration` never overflows.
+MAX_DURATION = timedelta(milliseconds=MAX_DURATION_MS)
 #: The deepest a JSON input, output or payload may nest, in lists and objects (`[]` is one level,
 #: `{"a": [1]}` two). Far below Python's recursion limit (1000 by default): `json.dumps` and
 #: `json.loads` recurse once a level, on top of a worker's or a view's own stack, and a value
@@ -106,12 +111,45 @@ def _shown(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
+def duration_problem(value: object, *, minimum: Literal["positive", "zero", "any"] = "positive") -> str | None:
+    """What is wrong with `value` as a duration, or None when it is fine.
+
+    A duration is a `timedelta` of at most `MAX_DURATION` (ten years) either way: `minimum` is
+    `"positive"` (above zero), `"zero"` (zero allowed) or `"any"` (a negative one too, as
+    `ctx.sleep` takes). `duration_problem(timedelta(0))` is "must be a positive timedelta of at
+    most 3650 days, got datetime.timedelta(0)". Checked by `number_problem` on its seconds.
+    """
+    kind = {"positive": "a positive timedelta", "zero": "a timedelta from 0", "any": "a timedelta"}[minimum]
+    longest = MAX_DURATION.total_seconds()
+    problem = f"must be {kind} of at most {MAX_DURATION.days} days, got {reprlib.repr(value)}"
+    if not isinstance(value, timedelta):
+        return problem
+    low = -longest if minimum == "any" else 0
+    if number_problem(value.total_seconds(), minimum=low, maximum=longest, above_minimum=minimum == "positive"):
+        return problem
+    return None
+
+
 def bounded_int(value: object, what: str, *, minimum: int, maximum: int) -> int:
     """`value` if it is an int (not a bool) within [minimum, maximum]; else `InvalidInput`."""
     problem = number_problem(value, minimum=minimum, maximum=maximum, integer=True)
     if problem:
         raise InvalidInput(f"{what} {problem}")
     return value  # type: ignore[return-value]  # an int, checked above
+
+
+class StrictJSONDecoder(json.JSONDecoder):
+    """A decoder of strict JSON for what people and clients send (request bodies, form fields):
+    `NaN`, `Infinity` and `-Infinity`, which Python's `json` reads by default, raise
+    `ValueError("NaN is not a JSON number")`, so a number no validator can bound is refused with
+    the text it came in. `json.loads("[NaN]", cls=StrictJSONDecoder)` raises."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "parse_constant": _not_a_number})
+
+
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def bounded_depth(value: T, what: str) -> T:

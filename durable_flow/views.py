@@ -31,7 +31,7 @@ from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.run_filters import runs_from_json
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import StrictJSONDecoder, max_length, storable_text
 
 MAX_BODY_BYTES = 2_000_000
 
@@ -103,8 +103,8 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     if len(request.body) > MAX_BODY_BYTES:
         raise InvalidInput(f"request body over {MAX_BODY_BYTES} bytes")
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError as exc:  # not JSON, not UTF-8, or an integer too long to convert
+        body = json.loads(request.body or b"{}", cls=StrictJSONDecoder)
+    except ValueError as exc:  # not JSON, not UTF-8, an integer too long to convert, or NaN
         raise InvalidInput(f"request body is not JSON: {exc}") from None
     except RecursionError:
         raise InvalidInput("request body is nested too deeply") from None

@@ -58,6 +58,7 @@ POSTGRESQL_PASS = (
     "tests/test_key_limits_processes.py",
     "tests/test_metrics.py",
     "tests/test_nesting_limit.py",
+    "tests/test_number_bounds.py",
     "tests/test_operations.py",
     "tests/test_optimistic_first_step.py",
     "tests/test_outages.py",

@@ -38,8 +38,8 @@ def executing(account: str | None = None) -> int:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (-1, "limit must be an integer >= 0"),
-        ({"limit": "2"}, "limit must be an integer >= 0"),
+        (-1, "limit must be an integer from 0 to"),
+        ({"limit": "2"}, "limit must be an integer from 0 to"),
         ({"limit": 2, "scope": "galaxy"}, "scope must be one of"),
         ({"limit": 2, "scope": "env"}, "scope 'env' requires a key"),
         ({"limit": 2, "scope": "account"}, "scope 'account' requires a key"),
