@@ -30,10 +30,6 @@ INSTALLED_APPS = [
     # `override_settings(TASKS=...)`); Django 6 has it built in.
     *(["django_tasks"] if django.VERSION < (6,) else []),
 ]
-if django.VERSION < (6, 0):
-    # The tasks framework's backport: its checks (each backend's `check()`) and its reset of
-    # `task_backends` when `TASKS` changes load only as an app. On Django 6 it is `django.tasks`.
-    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "durable_flow.health.HealthCheckMiddleware",  # /healthz, before host checks and HTTPS redirects

@@ -222,10 +222,12 @@ def test_a_replacing_start_refused_by_its_quota_leaves_the_run_in_progress(engin
     from durable_flow import ConcurrencyLimitError
 
     first = api.start("sc.latest_wins", {"account": "a1"})
+    holder = api.start("sc.latest_wins", {"account": "a2"}, quota={"key": "closed", "limit": 1})
     with pytest.raises(ConcurrencyLimitError):
-        api.start("sc.latest_wins", {"account": "a1"}, quota={"key": "closed", "limit": 0})
+        api.start("sc.latest_wins", {"account": "a1"}, quota={"key": "closed", "limit": 1})
     assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.SUSPENDED
-    assert len(runs("sc.latest_wins")) == 1 and ("sc.latest_wins", "replaced") not in start_outcomes()
+    assert {run.pk for run in runs("sc.latest_wins")} == {first.pk, holder.pk}
+    assert ("sc.latest_wins", "replaced") not in start_outcomes()
 
 
 # -- bad declarations and bad keys ----------------------------------------------------------------
