@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # The tasks tests also run on the newest Django 6 (`django.tasks` in core), which needs Python >= 3.12.
-PYTHON_DJANGO6 ?= $(shell command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python)
+PYTHON_DJANGO6 ?= $(shell for p in python3.13 python3.12 /root/.pyenv/versions/3.1[2-9]*/bin/python; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
 VENV_DJANGO6   ?= .venv-django6
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PORT   ?= 8000
@@ -19,6 +20,7 @@ $(VENV)/.installed: requirements.txt requirements.lock
 venv: $(VENV)/.installed
 
 $(VENV_DJANGO6)/.installed: requirements-django6.txt
+	@test -n "$(PYTHON_DJANGO6)" || { echo "Django 6 needs Python >= 3.12: none found (set PYTHON_DJANGO6)" >&2; exit 1; }
 	$(PYTHON_DJANGO6) -m venv $(VENV_DJANGO6)
 	$(VENV_DJANGO6)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_DJANGO6)/bin/python -m pip install --quiet -r requirements-django6.txt
