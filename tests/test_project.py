@@ -72,6 +72,9 @@ def test_overriding_tasks_replaces_the_backend(tmp_path: Path) -> None:
 def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, **PRODUCTION_ENV, "DJANGO_STATIC_ROOT": str(tmp_path / "static"), **extra}
     env.pop("DATABASE_URL", None)
+    # The browser tests set it in this process (Playwright's sync API beside Django); a
+    # deployment never does, and `check --deploy` rightly refuses it (async.E001).
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return env
 
 
