@@ -32,6 +32,12 @@ ADMISSION: dict[str, object] = {"BACKEND": ADMISSION_BACKEND}
 if ADMISSION_BACKEND == "redis":
     # A short instance TTL so tests that SIGKILL a process see its slots come back quickly.
     ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
+if os.environ.get("DURABLE_FLOW_RECORD_STARTS") == "1" and ADMISSION_BACKEND in ("db", "redis"):
+    # Worker processes write every start mark their backend counts to the test's marker file
+    # (tests/engine_support.py), so a rate limit is judged by the backend's own instants.
+    ADMISSION["BACKEND"] = (
+        f"tests.engine_support.Recording{'Database' if ADMISSION_BACKEND == 'db' else 'Redis'}Admission"
+    )
 
 TRANSPORT: dict[str, object] = {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")}
 if TRANSPORT["BACKEND"] == "rq" and os.environ.get("DURABLE_FLOW_EAGER_STEPS") == "0":

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from durable_flow.admission.base import OnCount
+from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.models import AdmissionStart
+from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.conf import DurableFlowSettings
 from durable_flow.engine import Engine
 from durable_flow.transports.base import Transport
@@ -114,3 +118,53 @@ class RecordingDatabaseTransport(DatabaseTransport):
 def _append(path: str, line: str) -> None:
     with open(path, "a") as handle:
         handle.write(line)
+
+
+class RecordingDatabaseAdmission(DatabaseAdmissionBackend):
+    """`db` admission, plus the queue's counted start marks after every start it counts.
+
+    Used (through `DURABLE_FLOW_RECORD_STARTS=1`, see settings.test) by worker processes, so a test
+    can judge a rate limit by the instants the backend counted, on its own clock, instead of by
+    the stamps steps write a scheduling delay later. A mark lives a period before it is pruned,
+    so the marks read after each count, together, are every start counted."""
+
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
+        wait_ms = super().try_start(queue, ticket, key, on_count=on_count)
+        if wait_ms == 0:
+            marks = AdmissionStart.objects.filter(queue=queue).values_list("pk", "at_ms")
+            _record_marks(queue, [(str(pk), at_ms) for pk, at_ms in marks])
+        return wait_ms
+
+
+class RecordingRedisAdmission(RedisAdmissionBackend):
+    """`redis` admission, recording its counted start marks as `RecordingDatabaseAdmission` does."""
+
+    def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
+        wait_ms = super().try_start(queue, ticket, key, on_count=on_count)
+        if wait_ms == 0:
+            marks = self.redis.zrange(f"{self.prefix}:q:{queue}:starts", 0, -1, withscores=True)
+            _record_marks(queue, [(_text(member), int(score)) for member, score in marks])
+        return wait_ms
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _record_marks(queue: str, marks: list[tuple[str, int]]) -> None:
+    marker = os.environ.get("DURABLE_FLOW_TEST_MARKER")
+    if marker:
+        # Four fields, as every marker line: what, queue, mark (id@ms), pid.
+        _append(marker, "".join(f"counted {queue} {ident}@{at_ms} {os.getpid()}\n" for ident, at_ms in marks))
+
+
+def counted_starts(marker: str | os.PathLike[str], queue: str) -> list[int]:
+    """Every start mark a recording admission backend counted in `queue` (ms, ascending)."""
+    marks: dict[str, int] = {}
+    with open(marker) as handle:
+        for line in handle:
+            what, where, mark, _ = line.split()
+            if what == "counted" and where == queue:
+                ident, at_ms = mark.rsplit("@", 1)
+                marks[ident] = int(at_ms)
+    return sorted(marks.values())
