@@ -52,9 +52,10 @@ DURABLE_FLOW = {
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": TRANSPORT,
-    # TTL_S: 3 s lets process tests see a killed worker die soon; the soak raises it (a starved
-    # worker must not be taken for dead: its steps would re-run with no kill to explain it).
-    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": float(os.environ.get("DURABLE_FLOW_HEARTBEAT_TTL_S", "3"))},
+    # TTL_S: 10 s, as the soak's: on a loaded machine a starved live worker must not be taken for
+    # dead (its steps would re-run with no kill to explain it). Tests that SIGKILL a worker wait
+    # for its death to be seen with a timeout well past the TTL instead.
+    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": float(os.environ.get("DURABLE_FLOW_HEARTBEAT_TTL_S", "10"))},
     # The chaos soak (tests/reliability/) shortens the recovery timings to settle sooner; browser
     # tests sample every second to see the charts move (the default is 10 s).
     "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),

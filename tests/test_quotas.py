@@ -444,7 +444,7 @@ def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
     assert status(run.pk) == RunStatus.PENDING  # its first step ran optimistically: nothing written yet
     assert refused("tests.slow_one", None, quota=solo).active == 1  # counted by its status, nothing else
     spawn("durable_worker", "--concurrency", "2", env=env)
-    wait_for(lambda: status(run.pk) == RunStatus.COMPLETED, timeout=60, what="run to complete")
+    wait_for(lambda: status(run.pk) == RunStatus.COMPLETED, timeout=120, what="run to complete")
     assert count_active("solo") == 0
     assert api.start("tests.slow_one", {"id": "next", "seconds": 0}, quota=solo).concurrency_key == "solo"
 
