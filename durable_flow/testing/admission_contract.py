@@ -314,6 +314,30 @@ class AdmissionBackendContract(HandoffContract, KeyedLimitsContract):
         clock.set(a + 2000)
         assert self.ask(backend, name, "e/1").admitted
 
+    def test_a_sliding_admission_one_period_old_no_longer_blocks(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """At the instant an admission is one period old the window has room again: a call the
+        cap holds back then is told `concurrency`, not `rate_limited` until that instant."""
+        backend.register(
+            QueueConfig(
+                name=name,
+                concurrency=2,
+                retry_ms=100,
+                rate_limit=RateLimit(limit=2, period_ms=1000, algorithm="sliding"),
+            )
+        )
+        a = clock()
+        assert self.ask(backend, name, "a/1").admitted
+        clock.set(a + 500)
+        assert self.ask(backend, name, "b/1").admitted
+        clock.set(a + 999)
+        held = self.ask(backend, name, "c/1")
+        assert (held.reason, held.retry_at_ms) == ("rate_limited", a + 1000)
+        clock.set(a + 1000)
+        held = self.ask(backend, name, "c/1")
+        assert (held.reason, held.retry_at_ms) == ("concurrency", a + 1100)
+
     def test_rate_limit_blocks_every_priority_equally(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, rate_limit=RateLimit(limit=1, period_ms=60_000)))
         assert self.ask(backend, name, "a/1").admitted
