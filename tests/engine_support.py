@@ -8,6 +8,7 @@ is cancelled, a job the broker lost, an attempt answering after its timeout.
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections.abc import Callable
@@ -198,3 +199,11 @@ def counted_starts(marker: str | os.PathLike[str], queue: str) -> list[int]:
                 ident, at_ms = mark.rsplit("@", 1)
                 marks[ident] = int(at_ms)
     return sorted(marks.values())
+
+
+def most_within(instants: list[int], period_ms: int) -> int:
+    """The most of the ascending `instants` (ms) in any trailing period (ms - period_ms, ms]."""
+    return max(
+        (bisect.bisect_right(instants, ms) - bisect.bisect_right(instants, ms - period_ms) for ms in instants),
+        default=0,
+    )

@@ -7,7 +7,6 @@ Two stacks: `db` admission + `db` transport (SQLite, or PostgreSQL with DATABASE
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, wait_for
-from tests.engine_support import counted_starts
+from tests.engine_support import counted_starts, most_within
 from tests.reliability.evidence import max_overlap
 from tests.test_flow_control_processes import read_intervals, unique
 from tests.test_rq_transport import clear_rq
@@ -116,8 +115,7 @@ def test_the_rate_limit_holds_at_step_start(
     # A start the worker found itself late for is counted again: a count that never ran.
     assert len(counted) >= 25, counted
     if algorithm == "sliding":
-        # Each mark and those in the period before it, (ms - 1000, ms]: integers, no rounding.
-        assert max(bisect.bisect_right(counted, ms) - bisect.bisect_right(counted, ms - 1000) for ms in counted) <= 5
+        assert most_within(counted, 1000) <= 5, counted
     else:
         assert max(Counter(ms // 1000 for ms in counted).values()) <= 5, counted
     turns = list(WorkflowRun.objects.filter(pk__in=runs).values_list("turns", flat=True))

@@ -6,14 +6,13 @@ delay later. Two stacks (see `test_handoff_processes`): `db` admission + `db` tr
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from pathlib import Path
 
 from durable_flow import register_queue, start
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 from tests.conftest import ManagedProcess, wait_for
-from tests.engine_support import counted_at
+from tests.engine_support import counted_at, most_within
 from tests.test_flow_control_processes import unique
 from tests.test_handoff_processes import run_workers, stack  # noqa: F401 (the fixture)
 
@@ -26,14 +25,6 @@ def starts_by_id(marker: Path) -> dict[str, float]:
         if name == "slow_start":
             stamped.setdefault(value, float(at))
     return stamped
-
-
-def most_within(instants: list[int], period_ms: int) -> int:
-    """The most of the ascending `instants` (ms) in any trailing period (ms - period_ms, ms]."""
-    return max(
-        (bisect.bisect_right(instants, ms) - bisect.bisect_right(instants, ms - period_ms) for ms in instants),
-        default=0,
-    )
 
 
 def completed(runs: list[str]) -> bool:
