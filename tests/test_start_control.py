@@ -52,6 +52,14 @@ def latest_wins(ctx: Any, input: dict[str, Any]) -> Any:
     return ctx.wait_for_signal("go")
 
 
+@workflow(
+    "sc.max_wait_is_period",
+    debounce={"key": "input.user", "period": timedelta(seconds=2), "max_wait": timedelta(seconds=2)},
+)
+def max_wait_is_period(ctx: Any, input: dict[str, Any]) -> Any:
+    return input["n"]
+
+
 @workflow("sc.one_step", singleton={"key": "input.account", "mode": "skip"})
 def one_step(ctx: Any, input: dict[str, Any]) -> Any:
     return ctx.step(add_one, input["n"])
@@ -144,6 +152,21 @@ def test_max_wait_caps_how_far_starts_push_the_run_back(engine: Engine, clock: M
     first.refresh_from_db()
     assert first.status == RunStatus.COMPLETED and first.output == 4
     assert api.start("sc.capped", {"user": "ann", "n": 5}).pk != first.pk
+
+
+def test_a_max_wait_equal_to_the_period_is_allowed_and_never_lets_starts_push_the_run_back(
+    engine: Engine, clock: MovableClock
+) -> None:
+    """`max_wait` must be at least the period: equal is allowed, and then the run begins one
+    period after the first start, however many starts follow."""
+    poller = TimerPoller(engine)
+    first = api.start("sc.max_wait_is_period", {"user": "ann", "n": 0})
+    clock.advance(seconds=1)
+    assert api.start("sc.max_wait_is_period", {"user": "ann", "n": 1}).pk == first.pk
+    clock.advance(seconds=1)
+    assert poller.tick() == [first.pk]
+    first.refresh_from_db()
+    assert first.status == RunStatus.COMPLETED and first.output == 1
 
 
 def test_the_pending_debounce_lives_in_the_database(engine: Engine, clock: MovableClock) -> None:
