@@ -33,6 +33,12 @@ ADMISSION: dict[str, object] = {"BACKEND": ADMISSION_BACKEND}
 if ADMISSION_BACKEND == "redis":
     # A short instance TTL so tests that SIGKILL a process see its slots come back quickly.
     ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
+if os.environ.get("DURABLE_FLOW_RECORD_STARTS") == "1" and ADMISSION_BACKEND in ("db", "redis"):
+    # Worker processes write every start mark their backend counts to the test's marker file
+    # (tests/engine_support.py), so a rate limit is judged by the backend's own instants.
+    ADMISSION["BACKEND"] = (
+        f"tests.engine_support.Recording{'Database' if ADMISSION_BACKEND == 'db' else 'Redis'}Admission"
+    )
 
 TRANSPORT: dict[str, object] = {"BACKEND": os.environ.get("DURABLE_FLOW_TRANSPORT", "inline")}
 if TRANSPORT["BACKEND"] == "rq" and os.environ.get("DURABLE_FLOW_EAGER_STEPS") == "0":
@@ -47,9 +53,10 @@ DURABLE_FLOW = {
     "QUEUES": [],
     "ADMISSION": ADMISSION,
     "TRANSPORT": TRANSPORT,
-    # TTL_S: 3 s lets process tests see a killed worker die soon; the soak raises it (a starved
-    # worker must not be taken for dead: its steps would re-run with no kill to explain it).
-    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": float(os.environ.get("DURABLE_FLOW_HEARTBEAT_TTL_S", "3"))},
+    # TTL_S: 10 s, as the soak's: on a loaded machine a starved live worker must not be taken for
+    # dead (its steps would re-run with no kill to explain it). Tests that SIGKILL a worker wait
+    # for its death to be seen with a timeout well past the TTL instead.
+    "HEARTBEAT": {"INTERVAL_S": 0.5, "TTL_S": float(os.environ.get("DURABLE_FLOW_HEARTBEAT_TTL_S", "10"))},
     # The chaos soak (tests/reliability/) shortens the recovery timings to settle sooner; browser
     # tests sample every second to see the charts move (the default is 10 s).
     "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),

@@ -205,7 +205,8 @@ def test_the_charts_get_points_from_the_poller_samples(
     page.goto(f"{server.url}/dashboard/workers/")
     live(page)
     page.wait_for_function("document.querySelectorAll('#workers svg.spark polyline').length >= 3", timeout=30000)
-    page.wait_for_selector("#workers article.dead", timeout=30000)
+    # Dimmed once its heartbeat is older than the TTL (10 s in the tests): wait well past it.
+    page.wait_for_selector("#workers article.dead", timeout=90000)
     order = page.eval_on_selector_all("#workers article", "cards => cards.map((c) => c.dataset.worker)")
     page.wait_for_timeout(3000)  # several heartbeats later the cards keep their places
     assert page.eval_on_selector_all("#workers article", "cards => cards.map((c) => c.dataset.worker)") == order

@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from durable_flow import InvalidInput, WorkflowNotFound, start
+from durable_flow import InvalidInput, WorkflowNotFound, start, workflow
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
+from durable_flow.registry import step_backoff
 from tests import workflows
 from tests.conftest import MovableClock, executed
 from tests.engine_support import ManualTransport, manual_engine
+
+
+@workflow("steps.flaky_many_retries")
+def flaky_many_retries(ctx: Any, key: str) -> str:
+    """tests.flaky (backoff 1 s, the default cap) with enough retries to reach the cap."""
+    return ctx.step(workflows.flaky, key, retries=11)
 
 
 def test_each_step_of_a_multi_step_run_executes_once_and_is_checkpointed_once(
@@ -66,6 +74,39 @@ def test_failed_attempts_retry_after_exponentially_growing_backoff(engine: Engin
     assert run.status == RunStatus.COMPLETED and run.output == "ok k"
     assert executed("flaky") == ["k"] * 4
     assert StepCheckpoint.objects.get(run=run, key="1").attempt == 4
+
+
+def test_backoff_doubles_up_to_the_default_cap_of_five_minutes(engine: Engine, clock: MovableClock) -> None:
+    """`@step`'s default `max_backoff` is 5 minutes: after 1, 2, 4, ... 256 s the doubling would
+    give 512 s and 1024 s, and the engine waits exactly 300 s instead; a run is not woken a
+    millisecond before the cap is up."""
+    workflows.FAILURES_LEFT["cap"] = 11
+    poller = TimerPoller(engine)
+    run = start("steps.flaky_many_retries", "cap")
+    waits_s = [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    for failures, wait_s in enumerate(waits_s, start=1):
+        cp = StepCheckpoint.objects.get(run=run, key="1")
+        assert (cp.status, cp.attempt) == (StepStatus.RETRYING, failures)
+        assert cp.wake_at == clock() + timedelta(seconds=wait_s), f"the wait after attempt {failures}"
+        clock.advance(seconds=wait_s - 0.001)
+        assert poller.tick() == []
+        clock.advance(seconds=0.001)
+        assert poller.tick() == [run.id]
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED and run.output == "ok cap"
+    assert executed("flaky") == ["cap"] * 12
+
+
+def test_a_step_no_longer_registered_backs_off_with_the_default_cap() -> None:
+    """A retry decided for a step this process does not know uses the `@step` defaults:
+    1 s doubling, capped at 5 minutes."""
+    assert [step_backoff("tests.not_registered_here", attempt) for attempt in (1, 2, 9, 10, 30)] == [
+        timedelta(seconds=1),
+        timedelta(seconds=2),
+        timedelta(seconds=256),
+        timedelta(minutes=5),
+        timedelta(minutes=5),
+    ]
 
 
 def test_a_step_that_exhausts_its_retries_fails_the_run_with_step_failed(engine: Engine, clock: MovableClock) -> None:

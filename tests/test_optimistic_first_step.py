@@ -6,13 +6,14 @@ re-delivered after a kill, the first-delivery mark): tests/test_rq_transport.py.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durable_flow import cancel, register_queue, start
+from durable_flow import cancel, register_queue, start, workflow
 from durable_flow.engine import Engine, statements
 from durable_flow.engine.optimistic import ProbeGate
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
@@ -22,6 +23,11 @@ from durable_flow.transports.base import Transport
 from durable_flow.transports.rq import RQTransport
 from tests import workflows
 from tests.conftest import MovableClock, local_engine
+
+
+@workflow("opt.fails_once")
+def fails_once(ctx: Any, _: Any) -> None:
+    ctx.step(workflows.always_fails, None, retries=0)
 
 
 class QueuedTurns(Transport):
@@ -136,6 +142,24 @@ def test_a_failed_first_step_with_retries_left_is_recorded_retrying_and_retried_
         (1, AttemptStatus.FAILED),
         (2, AttemptStatus.COMPLETED),
     ]
+
+
+def test_a_failed_first_step_with_no_retries_left_fails_for_good(
+    queued_turns: tuple[Engine, QueuedTurns], clock: MovableClock
+) -> None:
+    """`tests.always_fails` has one retry: its optimistic first attempt is retried; given none
+    (`retries=0` on the call: its last attempt), the failure is final and the run fails."""
+    engine, transport = queued_turns
+    run = start("opt.fails_once", None)
+    transport.turns.clear()
+    assert engine.run_first_turn(run.id, "w1") == RunStatus.FAILED
+    cp = StepCheckpoint.objects.get(run=run)
+    assert (cp.status, cp.attempt, cp.wake_at) == (StepStatus.FAILED, 1, None)
+    (attempt,) = StepAttempt.objects.filter(checkpoint=cp)
+    assert (attempt.status, attempt.worker, attempt.retry_at) == (AttemptStatus.FAILED, "w1", None)
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and run.error["type"] == "durable_flow.exceptions.StepFailed"
+    assert workflows.EXECUTIONS.count(("always_fails", None)) == 1
 
 
 @pytest.mark.parametrize(

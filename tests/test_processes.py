@@ -93,7 +93,7 @@ def test_worker_killed_mid_step_loses_nothing_and_the_run_completes_after_restar
     assert StepCheckpoint.objects.filter(run=run).exists() is not optimistic
     spawn("durable_worker", "--concurrency", "2", env=env)
     wait_for(
-        lambda: WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED, timeout=60, what="run to complete"
+        lambda: WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED, timeout=120, what="run to complete"
     )
     events = Counter(parts[0] for parts in marker_lines(marker))
     assert events == {"slow_start": 2, "slow_end": 1}  # re-executed once more, finished once

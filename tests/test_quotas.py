@@ -20,7 +20,8 @@ from durable_flow.exceptions import InvalidQuota
 from durable_flow.http import quota_limited
 from durable_flow.models import QuotaRefusal, RunStatus, StepCheckpoint, Task, WorkflowRun
 from durable_flow.quotas import count_active
-from tests.conftest import ManagedProcess, wait_for
+from tests.conftest import ManagedProcess, MovableClock, wait_for
+from tests.engine_support import ManualTransport, transport_of
 
 
 def tenant_key(input: dict[str, Any]) -> str | None:
@@ -193,6 +194,43 @@ def test_count_statuses_narrowing_still_counts_pending_runs(manual: Engine) -> N
     start("quota.narrow", "acme", "n1")  # its first turn is queued, not run: pending
     exc = refused("quota.narrow", "acme")
     assert exc.active == 1
+
+
+@pytest.fixture(params=["local", "db"])
+def manual_on(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Engine:
+    """A `ManualTransport` engine (a step stays in flight until the test runs it) on `local` or
+    `db` admission."""
+    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.conf import get_settings
+    from durable_flow.engine import set_engine
+
+    admission = (
+        LocalAdmissionBackend(clock=lambda: clock.ms)
+        if request.param == "local"
+        else DatabaseAdmissionBackend(clock=lambda: clock.ms)
+    )
+    engine = Engine(admission=admission, transport=ManualTransport(), settings=get_settings(), clock=clock)
+    set_engine(engine)
+    return engine
+
+
+def test_a_cancelling_run_holds_its_slot_until_it_is_cancelled(manual_on: Engine) -> None:
+    """`cancelling` is among the counted statuses: a run cancelled mid-step still counts until its
+    step's result lands and it becomes `cancelled`; then the slot is free."""
+    transport = transport_of(manual_on)
+    solo = {"key": "solo", "limit": 1}
+    run = api.start("tests.three_steps", 1, quota=solo)
+    transport.run_turns()
+    job = transport.take("1")
+    assert api.cancel(run.pk).status == RunStatus.CANCELLING
+    with pytest.raises(ConcurrencyLimitError) as info:
+        api.start("tests.three_steps", 2, quota=solo)
+    assert (info.value.active, info.value.limit) == (1, 1)
+    assert WorkflowRun.objects.filter(concurrency_key="solo").count() == 1
+    transport.execute(job)
+    assert status(run.pk) == RunStatus.CANCELLED
+    assert api.start("tests.three_steps", 2, quota=solo).concurrency_key == "solo"
 
 
 def test_a_workflows_string_key_is_a_cel_expression_over_the_input(engine: Engine) -> None:
@@ -455,7 +493,7 @@ def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
     assert status(run.pk) == RunStatus.PENDING  # its first step ran optimistically: nothing written yet
     assert refused("tests.slow_one", None, quota=solo).active == 1  # counted by its status, nothing else
     spawn("durable_worker", "--concurrency", "2", env=env)
-    wait_for(lambda: status(run.pk) == RunStatus.COMPLETED, timeout=60, what="run to complete")
+    wait_for(lambda: status(run.pk) == RunStatus.COMPLETED, timeout=120, what="run to complete")
     assert count_active("solo") == 0
     assert api.start("tests.slow_one", {"id": "next", "seconds": 0}, quota=solo).concurrency_key == "solo"
 

@@ -21,7 +21,9 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests.conftest import ManagedProcess, MovableClock, wait_for
+from tests.engine_support import transport_of
 from tests.test_quotas import db_engine  # noqa: F401 - the fixture: starts runs on the db transport
+from tests.workflows import add_one
 
 BEGUN: list[Any] = []
 
@@ -48,6 +50,24 @@ def only_one(ctx: Any, input: dict[str, Any]) -> Any:
 @workflow("sc.latest_wins", singleton={"key": "input.account", "mode": "cancel"})
 def latest_wins(ctx: Any, input: dict[str, Any]) -> Any:
     return ctx.wait_for_signal("go")
+
+
+@workflow(
+    "sc.max_wait_is_period",
+    debounce={"key": "input.user", "period": timedelta(seconds=2), "max_wait": timedelta(seconds=2)},
+)
+def max_wait_is_period(ctx: Any, input: dict[str, Any]) -> Any:
+    return input["n"]
+
+
+@workflow("sc.one_step", singleton={"key": "input.account", "mode": "skip"})
+def one_step(ctx: Any, input: dict[str, Any]) -> Any:
+    return ctx.step(add_one, input["n"])
+
+
+@workflow("sc.one_step_latest_wins", singleton={"key": "input.account", "mode": "cancel"})
+def one_step_latest_wins(ctx: Any, input: dict[str, Any]) -> Any:
+    return ctx.step(add_one, input["n"])
 
 
 @workflow(
@@ -132,6 +152,21 @@ def test_max_wait_caps_how_far_starts_push_the_run_back(engine: Engine, clock: M
     first.refresh_from_db()
     assert first.status == RunStatus.COMPLETED and first.output == 4
     assert api.start("sc.capped", {"user": "ann", "n": 5}).pk != first.pk
+
+
+def test_a_max_wait_equal_to_the_period_is_allowed_and_never_lets_starts_push_the_run_back(
+    engine: Engine, clock: MovableClock
+) -> None:
+    """`max_wait` must be at least the period: equal is allowed, and then the run begins one
+    period after the first start, however many starts follow."""
+    poller = TimerPoller(engine)
+    first = api.start("sc.max_wait_is_period", {"user": "ann", "n": 0})
+    clock.advance(seconds=1)
+    assert api.start("sc.max_wait_is_period", {"user": "ann", "n": 1}).pk == first.pk
+    clock.advance(seconds=1)
+    assert poller.tick() == [first.pk]
+    first.refresh_from_db()
+    assert first.status == RunStatus.COMPLETED and first.output == 1
 
 
 def test_the_pending_debounce_lives_in_the_database(engine: Engine, clock: MovableClock) -> None:
@@ -228,6 +263,48 @@ def test_a_replacing_start_refused_by_its_quota_leaves_the_run_in_progress(engin
     assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.SUSPENDED
     assert {run.pk for run in runs("sc.latest_wins")} == {first.pk, holder.pk}
     assert ("sc.latest_wins", "replaced") not in start_outcomes()
+
+
+def test_skip_counts_a_pending_run_as_in_progress(manual: Engine) -> None:
+    first = api.start("sc.one_step", {"account": "a1", "n": 1})
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.PENDING  # its first turn is queued
+    assert api.start("sc.one_step", {"account": "a1", "n": 2}).pk == first.pk
+    assert len(runs("sc.one_step")) == 1
+
+
+def test_skip_counts_a_run_whose_step_executes_as_in_progress(manual: Engine) -> None:
+    first = api.start("sc.one_step", {"account": "a1", "n": 1})
+    transport_of(manual).run_turns()
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.RUNNING
+    assert api.start("sc.one_step", {"account": "a1", "n": 2}).pk == first.pk
+    assert len(runs("sc.one_step")) == 1
+
+
+def test_skip_does_not_count_a_cancelling_run_as_in_progress(manual: Engine) -> None:
+    """A run cancelled mid-step only waits for its ignored result: a new start makes a new run."""
+    transport = transport_of(manual)
+    first = api.start("sc.one_step", {"account": "a1", "n": 1})
+    transport.run_turns()
+    assert api.cancel(first.pk).status == RunStatus.CANCELLING
+    second = api.start("sc.one_step", {"account": "a1", "n": 2})
+    assert second.pk != first.pk and getattr(second, "start_outcome", None) is None
+    assert ("sc.one_step", "skipped") not in start_outcomes()
+    transport.run_all()
+    assert [(run.status, run.output) for run in runs("sc.one_step")] == [
+        (RunStatus.CANCELLED, None),
+        (RunStatus.COMPLETED, 3),
+    ]
+
+
+def test_cancel_mode_leaves_a_cancelling_run_alone_and_counts_no_replacement(manual: Engine) -> None:
+    transport = transport_of(manual)
+    first = api.start("sc.one_step_latest_wins", {"account": "a1", "n": 1})
+    transport.run_turns()
+    assert api.cancel(first.pk).status == RunStatus.CANCELLING
+    second = api.start("sc.one_step_latest_wins", {"account": "a1", "n": 2})
+    assert second.pk != first.pk
+    assert WorkflowRun.objects.get(pk=first.pk).status == RunStatus.CANCELLING  # still waiting for its step
+    assert ("sc.one_step_latest_wins", "replaced") not in start_outcomes()
 
 
 # -- bad declarations and bad keys ----------------------------------------------------------------

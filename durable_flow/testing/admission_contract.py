@@ -264,6 +264,80 @@ class AdmissionBackendContract(HandoffContract, KeyedLimitsContract):
         clock.set(first + 1000)
         assert self.ask(backend, name, "c/1").admitted
 
+    def test_a_fixed_window_counts_its_first_and_last_ms_and_nothing_before(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """A fixed window is [k * period, (k + 1) * period): an admission at its last ms fills
+        it, one at its first ms is in it, and the next window counts neither."""
+        backend.register(QueueConfig(name=name, rate_limit=RateLimit(limit=2, period_ms=1000)))
+        first_window = clock() - clock() % 1000
+        clock.set(first_window + 400)
+        assert self.ask(backend, name, "a/1").admitted
+        clock.set(first_window + 999)
+        assert self.ask(backend, name, "b/1").admitted  # the window's last ms
+        blocked = self.ask(backend, name, "c/1")
+        assert not blocked.admitted and blocked.retry_at_ms == first_window + 1000
+        clock.set(first_window + 1000)  # the next window's first ms counts neither a nor b
+        assert self.ask(backend, name, "c/1").admitted
+        clock.set(first_window + 1999)
+        assert self.ask(backend, name, "d/1").admitted
+        blocked = self.ask(backend, name, "e/1")  # c, at the first ms, still counts
+        assert not blocked.admitted and blocked.retry_at_ms == first_window + 2000
+        clock.set(first_window + 2000)
+        assert self.ask(backend, name, "e/1").admitted and self.ask(backend, name, "f/1").admitted
+        blocked = self.ask(backend, name, "g/1")
+        assert not blocked.admitted and blocked.retry_at_ms == first_window + 3000
+
+    def test_a_sliding_window_frees_each_admission_exactly_one_period_after_it(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """Every admission counts for exactly `period` ms (from t to t + period - 1): each
+        later one frees its place at its own expiry, not the oldest's."""
+        backend.register(QueueConfig(name=name, rate_limit=RateLimit(limit=2, period_ms=1000, algorithm="sliding")))
+        a = clock()
+        assert self.ask(backend, name, "a/1").admitted
+        clock.set(a + 300)
+        assert self.ask(backend, name, "b/1").admitted
+        clock.set(a + 999)
+        blocked = self.ask(backend, name, "c/1")
+        assert not blocked.admitted and blocked.retry_at_ms == a + 1000
+        clock.set(a + 1000)
+        assert self.ask(backend, name, "c/1").admitted  # a expired; b (a + 300) still counts
+        clock.set(a + 1299)
+        blocked = self.ask(backend, name, "d/1")
+        assert not blocked.admitted and blocked.retry_at_ms == a + 1300
+        clock.set(a + 1300)
+        assert self.ask(backend, name, "d/1").admitted  # b expired at its own period's end
+        clock.set(a + 1999)
+        blocked = self.ask(backend, name, "e/1")
+        assert not blocked.admitted and blocked.retry_at_ms == a + 2000
+        clock.set(a + 2000)
+        assert self.ask(backend, name, "e/1").admitted
+
+    def test_a_sliding_admission_one_period_old_no_longer_blocks(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """At the instant an admission is one period old the window has room again: a call the
+        cap holds back then is told `concurrency`, not `rate_limited` until that instant."""
+        backend.register(
+            QueueConfig(
+                name=name,
+                concurrency=2,
+                retry_ms=100,
+                rate_limit=RateLimit(limit=2, period_ms=1000, algorithm="sliding"),
+            )
+        )
+        a = clock()
+        assert self.ask(backend, name, "a/1").admitted
+        clock.set(a + 500)
+        assert self.ask(backend, name, "b/1").admitted
+        clock.set(a + 999)
+        held = self.ask(backend, name, "c/1")
+        assert (held.reason, held.retry_at_ms) == ("rate_limited", a + 1000)
+        clock.set(a + 1000)
+        held = self.ask(backend, name, "c/1")
+        assert (held.reason, held.retry_at_ms) == ("concurrency", a + 1100)
+
     def test_rate_limit_blocks_every_priority_equally(self, backend: AdmissionBackend, name: str) -> None:
         backend.register(QueueConfig(name=name, rate_limit=RateLimit(limit=1, period_ms=60_000)))
         assert self.ask(backend, name, "a/1").admitted

@@ -51,6 +51,18 @@ class KeyedLimitsContract:
         clock.advance(1000)  # the next fixed window
         assert backend.grant(name).tickets == ("a2/1",)
 
+    def test_priority_decides_a_grant_on_a_queue_with_per_key_limits(
+        self, backend: AdmissionBackend, clock: FakeClock, name: str
+    ) -> None:
+        """A queue with per-key limits picks among the keys with room by rank, as any queue:
+        the higher priority first, whatever the arrival order or key."""
+        backend.register(QueueConfig(name=name, concurrency=1, key_rate_limit=RateLimit(limit=5, period_ms=1000)))
+        assert self.ask_key(backend, name, "holder/1", "A").admitted
+        assert not self.ask_key(backend, name, "low/1", "B").admitted
+        assert not self.ask_key(backend, name, "high/1", "C", priority=10).admitted
+        assert backend.release(name, "holder/1").tickets == ("high/1",)
+        assert backend.release(name, "high/1").tickets == ("low/1",)
+
     def test_the_grant_timer_is_told_when_the_first_blocked_key_reopens(
         self, backend: AdmissionBackend, clock: FakeClock, name: str
     ) -> None:
