@@ -291,7 +291,7 @@ def test_a_busy_key_does_not_cost_a_scan_per_decision(
 
 
 #: At most this many Redis commands, and elements read or written, per call of the admission
-#: script in `test_a_busy_key_does_not_cost_a_scan_per_decision` (a decision there costs tens).
+#: script in `test_a_busy_key_does_not_cost_a_scan_per_decision`, far below the busy tenant's 5,000 waiters.
 SCRIPT_COST_BOUND = 100
 #: Commands that read or rewrite a whole structure: they touch as many elements as it held.
 WHOLE_STRUCTURE = {
