@@ -53,3 +53,9 @@ def queued(ctx: Any, payload: dict[str, Any]) -> Any:
 def queued_free(ctx: Any, payload: dict[str, Any]) -> Any:
     """One step per account at a time (its key expression is changed by a test)."""
     return ctx.step(slow, payload)
+
+
+@workflow("sc.fan_deadline", concurrency=2)
+def fan_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """Three parallel steps with a 5 s timeout, two at a time: the third starts on a freed slot."""
+    return ctx.all(slow, [{**payload, "id": f"{payload['id']}-{i}"} for i in range(3)], timeout=timedelta(seconds=5))

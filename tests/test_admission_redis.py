@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +264,13 @@ def test_changing_fairness_and_order_rebuilds_the_line(make: Callable[..., Redis
     assert ask(backend, "q", "b/1", fairness_key="B").admitted
 
 
-def test_a_busy_key_does_not_cost_a_scan_per_decision(make: Callable[..., RedisAdmissionBackend]) -> None:
+def test_a_busy_key_does_not_cost_a_scan_per_decision(
+    make: Callable[..., RedisAdmissionBackend], client: redis.Redis
+) -> None:
     """5,000 waiters of one tenant behind 1 of another: re-serving the busy tenant re-files one
-    group, and the other tenant still wins its turn (fairness="key" at scale)."""
+    group, and the other tenant still wins its turn (fairness="key" at scale). Every decision and
+    release costs the script a few commands on a few elements, however many waiters the busy
+    tenant has: counted from what Redis's MONITOR shows the script doing, not from a stopwatch."""
     backend = make(clock=FakeClock())
     backend.register(QueueConfig(name="q", concurrency=1, fairness="key"))
     assert ask(backend, "q", "first/1", fairness_key="busy").admitted
@@ -273,18 +279,92 @@ def test_a_busy_key_does_not_cost_a_scan_per_decision(make: Callable[..., RedisA
         backend._script(keys=backend.queue_keys("q"), args=_admit_args(backend, f"b{i}/1", "busy"), client=pipe)
     pipe.execute()
     assert not ask(backend, "q", "quiet/1", fairness_key="quiet").admitted
-    backend.release("q", "first/1")
-    started = time.perf_counter()
-    assert not ask(backend, "q", "b2500/1", fairness_key="busy").admitted  # quiet was never served
-    assert time.perf_counter() - started < 0.05
+    watch = partial(script_cost, client, backend.prefix)
+    assert watch(partial(backend.release, "q", "first/1")).tickets == ("quiet/1",)  # quiet was never served
+    assert not watch(partial(ask, backend, "q", "b2500/1", fairness_key="busy")).admitted
     assert ask(backend, "q", "quiet/1", fairness_key="quiet").admitted
-    backend.release("q", "quiet/1")
+    assert watch(partial(backend.release, "q", "quiet/1")).tickets == ("b0/1",)  # re-serves busy
     assert ask(backend, "q", "b0/1", fairness_key="busy").admitted
-    backend.release("q", "b0/1")
-    started = time.perf_counter()
-    for _ in range(20):  # busy is re-served each time: no rewrite of its 5,000 waiters
-        assert not ask(backend, "q", "b4000/1", fairness_key="busy").admitted
-    assert (time.perf_counter() - started) / 20 < 0.01
+    for n in range(1, 4):  # busy is re-served each time: no rewrite of its 5,000 waiters
+        assert watch(partial(backend.release, "q", f"b{n - 1}/1")).tickets == (f"b{n}/1",)
+        assert not watch(partial(ask, backend, "q", "b4000/1", fairness_key="busy")).admitted
+
+
+#: At most this many Redis commands, and elements read or written, per call of the admission
+#: script in `test_a_busy_key_does_not_cost_a_scan_per_decision`, far below the busy tenant's 5,000 waiters.
+SCRIPT_COST_BOUND = 100
+#: Commands that read or rewrite a whole structure: they touch as many elements as it held.
+WHOLE_STRUCTURE = {
+    "HGETALL", "HKEYS", "HVALS", "SMEMBERS", "DEL", "UNLINK", "RENAME", "COPY", "DUMP", "RESTORE", "SORT",
+    "ZRANGESTORE", "ZUNIONSTORE", "ZINTERSTORE", "ZDIFFSTORE", "ZUNION", "ZINTER", "ZDIFF", "HSCAN", "ZSCAN",
+    "SSCAN", "SCAN", "KEYS",
+}  # fmt: skip
+_MONITOR_ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"a": b"\a", b"b": b"\b"}
+
+
+def _monitor_args(line: bytes) -> list[bytes]:
+    """The arguments of one MONITOR line (Redis quotes each and escapes it like `sdscatrepr`)."""
+    args = []
+    for quoted in _MONITOR_ARG.findall(line.split(b"] ", 1)[1]):
+        out, i = bytearray(), 0
+        while i < len(quoted):
+            if quoted[i : i + 1] == b"\\" and quoted[i + 1 : i + 2] == b"x":
+                out += bytes([int(quoted[i + 2 : i + 4], 16)])
+                i += 4
+            elif quoted[i : i + 1] == b"\\":
+                out += _ESCAPES.get(quoted[i + 1 : i + 2], quoted[i + 1 : i + 2])
+                i += 2
+            else:
+                out += quoted[i : i + 1]
+                i += 1
+        args.append(bytes(out))
+    return args
+
+
+def _sizes(client: redis.Redis, prefix: str) -> dict[bytes, int]:
+    """How many elements each key under `prefix` holds."""
+    size = {b"zset": client.zcard, b"hash": client.hlen, b"set": client.scard, b"list": client.llen}
+    return {
+        key: size[kind](key) if (kind := client.type(key)) in size else 1
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000)
+    }
+
+
+def _elements(client: redis.Redis, args: list[bytes], before: dict[bytes, int], after: dict[bytes, int]) -> int:
+    """How many elements one command of the script read or wrote (an upper bound)."""
+    name = args[0].upper().decode()
+    if name in WHOLE_STRUCTURE:
+        return sum(before.get(key, 0) for key in args[1:]) or 1
+    if b"LIMIT" in (arg.upper() for arg in args):
+        return int(args[-1])
+    if name in ("ZRANGEBYLEX", "ZREVRANGEBYLEX"):
+        low, high = (args[2], args[3]) if name == "ZRANGEBYLEX" else (args[3], args[2])
+        return int(client.zlexcount(args[1], low, high))  # the range's size once the call is over
+    if name.startswith("ZREMRANGEBY") or name in ("ZRANGE", "ZREVRANGE", "ZRANGEBYSCORE", "ZREVRANGEBYSCORE"):
+        return max(before.get(args[1], 0), after.get(args[1], 0))  # could have been the whole set
+    return max(1, len(args) - 2)
+
+
+def script_cost(client: redis.Redis, prefix: str, call: Callable[[], Any]) -> Any:
+    """Run `call` (one call of the admission script) under MONITOR and assert that the commands
+    the script ran, and the elements they read or wrote, stay under `SCRIPT_COST_BOUND`."""
+    before = _sizes(client, prefix)
+    sentinel = f"end-of-{uuid.uuid4().hex}".encode()
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    monitor = client.monitor()
+    with monitor:
+        result = call()
+        client.echo(sentinel)
+        commands = []
+        while sentinel not in (line := monitor.connection.read_response()):
+            if f"[{db} lua]".encode() in line:
+                commands.append(_monitor_args(line))
+    after = _sizes(client, prefix)
+    costs = sorted(((_elements(client, args, before, after), args) for args in commands), reverse=True)
+    assert commands and len(commands) <= SCRIPT_COST_BOUND, f"{len(commands)} commands: {commands[:5]}..."
+    assert sum(cost for cost, _ in costs) <= SCRIPT_COST_BOUND, f"the costliest: {costs[:3]}"
+    return result
 
 
 def _admit_args(backend: RedisAdmissionBackend, ticket: str, key: str) -> list[Any]:
@@ -370,8 +450,8 @@ def test_four_processes_never_exceed_the_cap_or_the_sliding_window(
     times = sorted(int(x) for x in client.lrange(common["log"], 0, -1))
     violations = [i for i in range(len(times) - limit) if times[i + limit] - times[i] < period]
     assert not violations, f"{limit + 1} admissions within {period} ms at {times[violations[0]]}"
-    expected = limit * (times[-1] - times[0]) / period
-    assert len(times) >= 0.8 * expected and len(times) > 100  # and the window keeps admitting
+    # And the window reopens under load (its rate against the limit is bench/contention.py's).
+    assert len(times) > 2 * limit
 
 
 def test_a_killed_process_slots_are_reclaimed_within_the_instance_ttl(

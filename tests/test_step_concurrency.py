@@ -7,6 +7,7 @@ import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -176,6 +177,27 @@ def test_parallel_steps_take_a_slot_each(manual_sc: Engine) -> None:
     transport.run_all(on_step=watch)
     assert peak == 3
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+
+
+def test_a_step_started_on_a_freed_slot_keeps_the_run_due_at_the_earliest_deadline(
+    manual_sc: Engine, clock: MovableClock
+) -> None:
+    """A run is woken by the earliest deadline of its steps in flight: a step granted a slot
+    later (its deadline later) leaves the run due at the deadline of the one still running."""
+    from durable_flow.poller import TimerPoller
+
+    transport = transport_of(manual_sc)
+    run = start("sc.fan_deadline", {"seconds": 0, "id": "d"})
+    transport.run_turns()
+    first_deadline = clock() + timedelta(seconds=5)
+    assert executing() == 2
+    clock.advance(seconds=1)
+    transport.execute(transport.steps.pop(0))  # frees a slot: the third step starts, due at +6 s
+    assert executing() == 2
+    run.refresh_from_db()
+    assert run.wake_at == first_deadline
+    clock.advance(seconds=4)
+    assert TimerPoller(manual_sc).tick() == [run.id]  # the step still running from the start timed out
 
 
 def test_two_constraints_hold_together(manual_sc: Engine) -> None:
