@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durable_flow.exceptions import InvalidInput
-from durable_flow.validation import max_length, storable_text
+from durable_flow.limits import RUN_ID_LENGTH
+from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 def _run_id(run_id: object) -> str:
     """A run id the database can look up; `InvalidInput` otherwise (never a bare DataError)."""
 
-    return storable_text(run_id, "run_id", max_length("WorkflowRun", "id"))
+    return storable_text(run_id, "run_id", RUN_ID_LENGTH)
 
 
 def start(

@@ -16,10 +16,11 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from asgiref.sync import async_to_sync
 
 from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
+from durable_flow.limits import STEP_NAME_LENGTH, VERSION_LENGTH, WORKFLOW_NAME_LENGTH
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.start_control import StartControl, parse_start_control
 from durable_flow.step_concurrency import ConcurrencySpec, parse_concurrency
-from durable_flow.validation import MAX_COUNT, duration_problem, max_length, number_problem, storable_text
+from durable_flow.validation import MAX_COUNT, duration_problem, number_problem, storable_text
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -120,11 +121,11 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
 
 
 #: Where each kind of registered name is stored, so its length limit is that column's.
-NAME_FIELDS = {"workflow": ("WorkflowRun", "workflow"), "step": ("StepCheckpoint", "name")}
+NAME_LENGTHS = {"workflow": WORKFLOW_NAME_LENGTH, "step": STEP_NAME_LENGTH}
 
 
 def _check_name(name: object, what: str) -> str:
-    longest = max_length(*NAME_FIELDS[what])
+    longest = NAME_LENGTHS[what]
     if not isinstance(name, str) or not name.strip() or len(name) > longest:
         raise RegistrationError(
             f"a {what} name must be a non-empty string of at most {longest} characters, got {name!r}"
@@ -137,7 +138,7 @@ def _check_version(workflow: str, version: object) -> None:
     where = f"workflow {workflow!r}: version"
     if isinstance(version, str):
         try:
-            storable_text(version, where, max_length("WorkflowRun", "version"))
+            storable_text(version, where, VERSION_LENGTH)
         except InvalidInput as exc:
             raise RegistrationError(str(exc)) from None
     elif problem := number_problem(version, minimum=-MAX_COUNT, maximum=MAX_COUNT, integer=True):

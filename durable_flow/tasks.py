@@ -37,10 +37,11 @@ from durable_flow.exceptions import (
     RunNotFound,
     TaskNotDeclared,
 )
+from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
-from durable_flow.validation import bounded_depth, max_length, storable_text
+from durable_flow.validation import bounded_depth, storable_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -241,7 +242,7 @@ class DurableFlowBackend(BaseTaskBackend):
         A valid task is declared: a task run may call it (`declared_tasks`)."""
         super().validate_task(task)
         try:
-            storable_text(task.queue_name, "queue_name", max_length("StepCheckpoint", "queue"))
+            storable_text(task.queue_name, "queue_name", QUEUE_NAME_LENGTH)
         except InvalidInput as exc:
             raise InvalidTaskError(str(exc)) from None
         declare(task)
