@@ -29,7 +29,6 @@ from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict, resized_windows
 from durable_flow.registry import get_step, get_workflow
-from durable_flow.task_runner import TASK_WORKFLOW, task_start_control
 from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
@@ -155,8 +154,7 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
     key in progress (a task run's: its task's) is `RetryRefused`; a full start quota is
     `ConcurrencyLimitError` (checked with the run's plan from `plans`, else planned now: a
     retried child's)."""
-    control = task_start_control(run.input) if run.workflow == TASK_WORKFLOW else definition.start_control
-    other = start_control.retry_conflict(control, run)
+    other = start_control.retry_conflict(definition.control_for(run.input), run)
     if other is not None:
         raise RetryRefused(
             f"run {run.pk!r}: run {other!r} of its singleton key {run.start_key!r} is in progress; "

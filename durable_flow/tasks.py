@@ -40,7 +40,14 @@ from durable_flow.exceptions import (
 from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
-from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
+from durable_flow.task_runner import (
+    QUOTA_ATTRIBUTE,
+    START_CONTROL_ATTRIBUTE,
+    TASK_STEP,
+    TASK_WORKFLOW,
+    start_gate,
+    start_quota,
+)
 from durable_flow.validation import bounded_depth, storable_text
 
 if TYPE_CHECKING:
@@ -79,8 +86,6 @@ __all__ = [
 ]
 
 F = TypeVar("F")
-QUOTA_ATTRIBUTE = "__durable_flow_quota__"
-START_CONTROL_ATTRIBUTE = "__durable_flow_start_control__"
 
 
 def quota(
@@ -164,35 +169,6 @@ def _declare_start_control(debounced: dict[str, Any] | None, single: dict[str, A
         return target
 
     return declare
-
-
-def _start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> start_control.StartGate | None:
-    """This call's debounce or singleton, its key evaluated (`InvalidInput` if not a string)."""
-    control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
-    if control is None:
-        return None
-    call = {"args": list(args), "kwargs": dict(kwargs)}
-    return start_control.evaluate(control, call, result_id, TASK_WORKFLOW, task=task.module_path)
-
-
-def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
-    """The per-start quota of this call (its key resolved), or None when it is unlimited."""
-    spec: QuotaSpec | None = getattr(task.func, QUOTA_ATTRIBUTE, None)
-    if spec is None:
-        return None
-    key = spec.resolve_key({"args": list(args), "kwargs": dict(kwargs)})
-    if key is None:
-        return None
-    return QuotaSpec(key=key, limit=spec.limit, count_statuses=spec.count_statuses)
-
-
-def start_checks(
-    task: Task, payload: Mapping[str, Any], run_id: str
-) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
-    """The start quota and the debounce or singleton a new run `run_id` of this stored call
-    passes (a re-run of a task run), as `enqueue` checks them for the call."""
-    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
-    return _start_quota(task, args, kwargs), _start_gate(task, args, kwargs, run_id)
 
 
 class StoredTaskError(TaskError):
@@ -295,8 +271,8 @@ class DurableFlowBackend(BaseTaskBackend):
                 payload,
                 run_id=result_id,
                 tags=[f"task:{task.module_path}"],
-                quota=_start_quota(task, result.args, result.kwargs),
-                gate=_start_gate(task, result.args, result.kwargs, result_id),
+                quota=start_quota(task, result.args, result.kwargs),
+                gate=start_gate(task, result.args, result.kwargs, result_id),
                 priority=task.priority,  # the first turn's: uncontended tasks run by priority too
             )
         except ConcurrencyLimitError as exc:
@@ -332,6 +308,12 @@ class DurableFlowBackend(BaseTaskBackend):
                 hint="Add 'durable_flow' to INSTALLED_APPS: tasks run as its workflows, on its workers.",
                 id="durable_flow.tasks.E001",
             )
+
+    def call_declared_task(self, payload: Mapping[str, Any], func: Callable[..., Any]) -> Any:
+        """Run one call of a task this backend declared, inside its run's step (the built-in
+        workflow's, `task_runner`): `call_task_function`. Also what tells `declared_tasks` a
+        task of this backend from another backend's."""
+        return call_task_function(payload, func)
 
     def _result(self, run: WorkflowRun, running: StepInfo | None = None) -> TaskResult:
         """The task's result as `run`'s rows tell it; `running` is the attempt executing now in
