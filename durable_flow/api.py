@@ -1,18 +1,23 @@
-"""The public API. Each function uses this process's engine (built from settings)."""
+"""The public API. Each function uses this process's engine (built from settings).
+
+The engine, the models and `operations` are imported inside the functions: the package imports
+this module before Django's app registry is ready, when no model may be imported yet.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from durable_flow.exceptions import InvalidInput
+from durable_flow.exceptions import InvalidInput, RunNotFound
 from durable_flow.limits import RUN_ID_LENGTH
+from durable_flow.queues import QueueConfig
 from durable_flow.registry import WorkflowDefinition, get_workflow, startable_workflow
 from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
-    from durable_flow.queues import QueueConfig, RateLimit
+    from durable_flow.queues import RateLimit
     from durable_flow.quotas import QuotaSpec
     from durable_flow.start_control import StartGate
 
@@ -55,7 +60,6 @@ def cancel(run_id: str) -> WorkflowRun:
 
 def get_run(run_id: str) -> WorkflowRun:
     """The run with that id, or `RunNotFound`."""
-    from durable_flow.exceptions import RunNotFound
     from durable_flow.models import WorkflowRun
 
     try:
@@ -133,7 +137,6 @@ def register_queue(
     """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values.
     `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window."""
     from durable_flow.engine import get_engine
-    from durable_flow.queues import QueueConfig
 
     config = QueueConfig.build(
         name=name,

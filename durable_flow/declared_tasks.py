@@ -21,6 +21,10 @@ import threading
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from django.apps import apps
+from django.utils.module_loading import module_has_submodule
+
+from durable_flow.conf import get_settings
 from durable_flow.exceptions import TaskNotDeclared
 
 if TYPE_CHECKING:
@@ -88,11 +92,6 @@ def _runs_declared_tasks(backend: object) -> bool:
 
 def _declaring_modules() -> list[str]:
     """`DURABLE_FLOW["WORKFLOWS"]`, then the `tasks` module of each installed app that has one."""
-    from django.apps import apps
-    from django.utils.module_loading import module_has_submodule
-
-    from durable_flow.conf import get_settings
-
     names = list(get_settings().workflows)
     for config in apps.get_app_configs():
         if module_has_submodule(config.module, "tasks"):

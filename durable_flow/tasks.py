@@ -30,6 +30,7 @@ from durable_flow import api, queries, start_control
 from durable_flow.conf import get_settings
 from durable_flow.current import StepInfo, step_or_none
 from durable_flow.declared_tasks import declare, declared_task
+from durable_flow.engine import get_engine
 from durable_flow.exceptions import (
     ConcurrencyLimitError,
     InvalidInput,
@@ -261,8 +262,6 @@ class DurableFlowBackend(BaseTaskBackend):
             "backend": self.alias,
             "result_id": result_id,
         }
-        from durable_flow.engine import get_engine
-
         try:
             # `start` is atomic on its own (run + first turn), and outside the caller's
             # transaction a refusal is counted in `QuotaRefusal` like any other.
@@ -380,8 +379,6 @@ def _task_for(payload: Mapping[str, Any]) -> Task:
         target = declared_task(payload.get("task"))
     except TaskNotDeclared as exc:
         raise TaskResultDoesNotExist(str(exc)) from None
-    from datetime import datetime
-
     run_after = datetime.fromisoformat(payload["run_after"]) if payload.get("run_after") else None
     return target.using(priority=payload.get("priority"), queue_name=payload.get("queue"), run_after=run_after)
 
