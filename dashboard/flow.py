@@ -19,8 +19,9 @@ from django.utils import timezone
 from durable_flow.conf import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.exceptions import InvalidInput
+from durable_flow.limits import QUEUE_NAME_LENGTH, WORKFLOW_NAME_LENGTH
 from durable_flow.models import FlowQueue, StepCheckpoint, StepStatus, WorkerHeartbeat
-from durable_flow.validation import max_length, number_problem, storable_text
+from durable_flow.validation import number_problem, storable_text
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 #: Dots drawn per zone; the rest are counted ("+120 more").
@@ -53,8 +54,8 @@ def burst_problem(value: object) -> str | None:
         return f"DASHBOARD_BURST: unknown key(s) {', '.join(unknown)}"
     config = {**DEFAULT_BURST, **value}
     try:
-        storable_text(config["WORKFLOW"], 'DASHBOARD_BURST["WORKFLOW"]', max_length("WorkflowRun", "workflow"))
-        storable_text(config["QUEUE"], 'DASHBOARD_BURST["QUEUE"]', max_length("FlowQueue", "name"))
+        storable_text(config["WORKFLOW"], 'DASHBOARD_BURST["WORKFLOW"]', WORKFLOW_NAME_LENGTH)
+        storable_text(config["QUEUE"], 'DASHBOARD_BURST["QUEUE"]', QUEUE_NAME_LENGTH)
     except InvalidInput as exc:
         return str(exc)
     problem = number_problem(config["SIZE"], minimum=1, maximum=MAX_BURST, integer=True, unit="runs")

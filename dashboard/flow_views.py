@@ -17,8 +17,9 @@ from durable_flow import api
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.http import error_response
+from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import FlowQueue
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import storable_text
 
 
 def _shown_burst() -> dict[str, Any]:
@@ -33,7 +34,7 @@ def _shown_burst() -> dict[str, Any]:
 def _queue(request: HttpRequest) -> str:
     """The `?queue=` to show; `InvalidInput` for a name no queue can have (a NUL, over-long)."""
     queue = request.GET.get("queue") or _shown_burst()["QUEUE"]
-    return storable_text(queue, "queue", max_length("FlowQueue", "name"))
+    return storable_text(queue, "queue", QUEUE_NAME_LENGTH)
 
 
 @staff_page

@@ -25,9 +25,10 @@ from durable_flow.admin_bulk import BulkByFilterMixin
 from durable_flow.audit import record_operation
 from durable_flow.conf import get_settings
 from durable_flow.exceptions import DurableFlowError, InvalidInput
+from durable_flow.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.registry import startable_workflows
-from durable_flow.validation import MAX_JSON_DEPTH, StrictJSONDecoder, bounded_depth, max_length, storable_text
+from durable_flow.validation import MAX_JSON_DEPTH, StrictJSONDecoder, bounded_depth, storable_text
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 
 
@@ -60,7 +61,7 @@ class StartForm(forms.Form):
     workflow = forms.ChoiceField(choices=())
     input = JSONInputField(required=False, help_text='JSON, e.g. {"account": 42}')
     run_id = forms.CharField(
-        required=False, max_length=max_length("WorkflowRun", "id"), help_text="Optional; makes the start idempotent."
+        required=False, max_length=RUN_ID_LENGTH, help_text="Optional; makes the start idempotent."
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -71,7 +72,7 @@ class StartForm(forms.Form):
 class SignalForm(forms.Form):
     """Send a named signal with a JSON payload."""
 
-    name = forms.CharField(max_length=max_length("Signal", "name"))
+    name = forms.CharField(max_length=SIGNAL_NAME_LENGTH)
     payload = JSONInputField(required=False)
 
 

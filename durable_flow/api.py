@@ -1,25 +1,31 @@
-"""The public API. Each function uses this process's engine (built from settings)."""
+"""The public API. Each function uses this process's engine (built from settings).
+
+The engine, the models and `operations` are imported inside the functions: the package imports
+this module before Django's app registry is ready, when no model may be imported yet.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from durable_flow.exceptions import InvalidInput
-from durable_flow.validation import max_length, storable_text
+from durable_flow.exceptions import InvalidInput, RunNotFound
+from durable_flow.limits import RUN_ID_LENGTH
+from durable_flow.queues import QueueConfig
+from durable_flow.registry import WorkflowDefinition, get_workflow, startable_workflow
+from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.models import WorkflowRun
-    from durable_flow.queues import QueueConfig, RateLimit
+    from durable_flow.queues import RateLimit
     from durable_flow.quotas import QuotaSpec
-    from durable_flow.registry import WorkflowDefinition
     from durable_flow.start_control import StartGate
 
 
 def _run_id(run_id: object) -> str:
     """A run id the database can look up; `InvalidInput` otherwise (never a bare DataError)."""
 
-    return storable_text(run_id, "run_id", max_length("WorkflowRun", "id"))
+    return storable_text(run_id, "run_id", RUN_ID_LENGTH)
 
 
 def start(
@@ -39,7 +45,6 @@ def start(
     start; over it, `ConcurrencyLimitError` is raised at once and nothing is created.
     """
     from durable_flow.engine import get_engine
-    from durable_flow.registry import startable_workflow
 
     # Run id and tags are checked by the engine, which every start path goes through.
     return get_engine().start(startable_workflow(workflow), input, run_id=run_id, tags=tags, quota=quota)
@@ -55,7 +60,6 @@ def cancel(run_id: str) -> WorkflowRun:
 
 def get_run(run_id: str) -> WorkflowRun:
     """The run with that id, or `RunNotFound`."""
-    from durable_flow.exceptions import RunNotFound
     from durable_flow.models import WorkflowRun
 
     try:
@@ -87,7 +91,6 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     from durable_flow.engine import get_engine
     from durable_flow.models import WorkflowRun
     from durable_flow.models import new_run_id as fresh_run_id
-    from durable_flow.task_runner import TASK_WORKFLOW, run_task_of
 
     original = get_run(run_id)
     if new_run_id is not None:
@@ -100,11 +103,10 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
             return get_run(new_run_id)
     quota: QuotaSpec | None = None
     gate: StartGate | None = None
-    if original.workflow == TASK_WORKFLOW and (task := run_task_of(original.input)) is not None:
-        from durable_flow.tasks import start_checks  # a declared task: the framework imports
-
+    checks = get_workflow(original.workflow).start_checks
+    if checks is not None:  # rules its input names (a task run's: its task's)
         new_run_id = new_run_id if new_run_id is not None else fresh_run_id()
-        quota, gate = start_checks(task, original.input, new_run_id)
+        quota, gate = checks.checks(original.input, new_run_id)
     run = get_engine().start(
         original.workflow, original.input, run_id=new_run_id, tags=original.tags, quota=quota, gate=gate
     )
@@ -135,7 +137,6 @@ def register_queue(
     """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values.
     `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window."""
     from durable_flow.engine import get_engine
-    from durable_flow.queues import QueueConfig
 
     config = QueueConfig.build(
         name=name,

@@ -41,6 +41,6 @@ class DurableFlowConfig(AppConfig):
 
         from django.db.models.signals import post_migrate
 
-        from durable_flow.queues import persist_configured_queues
+        from durable_flow.queue_store import persist_configured_queues
 
         post_migrate.connect(persist_configured_queues, sender=self)

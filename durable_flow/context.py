@@ -19,6 +19,7 @@ from durable_flow.exceptions import (
     SignalTimeout,
     StepFailed,
 )
+from durable_flow.limits import FAIRNESS_KEY_LENGTH, QUEUE_NAME_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
     StepCheckpoint,
@@ -29,7 +30,7 @@ from durable_flow.models import (
 from durable_flow.registry import MAX_RETRIES, StepDefinition, WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import readable
 from durable_flow.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
-from durable_flow.validation import MAX_COUNT, MAX_DURATION, duration_problem, max_length, number_problem, storable_text
+from durable_flow.validation import MAX_COUNT, MAX_DURATION, duration_problem, number_problem, storable_text
 
 __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
 
@@ -187,7 +188,7 @@ class WorkflowContext:
         A signal sent before the wait is kept and consumed here. With `timeout`, raise
         `SignalTimeout` if none arrived in time.
         """
-        storable_text(name, "ctx.wait_for_signal: signal name", max_length("Signal", "name"))
+        storable_text(name, "ctx.wait_for_signal: signal name", SIGNAL_NAME_LENGTH)
         if timeout is not None:
             _check_duration("ctx.wait_for_signal: timeout", timeout)
         key = self._next_key()
@@ -245,12 +246,12 @@ class WorkflowContext:
     ) -> StepOptions:
         self._registered_step(step)
         if queue is not None:
-            storable_text(queue, "queue", max_length("StepCheckpoint", "queue"))
+            storable_text(queue, "queue", QUEUE_NAME_LENGTH)
         _check_number("priority", priority, minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT)
         if timeout is not None:
             _check_duration("timeout", timeout)
         if fairness_key is not None:
-            storable_text(fairness_key, "fairness_key", max_length("StepCheckpoint", "fairness_key"), allow_empty=True)
+            storable_text(fairness_key, "fairness_key", FAIRNESS_KEY_LENGTH, allow_empty=True)
         if retries is not None:
             _check_number("retries", retries, minimum=0, maximum=MAX_RETRIES)
         return StepOptions(

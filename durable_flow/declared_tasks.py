@@ -21,10 +21,14 @@ import threading
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from django.apps import apps
+from django.utils.module_loading import module_has_submodule
+
+from durable_flow.conf import get_settings
 from durable_flow.exceptions import TaskNotDeclared
 
 if TYPE_CHECKING:
-    from durable_flow.tasks import Task
+    from django_tasks.base import Task
 
 _declared: dict[str, Task] = {}
 _scanned = False
@@ -55,25 +59,39 @@ def _scan() -> None:
     with _scan_lock:
         if _scanned:
             return
-        try:
-            from durable_flow.tasks import DurableFlowBackend, Task
-        except ImportError:  # neither `django.tasks` nor the backport: no task can be declared
+        task_class = _task_class()
+        if task_class is None:  # neither `django.tasks` nor the backport: no task can be declared
             _scanned = True
             return
         for name in _declaring_modules():
             for value in list(vars(import_module(name)).values()):
-                if isinstance(value, Task) and isinstance(value.get_backend(), DurableFlowBackend):
+                if isinstance(value, task_class) and _runs_declared_tasks(value.get_backend()):
                     declare(value)
         _scanned = True
 
 
+def _task_class() -> type[Task] | None:
+    """The tasks framework's `Task` (Django 6's own, else the `django-tasks` backport's), or None."""
+    try:
+        from django.tasks.base import Task  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from django_tasks.base import Task
+        except ImportError:
+            return None
+    task_class: type[Task] = Task
+    return task_class
+
+
+def _runs_declared_tasks(backend: object) -> bool:
+    """Whether `backend` runs task calls as durable runs (a `DurableFlowBackend`), told by the
+    method the built-in workflow calls (`call_declared_task`), so this module does not import
+    the backend, which imports the framework and this module."""
+    return callable(getattr(backend, "call_declared_task", None))
+
+
 def _declaring_modules() -> list[str]:
     """`DURABLE_FLOW["WORKFLOWS"]`, then the `tasks` module of each installed app that has one."""
-    from django.apps import apps
-    from django.utils.module_loading import module_has_submodule
-
-    from durable_flow.conf import get_settings
-
     names = list(get_settings().workflows)
     for config in apps.get_app_configs():
         if module_has_submodule(config.module, "tasks"):

@@ -9,8 +9,19 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
-from durable_flow.admission.base import Ticket
 from durable_flow.exceptions import InvalidInput
+from durable_flow.limits import (
+    ADJUSTMENT_REASON_LENGTH,
+    FAIRNESS_KEY_LENGTH,
+    QUEUE_NAME_LENGTH,
+    QUOTA_KEY_LENGTH,
+    RUN_ID_LENGTH,
+    SIGNAL_NAME_LENGTH,
+    STEP_NAME_LENGTH,
+    VERSION_LENGTH,
+    WORKFLOW_NAME_LENGTH,
+    ticket_text,
+)
 from durable_flow.serialization import TOO_DEEP, nested_too_deep
 from durable_flow.validation import bounded_depth
 
@@ -61,9 +72,9 @@ TERMINAL_RUN_STATUSES = (RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAI
 class WorkflowRun(models.Model):
     """One execution of a workflow; replayed turn by turn from its checkpoints."""
 
-    id = models.CharField(primary_key=True, max_length=200, default=new_run_id)
-    workflow = models.CharField(max_length=200)
-    version = models.CharField(max_length=50, default="1")
+    id = models.CharField(primary_key=True, max_length=RUN_ID_LENGTH, default=new_run_id)
+    workflow = models.CharField(max_length=WORKFLOW_NAME_LENGTH)
+    version = models.CharField(max_length=VERSION_LENGTH, default="1")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
     input = BoundedJSONField(default=None, null=True)
     output = BoundedJSONField(default=None, null=True, blank=True)
@@ -76,7 +87,7 @@ class WorkflowRun(models.Model):
     )
     parent_step_key = models.CharField(max_length=100, blank=True, default="")
     concurrency_key = models.CharField(
-        max_length=200, null=True, blank=True, default=None, help_text="The start quota this run draws on."
+        max_length=QUOTA_KEY_LENGTH, null=True, blank=True, default=None, help_text="The start quota this run draws on."
     )
     concurrency_limit = models.IntegerField(
         null=True, blank=True, help_text="The start quota's limit for its key when this run started."
@@ -173,17 +184,19 @@ class StepCheckpoint(models.Model):
     key = models.CharField(max_length=100)
     sequence = models.PositiveIntegerField(help_text="Order of creation within the run.")
     kind = models.CharField(max_length=8, choices=StepKind.choices, default=StepKind.STEP)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=STEP_NAME_LENGTH)
     status = models.CharField(max_length=12, choices=StepStatus.choices)
     input = BoundedJSONField(default=None, null=True)
     output = BoundedJSONField(default=None, null=True, blank=True)
     error = models.JSONField(default=None, null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
-    queue = models.CharField(max_length=100, blank=True, default="", help_text="Flow-control queue holding its slot.")
+    queue = models.CharField(
+        max_length=QUEUE_NAME_LENGTH, blank=True, default="", help_text="Flow-control queue holding its slot."
+    )
     holds_slot = models.BooleanField(default=False)
     priority = models.IntegerField(default=0)
-    fairness_key = models.CharField(max_length=200, blank=True, default="")
+    fairness_key = models.CharField(max_length=FAIRNESS_KEY_LENGTH, blank=True, default="")
     group = models.CharField(max_length=100, blank=True, default="", help_text="Fan-out wave this call belongs to.")
     wake_at = models.DateTimeField(null=True, blank=True, help_text="Sleep end, backoff end or step deadline.")
     timeout_s = models.FloatField(null=True, blank=True, help_text="Per-call timeout, overriding the step's.")
@@ -208,14 +221,14 @@ class StepCheckpoint(models.Model):
     @property
     def ticket(self) -> str:
         """The admission ticket: who holds (or waits for) a queue slot."""
-        return str(Ticket(self.run_id, self.key))
+        return ticket_text(self.run_id, self.key)
 
 
 class Signal(models.Model):
     """A named message to a run. Kept until a `wait_for_signal` consumes it, so none is lost."""
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals")
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=SIGNAL_NAME_LENGTH)
     payload = BoundedJSONField(default=None, null=True)
     consumed_by = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -262,7 +275,7 @@ class Task(models.Model):
 class FlowQueue(models.Model):
     """A registered flow-control queue, persisted so every process and the admin see it."""
 
-    name = models.CharField(primary_key=True, max_length=100)
+    name = models.CharField(primary_key=True, max_length=QUEUE_NAME_LENGTH)
     config = models.JSONField()
     paused = models.BooleanField(
         default=False, help_text="A paused queue admits nothing; its waiters keep waiting until it is resumed."
@@ -316,7 +329,7 @@ class WorkerHeartbeat(models.Model):
     tasks_done = models.BigIntegerField(default=0)
     running = models.JSONField(default=list, blank=True, help_text="Step attempts executing: run_id/key/attempt.")
     last_adjustment_at = models.DateTimeField(null=True, blank=True)
-    last_adjustment_reason = models.CharField(max_length=300, blank=True, default="")
+    last_adjustment_reason = models.CharField(max_length=ADJUSTMENT_REASON_LENGTH, blank=True, default="")
 
     class Meta:
         ordering = ["-last_seen"]

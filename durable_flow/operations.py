@@ -25,11 +25,11 @@ from durable_flow.exceptions import (
     StepNotFound,
     WorkflowNotFound,
 )
+from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict, resized_windows
 from durable_flow.registry import get_step, get_workflow
-from durable_flow.task_runner import TASK_WORKFLOW, task_start_control
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.quotas import QuotaCheck
@@ -154,8 +154,7 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
     key in progress (a task run's: its task's) is `RetryRefused`; a full start quota is
     `ConcurrencyLimitError` (checked with the run's plan from `plans`, else planned now: a
     retried child's)."""
-    control = task_start_control(run.input) if run.workflow == TASK_WORKFLOW else definition.start_control
-    other = start_control.retry_conflict(control, run)
+    other = start_control.retry_conflict(definition.control_for(run.input), run)
     if other is not None:
         raise RetryRefused(
             f"run {run.pk!r}: run {other!r} of its singleton key {run.start_key!r} is in progress; "
@@ -229,7 +228,7 @@ def update_queue(
 
 
 def _queue_row(name: str) -> FlowQueue:
-    storable_text(name, "queue name", max_length("FlowQueue", "name"))
+    storable_text(name, "queue name", QUEUE_NAME_LENGTH)
     queue = FlowQueue.objects.filter(pk=name).first()
     if queue is None:
         raise QueueNotFound(f"no queue named {name!r}")

@@ -6,13 +6,13 @@ build the same `QueueConfig`. Invalid values raise `InvalidQueueConfig` naming t
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from durable_flow.exceptions import InvalidQueueConfig
-from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS, max_length, number_problem
+from durable_flow.limits import QUEUE_NAME_LENGTH
+from durable_flow.validation import MAX_COUNT, MAX_DURATION_MS, number_problem
 
 Algorithm = Literal["fixed", "sliding"]
 Fairness = Literal["fifo", "key"]
@@ -108,7 +108,7 @@ class QueueConfig:
     ) -> QueueConfig:
         """Validate keyword options (the `register_queue` form). `rate_limit` is one window or
         a list of a global and a per-key one (`"per": "key"`)."""
-        longest = max_length("FlowQueue", "name")
+        longest = QUEUE_NAME_LENGTH
         if not isinstance(name, str) or not name.strip() or len(name) > longest or "\x00" in name:
             raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most {longest} characters is required")
         where = f"{where} {name!r}"
@@ -228,23 +228,3 @@ def queue_from_dict(data: Mapping[str, Any]) -> QueueConfig:
         throttle=Throttle(**throttle) if throttle else None,
         **data,
     )
-
-
-def write_queues(queues: Iterable[QueueConfig], using: str = "default") -> None:
-    """Upsert queue configs into `FlowQueue`, where every process and the admin read them."""
-    from durable_flow.models import FlowQueue  # queues are parsed in settings, before the app registry
-
-    for config in queues:
-        FlowQueue.objects.using(using).update_or_create(name=config.name, defaults={"config": config.as_dict()})
-
-
-def persist_configured_queues(sender: Any = None, **kwargs: Any) -> None:
-    """post_migrate handler: make the settings' queues visible in the admin at once."""
-    from django.db import DatabaseError
-
-    from durable_flow.conf import get_settings
-
-    try:
-        write_queues(get_settings().queues, using=kwargs.get("using", "default"))
-    except DatabaseError:  # the table may not exist yet when migrating backwards
-        logging.getLogger("durable_flow.engine").debug("could not persist queues", exc_info=True)

@@ -29,7 +29,8 @@ from django.db import connection
 
 from durable_flow.cel import compile_cel, evaluate_cel
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput, InvalidQuota
-from durable_flow.validation import MAX_COUNT, max_length, number_problem, storable_text
+from durable_flow.limits import QUOTA_KEY_LENGTH
+from durable_flow.validation import MAX_COUNT, number_problem, storable_text
 
 if TYPE_CHECKING:
     from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -156,7 +157,7 @@ def _name(function: Callable[..., Any]) -> str:
 
 def check_key(key: object) -> str:
     """`key` if the run's `concurrency_key` column can store it; else `InvalidQuota`."""
-    longest = max_length("WorkflowRun", "concurrency_key")
+    longest = QUOTA_KEY_LENGTH
     try:
         return storable_text(key, "a quota key", longest)
     except InvalidInput as exc:

@@ -11,15 +11,19 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
 from asgiref.sync import async_to_sync
 
 from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
+from durable_flow.limits import STEP_NAME_LENGTH, VERSION_LENGTH, WORKFLOW_NAME_LENGTH
 from durable_flow.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.start_control import StartControl, parse_start_control
 from durable_flow.step_concurrency import ConcurrencySpec, parse_concurrency
-from durable_flow.validation import MAX_COUNT, duration_problem, max_length, number_problem, storable_text
+from durable_flow.validation import MAX_COUNT, duration_problem, number_problem, storable_text
+
+if TYPE_CHECKING:
+    from durable_flow.start_control import StartGate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -80,6 +84,22 @@ def step_backoff(name: str, attempt: int) -> timedelta:
         return exponential_backoff(attempt)
 
 
+class StartChecks(Protocol):
+    """The start rules of a workflow whose input names what it runs, so each run's rules are
+    those of what it names: the tasks backend's workflow, whose every task declares its own
+    quota, debounce or singleton (`task_runner`). Asked by the operations that make a stored
+    run active again, a re-run and a retry, which know nothing of what the input names."""
+
+    def control(self, input: Any) -> StartControl | None:
+        """The debounce or singleton a run of `input` started under (a retry checks it again)."""
+        ...
+
+    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, StartGate | None]:
+        """The start quota (its key resolved) and the gate a new run `run_id` of `input`
+        passes (a re-run passes them as `start` would)."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class WorkflowDefinition:
     """A registered workflow: `fn(ctx, input)`, replayed from the top on every turn."""
@@ -91,9 +111,15 @@ class WorkflowDefinition:
     concurrency: tuple[ConcurrencySpec, ...] = ()
     start_control: StartControl | None = None
     internal: bool = False
+    start_checks: StartChecks | None = None
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
+
+    def control_for(self, input: Any) -> StartControl | None:
+        """The debounce or singleton a run of `input` starts under: the workflow's own, or
+        the one its input names (`start_checks`)."""
+        return self.start_control if self.start_checks is None else self.start_checks.control(input)
 
 
 _workflows: dict[str, WorkflowDefinition] = {}
@@ -120,11 +146,11 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
 
 
 #: Where each kind of registered name is stored, so its length limit is that column's.
-NAME_FIELDS = {"workflow": ("WorkflowRun", "workflow"), "step": ("StepCheckpoint", "name")}
+NAME_LENGTHS = {"workflow": WORKFLOW_NAME_LENGTH, "step": STEP_NAME_LENGTH}
 
 
 def _check_name(name: object, what: str) -> str:
-    longest = max_length(*NAME_FIELDS[what])
+    longest = NAME_LENGTHS[what]
     if not isinstance(name, str) or not name.strip() or len(name) > longest:
         raise RegistrationError(
             f"a {what} name must be a non-empty string of at most {longest} characters, got {name!r}"
@@ -137,7 +163,7 @@ def _check_version(workflow: str, version: object) -> None:
     where = f"workflow {workflow!r}: version"
     if isinstance(version, str):
         try:
-            storable_text(version, where, max_length("WorkflowRun", "version"))
+            storable_text(version, where, VERSION_LENGTH)
         except InvalidInput as exc:
             raise RegistrationError(str(exc)) from None
     elif problem := number_problem(version, minimum=-MAX_COUNT, maximum=MAX_COUNT, integer=True):
@@ -153,6 +179,7 @@ def workflow(
     debounce: Mapping[str, Any] | None = None,
     singleton: Mapping[str, Any] | None = None,
     internal: bool = False,
+    start_checks: StartChecks | None = None,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -167,6 +194,7 @@ def workflow(
     "mode": "skip" | "cancel"}`) keeps one run per key in progress; see `start_control.py`.
     `internal` marks a built-in workflow that only durable_flow starts (the tasks backend's, whose
     input names the code it runs): `start()`, the JSON API and the start forms refuse it by name.
+    `start_checks` gives a built-in workflow the start rules its input names (`StartChecks`).
     """
     _check_name(name, "workflow")
     _check_version(name, version)
@@ -186,6 +214,7 @@ def workflow(
             concurrency=concurrency_specs,
             start_control=control,
             internal=internal,
+            start_checks=start_checks,
         )
         _workflows[name] = definition
         return definition

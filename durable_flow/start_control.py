@@ -25,7 +25,7 @@ Scope: top-level starts (`start`, `rerun`, the HTTP API, the tasks backend). A c
 of its parent's deterministic replay and is neither debounced nor skipped. `retry` of a failed or
 cancelled singleton run is refused while another run of its key is in progress (`retry_conflict`):
 either mode, as a retry resumes an old run rather than starting a new one; a task run's
-singleton is its task's (`task_runner.task_start_control`).
+singleton is its task's (the built-in workflow's `start_checks`, `task_runner.TaskStartChecks`).
 """
 
 from __future__ import annotations

@@ -13,21 +13,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from durable_flow import start_control
 from durable_flow.declared_tasks import declared_task
 from durable_flow.exceptions import TaskNotDeclared
+from durable_flow.quotas import QuotaSpec
 from durable_flow.registry import step, workflow
 
 if TYPE_CHECKING:
-    from durable_flow.start_control import StartControl
-    from durable_flow.tasks import Task
+    from django_tasks.base import Task
 
 TASK_WORKFLOW = "durable_flow.task"
 TASK_STEP = "durable_flow.task.call"
-
-
-def task_function(path: object) -> Any:
-    """The function of the declared task at `path`; `TaskNotDeclared` (the run fails) otherwise."""
-    return declared_task(path).func
+#: Where `tasks.quota` keeps a task's start quota: on its function (a `Task` is frozen).
+QUOTA_ATTRIBUTE = "__durable_flow_quota__"
+#: Where `tasks.debounce` and `tasks.singleton` keep a task's debounce or singleton.
+START_CONTROL_ATTRIBUTE = "__durable_flow_start_control__"
 
 
 def run_task_of(payload: object) -> Task | None:
@@ -39,34 +39,62 @@ def run_task_of(payload: object) -> Task | None:
         return None
 
 
-def task_start_control(payload: object) -> StartControl | None:
-    """The debounce or singleton declared on the task a task run's input names
-    (`tasks.singleton`), which a retry of the run passes again; None when the task declares none.
-
-    A path no declared task has gives None too, so an operator's retry is never blocked by it:
-    the retried run fails at its step with `TaskNotDeclared`, as the first attempt did."""
-    task = run_task_of(payload)
-    if task is None:
+def start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> start_control.StartGate | None:
+    """This call's debounce or singleton, its key evaluated (`InvalidInput` if not a string)."""
+    control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
+    if control is None:
         return None
-    # A declared task means the tasks framework imports, and `durable_flow.tasks` with it.
-    from durable_flow.tasks import START_CONTROL_ATTRIBUTE
+    call = {"args": list(args), "kwargs": dict(kwargs)}
+    return start_control.evaluate(control, call, result_id, TASK_WORKFLOW, task=task.module_path)
 
-    control: StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
-    return control
+
+def start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
+    """The per-start quota of this call (its key resolved), or None when it is unlimited."""
+    spec: QuotaSpec | None = getattr(task.func, QUOTA_ATTRIBUTE, None)
+    if spec is None:
+        return None
+    key = spec.resolve_key({"args": list(args), "kwargs": dict(kwargs)})
+    if key is None:
+        return None
+    return QuotaSpec(key=key, limit=spec.limit, count_statuses=spec.count_statuses)
+
+
+class TaskStartChecks:
+    """A task run starts under its task's quota, debounce or singleton (`tasks.quota`,
+    `tasks.debounce`, `tasks.singleton`), which a retry and a re-run of the run pass again.
+
+    A path no declared task has gives none, so an operator's retry or re-run is never blocked
+    by it: the run fails at its step with `TaskNotDeclared`, as the first attempt did."""
+
+    def control(self, input: Any) -> start_control.StartControl | None:
+        """The debounce or singleton declared on the task the input names; None when it declares none."""
+        task = run_task_of(input)
+        if task is None:
+            return None
+        control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
+        return control
+
+    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
+        """The start quota and the debounce or singleton a new run `run_id` of this stored call
+        passes, as `enqueue` checks them for the call."""
+        task = run_task_of(input)
+        if task is None:
+            return None, None
+        args, kwargs = input.get("args", []), input.get("kwargs", {})
+        return start_quota(task, args, kwargs), start_gate(task, args, kwargs, run_id)
 
 
 @step(TASK_STEP)
 def call_task(payload: dict[str, Any]) -> Any:
-    """Run the task function with the enqueued args/kwargs, as the framework's runners do
-    (`tasks.call_task_function`: its signals, a JSON return value); its exception fails the
-    step (and the run), its return value is the run's output."""
-    func = task_function(payload.get("task"))
-    from durable_flow.tasks import call_task_function
+    """Run the task function with the enqueued args/kwargs through the backend that declared it,
+    as the framework's runners do (`DurableFlowBackend.call_declared_task`: its signals, a JSON
+    return value); its exception fails the step (and the run), its return value is the run's
+    output."""
+    task = declared_task(payload.get("task"))
+    return task.get_backend().call_declared_task(payload, task.func)
 
-    return call_task_function(payload, func)
 
-
-@workflow(TASK_WORKFLOW, internal=True)
+@workflow(TASK_WORKFLOW, internal=True, start_checks=TaskStartChecks())
 def run_task(ctx: Any, payload: dict[str, Any]) -> Any:
     """`run_after` is a durable sleep; the call goes through the flow-control queue named by
     the task's `queue_name`, at the task's priority (admission order and broker priority)."""

@@ -30,6 +30,7 @@ from durable_flow import api, queries, start_control
 from durable_flow.conf import get_settings
 from durable_flow.current import StepInfo, step_or_none
 from durable_flow.declared_tasks import declare, declared_task
+from durable_flow.engine import get_engine
 from durable_flow.exceptions import (
     ConcurrencyLimitError,
     InvalidInput,
@@ -37,10 +38,18 @@ from durable_flow.exceptions import (
     RunNotFound,
     TaskNotDeclared,
 )
+from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.quotas import ACTIVE_STATUSES, QuotaSpec
-from durable_flow.task_runner import TASK_STEP, TASK_WORKFLOW
-from durable_flow.validation import bounded_depth, max_length, storable_text
+from durable_flow.task_runner import (
+    QUOTA_ATTRIBUTE,
+    START_CONTROL_ATTRIBUTE,
+    TASK_STEP,
+    TASK_WORKFLOW,
+    start_gate,
+    start_quota,
+)
+from durable_flow.validation import bounded_depth, storable_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -78,8 +87,6 @@ __all__ = [
 ]
 
 F = TypeVar("F")
-QUOTA_ATTRIBUTE = "__durable_flow_quota__"
-START_CONTROL_ATTRIBUTE = "__durable_flow_start_control__"
 
 
 def quota(
@@ -165,35 +172,6 @@ def _declare_start_control(debounced: dict[str, Any] | None, single: dict[str, A
     return declare
 
 
-def _start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> start_control.StartGate | None:
-    """This call's debounce or singleton, its key evaluated (`InvalidInput` if not a string)."""
-    control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
-    if control is None:
-        return None
-    call = {"args": list(args), "kwargs": dict(kwargs)}
-    return start_control.evaluate(control, call, result_id, TASK_WORKFLOW, task=task.module_path)
-
-
-def _start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
-    """The per-start quota of this call (its key resolved), or None when it is unlimited."""
-    spec: QuotaSpec | None = getattr(task.func, QUOTA_ATTRIBUTE, None)
-    if spec is None:
-        return None
-    key = spec.resolve_key({"args": list(args), "kwargs": dict(kwargs)})
-    if key is None:
-        return None
-    return QuotaSpec(key=key, limit=spec.limit, count_statuses=spec.count_statuses)
-
-
-def start_checks(
-    task: Task, payload: Mapping[str, Any], run_id: str
-) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
-    """The start quota and the debounce or singleton a new run `run_id` of this stored call
-    passes (a re-run of a task run), as `enqueue` checks them for the call."""
-    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
-    return _start_quota(task, args, kwargs), _start_gate(task, args, kwargs, run_id)
-
-
 class StoredTaskError(TaskError):
     """A failure read from a run. Its class path is stored text, so `exception_class` resolves
     it among the modules this process has already imported, by `vars()` (no module `__getattr__`
@@ -241,7 +219,7 @@ class DurableFlowBackend(BaseTaskBackend):
         A valid task is declared: a task run may call it (`declared_tasks`)."""
         super().validate_task(task)
         try:
-            storable_text(task.queue_name, "queue_name", max_length("StepCheckpoint", "queue"))
+            storable_text(task.queue_name, "queue_name", QUEUE_NAME_LENGTH)
         except InvalidInput as exc:
             raise InvalidTaskError(str(exc)) from None
         declare(task)
@@ -284,8 +262,6 @@ class DurableFlowBackend(BaseTaskBackend):
             "backend": self.alias,
             "result_id": result_id,
         }
-        from durable_flow.engine import get_engine
-
         try:
             # `start` is atomic on its own (run + first turn), and outside the caller's
             # transaction a refusal is counted in `QuotaRefusal` like any other.
@@ -294,8 +270,8 @@ class DurableFlowBackend(BaseTaskBackend):
                 payload,
                 run_id=result_id,
                 tags=[f"task:{task.module_path}"],
-                quota=_start_quota(task, result.args, result.kwargs),
-                gate=_start_gate(task, result.args, result.kwargs, result_id),
+                quota=start_quota(task, result.args, result.kwargs),
+                gate=start_gate(task, result.args, result.kwargs, result_id),
                 priority=task.priority,  # the first turn's: uncontended tasks run by priority too
             )
         except ConcurrencyLimitError as exc:
@@ -331,6 +307,12 @@ class DurableFlowBackend(BaseTaskBackend):
                 hint="Add 'durable_flow' to INSTALLED_APPS: tasks run as its workflows, on its workers.",
                 id="durable_flow.tasks.E001",
             )
+
+    def call_declared_task(self, payload: Mapping[str, Any], func: Callable[..., Any]) -> Any:
+        """Run one call of a task this backend declared, inside its run's step (the built-in
+        workflow's, `task_runner`): `call_task_function`. Also what tells `declared_tasks` a
+        task of this backend from another backend's."""
+        return call_task_function(payload, func)
 
     def _result(self, run: WorkflowRun, running: StepInfo | None = None) -> TaskResult:
         """The task's result as `run`'s rows tell it; `running` is the attempt executing now in
@@ -397,8 +379,6 @@ def _task_for(payload: Mapping[str, Any]) -> Task:
         target = declared_task(payload.get("task"))
     except TaskNotDeclared as exc:
         raise TaskResultDoesNotExist(str(exc)) from None
-    from datetime import datetime
-
     run_after = datetime.fromisoformat(payload["run_after"]) if payload.get("run_after") else None
     return target.using(priority=payload.get("priority"), queue_name=payload.get("queue"), run_after=run_after)
 

@@ -14,7 +14,6 @@ import math
 import reprlib
 from collections.abc import Iterator
 from datetime import timedelta
-from functools import cache
 from typing import Any, Literal, TypeVar
 
 from durable_flow.exceptions import InvalidInput
@@ -36,22 +35,6 @@ _CONTAINERS = (dict, list, tuple)  # what `json.dumps` writes as an array or an 
 T = TypeVar("T")
 #: Durations in seconds, for the settings' documented maxima.
 MINUTE_S, HOUR_S, DAY_S, WEEK_S = 60, 3600, 86_400, 7 * 86_400
-
-
-@cache
-def max_length(model: str, field: str) -> int:
-    """The `max_length` of a durable_flow model's field: `max_length("WorkflowRun", "id")`.
-
-    A length limit is written once, on the model (and so in its migration); every check of a
-    name, id or key reads it from there. Looked up on first use, not at import: queues and
-    workflows are declared and checked by modules that load before the models may be imported.
-    """
-    from durable_flow import models
-
-    length = getattr(models, model)._meta.get_field(field).max_length
-    if length is None:
-        raise TypeError(f"{model}.{field} has no max_length")
-    return int(length)
 
 
 def storable_text(value: object, what: str, max_length: int, *, allow_empty: bool = False) -> str:

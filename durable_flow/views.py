@@ -29,9 +29,10 @@ from django.views.decorators.http import require_GET, require_POST
 from durable_flow import api, bulk
 from durable_flow.audit import record_operation
 from durable_flow.exceptions import InvalidInput
+from durable_flow.limits import RUN_ID_LENGTH
 from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.run_filters import runs_from_json
-from durable_flow.validation import StrictJSONDecoder, max_length, storable_text
+from durable_flow.validation import StrictJSONDecoder, storable_text
 
 MAX_BODY_BYTES = 2_000_000
 
@@ -123,7 +124,7 @@ def start_run(request: HttpRequest) -> HttpResponse:
         raise InvalidInput('"workflow" must be a workflow name')
     run_id = body.get("run_id")
     if run_id is not None:
-        storable_text(run_id, '"run_id"', max_length("WorkflowRun", "id"))
+        storable_text(run_id, '"run_id"', RUN_ID_LENGTH)
     existed = run_id is not None and WorkflowRun.objects.filter(pk=run_id).exists()
     run = api.start(workflow, body.get("input"), run_id=run_id)
     existed = existed or hasattr(run, "start_outcome")  # folded into a debounced run, or skipped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +25,46 @@ def imported_modules(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", sorted((PACKAGE / "transports").glob("*.py")), ids=lambda path: path.name)
 def test_a_transport_knows_the_worker_only_through_the_runner_interface(path: Path) -> None:
     assert "durable_flow.worker.runtime" not in imported_modules(path)
+
+
+#: Modules that once imported each other in a loop (some of it hidden inside functions). Each one
+#: is in no import cycle, so a reader can take them in one direction, bottom to top.
+ACYCLIC = {
+    "config, models and validation": [
+        "durable_flow.admission.base",
+        "durable_flow.conf",
+        "durable_flow.limits",
+        "durable_flow.models",
+        "durable_flow.options",
+        "durable_flow.queue_store",
+        "durable_flow.queues",
+        "durable_flow.serialization",
+        "durable_flow.validation",
+    ],
+    "api, operations and tasks": [
+        "durable_flow.api",
+        "durable_flow.declared_tasks",
+        "durable_flow.operations",
+        "durable_flow.task_runner",
+        "durable_flow.tasks",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def import_graph() -> Any:
+    """Every import of durable_flow and dashboard, at the top, inside functions and under
+    TYPE_CHECKING (grimp, which import-linter is built on)."""
+    grimp = pytest.importorskip("grimp")
+    return grimp.build_graph("durable_flow", "dashboard")
+
+
+@pytest.mark.parametrize("modules", ACYCLIC.values(), ids=ACYCLIC.keys())
+def test_these_modules_are_in_no_import_cycle(import_graph: Any, modules: list[str]) -> None:
+    cycles = [
+        [module, *import_graph.find_shortest_chain(importer=imported, imported=module)]
+        for module in modules
+        for imported in sorted(import_graph.find_modules_directly_imported_by(module))
+        if import_graph.chain_exists(importer=imported, imported=module)
+    ]
+    assert cycles == []

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
+from durable_flow.limits import TICKET_SEPARATOR, ticket_text
 from durable_flow.options import Configurable, Option
 from durable_flow.queues import QueueConfig
 
@@ -43,11 +44,11 @@ class Ticket(NamedTuple):
     key: str
 
     def __str__(self) -> str:
-        return f"{self.run_id}/{self.key}"
+        return ticket_text(self.run_id, self.key)
 
     @classmethod
     def parse(cls, ticket: str) -> Ticket:
-        run_id, _, key = ticket.rpartition("/")
+        run_id, _, key = ticket.rpartition(TICKET_SEPARATOR)
         return cls(run_id, key)
 
 

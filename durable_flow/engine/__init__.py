@@ -16,7 +16,7 @@
 from durable_flow.conf import build_backend
 from durable_flow.engine.core import Engine, get_engine, set_engine
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
-from durable_flow.queues import persist_configured_queues, write_queues
+from durable_flow.queue_store import persist_configured_queues, write_queues
 
 __all__ = [
     "Engine",

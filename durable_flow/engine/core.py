@@ -28,7 +28,8 @@ from durable_flow.engine.results import ResultsMixin
 from durable_flow.engine.start_margins import StartMargins
 from durable_flow.engine.turns import TurnsMixin
 from durable_flow.pausing import PausedQueues
-from durable_flow.queues import QueueConfig, write_queues
+from durable_flow.queue_store import write_queues
+from durable_flow.queues import QueueConfig
 from durable_flow.transports.base import Transport
 from durable_flow.worker.outage import Outage
 

@@ -15,6 +15,7 @@ from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.engine.statements import save_fields
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
+from durable_flow.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -30,15 +31,13 @@ from durable_flow.quotas import QuotaSpec
 from durable_flow.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.serialization import ensure_json
 from durable_flow.turn import PENDING
-from durable_flow.validation import max_length, storable_text
+from durable_flow.validation import storable_text
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
 
 logger = logging.getLogger("durable_flow.engine")
 
-MAX_RUN_ID = max_length("WorkflowRun", "id")
-MAX_SIGNAL_NAME = max_length("Signal", "name")
 MAX_TAG = 200  # tags live in a JSON list; the bound keeps a `concurrency:<key>` tag storable anywhere
 
 
@@ -69,7 +68,7 @@ class LifecycleMixin(EngineBase):
             raise InvalidInput(f"tags must be a list of strings, got {type(tags).__name__}")
         tag_list = [storable_text(tag, "tag", MAX_TAG) for tag in tags]
         if run_id is not None:
-            storable_text(run_id, "run_id", MAX_RUN_ID)
+            storable_text(run_id, "run_id", RUN_ID_LENGTH)
             existing = one(WorkflowRun.objects.filter(pk=run_id))
             if existing is not None:
                 return existing
@@ -125,7 +124,7 @@ class LifecycleMixin(EngineBase):
         """Create a child run (inside the parent's turn) and the parent's checkpoint for it."""
         ensure_json(input, f"input of child workflow {definition.name!r}", self.settings.max_payload_bytes)
         child_id = f"{parent.id}:{key}"
-        if len(child_id) > MAX_RUN_ID:
+        if len(child_id) > RUN_ID_LENGTH:
             # Deep or long ids: stay deterministic (a replay must find the same child) and short.
             child_id = f"{hashlib.sha256(parent.id.encode()).hexdigest()[:40]}:{key}"
         child_checkpoint = partial(
@@ -277,7 +276,7 @@ class LifecycleMixin(EngineBase):
     @retry_on_conflict
     def send_signal(self: Engine, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; kept until the run waits for it, so one sent early is not lost."""
-        storable_text(name, "signal name", MAX_SIGNAL_NAME)
+        storable_text(name, "signal name", SIGNAL_NAME_LENGTH)
         ensure_json(payload, f"payload of signal {name!r}", self.settings.max_payload_bytes)
         with transaction.atomic():
             run, _ = locked_run(run_id)

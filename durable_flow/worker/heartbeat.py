@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 import psutil
 from django.utils import timezone
 
+from durable_flow.limits import ADJUSTMENT_REASON_LENGTH
 from durable_flow.models import WorkerHeartbeat
-from durable_flow.validation import max_length
 from durable_flow.worker.concurrency import ConcurrencyController, ResourceSample
 
 
@@ -141,6 +141,6 @@ class Heartbeat:
                     if adjustment
                     else None
                 ),
-                "last_adjustment_reason": reason[: max_length("WorkerHeartbeat", "last_adjustment_reason")],
+                "last_adjustment_reason": reason[:ADJUSTMENT_REASON_LENGTH],
             },
         )
