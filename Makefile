@@ -50,6 +50,7 @@ test: venv venv-django6
 	bash .ci/ensure-services
 	bash .ci/ensure-browser
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
 	VENV=$(VENV) VENV_DJANGO6=$(VENV_DJANGO6) PG_URL=$(PG_URL) bash .ci/test-passes
 
@@ -64,6 +65,7 @@ test-django6: venv-django6
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(VENV_DJANGO6) var

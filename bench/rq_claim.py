@@ -65,7 +65,8 @@ def main() -> None:
 def run(port: int) -> None:
     from redis import Redis
 
-    from durable_flow.transports.rq import NORMAL, RQTransport, run_step_job
+    from durable_flow.transports.rq import RQTransport, run_step_job
+    from durable_flow.transports.rq_common import NORMAL
 
     transport = RQTransport(queue="durable")
     source = transport.source()

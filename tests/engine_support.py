@@ -20,8 +20,8 @@ from django.db import transaction
 from durable_flow.admission.base import OnCount
 from durable_flow.admission.db import DatabaseAdmissionBackend
 from durable_flow.admission.models import AdmissionStart
-from durable_flow.admission.policy import start_key
 from durable_flow.admission.redis import RedisAdmissionBackend
+from durable_flow.admission.windows import start_key
 from durable_flow.conf import DurableFlowSettings
 from durable_flow.engine import Engine
 from durable_flow.transports.base import Transport

@@ -6,7 +6,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.worker.adaptive import AdaptiveConcurrency
-from durable_flow.worker.concurrency import Adjustment, FixedConcurrency, ResourceSample, build_controller
+from durable_flow.worker.concurrency import Adjustment, FixedConcurrency, ResourceSample
+from durable_flow.worker.controllers import build_controller
 
 SETTING = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]'
 TICK = 1000

@@ -20,7 +20,7 @@ from durable_flow.models import Task
 from durable_flow.testing.clock import FakeMonotonic
 from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
 from durable_flow.transports.runner import ClaimedTask
-from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.controllers import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 

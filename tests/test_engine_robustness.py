@@ -18,7 +18,7 @@ from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.transports.runner import ClaimedTask, TaskSource
-from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.controllers import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of

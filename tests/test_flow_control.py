@@ -259,7 +259,7 @@ def test_a_step_starts_only_when_the_start_window_has_room(
     transport.run_step()
     assert slept == []
     # Its start would be the third within the trailing second (+ the 50 ms margin); the first was
-    # counted 25 ms back (the window had room: `policy.start_mark`), so it ages out 25 ms sooner.
+    # counted 25 ms back (the window had room: `windows.start_mark`), so it ages out 25 ms sooner.
     transport.run_step()
     assert slept == [1.025]
     assert all(status(run) == RunStatus.COMPLETED for run in runs)

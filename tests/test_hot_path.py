@@ -34,7 +34,7 @@ from durable_flow.models import (
 from durable_flow.poller import TimerPoller
 from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport, give_up
 from durable_flow.transports.runner import ClaimedTask, EngineRunner
-from durable_flow.worker.concurrency import build_controller
+from durable_flow.worker.controllers import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 from tests.test_flow_control import HeldTransport

@@ -22,7 +22,8 @@ from durable_flow.conf import get_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
-from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport
+from durable_flow.transports.rq import RQTransport
+from durable_flow.transports.rq_common import HIGH, LOW, NORMAL
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.own_redis import OwnRedis, free_port
 

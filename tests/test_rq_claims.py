@@ -20,7 +20,7 @@ from rq.registry import StartedJobRegistry
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus
-from durable_flow.transports.rq import NORMAL
+from durable_flow.transports.rq_common import NORMAL
 from durable_flow.transports.rq_source import RQTaskSource
 from tests import test_rq_transport as rq_tests
 from tests.conftest import wait_for

@@ -28,7 +28,8 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.testing.clock import FakeMonotonic
-from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport, run_step_job, tier_for
+from durable_flow.transports.rq import RQTransport, run_step_job, run_turn_job, tier_for
+from durable_flow.transports.rq_common import HIGH, JOB_KINDS, LOW, NORMAL
 from durable_flow.transports.rq_source import RQTaskSource
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from tests.conftest import ManagedProcess, wait_for
@@ -134,6 +135,11 @@ def test_unknown_option_or_queue_is_improperly_configured(redis_conn: Redis) -> 
     assert transport.optimistic_first_step and transport.eager_steps  # the defaults
     assert [transport.tiers[t].name for t in (HIGH, NORMAL, LOW)] == ["durable:high", "durable", "durable:low"]
     assert (tier_for(5), tier_for(0), tier_for(-1)) == (HIGH, NORMAL, LOW)
+
+
+def test_the_job_kinds_name_the_job_functions_by_the_path_rq_stores() -> None:
+    jobs = {"turn": run_turn_job, "step": run_step_job}
+    assert JOB_KINDS == {f"{job.__module__}.{job.__qualname__}": kind for kind, job in jobs.items()}
 
 
 def test_enqueue_waits_for_commit_and_rolls_back_with_the_transaction(rq_engine: Engine, redis_conn: Redis) -> None:

@@ -1,4 +1,4 @@
-"""The `local` backend's waiter index finds the same next waiter as `policy.rank` over every
+"""The `local` backend's waiter index finds the same next waiter as `rank` over every
 waiter, through joins, refreshes, withdrawals, grants and fairness-key serves."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from durable_flow.admission.policy import Waiter, rank
-from durable_flow.admission.waiter_line import WaiterLine
+from durable_flow.admission.waiter_line import Waiter, WaiterLine, rank
 from durable_flow.queues import QueueConfig
 
 
@@ -62,7 +61,7 @@ def test_a_refreshed_waiter_moves_to_its_new_rank() -> None:
 def test_a_long_line_of_one_key_keeps_one_head_on_the_top_heap(order: str) -> None:
     """10,000 waiters of one fairness key: under fifo the top heap holds that key's head once,
     not one bound per waiter (a grant's cost must not grow with the line); under lifo each
-    joiner ranks first and supersedes it. Every grant takes the waiter `policy.rank` puts first."""
+    joiner ranks first and supersedes it. Every grant takes the waiter `rank` puts first."""
     config = QueueConfig(name="q", concurrency=1, order=order)
     line = WaiterLine()
     for i in range(10_000):

@@ -53,8 +53,8 @@ from durable_flow.admission.db_resources import (
     lock_resources,
     waiter_constraints,
 )
-from durable_flow.admission.policy import (
-    NEVER_SERVED,
+from durable_flow.admission.head_heap import NEVER_SERVED
+from durable_flow.admission.windows import (
     oldest_mark_needed,
     oldest_start_needed,
     start_key,
@@ -369,7 +369,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     @staticmethod
     def _room(config: QueueConfig, marks: list[int], now: int, slots: int | None = None) -> int | None:
-        """`policy.room`: free slots and window room, whichever is less (None: no limit).
+        """`queue_state.room`: free slots and window room, whichever is less (None: no limit).
         `slots`: the slots held, when the caller has counted them already."""
         free = None
         if config.concurrency is not None:

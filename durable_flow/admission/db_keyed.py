@@ -25,7 +25,7 @@ from durable_flow.admission.keyed import (
     later,
     start_lead_ms,
 )
-from durable_flow.admission.policy import key_start_window, window_retry_at
+from durable_flow.admission.windows import key_start_window, window_retry_at
 from durable_flow.models import AdmissionKeyMark, AdmissionKeyTat, AdmissionSlot, AdmissionWaiter
 from durable_flow.queues import QueueConfig
 

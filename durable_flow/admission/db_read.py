@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from durable_flow.admission import db_keyed, db_resources
 from durable_flow.admission.base import ResourceUsage
-from durable_flow.admission.policy import oldest_mark_needed
+from durable_flow.admission.windows import oldest_mark_needed
 from durable_flow.models import AdmissionSlot, AdmissionStart, AdmissionWaiter, FlowQueue
 from durable_flow.queues import QueueConfig, queue_from_dict
 
@@ -27,7 +27,7 @@ class DatabaseReadModel:
 
     @staticmethod
     def _rank_order(config: QueueConfig) -> list[str]:
-        """`policy.rank` as an ORDER BY (served by the `df_waiter_rank` index)."""
+        """`waiter_line.rank` as an ORDER BY (served by the `df_waiter_rank` index)."""
         # `key_served` is -1 for every waiter of a fifo-fairness queue, so ordering by it changes
         # nothing there but lets the `df_waiter_rank` index serve the ORDER BY (no sort of the
         # whole line per grant).

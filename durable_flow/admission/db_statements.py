@@ -242,7 +242,7 @@ def _best_waiter_sql(table: str, lifo: bool) -> str:
 
 
 def best_waiter(queue: str, lifo: bool) -> AdmissionWaiter | None:
-    """The waiter a grant takes first (`policy.rank`, served by the `df_waiter_rank` index):
+    """The waiter a grant takes first (`waiter_line.rank`, served by the `df_waiter_rank` index):
     what `AdmissionWaiter.objects.filter(queue=...).order_by(*rank).first()` reads, without
     the ORM building the query on every grant (traced: 0.8 ms of Python before a 0.3 ms read,
     in the middle of every handoff)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
-#: A key never served ranks before every served one (`policy.rank`).
+#: A key never served ranks before every served one (`waiter_line.rank`).
 NEVER_SERVED = -1
 
 Rank = tuple[int, int, int]

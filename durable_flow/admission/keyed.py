@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from durable_flow.admission.windows import key_start_window
 from durable_flow.queues import QueueConfig, RateLimit, Throttle
 
 GLOBAL_BUCKET = ""
@@ -68,14 +69,14 @@ def throttle_standing(throttle: Throttle, ahead_ms: float) -> tuple[int, int]:
 
 
 def key_window_start(rate: RateLimit, now_ms: int) -> int:
-    """The oldest mark a per-key window still counts (as `policy.oldest_mark_needed`)."""
+    """The oldest mark a per-key window still counts (as `windows.oldest_mark_needed`)."""
     if rate.algorithm == "fixed":
         return now_ms - now_ms % rate.period_ms
     return now_ms - rate.period_ms + 1
 
 
 def key_window_retry_at(rate: RateLimit, marks: list[int] | None, now_ms: int) -> int | None:
-    """None when the key's window has room; else when it reopens (`policy.window_retry_at`)."""
+    """None when the key's window has room; else when it reopens (`windows.window_retry_at`)."""
     if not marks:
         return None
     inside = marks[bisect.bisect_left(marks, key_window_start(rate, now_ms)) :]
@@ -124,13 +125,6 @@ def sweep(config: QueueConfig, state: KeyedState, now_ms: int, start_rate: RateL
             del tats[key]
 
 
-def start_rate_of(config: QueueConfig) -> RateLimit | None:
-    """The per-key window step starts are counted in (`policy.key_start_window`)."""
-    from durable_flow.admission.policy import key_start_window  # policy imports this module
-
-    return key_start_window(config)
-
-
 def later(a: int | None, b: int | None) -> int | None:
     return a if b is None else b if a is None else max(a, b)
 
@@ -152,7 +146,7 @@ def key_blocked_until(config: QueueConfig, state: KeyedState, key: str, now_ms: 
     until = None
     if config.key_rate_limit is not None:
         until = key_window_retry_at(config.key_rate_limit, state.marks.get(key), now_ms)
-        start_rate = start_rate_of(config)
+        start_rate = key_start_window(config)
         assert start_rate is not None
         until = later(until, key_window_retry_at(start_rate, state.starts.get(key), now_ms))
     throttle = config.throttle

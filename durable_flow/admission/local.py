@@ -26,8 +26,10 @@ from durable_flow.admission.base import (
     ResourceUsage,
     system_clock_ms,
 )
-from durable_flow.admission.policy import QueueState, rank, window_used
+from durable_flow.admission.queue_state import QueueState
 from durable_flow.admission.resources import ResourceState, grant_freed, top_usage
+from durable_flow.admission.waiter_line import rank
+from durable_flow.admission.windows import key_start_window, start_key, window_used
 from durable_flow.queues import QueueConfig
 
 #: Where calls gated by their constraints alone wait (no registered queue).
@@ -121,13 +123,13 @@ class LocalAdmissionBackend(AdmissionBackend):
             state = self._queues.get(queue)
             if on_count is not None:
                 on_count()
-            return policy.try_start(state, self.clock(), policy.start_key(ticket, key)) if state is not None else 0
+            return policy.try_start(state, self.clock(), start_key(ticket, key)) if state is not None else 0
 
     def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
         """The busiest keys of the per-key window (in this process)."""
         with self._lock:
             state = self._queues.get(queue)
-            window = policy.key_start_window(state.config) if state is not None else None
+            window = key_start_window(state.config) if state is not None else None
             if state is None or window is None:
                 return None
             now = self.clock()

@@ -18,105 +18,14 @@ outrank it than there are free slots, so several free slots admit several caller
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from durable_flow.admission import keyed
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, Ticket
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Grant
+from durable_flow.admission.queue_state import QueueState, room, take_slot
 from durable_flow.admission.resources import ResourceState
-from durable_flow.admission.waiter_line import NEVER_SERVED, WaiterLine
-from durable_flow.queues import QueueConfig, RateLimit
-
-
-@dataclass(slots=True)
-class Waiter:
-    """A blocked call, remembered so the rightful next one gets the slot."""
-
-    ticket: str
-    priority: int
-    fairness_key: str
-    arrival: int
-    seen_ms: int
-    constraints: tuple[Constraint, ...] = ()
-
-
-def rank(waiter: Waiter, config: QueueConfig, served: dict[str, int]) -> tuple[int, int, int]:
-    """Sort key: the smallest tuple is the rightful next waiter."""
-    key_served = served.get(waiter.fairness_key, NEVER_SERVED) if config.fairness == "key" else 0
-    arrival = waiter.arrival if config.order == "fifo" else -waiter.arrival
-    return (-waiter.priority, key_served, arrival)
-
-
-def window_retry_at(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int | None:
-    """None when the window has room for one more admission now; else when it will.
-
-    `marks` are past admission times, ascending. Fixed windows are aligned to multiples of
-    `period_ms`; a sliding window counts admissions in the trailing `period_ms` and reopens
-    the instant the oldest of them ages out.
-    """
-    if rate.algorithm == "fixed":
-        window_start = now_ms - now_ms % rate.period_ms
-        used = len(marks) - bisect.bisect_left(marks, window_start)
-        return window_start + rate.period_ms if used >= rate.limit else None
-    first_inside = bisect.bisect_right(marks, now_ms - rate.period_ms)
-    inside = marks[first_inside:]
-    if len(inside) < rate.limit:
-        return None
-    # The (len - limit)-th mark inside must age out before one more fits.
-    return inside[len(inside) - rate.limit] + rate.period_ms
-
-
-def window_room(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int:
-    """How many more admissions the window allows right now."""
-    if rate.algorithm == "fixed":
-        start = now_ms - now_ms % rate.period_ms
-    else:
-        start = now_ms - rate.period_ms + 1
-    return max(0, rate.limit - (len(marks) - bisect.bisect_left(marks, start)))
-
-
-def window_used(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int:
-    """How many admissions the current window has counted (`marks` ascending)."""
-    return len(marks) - bisect.bisect_left(marks, oldest_mark_needed(rate, now_ms))
-
-
-def oldest_mark_needed(rate: RateLimit, now_ms: int) -> int:
-    """Marks older than this can be forgotten."""
-    if rate.algorithm == "fixed":
-        return now_ms - now_ms % rate.period_ms
-    return now_ms - rate.period_ms + 1
-
-
-@dataclass
-class QueueState:
-    """One queue's accounting, as the in-process backend keeps it."""
-
-    config: QueueConfig
-    slots: dict[str, int] = field(default_factory=dict)  # ticket -> admitted at (ms)
-    marks: list[int] = field(default_factory=list)  # admissions (grants), for pacing
-    starts: list[int] = field(default_factory=list)  # step starts: what a rate limit promises
-    waiters: WaiterLine = field(default_factory=WaiterLine)  # by ticket, indexed by rank
-    served: dict[str, int] = field(default_factory=dict)
-    next_arrival: int = 0
-    next_serve: int = 0
-    keyed: keyed.KeyedState = field(default_factory=keyed.KeyedState)  # per-key windows, throttle
-
-    def prune(self, now_ms: int) -> None:
-        """Forget window marks outside every window."""
-        rate = self.config.rate_limit
-        if rate is not None:
-            if self.marks:
-                del self.marks[: bisect.bisect_left(self.marks, oldest_mark_needed(rate, now_ms))]
-            if self.starts:
-                del self.starts[: bisect.bisect_left(self.starts, oldest_start_needed(rate, now_ms))]
-        if self.config.keyed:
-            keyed.sweep(self.config, self.keyed, now_ms, key_start_window(self.config))
-
-
-def outranked_by(waiter: Waiter, others: Iterable[Waiter], config: QueueConfig, served: dict[str, int]) -> int:
-    """How many of `others` come before `waiter`."""
-    mine = rank(waiter, config, served)
-    return sum(1 for other in others if other.ticket != waiter.ticket and rank(other, config, served) < mine)
+from durable_flow.admission.waiter_line import Waiter, rank
+from durable_flow.admission.windows import key_start_window, start_mark, start_window, window_retry_at
 
 
 def add_waiter(
@@ -135,17 +44,6 @@ def add_waiter(
     if resources is not None:
         resources.wait(request.ticket, state.config.name, request.priority, request.constraints)
     return waiter
-
-
-def room(state: QueueState, now_ms: int) -> int | None:
-    """How many waiters may be granted now: free slots and window room, whichever is less
-    (None: neither limit applies)."""
-    config = state.config
-    free = None if config.concurrency is None else max(0, config.concurrency - len(state.slots))
-    if config.rate_limit is None:
-        return free
-    window = window_room(config.rate_limit, state.marks, now_ms)
-    return window if free is None else min(free, window)
 
 
 def grant(state: QueueState, now_ms: int, resources: ResourceState | None = None) -> Grant:
@@ -226,18 +124,6 @@ def window_reopens_at(state: QueueState, now_ms: int) -> int | None:
     return keyed.reopens_at(config, state.keyed, (w.fairness_key for w in state.waiters.values()), now_ms)
 
 
-def take_slot(state: QueueState, waiter: Waiter, now_ms: int) -> None:
-    """Turn a waiter into a slot holder: mark the window and record its key as served."""
-    state.waiters.pop(waiter.ticket, None)
-    state.slots[waiter.ticket] = now_ms
-    if state.config.rate_limit is not None:
-        bisect.insort(state.marks, now_ms)
-    if state.config.keyed:
-        keyed.take(state.config, state.keyed, waiter.fairness_key, now_ms)
-    state.served[waiter.fairness_key] = state.next_serve
-    state.next_serve += 1
-
-
 def decide(
     state: QueueState, request: AdmissionRequest, now_ms: int, resources: ResourceState | None = None
 ) -> AdmissionDecision:
@@ -295,82 +181,12 @@ def reoffer(
     return held
 
 
-def start_margin_ms(period_ms: int) -> int:
-    """How much wider than its period a sliding window counts step starts: min(50 ms, 5 %).
-
-    The backend counts a start on its clock a moment before the worker calls the step; on a
-    busy host that moment varies by tens of ms, so two starts counted exactly one period apart
-    could be *called* closer together. The margin keeps "never more than N in any P-ms span"
-    true at the call, at the cost of at most 5 % of a sliding window's throughput."""
-    return min(50, period_ms // 20)
-
-
-def start_backdate_ms(period_ms: int) -> int:
-    """How far before its clock read a sliding window may count a start: half the margin.
-
-    Under a backlog a sliding window refills the instant its oldest start ages out, and the
-    worker that slept until then reaches the backend a little late (its wake-up, the queue's
-    lock). Counted at that late instant, every refill would push the next one back by the same
-    delay, cycle after cycle. Counted at the instant the room opened (at most this far back),
-    the window keeps its pace; the call's lateness allowed after the count shrinks by as much
-    (`start_lateness_ms`), so "N per period" still holds at the call."""
-    return start_margin_ms(period_ms) // 2
-
-
-def start_lateness_ms(period_ms: int) -> int:
-    """How late (ms) a step may be called after the moment its count was sent, for a sliding
-    window of this period: the margin less what the count may have been backdated."""
-    return start_margin_ms(period_ms) - start_backdate_ms(period_ms)
-
-
-def oldest_start_needed(rate: RateLimit, now_ms: int) -> int:
-    """Start marks older than this can be forgotten: those outside the start window, except
-    that a sliding one keeps `start_backdate_ms` more, for `start_mark` to look back on."""
-    if rate.algorithm != "sliding":
-        return oldest_mark_needed(rate, now_ms)
-    return oldest_mark_needed(start_window(rate), now_ms) - start_backdate_ms(rate.period_ms)
-
-
-def start_mark(rate: RateLimit, marks: Sequence[int], now_ms: int) -> int:
-    """When a start the window has room for now is counted: now, or for a sliding window the
-    earliest instant of the last `start_backdate_ms` from which the window had room for it
-    (`marks` ascending, pruned no further than `oldest_start_needed`).
-
-    With the start window's limit N and period P', one more mark at `at` keeps at most N marks in
-    any P' span if the N-th newest mark is at or before `at - P'`."""
-    if rate.algorithm != "sliding":
-        return now_ms
-    window = start_window(rate)
-    at = now_ms - start_backdate_ms(rate.period_ms)
-    if len(marks) >= window.limit:
-        at = max(at, marks[-window.limit] + window.period_ms)
-    return min(at, now_ms)
-
-
-def start_window(rate: RateLimit) -> RateLimit:
-    """The window step starts are counted in: a sliding one widened by `start_margin_ms`."""
-    if rate.algorithm != "sliding":
-        return rate
-    return RateLimit(limit=rate.limit, period_ms=rate.period_ms + start_margin_ms(rate.period_ms), algorithm="sliding")
-
-
 def keyed_block(state: QueueState, key: str, now_ms: int) -> int | None:
     """When a call of `key`, blocked by a global throttle or its key's own limits, may next be
     granted; None when neither blocks it."""
     return keyed.throttle_blocks_all(state.config, state.keyed, now_ms) or keyed.key_blocked_until(
         state.config, state.keyed, key, now_ms
     )
-
-
-def key_start_window(config: QueueConfig) -> RateLimit | None:
-    """The per-key window step starts are counted in (widened like `start_window`)."""
-    return start_window(config.key_rate_limit) if config.key_rate_limit is not None else None
-
-
-def start_key(ticket: str, key: str) -> str:
-    """The fairness key a start counts under: the given one, else the ticket's run id (as
-    `AdmissionRequest.key`)."""
-    return key or Ticket.parse(ticket).run_id
 
 
 def try_start(state: QueueState, now_ms: int, key: str = "") -> int:

@@ -40,7 +40,7 @@ P:q::...              (as Q)   the pseudo-queue `""` of calls gated by step conc
 P:res:...             various  step-concurrency resources: see `resources.lua`
 ====================  =======  ==============================================================
 
-Ranking without a scan. The order is `policy.rank`: (-priority, key last served [fairness
+Ranking without a scan. The order is `waiter_line.rank`: (-priority, key last served [fairness
 "key"; never served = -1], arrival fifo/lifo). The index zsets all have score 0 and members
 built from fixed-width decimal fields, so lexicographic order is rank order and "how many
 waiters come before me" is a `ZLEXCOUNT` (O(log N)):
@@ -115,7 +115,7 @@ from durable_flow.admission.base import (
     OnCount,
     ResourceUsage,
 )
-from durable_flow.admission.policy import key_start_window, oldest_mark_needed, start_key
+from durable_flow.admission.windows import key_start_window, oldest_mark_needed, start_key
 from durable_flow.options import Option, non_empty_str, number
 from durable_flow.queues import QueueConfig, queue_from_dict
 from durable_flow.validation import HOUR_S

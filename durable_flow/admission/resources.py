@@ -17,13 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from durable_flow.admission.base import Constraint, ResourceUsage
+from durable_flow.admission.queue_state import QueueState, room, take_slot
 from durable_flow.admission.resource_line import NEVER_SERVED, SOLO, ResourceLine
-
-if TYPE_CHECKING:
-    from durable_flow.admission.policy import QueueState
 
 #: How many waiters (passed over alone: their queue full or paused) or keys (passed over whole:
 #: their own key full) one freed resource's offer passes over at most before it stops, on every
@@ -213,7 +210,6 @@ def grant_freed(
 ) -> list[str]:
     """Offer freed resources to their waiters, across queues (`ResourceState.offer`): a waiter is
     granted only if its queue is not paused and has room, and all its constraints fit."""
-    from durable_flow.admission.policy import room, take_slot
 
     def gate(need: Need, ticket: str) -> bool | None:
         state = queues.get(need.queue)

@@ -13,15 +13,34 @@ rebuilt when stale entries outnumber live ones or the queue's mode changes.
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from durable_flow.admission.base import Constraint
 from durable_flow.admission.head_heap import NEVER_SERVED, Entry, HeadHeap
 
 if TYPE_CHECKING:
-    from durable_flow.admission.policy import Waiter
     from durable_flow.queues import QueueConfig
 
-__all__ = ["NEVER_SERVED", "WaiterLine"]
+
+@dataclass(slots=True)
+class Waiter:
+    """A blocked call, remembered so the rightful next one gets the slot."""
+
+    ticket: str
+    priority: int
+    fairness_key: str
+    arrival: int
+    seen_ms: int
+    constraints: tuple[Constraint, ...] = ()
+
+
+def rank(waiter: Waiter, config: QueueConfig, served: dict[str, int]) -> tuple[int, int, int]:
+    """Sort key: the smallest tuple is the rightful next waiter."""
+    key_served = served.get(waiter.fairness_key, NEVER_SERVED) if config.fairness == "key" else 0
+    arrival = waiter.arrival if config.order == "fifo" else -waiter.arrival
+    return (-waiter.priority, key_served, arrival)
+
 
 #: (fair by key, oldest first): how the heaps were built.
 Mode = tuple[bool, bool]
@@ -69,7 +88,7 @@ class WaiterLine(MutableMapping[str, "Waiter"]):
 
     # -- the index ---------------------------------------------------------------------------
     def best(self, config: QueueConfig, served: dict[str, int]) -> Waiter | None:
-        """The waiter `policy.rank` puts first, or None when the line is empty."""
+        """The waiter `rank` puts first, or None when the line is empty."""
         mode: Mode = (config.fairness == "key", config.order == "fifo")
         if mode != self._mode or self._heads.stale(len(self._waiters)):
             self._mode = mode

@@ -321,7 +321,7 @@ class HandoffMixin(EngineBase):
 
         The count happened after the backend told this worker it was about to read its clock
         (`on_count`, after any lock it waited for), and at most half the window's margin before
-        that moment (`policy.start_mark`), so a step called within the other half of it is within
+        that moment (`windows.start_mark`), so a step called within the other half of it is within
         the margin of its count (`start_margins`). One called later
         (the worker was descheduled, the backend slow to answer) is counted again: the late
         count stays in the window as a start that never ran, erring on the safe side."""

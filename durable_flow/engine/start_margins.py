@@ -1,8 +1,8 @@
-"""How late a step may be called after its start was counted, per queue (`policy.start_lateness_ms`).
+"""How late a step may be called after its start was counted, per queue (`windows.start_lateness_ms`).
 
 A sliding window counts step starts over its period widened by a margin, so "never more than N
 starts in any period" holds at the call as long as each call follows its count by at most the
-margin. The count may be backdated by up to half the margin (`policy.start_mark`), so a call
+margin. The count may be backdated by up to half the margin (`windows.start_mark`), so a call
 may follow the moment the worker *sent* the count (the count happened after that) by the
 other half; the worker tells a call that would be later, and counts it again instead
 (`await_start`). The margin depends on the queue's period; this reads it from the persisted
@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from durable_flow.admission.policy import start_lateness_ms
+from durable_flow.admission.windows import start_lateness_ms
 from durable_flow.models import FlowQueue
 from durable_flow.queues import queue_from_dict
 

@@ -11,6 +11,7 @@ import pytest
 
 from durable_flow.admission import policy
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Grant
+from durable_flow.admission.queue_state import QueueState
 from durable_flow.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
 
@@ -172,7 +173,7 @@ class HandoffContract:
         rng = random.Random(index)
         config = QueueConfig(name=name, **self.RANDOM_CONFIGS[index])
         backend.register(config)
-        state = policy.QueueState(config)
+        state = QueueState(config)
         tickets = [f"run{i}/{rng.randint(1, 2)}" for i in range(14)]
         priority = {t: rng.choice([0, 0, 0, 5, 10]) for t in tickets}
         keys = {t: rng.choice(["", "tenant-a", "tenant-b", "tenant-c|x"]) for t in tickets}

@@ -11,6 +11,8 @@ import pytest
 
 from durable_flow.admission import policy
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Grant
+from durable_flow.admission.queue_state import QueueState
+from durable_flow.admission.windows import start_key
 from durable_flow.queues import QueueConfig, RateLimit, Throttle
 from durable_flow.testing.clock import FakeClock
 
@@ -95,7 +97,7 @@ class KeyedLimitsContract:
         first = clock()
         assert backend.try_start(name, "a1/1", "A") == 0 and backend.try_start(name, "a2/1", "A") == 0
         clock.advance(100)
-        # The start window is widened by min(50 ms, 5 %) (see `policy.start_margin_ms`).
+        # The start window is widened by min(50 ms, 5 %) (see `windows.start_margin_ms`).
         assert backend.try_start(name, "a3/1", "A") == first + 1050 - clock()
         assert backend.try_start(name, "b1/1", "B") == 0
         assert backend.try_start(name, "b2/1") == 0 and backend.try_start(name, "b2/2") == 0  # key = run id
@@ -169,7 +171,7 @@ class KeyedLimitsContract:
         rng = random.Random(100 + index)
         config = QueueConfig(name=name, **self.KEYED_CONFIGS[index])
         backend.register(config)
-        state = policy.QueueState(config)
+        state = QueueState(config)
         tickets = [f"run{i}/{rng.randint(1, 2)}" for i in range(14)]
         keys = {t: rng.choice(["", "tenant-a", "tenant-b", "tenant-c|x"]) for t in tickets}
         priority = {t: rng.choice([0, 0, 5]) for t in tickets}
@@ -183,7 +185,7 @@ class KeyedLimitsContract:
                 assert backend.grant(name) == policy.grant(state, clock()), f"step {step}: grant"
             elif roll < 0.32:
                 key = keys[ticket]
-                expected_wait = policy.try_start(state, clock(), policy.start_key(ticket, key))
+                expected_wait = policy.try_start(state, clock(), start_key(ticket, key))
                 assert backend.try_start(name, ticket, key) == expected_wait, f"step {step}: start"
             else:
                 if roll < 0.45:

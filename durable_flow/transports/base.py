@@ -79,8 +79,8 @@ class Transport(Configurable, ABC):
     @classmethod
     def check_concurrency(cls, spec: object) -> None:
         """`ImproperlyConfigured` unless `spec` is a CONCURRENCY the worker can run with. The
-        form is the worker's (`worker/concurrency.py`); a transport only carries the value."""
-        from durable_flow.worker.concurrency import build_controller
+        form is the worker's (`worker/controllers.py`); a transport only carries the value."""
+        from durable_flow.worker.controllers import build_controller
 
         build_controller(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
 

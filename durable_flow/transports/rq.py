@@ -61,9 +61,7 @@ cannot be killed safely mid-transaction, and step timeouts are the engine's (the
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -77,13 +75,13 @@ from rq.registry import StartedJobRegistry
 from durable_flow.options import Option, Validator, boolean, non_empty_str, number
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.rq_claims import ClaimBook
+from durable_flow.transports.rq_common import HIGH, LOW, NORMAL, current_runner
+from durable_flow.transports.rq_source import RQTaskSource
 from durable_flow.transports.runner import EngineRunner, TaskRunner
 from durable_flow.validation import MAX_DURATION_MS
 
 if TYPE_CHECKING:
     from redis import Redis
-
-    from durable_flow.transports.rq_source import RQTaskSource
 
 logger = logging.getLogger("durable_flow.transports.rq")
 
@@ -94,11 +92,6 @@ _TTL: Validator = number(-1, MAX_DURATION_MS // 1000, integer=True, unit="second
 def _ttl(value: object) -> str | None:
     """RESULT_TTL / FAILURE_TTL: whole seconds up to ten years, -1 (forever) or None (RQ's)."""
     return None if value is None else _TTL(value)
-
-
-HIGH, NORMAL, LOW = "high", "normal", "low"
-
-_current = threading.local()
 
 
 def tier_for(priority: int) -> str:
@@ -113,22 +106,12 @@ def tier_for(priority: int) -> str:
 def _runner() -> TaskRunner:
     """The worker running this job: `durable_worker`'s, else (a plain `rqworker`) this
     process's engine with no worker id."""
-    runner: TaskRunner | None = getattr(_current, "runner", None)
+    runner = current_runner()
     if runner is None:
         from durable_flow.engine import get_engine
 
         runner = EngineRunner(get_engine())
     return runner
-
-
-@contextmanager
-def running_as(runner: TaskRunner) -> Iterator[None]:
-    """The job functions called in this block (on this thread) run through `runner`."""
-    _current.runner = runner
-    try:
-        yield
-    finally:
-        _current.runner = None
 
 
 def run_turn_job(run_id: str) -> str:
@@ -144,12 +127,6 @@ def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
     re-driven after `REDISPATCH_AFTER_S` instead.
     """
     return _runner().run_step(run_id, step_key, attempt)
-
-
-JOB_KINDS = {
-    f"{__name__}.run_turn_job": "turn",
-    f"{__name__}.run_step_job": "step",
-}
 
 
 class RQTransport(Transport):
@@ -344,6 +321,4 @@ class RQTransport(Transport):
     # -- consuming ---------------------------------------------------------------------------
     def source(self) -> RQTaskSource:
         """The consuming side, for `durable_worker`."""
-        from durable_flow.transports.rq_source import RQTaskSource
-
         return RQTaskSource(self)

@@ -19,7 +19,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rq.executions import Execution
 from rq.job import Job, JobStatus
@@ -28,15 +28,32 @@ from rq.registry import StartedJobRegistry
 from rq.utils import now as rq_now
 from rq.worker import SimpleWorker
 
-from durable_flow.transports.rq import HIGH, JOB_KINDS, LOW, NORMAL, running_as
-from durable_flow.transports.rq_claims import Popped
+from durable_flow.transports.rq_claims import ClaimBook, Popped
+from durable_flow.transports.rq_common import HIGH, JOB_KINDS, LOW, NORMAL, running_as
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
-    from durable_flow.transports.rq import RQTransport
+    from redis import Redis
 
 #: How often a worker moves abandoned jobs out of RQ's started registries.
 REGISTRY_CLEANUP_EVERY_S = 30.0
+
+
+class RQProducer(Protocol):
+    """What a source reads of its producer (`rq.RQTransport`): the tiers, their connection and
+    claim book, and the options that decide where a turn's steps run."""
+
+    @property
+    def tiers(self) -> dict[str, Queue]: ...
+
+    @property
+    def connection(self) -> Redis: ...
+
+    @property
+    def claims(self) -> ClaimBook: ...
+
+    eager_steps: bool
+    optimistic_first_step: bool
 
 
 class RQTaskSource(TaskSource):
@@ -47,7 +64,7 @@ class RQTaskSource(TaskSource):
 
     def __init__(
         self,
-        transport: RQTransport,
+        transport: RQProducer,
         execution_ttl_s: int | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -1,19 +1,11 @@
-"""How many tasks a worker runs at once: a fixed number, or an adaptive control loop.
-
-`TRANSPORT["CONCURRENCY"]` is a number, `"adaptive"`, or a dict
-`{"mode": "adaptive", "min": 1, "max": 32, "start": 1, "tick_ms": 2000,
-"ram_ceiling_pct": 85, "cpu_ceiling_pct": None}`.
+"""How many tasks a worker runs at once: the controller protocol, what it reports, and the
+fixed limit. The adaptive control loop is in `adaptive`; `controllers` parses the setting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-from django.core.exceptions import ImproperlyConfigured
-
-from durable_flow.validation import number_problem
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +65,3 @@ class FixedConcurrency:
 MAX_CONCURRENCY = 1024
 """Most threads one worker may run: each holds a database connection, and a typo such as
 `10**30` should fail `manage.py check`, not the thread pool at worker start."""
-
-
-def build_controller(spec: object, setting: str = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]') -> ConcurrencyController:
-    """Parse a CONCURRENCY setting into its controller; `ImproperlyConfigured` names the setting."""
-    if spec == "adaptive" or (isinstance(spec, Mapping) and spec.get("mode") == "adaptive"):
-        from durable_flow.worker.adaptive import AdaptiveConcurrency
-
-        options: Mapping[str, Any] = spec if isinstance(spec, Mapping) else {}
-        return AdaptiveConcurrency.from_spec(options, setting=setting)
-    problem = number_problem(spec, minimum=1, maximum=MAX_CONCURRENCY, integer=True)
-    if problem:
-        raise ImproperlyConfigured(f"{setting}: {problem} (or 'adaptive', or an adaptive spec dict)")
-    return FixedConcurrency(spec)  # type: ignore[arg-type]  # an int, checked above
