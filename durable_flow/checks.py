@@ -30,8 +30,7 @@ from durable_flow.options import Configurable
 
 HINTS = {
     "E001": (
-        "See docs/settings.md: every number has a documented range, and NaN, "
-        "infinities and True/False are refused."
+        "See docs/settings.md: every number has a documented range, and NaN, infinities and True/False are refused."
     ),
     "E002": "Install the backend's extra dependencies or fix the dotted path.",
     "E003": "Install the backend's extra dependencies or fix the dotted path.",
