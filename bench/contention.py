@@ -40,7 +40,7 @@ The step's stamp is the host's clock, taken a moment after the backend counted t
 own clock (the database's, or Redis's `TIME`); on a loaded machine that moment varies by tens of
 ms. A sliding window counts over its period plus a margin (min(50 ms, 5 %)) and the worker
 counts a start again when its call would come later than the margin after its count, so the
-stamps should never show more than the limit in a trailing period (see the README's "Rate
+stamps should never show more than the limit in a trailing period (see docs/flow-control.md, "Rate
 limits count step starts"). The figures are printed raw; the brief's targets are applied to
 them as they are.
 """

@@ -13,7 +13,7 @@ a *cap-full decision* (`try_admit` of the waiter in the middle, refused for `con
 *handoff* (a holder's release granting its slot to the rightful next waiter in the same call).
 The baseline is the shortest line, measured in the same run: a backend whose decision walks an
 index stays near 1.0x at every length; one that scans the line falls as 1 / waiters (`local`'s
-next-waiter search does, by design: see the README's Known limitations).
+next-waiter search does, by design: see docs/roadmap.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ HINTS = {
     "E003": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
     "E004": 'Add path("", include("dashboard.urls")) to the project\'s URLs (see settings/urls.py).',
     "E005": f'DASHBOARD_BURST is {{"WORKFLOW": <workflow name>, "QUEUE": <queue name>, "SIZE": 1 to {MAX_BURST}, '
-    '"INPUT": {...}}, each key optional (see README.md, the flow view); NaN, infinities and True/False are refused.',
+    '"INPUT": {...}}, each key optional (see docs/dashboard-and-admin.md, the flow view); NaN, infinities and '
+    "True/False are refused.",
 }
 
 # The page every other dashboard page extends.

@@ -30,17 +30,16 @@ from durable_flow.options import Configurable
 
 HINTS = {
     "E001": (
-        "See the settings reference in README.md: every number has a documented range, and NaN, "
-        "infinities and True/False are refused."
+        "See docs/settings.md: every number has a documented range, and NaN, infinities and True/False are refused."
     ),
     "E002": "Install the backend's extra dependencies or fix the dotted path.",
     "E003": "Install the backend's extra dependencies or fix the dotted path.",
-    "E004": "Each admission backend's options are listed in README.md (and in its OPTIONS).",
-    "E005": "Each transport's options are listed in README.md (and in its OPTIONS).",
+    "E004": "Each admission backend's options are listed in docs/settings.md (and in its OPTIONS).",
+    "E005": "Each transport's options are listed in docs/settings.md (and in its OPTIONS).",
     "E006": (
         "SAMPLE_INTERVAL_S is 1 to 3600 s, SAMPLE_RETENTION_S 3600 s (the charts show an hour) to a year (31536000 s)."
     ),
-    "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see README, Step concurrency).",
+    "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
     "W002": 'Set DURABLE_FLOW["TRANSPORT"] to "db" or "rq" and run `manage.py durable_worker` (docs/deployment.md); '

@@ -3,7 +3,7 @@
 Every error is an `ImproperlyConfigured` that names the offending key, e.g.
 `DURABLE_FLOW["POLLER"]: BATCH_SIZE must be an integer from 1 to 10000, got 0`. Every number
 goes through `validation.number_problem`: a bool, NaN or an infinity is never a number, and
-each has a finite maximum (documented in the README's settings reference), so a value that
+each has a finite maximum (documented in docs/settings.md), so a value that
 passes `manage.py check` cannot overflow a `timedelta`, a column or a sleep later.
 """
 

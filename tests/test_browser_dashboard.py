@@ -27,7 +27,7 @@ from tests.conftest import ROOT, ManagedProcess, wait_for
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements.txt")
 CHROMIUM = "/usr/bin/chromium"
 # Screenshots go to var/screenshots (ignored); DURABLE_FLOW_SCREENSHOTS=docs/screenshots refreshes
-# the ones the README shows.
+# the ones the docs show.
 SCREENSHOTS = ROOT / os.environ.get("DURABLE_FLOW_SCREENSHOTS", "var/screenshots")
 # Playwright's sync API keeps an event loop in this thread; the ORM calls between page
 # actions are ordinary blocking calls, which is what this flag tells Django.

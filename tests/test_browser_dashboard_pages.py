@@ -4,7 +4,7 @@ admission): pause a queue and watch waiting grow, resume and watch it drain; wat
 get points; survive a server restart; learn that the session expired.
 
 Screenshots at 1400 px and 420 px go to var/screenshots/ (DURABLE_FLOW_SCREENSHOTS=docs/screenshots
-refreshes the README's).
+refreshes the docs').
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_the_charts_get_points_from_the_poller_samples(
     page.wait_for_function(
         "document.querySelector('tr[data-queue=\"demo-throttled\"] svg.spark') !== null", timeout=15000
     )
-    if "DURABLE_FLOW_SCREENSHOTS" in os.environ:  # refreshing the README's: a few more samples, so lines have shape
+    if "DURABLE_FLOW_SCREENSHOTS" in os.environ:  # refreshing the docs': a few more samples, so lines have shape
         page.wait_for_timeout(4000)
     shoot(page, "dashboard-overview")
 

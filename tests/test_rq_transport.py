@@ -156,6 +156,19 @@ def test_enqueue_waits_for_commit_and_rolls_back_with_the_transaction(rq_engine:
     assert queue.jobs[0].func_name == "durable_flow.transports.rq.run_turn_job" and queue.jobs[0].args == (run.id,)
 
 
+def test_a_tasks_first_turn_is_queued_on_its_prioritys_tier(rq_engine: Engine) -> None:
+    """Tasks no queue holds back overtake the backlog by priority on `rq` too: a task's first
+    turn goes on the tier of its priority (steps already do), workflow turns on the normal one."""
+    from tests.task_functions import add
+
+    urgent = add.using(priority=10).enqueue(1, 2)
+    plain = add.enqueue(1, 2)
+    background = add.using(priority=-10).enqueue(1, 2)
+    tiers = rq_engine.transport.tiers
+    queued = {tier: [job.args for job in tiers[tier].jobs] for tier in (HIGH, NORMAL, LOW)}
+    assert queued == {HIGH: [(urgent.id,)], NORMAL: [(plain.id,)], LOW: [(background.id,)]}
+
+
 def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn, marker: Path) -> None:
     workers = [worker(spawn, marker, "--concurrency", "4") for _ in range(3)]
     wait_for(lambda: all(live_heartbeat(w) for w in workers), timeout=30, what="three workers up")

@@ -25,7 +25,7 @@ TTL_S = 5.0
 
 class StartMargins:
     """Each queue's allowed call lateness in ms, or None where lateness cannot break a limit (no
-    rate limit, or a fixed window: see the README's "Flow control" on what fixed windows promise)."""
+    rate limit, or a fixed window: see docs/flow-control.md on what fixed windows promise)."""
 
     def __init__(self, ttl_s: float = TTL_S, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s

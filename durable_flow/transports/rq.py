@@ -17,7 +17,8 @@ Priority mapping. RQ queues are FIFO lists with no per-job priority, so `priorit
 one of three tiered queues next to the configured one::
 
     priority > 0  ->  "<QUEUE>:high"
-    priority == 0 ->  "<QUEUE>"          (workflow turns always go here)
+    priority == 0 ->  "<QUEUE>"          (workflow turns go here; a task's first turn goes on
+                                          the tier of the task's priority)
     priority < 0  ->  "<QUEUE>:low"
 
 A worker pops from the first non-empty list of `[high, normal, low]` in one atomic script
@@ -244,6 +245,13 @@ class RQTransport(Transport):
     # -- producing ---------------------------------------------------------------------------
     def enqueue_turn(self, run_id: str) -> None:
         transaction.on_commit(partial(self._push, NORMAL, run_turn_job, (run_id,), f"turn {run_id}"))
+
+    def enqueue_first_turn(self, run_id: str, priority: int) -> None:
+        """A task's first turn goes on its priority's tier, as its step will: tasks that no queue
+        holds back overtake the backlog by priority (tiers are coarse; admission orders within)."""
+        transaction.on_commit(
+            partial(self._push, tier_for(priority), run_turn_job, (run_id,), f"turn {run_id} (priority {priority})")
+        )
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         transaction.on_commit(
