@@ -8,8 +8,12 @@ PYTHON_DJANGO6 ?= $(shell for p in python3.13 python3.12 /root/.pyenv/versions/3
 VENV_DJANGO6   ?= .venv-django6
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PORT   ?= 8000
+DOCS_PORT ?= 8001
+# mkdocs-material prints an end-of-life banner on every build. No --quiet: it also stops --strict
+# from counting warnings, so a broken link would pass.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: demo test test-postgresql test-django6 lint venv venv-django6 lock clean
+.PHONY: demo test test-postgresql test-django6 lint docs venv venv-django6 lock clean
 
 $(VENV)/.installed: requirements.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +55,7 @@ test: venv venv-django6
 	bash .ci/ensure-browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(MKDOCS) build --strict
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
 	VENV=$(VENV) VENV_DJANGO6=$(VENV_DJANGO6) PG_URL=$(PG_URL) bash .ci/test-passes
 
@@ -66,6 +71,12 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(MKDOCS) build --strict
+
+## The docs/ folder as a site (mkdocs.yml) on http://127.0.0.1:$(DOCS_PORT)/, rebuilt on every
+## edit; `make test` and `make lint` build it with --strict into var/site.
+docs: venv
+	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 clean:
 	rm -rf $(VENV) $(VENV_DJANGO6) var
