@@ -28,6 +28,7 @@ from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
+from tests.support.redis_keys import delete_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -153,9 +154,7 @@ def client() -> Iterator[redis.Redis]:
 def prefix(client: redis.Redis) -> Iterator[str]:
     value = f"test:adm:{uuid.uuid4().hex[:12]}"
     yield value
-    keys = list(client.scan_iter(match=f"{value}:*", count=1000))
-    if keys:
-        client.delete(*keys)
+    delete_keys(client, f"{value}:*")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock
+from tests.support.redis_keys import delete_keys
 from tests.test_admission_redis import lapse
 from tests.test_flow_control import HeldTransport, held  # noqa: F401 - the fixture
 
@@ -28,8 +29,7 @@ def prefix() -> Iterator[str]:
     yield prefix
     backend = RedisAdmissionBackend.from_options({"CONNECTION": "default", "KEY_PREFIX": prefix})
     client = backend.redis
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
+    delete_keys(client, f"{prefix}:*")
     backend.close()
 
 

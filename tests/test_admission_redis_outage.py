@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowR
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock, wait_for
-from tests.own_redis import OwnRedis, free_port
+from tests.support.own_redis import OwnRedis, free_port
 from tests.test_admission_redis import server_ms
 from tests.test_flow_control import HeldTransport
 
@@ -83,14 +82,6 @@ def one_step(ctx: Any, payload: dict[str, str]) -> Any:
 @workflow("tests.outage.one_plain")
 def one_plain(ctx: Any, payload: dict[str, str]) -> Any:
     return ctx.step(plain, payload["value"], queue=payload["queue"])
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(free_port(), data_dir=tmp_path)
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

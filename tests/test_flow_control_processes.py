@@ -29,7 +29,7 @@ def admission(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def db_engine(transactional_db: None, admission: str, settings: Any) -> Engine:
+def matching_admission_engine(transactional_db: None, admission: str, settings: Any) -> Engine:
     """The test process's engine on the same admission backend as its worker processes."""
     if admission == "redis":
         backend = use_redis_admission(settings)
@@ -75,7 +75,7 @@ def completed(run_ids: list[str]) -> bool:
 
 
 def test_the_cap_holds_across_worker_processes(
-    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    matching_admission_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
     queue = unique("render")
@@ -90,11 +90,11 @@ def test_the_cap_holds_across_worker_processes(
     assert len(intervals) == 30
     assert max_overlap(intervals) <= 3
     assert max_overlap(intervals) >= 2  # the cap was actually contended, not trivially kept
-    assert slots_held(db_engine, queue) == 0
+    assert slots_held(matching_admission_engine, queue) == 0
 
 
 def test_parked_runs_survive_killing_every_process(
-    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    matching_admission_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
     queue = unique("render")
@@ -119,7 +119,7 @@ def test_parked_runs_survive_killing_every_process(
     # to poll: grants, or after a crash the restarted poller's re-offer, dispatch them.
     assert all(run.wake_at is None for run in parked)
     assert StepCheckpoint.objects.filter(run__in=parked, status=StepStatus.WAITING).count() == parked.count()
-    assert (db_engine.admission.waiting(queue) or 0) > 0
+    assert (matching_admission_engine.admission.waiting(queue) or 0) > 0
 
     for _ in range(2):
         spawn("durable_worker", "--concurrency", "4", env=env)
@@ -128,4 +128,4 @@ def test_parked_runs_survive_killing_every_process(
     assert max_overlap(read_intervals(marker, until=killed_at)) <= 2
     for cp in StepCheckpoint.objects.filter(run_id__in=runs):
         assert cp.status == StepStatus.COMPLETED and not cp.holds_slot
-    assert slots_held(db_engine, queue) == 0
+    assert slots_held(matching_admission_engine, queue) == 0

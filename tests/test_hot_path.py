@@ -59,7 +59,7 @@ def work(engine: Engine, source: DatabaseTaskSource, task: ClaimedTask) -> None:
 
 
 @pytest.fixture
-def db_engine(clock: MovableClock, transactional_db: None) -> tuple[Engine, DatabaseTaskSource]:
+def db_locked(clock: MovableClock, transactional_db: None) -> tuple[Engine, DatabaseTaskSource]:
     """The locked path, which most of these tests count: `OPTIMISTIC_FIRST_STEP` off (a run's
     first step is written as dispatched before it runs). The default: `db_default`."""
     transport = DatabaseTransport(optimistic_first_step=False)
@@ -73,8 +73,8 @@ def db_default(clock: MovableClock, transactional_db: None) -> tuple[Engine, Dat
     return local_engine(clock, transport), transport.source()
 
 
-def test_the_task_row_goes_in_the_transaction_that_settles_it(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    engine, source = db_engine
+def test_the_task_row_goes_in_the_transaction_that_settles_it(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     turn = claim_one(source)
     source.execute(EngineRunner(engine, "w"), turn)
@@ -89,8 +89,8 @@ def test_the_task_row_goes_in_the_transaction_that_settles_it(db_engine: tuple[E
     assert StepCheckpoint.objects.get(run=run).worker == "w"
 
 
-def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    engine, source = db_engine
+def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     work(engine, source, claim_one(source))
     step = claim_one(source)
@@ -102,8 +102,8 @@ def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_engine: tuple
     assert not Task.objects.exists()
 
 
-def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    engine, source = db_engine
+def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     work(engine, source, claim_one(source))
     step = claim_one(source)
@@ -115,14 +115,14 @@ def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_engine: tuple[Engine,
 
 
 def test_a_one_step_workflow_costs_at_most_fifteen_statements_through_the_transport(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
     """Outside a worker (no thread takes the turn's step): claim (1) + first turn (5: lock the
     run, delete the task row, insert the checkpoint and the step's task, update the run) +
     claim (1) + step (8: start the attempt, insert its history row, lock the run, read its
     checkpoints, delete the task row, finish the history row, settle the checkpoint, finish the
     run). No queue."""
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     with CaptureQueriesContext(connection) as queries:
         work(engine, source, claim_one(source))
@@ -137,9 +137,9 @@ def worker(engine: Engine, source: DatabaseTaskSource) -> WorkerRuntime:
 
 
 def test_a_worker_runs_the_step_its_turn_dispatched_with_no_step_task(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     step_tasks: list[int] = []
 
@@ -165,13 +165,13 @@ def test_a_worker_runs_the_step_its_turn_dispatched_with_no_step_task(
 
 
 def test_a_one_step_workflow_costs_a_worker_at_most_eleven_statements_in_three_transactions(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
     """Claim (1) + the turn (5: lock the run, delete the task row, insert the checkpoint and
     the attempt's history row, update the run) + the step handed to the thread (5: lock the
     run, read its checkpoints, finish the attempt's row, settle the checkpoint, finish the
     run). No queue."""
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     runtime = worker(engine, source)
     with CaptureQueriesContext(connection) as queries:
@@ -187,9 +187,9 @@ def test_a_one_step_workflow_costs_a_worker_at_most_eleven_statements_in_three_t
 
 
 def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
-    db_engine: tuple[Engine, DatabaseTaskSource], clock: MovableClock
+    db_locked: tuple[Engine, DatabaseTaskSource], clock: MovableClock
 ) -> None:
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     with inline_handoff.accepting("w1", turns=True) as taken:
         engine.run_turn(run.id)
@@ -213,9 +213,9 @@ def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
 
 
 def test_a_turns_handed_step_of_a_run_cancelled_meanwhile_is_recorded_as_cancelled(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
-    engine, _ = db_engine
+    engine, _ = db_locked
     run = start("tests.echo_flow", "hello")
     with inline_handoff.accepting("w1", turns=True) as taken:
         engine.run_turn(run.id)
@@ -261,10 +261,10 @@ def test_a_results_inline_turn_takes_no_savepoint(clock: MovableClock, transacti
     assert [(run_id, key) for run_id, key, *_ in transport.held] == [(run.id, second.key)]
 
 
-def test_a_turns_writes_after_its_last_read_go_in_one_round_trip(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
+def test_a_turns_writes_after_its_last_read_go_in_one_round_trip(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
     """The turn's dispatched attempt's row and the run's update are held back and sent together
     at the end of the turn (`writes_together`) on PostgreSQL; SQLite sends one at a time."""
-    engine, _source = db_engine
+    engine, _source = db_locked
     run = start("tests.echo_flow", "hello")
     with CaptureQueriesContext(connection) as queries, inline_handoff.accepting("w1", turns=True) as taken:
         engine.run_turn(run.id)

@@ -32,6 +32,7 @@ from durable_flow.transports.rq import HIGH, LOW, NORMAL, RQTransport, run_step_
 from durable_flow.transports.rq_source import RQTaskSource
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.redis_keys import delete_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,9 +47,7 @@ LOCKED = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "0"}
 
 def clear_rq(connection: Redis) -> None:
     """Remove RQ's keys (queues, jobs, registries, workers) from the test Redis database."""
-    keys = list(connection.scan_iter("rq:*", count=1000))
-    if keys:
-        connection.delete(*keys)
+    delete_keys(connection, "rq:*")
 
 
 @pytest.fixture

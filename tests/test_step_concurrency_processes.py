@@ -14,6 +14,7 @@ from durable_flow import start
 from durable_flow.engine import get_engine
 from durable_flow.models import RunStatus, WorkflowRun
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.redis_keys import delete_keys
 from tests.test_flow_control_processes import max_overlap, read_intervals
 from tests.test_handoff_processes import run_workers, stack  # noqa: F401 - the fixture
 
@@ -25,10 +26,7 @@ def forget_resources(stack: dict[str, str]) -> None:  # noqa: F811 - the importe
         return
     backend = get_engine().admission
     client, prefix = backend.redis, backend.prefix  # type: ignore[attr-defined]
-    for pattern in (f"{prefix}:res:*", f"{prefix}:q::*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
+    delete_keys(client, f"{prefix}:res:*", f"{prefix}:q::*")
 
 
 def intervals_of(marker: Path, prefix: str) -> list[tuple[float, float]]:
