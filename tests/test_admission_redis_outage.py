@@ -31,9 +31,9 @@ from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowR
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock, wait_for
+from tests.support.held import HeldTransport
 from tests.support.own_redis import OwnRedis, free_port
-from tests.test_admission_redis import server_ms
-from tests.test_flow_control import HeldTransport
+from tests.support.redis_admission import server_ms
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
 

@@ -38,8 +38,8 @@ from durable_flow.models import (
 from durable_flow.poller import TimerPoller
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, MovableClock, local_engine, wait_for
-from tests.test_optimistic_first_step import QueuedTurns
-from tests.test_rq_transport import RQ_ENV, clear_rq
+from tests.support.held import QueuedTurns
+from tests.support.workers import RQ_ENV, clear_rq
 
 #: How long a process test waits for a run to settle. Generous: on today's code before the fix
 #: the run never settled (its task was redelivered after every lease, forever).

@@ -17,8 +17,8 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.queues import QueueConfig, RateLimit
 from tests.engine_support import ManualTransport
+from tests.support.redis_admission import REDIS_URL
 from tests.support.redis_keys import delete_keys
-from tests.test_admission_contract import REDIS_URL
 
 
 @pytest.fixture(params=["local", "db", "redis"])

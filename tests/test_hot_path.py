@@ -37,7 +37,7 @@ from durable_flow.transports.runner import ClaimedTask, EngineRunner
 from durable_flow.worker.concurrency import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
-from tests.test_flow_control import HeldTransport
+from tests.support.held import HeldTransport
 
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
 

@@ -5,7 +5,6 @@ re-delivered after a kill, the first-delivery mark): tests/test_rq_transport.py.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import pytest
@@ -19,37 +18,15 @@ from durable_flow.engine.optimistic import ProbeGate
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.registry import get_workflow, step_backoff
-from durable_flow.transports.base import Transport
 from durable_flow.transports.rq import RQTransport
 from tests import workflows
-from tests.conftest import MovableClock, local_engine
+from tests.conftest import MovableClock
+from tests.support.held import QueuedTurns
 
 
 @workflow("opt.fails_once")
 def fails_once(ctx: Any, _: Any) -> None:
     ctx.step(workflows.always_fails, None, retries=0)
-
-
-class QueuedTurns(Transport):
-    """Keeps turns and steps as they are sent, for the test to look at (nothing runs them)."""
-
-    name = "queued-turns"
-
-    def __init__(self) -> None:
-        self.turns: deque[str] = deque()
-        self.steps: deque[tuple[str, str, int]] = deque()
-
-    def enqueue_turn(self, run_id: str) -> None:
-        self.turns.append(run_id)
-
-    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
-        self.steps.append((run_id, step_key, attempt))
-
-
-@pytest.fixture
-def queued_turns(clock: MovableClock, transactional_db: None) -> tuple[Engine, QueuedTurns]:
-    transport = QueuedTurns()
-    return local_engine(clock, transport), transport
 
 
 def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(

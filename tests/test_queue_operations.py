@@ -21,7 +21,7 @@ from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import RateLimit, Throttle
 from tests.conftest import ManagedProcess, wait_for
-from tests.test_flow_control_processes import admission, completed, matching_admission_engine, process_env, unique  # noqa: F401
+from tests.support.workers import completed, unique
 
 
 def waiting(queue: str) -> int:
@@ -110,8 +110,8 @@ def test_the_json_api_update_takes_a_throttle_and_refuses_a_bad_one(engine: Engi
 
 
 def test_pause_and_resume_with_real_workers(
-    matching_admission_engine: Engine,  # noqa: F811 (the fixtures imported above)
-    process_env: dict[str, str],  # noqa: F811
+    matching_admission_engine: Engine,
+    process_env: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:

@@ -15,7 +15,7 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import AdmissionSlot, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from tests.conftest import MovableClock
-from tests.test_flow_control import HeldTransport, queued
+from tests.support.held import HeldTransport, queued
 
 
 @pytest.fixture

@@ -23,24 +23,10 @@ from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 from durable_flow.task_runner import TASK_WORKFLOW, run_task
 from tests import task_functions
 from tests.conftest import ROOT, ManagedProcess, wait_for
+from tests.support.tasks import task_payload
 from tests.tasks_framework import InvalidTaskError, TaskResultStatus
 
 MODULE_NEVER_IMPORTED = "tests.not_a_task"
-
-
-def task_payload(path: str, *args: Any) -> dict[str, Any]:
-    """A task run's input as the backend stores it, naming `path`."""
-    return {
-        "task": path,
-        "args": list(args),
-        "kwargs": {},
-        "queue": "default",
-        "priority": 0,
-        "run_after": None,
-        "takes_context": False,
-        "backend": "default",
-        "result_id": "forged",
-    }
 
 
 def step_error(run_id: str) -> dict[str, Any]:
