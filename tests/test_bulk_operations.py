@@ -8,9 +8,7 @@ from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from durable_flow import api, bulk
@@ -19,6 +17,7 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkflowRun
 from tests import workflows
 from tests.engine_support import transport_of
+from tests.support.statements import BULK_ACTION_QUERIES, BULK_TICKED_PAGE_QUERIES, capture
 
 CHANGELIST = "/admin/durable_flow/workflowrun/"
 
@@ -143,13 +142,13 @@ def test_cancel_all_matching_confirms_the_count_then_cancels_in_batches(db_trans
     assert page.context["count"] == 1_600 and page.context["total"] == 1_630
     assert statuses(target) == {RunStatus.PENDING}  # a GET changes nothing
 
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as queries:
         response = admin.post(bulk_url("cancel", query))
     assert response.status_code == 302 and response["Location"] == f"{CHANGELIST}?{query}"
     assert statuses(target) == {RunStatus.CANCELLED}
     assert statuses(other_workflow) == {RunStatus.PENDING} and statuses(done) == {RunStatus.COMPLETED}
     # Four batches of at most 500, each a fixed handful of queries: not one (or ten) per run.
-    assert len(queries) < 100, len(queries)
+    assert len(queries) < BULK_ACTION_QUERIES, len(queries)
     assert LogEntry.objects.filter(change_message="Cancelled (bulk, by filter)").count() == 1_600
     assert logged(target[0]) == ["Cancelled (bulk, by filter)"]
 
@@ -159,9 +158,9 @@ def test_retry_all_matching_requeues_every_failed_run_with_one_insert_per_batch(
     pending = make_runs(20, RunStatus.PENDING, "tests.three_steps", "live")
     admin = user_with("op", ["view_workflowrun", "retry_workflowrun"])
     assert admin.get(bulk_url("retry", "workflow=tests.three_steps")).context["count"] == 1_200
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as queries:
         admin.post(bulk_url("retry", "workflow=tests.three_steps"))
-    assert len(queries) < 100, len(queries)
+    assert len(queries) < BULK_ACTION_QUERIES, len(queries)
     assert statuses(failed) == {RunStatus.PENDING} and statuses(pending) == {RunStatus.PENDING}
     turns = Task.objects.filter(kind=TaskKind.TURN, run_id__in=failed)
     assert turns.count() == 1_200  # each retried run has its turn queued for a worker
@@ -186,14 +185,14 @@ def test_ticked_rows_are_cancelled_in_batches_and_a_full_page_stays_under_the_fi
     ids = make_runs(MAX_SHOW_ALL, RunStatus.PENDING, "tests.sleeper", "ticked")
     assert MAX_SHOW_ALL + 10 < settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
     admin = user_with("op", ["view_workflowrun", "cancel_workflowrun"])
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as queries:
         response = admin.post(
             f"{CHANGELIST}?all=",
             {"action": "cancel_selected", "select_across": "0", "index": "0", "_selected_action": ids},
         )
     assert response.status_code == 302
     assert statuses(ids) == {RunStatus.CANCELLED}
-    assert len(queries) < 60, len(queries)
+    assert len(queries) < BULK_TICKED_PAGE_QUERIES, len(queries)
 
 
 def test_bulk_needs_the_operations_permission(db_transport_engine: Engine) -> None:
