@@ -155,7 +155,7 @@ def test_a_result_whose_next_step_cannot_be_admitted_during_the_outage_is_kept(
 
     own_redis.start()
     TimerPoller(engine).maintain()  # frees the first step's slot, so the second can have it
-    transport._drain_turns()
+    transport.drain_turns()
     transport.run_step()
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
     assert CALLS == {"t": 1, "plain t": 1}

@@ -31,12 +31,13 @@ class HeldTransport(Transport):
 
     def enqueue_turn(self, run_id: str) -> None:
         self.turns.append(run_id)
-        transaction.on_commit(self._drain_turns)
+        transaction.on_commit(self.drain_turns)
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         self.held.append((run_id, step_key, attempt, priority))
 
-    def _drain_turns(self) -> None:
+    def drain_turns(self) -> None:
+        """Run the queued turns now (they also run on commit)."""
         assert self.engine is not None
         while self.turns:
             self.engine.run_turn(self.turns.popleft())
@@ -47,7 +48,7 @@ class HeldTransport(Transport):
         item = self.held[index]
         del self.held[index]
         self.engine.execute_step(item[0], item[1], item[2], worker_id="test")
-        self._drain_turns()
+        self.drain_turns()
         return item
 
     def held_runs(self) -> list[str]:
