@@ -25,6 +25,13 @@ from tests import workflows
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = [
+    "tests.support.fixtures",
+    "tests.support.held",
+    "tests.support.redis_admission",
+    "tests.support.workers",
+]
+
 #: The tests whose verdict depends on the database, marked `postgresql`: `make test` runs the
 #: whole suite on SQLite, then only these on PostgreSQL (`-m postgresql`). They exercise what
 #: differs between the two: row locks and `SKIP LOCKED` (claims, pollers, quotas, admission,

@@ -16,18 +16,6 @@ from durable_flow.models import RunStatus, WorkflowRun
 
 
 @pytest.fixture
-def staff(transactional_db: None) -> Any:
-    return get_user_model().objects.create_user("staff", password="pw", is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def staff_client(staff: Any) -> Client:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(staff)
-    return client
-
-
-@pytest.fixture
 def sleeping_run(engine: Any) -> WorkflowRun:
     run = start("tests.sleeper", 3600)
     run.refresh_from_db()

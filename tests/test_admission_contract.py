@@ -13,6 +13,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.testing.admission_contract import AdmissionBackendContract
 from durable_flow.testing.clock import FakeClock
 from durable_flow.testing.constraint_contract import StepConcurrencyContract
+from tests.support.redis_keys import delete_keys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -40,9 +41,7 @@ class TestRedisAdmissionBackend(AdmissionBackendContract, StepConcurrencyContrac
         for backend in self.backends:
             backend.close()
         client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        delete_keys(client, f"{self.prefix}:*")
         client.close()
 
     def make_backend(self, clock: FakeClock):

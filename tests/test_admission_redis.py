@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -30,15 +29,10 @@ from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
+from tests.support.redis_admission import REDIS_URL, server_ms
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 CHILD = "import sys, django; django.setup(); from tests.test_admission_redis import child_main; child_main(sys.argv[1])"
-
-
-def server_ms(client: redis.Redis) -> int:
-    sec, usec = client.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 # -- child processes ---------------------------------------------------------------------------
@@ -143,23 +137,7 @@ class Child:
             self.proc.wait(10)
 
 
-# -- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(REDIS_URL)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture
-def prefix(client: redis.Redis) -> Iterator[str]:
-    value = f"test:adm:{uuid.uuid4().hex[:12]}"
-    yield value
-    keys = list(client.scan_iter(match=f"{value}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-
-
+# -- fixtures (and tests.support.redis_admission) -----------------------------------------------
 @pytest.fixture
 def make(prefix: str) -> Iterator[Callable[..., RedisAdmissionBackend]]:
     made: list[RedisAdmissionBackend] = []
@@ -195,16 +173,6 @@ def ask(backend: Any, queue: str, ticket: str, **kwargs: Any) -> Any:
 def fleet_since(client: redis.Redis, backend: RedisAdmissionBackend) -> int:
     """Since when (server ms) the server has heard the fleet with no silence (`hearing.lua`)."""
     return int(client.hget(backend.fleet_key, "since") or 0)
-
-
-def lapse(client: redis.Redis, backend: RedisAdmissionBackend) -> None:
-    """`backend`'s process died a TTL ago while the server heard the rest of the fleet: its beats
-    stop, its heartbeat key is gone (deleted, not waited for) and the server's record of hearing
-    the fleet reaches a TTL back (`hearing.lua`), so the next decision may reclaim its slots."""
-    backend.close()
-    client.delete(backend.heartbeat_key)
-    now = server_ms(client)
-    client.hset(backend.fleet_key, mapping={"heard": now, "since": now - backend.instance_ttl_ms})
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -386,7 +354,7 @@ def _admit_args(backend: RedisAdmissionBackend, ticket: str, key: str) -> list[A
 
 # -- server time -------------------------------------------------------------------------------
 def test_without_a_clock_the_server_time_decides(
-    make: Callable[..., RedisAdmissionBackend], client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    make: Callable[..., RedisAdmissionBackend], redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = make()
     skew_s = 86_400
@@ -395,9 +363,9 @@ def test_without_a_clock_the_server_time_decides(
     monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + skew_s * 10**9)
     backend.register(QueueConfig(name="q", concurrency=1, retry_ms=700))
     assert ask(backend, "q", "a/1").admitted
-    before = server_ms(client)
+    before = server_ms(redis_client)
     blocked = ask(backend, "q", "b/1")
-    after = server_ms(client)
+    after = server_ms(redis_client)
     assert blocked.reason == "concurrency"
     assert before + 700 <= blocked.retry_at_ms <= after + 700
     assert abs(blocked.retry_at_ms - (time.time_ns() // 1_000_000 + 700)) > 3_600_000  # not the skewed clock
@@ -405,7 +373,7 @@ def test_without_a_clock_the_server_time_decides(
 
 # -- fleet proofs ------------------------------------------------------------------------------
 def test_four_processes_never_exceed_the_cap_or_the_sliding_window(
-    prefix: str, client: redis.Redis, make: Callable[..., RedisAdmissionBackend], children: Callable[..., Child]
+    prefix: str, redis_client: redis.Redis, make: Callable[..., RedisAdmissionBackend], children: Callable[..., Child]
 ) -> None:
     observer = make()
     observer.register(QueueConfig(name="capped", concurrency=5, retry_ms=5))
@@ -440,14 +408,14 @@ def test_four_processes_never_exceed_the_cap_or_the_sliding_window(
         done.set()
         sampler.join()
 
-    levels = [int(x) for x in client.lrange(common["levels"], 0, -1)]
+    levels = [int(x) for x in redis_client.lrange(common["levels"], 0, -1)]
     assert len(levels) == sum(r["capped"] for r in results) > 200
     assert all(r["capped"] > 10 for r in results)  # every process got its share
     assert max(levels) == 5  # contended up to the cap, never past it
     assert len(samples) > 200 and max(samples) <= 5 and 5 in samples
     assert observer.in_flight("capped") == 0
 
-    times = sorted(int(x) for x in client.lrange(common["log"], 0, -1))
+    times = sorted(int(x) for x in redis_client.lrange(common["log"], 0, -1))
     violations = [i for i in range(len(times) - limit) if times[i + limit] - times[i] < period]
     assert not violations, f"{limit + 1} admissions within {period} ms at {times[violations[0]]}"
     # And the window reopens under load (its rate against the limit is bench/contention.py's).
@@ -455,7 +423,7 @@ def test_four_processes_never_exceed_the_cap_or_the_sliding_window(
 
 
 def test_a_killed_process_slots_are_reclaimed_within_the_instance_ttl(
-    prefix: str, client: redis.Redis, make: Callable[..., RedisAdmissionBackend], children: Callable[..., Child]
+    prefix: str, redis_client: redis.Redis, make: Callable[..., RedisAdmissionBackend], children: Callable[..., Child]
 ) -> None:
     ttl = 4000  # beats every ttl/4: a busy machine has three seconds of slack before a live holder lapses
     backend = make(instance_ttl_ms=ttl)
@@ -467,25 +435,25 @@ def test_a_killed_process_slots_are_reclaimed_within_the_instance_ttl(
     assert ask(backend, "q", "mine/1").reason == "concurrency"
     assert backend.in_flight("q") == 3
 
-    dead = [owner for owner in client.hkeys(f"{prefix}:q:q:owners") if owner.decode() != backend.instance_id]
+    dead = [owner for owner in redis_client.hkeys(f"{prefix}:q:q:owners") if owner.decode() != backend.instance_id]
     assert len(dead) == 1
     heartbeat = f"{prefix}:inst:{dead[0].decode()}"
     os.kill(holder.proc.pid, signal.SIGKILL)
     holder.proc.wait(10)
-    assert client.pttl(heartbeat) <= ttl  # Redis expires it at most one TTL after the last beat
+    assert redis_client.pttl(heartbeat) <= ttl  # Redis expires it at most one TTL after the last beat
     # The verdict rides on the heartbeat key itself and on the server's record of hearing the
     # fleet, not on how promptly this process polls: the slots stay held while the key lives and
     # are reclaimed by the first decision after it lapses, unless a silence (this busy machine's
     # late beats) left the server hearing the fleet for less than a TTL (`hearing.lua`).
     deadline = time.monotonic() + 30
     while True:
-        alive, before_ms = client.exists(heartbeat), server_ms(client)
+        alive, before_ms = redis_client.exists(heartbeat), server_ms(redis_client)
         decision = ask(backend, "q", "mine/1")
         if decision.admitted:
-            assert not client.exists(heartbeat), "slots reclaimed while their owner was alive"
+            assert not redis_client.exists(heartbeat), "slots reclaimed while their owner was alive"
             break
         assert decision.reason == "concurrency"
-        heard_ms = before_ms - fleet_since(client, backend)  # at least this long at the decision
+        heard_ms = before_ms - fleet_since(redis_client, backend)  # at least this long at the decision
         assert alive or heard_ms < ttl, "the dead process's heartbeat lapsed but its slots were not reclaimed"
         assert time.monotonic() < deadline, "the dead process's heartbeat never lapsed"
         time.sleep(0.01)

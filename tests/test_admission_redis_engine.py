@@ -16,8 +16,9 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock
-from tests.test_admission_redis import lapse
-from tests.test_flow_control import HeldTransport, held  # noqa: F401 - the fixture
+from tests.support.held import HeldTransport
+from tests.support.redis_admission import lapse
+from tests.support.redis_keys import delete_keys
 
 TTL_MS = 600
 
@@ -28,8 +29,7 @@ def prefix() -> Iterator[str]:
     yield prefix
     backend = RedisAdmissionBackend.from_options({"CONNECTION": "default", "KEY_PREFIX": prefix})
     client = backend.redis
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
+    delete_keys(client, f"{prefix}:*")
     backend.close()
 
 
@@ -55,7 +55,7 @@ def test_the_executing_process_adopts_the_slot(prefix: str) -> None:
 
 
 def test_a_step_whose_slot_was_reclaimed_goes_back_through_admission(
-    held: tuple[Engine, HeldTransport],  # noqa: F811
+    held: tuple[Engine, HeldTransport],
     prefix: str,
     clock: MovableClock,
 ) -> None:
@@ -88,7 +88,7 @@ def test_a_step_whose_slot_was_reclaimed_goes_back_through_admission(
 
 
 def test_a_result_that_fails_to_commit_after_its_release_runs_again_only_through_admission(
-    held: tuple[Engine, HeldTransport],  # noqa: F811
+    held: tuple[Engine, HeldTransport],
     prefix: str,
 ) -> None:
     """On `redis` a result's slot goes back before its commit (the next step is dispatched in

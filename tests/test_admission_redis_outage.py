@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,9 +31,9 @@ from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowR
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock, wait_for
-from tests.own_redis import OwnRedis, free_port
-from tests.test_admission_redis import server_ms
-from tests.test_flow_control import HeldTransport
+from tests.support.held import HeldTransport
+from tests.support.own_redis import OwnRedis, free_port
+from tests.support.redis_admission import server_ms
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
 
@@ -83,14 +82,6 @@ def one_step(ctx: Any, payload: dict[str, str]) -> Any:
 @workflow("tests.outage.one_plain")
 def one_plain(ctx: Any, payload: dict[str, str]) -> Any:
     return ctx.step(plain, payload["value"], queue=payload["queue"])
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(free_port(), data_dir=tmp_path)
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture
@@ -164,7 +155,7 @@ def test_a_result_whose_next_step_cannot_be_admitted_during_the_outage_is_kept(
 
     own_redis.start()
     TimerPoller(engine).maintain()  # frees the first step's slot, so the second can have it
-    transport._drain_turns()
+    transport.drain_turns()
     transport.run_step()
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
     assert CALLS == {"t": 1, "plain t": 1}

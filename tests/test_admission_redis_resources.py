@@ -15,11 +15,11 @@ from durable_flow.admission.base import AdmissionRequest, Constraint, ResourceUs
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
-from tests.test_admission_redis import REDIS_URL, client, lapse, prefix  # noqa: F401 - the fixtures
+from tests.support.redis_admission import REDIS_URL, lapse
 
 
 @pytest.fixture
-def make(prefix: str) -> Iterator[Callable[[], RedisAdmissionBackend]]:  # noqa: F811
+def make(prefix: str) -> Iterator[Callable[[], RedisAdmissionBackend]]:
     made: list[RedisAdmissionBackend] = []
     clock = FakeClock()
 
@@ -39,14 +39,14 @@ def ask(backend: RedisAdmissionBackend, ticket: str, *constraints: Constraint, q
 
 def test_a_dead_process_resource_slots_go_to_the_waiters(
     make: Callable[[], RedisAdmissionBackend],
-    client: redis.Redis,  # noqa: F811 - the imported fixture
+    redis_client: redis.Redis,
 ) -> None:
     dying, alive = make(), make()
     c = Constraint("sc:fn:wf:a", 2)
     assert ask(dying, "d1/1", c).admitted and ask(dying, "d2/1", c).admitted
     assert not ask(alive, "w1/1", c).admitted
     assert ask(alive, "w2/1", c).reason == "step_concurrency"
-    lapse(client, dying)  # the process dies: its heartbeat stops and lapses
+    lapse(redis_client, dying)  # the process dies: its heartbeat stops and lapses
     # The next decision on the pseudo-queue reclaims both slots and grants them, oldest first.
     decision = ask(alive, "w3/1", c)
     assert not decision.admitted and decision.granted == ("w1/1", "w2/1")
@@ -55,14 +55,14 @@ def test_a_dead_process_resource_slots_go_to_the_waiters(
 
 def test_a_step_executing_elsewhere_keeps_its_slot_once_adopted(
     make: Callable[[], RedisAdmissionBackend],
-    client: redis.Redis,  # noqa: F811 - the imported fixture
+    redis_client: redis.Redis,
 ) -> None:
     admitting, executing, other = make(), make(), make()
     c = Constraint("sc:fn:wf:a", 1)
     # Admitted through a queue name nobody registered: gated by its constraint alone.
     assert ask(admitting, "s/1", c, queue="not-registered").admitted
     assert executing.adopt("not-registered", "s/1")
-    lapse(client, admitting)
+    lapse(redis_client, admitting)
     assert ask(other, "t/1", c).reason == "step_concurrency"  # its executor lives: not reclaimed
     assert executing.release("not-registered", "s/1").tickets == ("t/1",)
 

@@ -16,7 +16,7 @@ from durable_flow.admission.base import AdmissionRequest, Constraint
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
-from tests.test_admission_redis import REDIS_URL, client, prefix  # noqa: F401 - the fixtures
+from tests.support.redis_admission import REDIS_URL
 
 LIMITS = {"S": 3, "A": 1, "B": 2, "C": 1}
 CAPS = {"q1": 2, "q2": 3}
@@ -24,7 +24,7 @@ Held = dict[str, tuple[str, tuple[Constraint, ...]]]
 
 
 @pytest.fixture
-def pair(prefix: str) -> Iterator[list[RedisAdmissionBackend]]:  # noqa: F811
+def pair(prefix: str) -> Iterator[list[RedisAdmissionBackend]]:
     clock = FakeClock()
     backends = [RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix, clock=clock) for _ in range(2)]
     backends[0].register(QueueConfig(name="q1", concurrency=CAPS["q1"]))
@@ -51,8 +51,8 @@ def check(backend: RedisAdmissionBackend, holders: Held, waiting: Held, where: s
 def test_random_operations_keep_the_counts_and_leave_nothing_behind(
     seed: int,
     pair: list[RedisAdmissionBackend],
-    client: redis.Redis,  # noqa: F811
-    prefix: str,  # noqa: F811
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     rnd = random.Random(seed)
     holders: Held = {}
@@ -95,5 +95,5 @@ def test_random_operations_keep_the_counts_and_leave_nothing_behind(
             granted(pair[0].grant(queue).tickets)
         assert len(waiting) < before, f"seed {seed}: waiters no grant reaches: {sorted(waiting)}"
     kept = (":served", ":solo", ":meta", ":queues", ":inst:", ":fleet")  # history and config, not holders or lines
-    left = [k.decode() for k in client.scan_iter(match=f"{prefix}:*") if not any(s in k.decode() for s in kept)]
+    left = [k.decode() for k in redis_client.scan_iter(match=f"{prefix}:*") if not any(s in k.decode() for s in kept)]
     assert not left, f"seed {seed}: {left}"

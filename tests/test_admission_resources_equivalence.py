@@ -18,7 +18,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.admission.redis import RedisAdmissionBackend
 from durable_flow.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
-from tests.test_admission_redis import REDIS_URL, client, prefix  # noqa: F401 - the fixtures
+from tests.support.redis_admission import REDIS_URL
 
 SHARED = ("S", 2)
 ACCOUNTS = {"a": 1, "b": 2, "c": 1, "d": 3}
@@ -26,7 +26,7 @@ QUEUES = {"q1": QueueConfig(name="q1", concurrency=2), "qp": QueueConfig(name="q
 
 
 @pytest.fixture
-def backends(prefix: str, transactional_db: None) -> Iterator[dict[str, AdmissionBackend]]:  # noqa: F811
+def backends(prefix: str, transactional_db: None) -> Iterator[dict[str, AdmissionBackend]]:
     clock = FakeClock()
     made: dict[str, AdmissionBackend] = {
         "local": LocalAdmissionBackend(clock=clock),

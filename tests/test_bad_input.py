@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from durable_flow import api
 from durable_flow.exceptions import DurableFlowError, InvalidInput, InvalidQueueConfig
 from durable_flow.models import WorkflowRun
+from tests.support.clients import logged_in_client
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = "9" * 5_000
@@ -24,10 +24,7 @@ def existing(engine: Any) -> WorkflowRun:
 
 @pytest.fixture
 def client(existing: WorkflowRun) -> Client:
-    user = get_user_model().objects.create_superuser("bad", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_client("bad", superuser=True)
 
 
 def snapshot() -> list[tuple[Any, ...]]:

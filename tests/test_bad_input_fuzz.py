@@ -14,7 +14,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 from durable_flow import api
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, Signal, WorkflowRun
+from tests.support.clients import logged_in_client
 
 FUZZ = settings(
     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")),
@@ -72,10 +72,7 @@ def existing(engine: Any) -> WorkflowRun:
 
 @pytest.fixture
 def client(existing: WorkflowRun) -> Client:
-    user = get_user_model().objects.create_superuser("fuzz", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_client("fuzz", superuser=True)
 
 
 def snapshot() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:

@@ -36,11 +36,10 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.poller import TimerPoller
-from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, MovableClock, local_engine, wait_for
-from tests.test_optimistic_first_step import QueuedTurns
-from tests.test_rq_transport import RQ_ENV, clear_rq
+from tests.support.held import QueuedTurns
+from tests.support.workers import RQ_ENV, clear_rq
 
 #: How long a process test waits for a run to settle. Generous: on today's code before the fix
 #: the run never settled (its task was redelivered after every lease, forever).
@@ -206,14 +205,6 @@ def assert_serves_on(worker: ManagedProcess) -> None:
 
 
 @pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """This process starts runs on the `db` transport, so the worker processes get the tasks."""
-    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
-
-
-@pytest.fixture
 def db_worker(spawn: Callable[..., ManagedProcess]) -> Callable[..., ManagedProcess]:
     def worker(optimistic: bool, env: dict[str, str] | None = None) -> ManagedProcess:
         env = {"DURABLE_FLOW_TRANSPORT": "db", **path_env(optimistic), **(env or {})}
@@ -225,7 +216,7 @@ def db_worker(spawn: Callable[..., ManagedProcess]) -> Callable[..., ManagedProc
 @PATHS
 @pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt"])
 def test_over_db_a_step_raising_a_base_exception_fails_once_and_the_worker_serves_on(
-    db_engine: Engine, db_worker: Callable[..., ManagedProcess], kind: str, optimistic: bool
+    db_transport_engine: Engine, db_worker: Callable[..., ManagedProcess], kind: str, optimistic: bool
 ) -> None:
     worker = db_worker(optimistic)
     run = settled(start("tests.raises_base_flow", kind), RunStatus.FAILED)
@@ -238,7 +229,7 @@ def test_over_db_a_step_raising_a_base_exception_fails_once_and_the_worker_serve
 
 @PATHS
 def test_over_db_a_workflow_raising_system_exit_fails_its_run_and_the_worker_serves_on(
-    db_engine: Engine, db_worker: Callable[..., ManagedProcess], optimistic: bool
+    db_transport_engine: Engine, db_worker: Callable[..., ManagedProcess], optimistic: bool
 ) -> None:
     worker = db_worker(optimistic)
     run = settled(start("tests.body_raises_base", {"kind": "SystemExit", "after_step": True}), RunStatus.FAILED)
@@ -250,7 +241,7 @@ def test_over_db_a_workflow_raising_system_exit_fails_its_run_and_the_worker_ser
 
 @PATHS
 def test_over_db_a_step_raising_system_exit_once_is_retried_and_completes(
-    db_engine: Engine,
+    db_transport_engine: Engine,
     db_worker: Callable[..., ManagedProcess],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
@@ -271,7 +262,7 @@ def test_over_db_a_step_raising_system_exit_once_is_retried_and_completes(
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_over_db_a_real_signal_mid_step_is_still_a_graceful_stop(
-    db_engine: Engine, db_worker: Callable[..., ManagedProcess], tmp_path: Path, signum: int
+    db_transport_engine: Engine, db_worker: Callable[..., ManagedProcess], tmp_path: Path, signum: int
 ) -> None:
     """The worker's handlers raise nothing into the step: it finishes, is recorded completed (no
     failed attempt), and the worker exits 0."""

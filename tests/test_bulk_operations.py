@@ -8,20 +8,16 @@ from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from durable_flow import api, bulk
 from durable_flow.admin_bulk import MAX_SHOW_ALL
-from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
 from tests.engine_support import transport_of
+from tests.support.statements import BULK_ACTION_QUERIES, BULK_TICKED_PAGE_QUERIES, capture
 
 CHANGELIST = "/admin/durable_flow/workflowrun/"
 
@@ -54,14 +50,6 @@ def statuses(ids: list[str]) -> set[str]:
 
 def logged(run_id: str) -> list[str]:
     return list(LogEntry.objects.filter(object_id=run_id).values_list("change_message", flat=True))
-
-
-@pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """Turns go to the `db` transport's task table, as in production (nothing runs here)."""
-    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
 
 
 # -- the batched operations match the per-run ones --------------------------------------------
@@ -140,7 +128,7 @@ def test_bulk_retry_of_a_run_cancelled_waiting_for_a_signal_waits_for_it_again(e
 
 
 # -- the admin: by filter, confirmation first, batches, bounded queries ------------------------
-def test_cancel_all_matching_confirms_the_count_then_cancels_in_batches(db_engine: Engine) -> None:
+def test_cancel_all_matching_confirms_the_count_then_cancels_in_batches(db_transport_engine: Engine) -> None:
     target = make_runs(1_600, RunStatus.PENDING, "tests.sleeper", "target")
     other_workflow = make_runs(40, RunStatus.PENDING, "tests.three_steps", "other")
     done = make_runs(30, RunStatus.COMPLETED, "tests.sleeper", "done")
@@ -154,31 +142,33 @@ def test_cancel_all_matching_confirms_the_count_then_cancels_in_batches(db_engin
     assert page.context["count"] == 1_600 and page.context["total"] == 1_630
     assert statuses(target) == {RunStatus.PENDING}  # a GET changes nothing
 
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as queries:
         response = admin.post(bulk_url("cancel", query))
     assert response.status_code == 302 and response["Location"] == f"{CHANGELIST}?{query}"
     assert statuses(target) == {RunStatus.CANCELLED}
     assert statuses(other_workflow) == {RunStatus.PENDING} and statuses(done) == {RunStatus.COMPLETED}
     # Four batches of at most 500, each a fixed handful of queries: not one (or ten) per run.
-    assert len(queries) < 100, len(queries)
+    assert len(queries) < BULK_ACTION_QUERIES, len(queries)
     assert LogEntry.objects.filter(change_message="Cancelled (bulk, by filter)").count() == 1_600
     assert logged(target[0]) == ["Cancelled (bulk, by filter)"]
 
 
-def test_retry_all_matching_requeues_every_failed_run_with_one_insert_per_batch(db_engine: Engine) -> None:
+def test_retry_all_matching_requeues_every_failed_run_with_one_insert_per_batch(db_transport_engine: Engine) -> None:
     failed = make_runs(1_200, RunStatus.FAILED, "tests.three_steps", "failed")
     pending = make_runs(20, RunStatus.PENDING, "tests.three_steps", "live")
     admin = user_with("op", ["view_workflowrun", "retry_workflowrun"])
     assert admin.get(bulk_url("retry", "workflow=tests.three_steps")).context["count"] == 1_200
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as queries:
         admin.post(bulk_url("retry", "workflow=tests.three_steps"))
-    assert len(queries) < 100, len(queries)
+    assert len(queries) < BULK_ACTION_QUERIES, len(queries)
     assert statuses(failed) == {RunStatus.PENDING} and statuses(pending) == {RunStatus.PENDING}
     turns = Task.objects.filter(kind=TaskKind.TURN, run_id__in=failed)
     assert turns.count() == 1_200  # each retried run has its turn queued for a worker
 
 
-def test_select_all_across_pages_with_the_cancel_action_goes_to_the_confirmation_page(db_engine: Engine) -> None:
+def test_select_all_across_pages_with_the_cancel_action_goes_to_the_confirmation_page(
+    db_transport_engine: Engine,
+) -> None:
     ids = make_runs(150, RunStatus.PENDING, "tests.sleeper", "across")
     admin = user_with("op", ["view_workflowrun", "cancel_workflowrun"])
     response = admin.post(
@@ -190,22 +180,22 @@ def test_select_all_across_pages_with_the_cancel_action_goes_to_the_confirmation
 
 
 def test_ticked_rows_are_cancelled_in_batches_and_a_full_page_stays_under_the_field_limit(
-    db_engine: Engine,
+    db_transport_engine: Engine,
 ) -> None:
     ids = make_runs(MAX_SHOW_ALL, RunStatus.PENDING, "tests.sleeper", "ticked")
     assert MAX_SHOW_ALL + 10 < settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
     admin = user_with("op", ["view_workflowrun", "cancel_workflowrun"])
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as queries:
         response = admin.post(
             f"{CHANGELIST}?all=",
             {"action": "cancel_selected", "select_across": "0", "index": "0", "_selected_action": ids},
         )
     assert response.status_code == 302
     assert statuses(ids) == {RunStatus.CANCELLED}
-    assert len(queries) < 60, len(queries)
+    assert len(queries) < BULK_TICKED_PAGE_QUERIES, len(queries)
 
 
-def test_bulk_needs_the_operations_permission(db_engine: Engine) -> None:
+def test_bulk_needs_the_operations_permission(db_transport_engine: Engine) -> None:
     ids = make_runs(5, RunStatus.FAILED, "tests.three_steps", "perm")
     viewer = user_with("viewer", ["view_workflowrun"])
     assert 'id="bulk-cancel"' not in viewer.get(CHANGELIST).content.decode()
@@ -220,7 +210,7 @@ def test_bulk_needs_the_operations_permission(db_engine: Engine) -> None:
 @pytest.mark.parametrize(
     "query", ["created_at__year=99999999999999999999", "nonsense__field=1", "status__in=%00", "q=%00"]
 )
-def test_bad_filters_are_a_400_with_a_message_and_change_nothing(db_engine: Engine, query: str) -> None:
+def test_bad_filters_are_a_400_with_a_message_and_change_nothing(db_transport_engine: Engine, query: str) -> None:
     ids = make_runs(3, RunStatus.PENDING, "tests.sleeper", "bad")
     admin = user_with("op", ["view_workflowrun", "cancel_workflowrun"])
     page = admin.get(bulk_url("cancel", query))
@@ -233,6 +223,6 @@ def test_bad_filters_are_a_400_with_a_message_and_change_nothing(db_engine: Engi
     assert statuses(ids) == {RunStatus.PENDING}
 
 
-def test_an_unknown_bulk_operation_is_a_404(db_engine: Engine) -> None:
+def test_an_unknown_bulk_operation_is_a_404(db_transport_engine: Engine) -> None:
     admin = user_with("op", ["view_workflowrun", "cancel_workflowrun"])
     assert admin.get(bulk_url("delete")).status_code == 404

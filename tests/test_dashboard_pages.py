@@ -33,18 +33,6 @@ from tests import workflows
 from tests.engine_support import ManualTransport
 
 
-@pytest.fixture
-def staff(transactional_db: None) -> Any:
-    return get_user_model().objects.create_user("staff", password="pw", is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def staff_client(staff: Any) -> Client:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(staff)
-    return client
-
-
 def csrf_post(client: Client, url: str, data: dict[str, str] | None = None) -> Any:
     """POST as a browser does: the form's CSRF token from a page of the dashboard."""
     client.get(reverse("dashboard:queues"))

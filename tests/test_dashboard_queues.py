@@ -17,7 +17,8 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.queues import QueueConfig, RateLimit
 from tests.engine_support import ManualTransport
-from tests.test_admission_contract import REDIS_URL
+from tests.support.redis_admission import REDIS_URL
+from tests.support.redis_keys import delete_keys
 
 
 @pytest.fixture(params=["local", "db", "redis"])
@@ -34,8 +35,7 @@ def admission(request: pytest.FixtureRequest, transactional_db: None) -> Iterato
         prefix = f"df:t:{uuid.uuid4().hex[:8]}"
         backend = RedisAdmissionBackend.from_options({"URL": REDIS_URL, "KEY_PREFIX": prefix})
         yield backend
-        for key in backend.redis.scan_iter(f"{prefix}:*"):
-            backend.redis.delete(key)
+        delete_keys(backend.redis, f"{prefix}:*")
         backend.close()
 
 

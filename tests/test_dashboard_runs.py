@@ -24,6 +24,7 @@ from durable_flow.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock
 from tests.engine_support import transport_of
+from tests.support.clients import StaffLogin
 
 
 @pytest.fixture
@@ -35,12 +36,9 @@ def admin_client(transactional_db: None) -> Client:
 
 
 @pytest.fixture
-def staff_client(transactional_db: None) -> Client:
+def staff_login() -> StaffLogin:
     """Staff without any durable_flow permission."""
-    user = get_user_model().objects.create_user("viewer", password="pw", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    return client
+    return StaffLogin("viewer", superuser=False, csrf=False)
 
 
 def test_runs_list_filters_by_status_workflow_tag_and_searches_input(engine: Any, admin_client: Client) -> None:

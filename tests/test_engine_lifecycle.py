@@ -9,10 +9,10 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests.conftest import MovableClock
-from tests.test_flow_control import HeldTransport, held  # noqa: F401 - the fixture
+from tests.support.held import HeldTransport
 
 
-def test_a_run_that_fails_cancels_its_unfinished_children(held: tuple[Engine, HeldTransport]) -> None:  # noqa: F811
+def test_a_run_that_fails_cancels_its_unfinished_children(held: tuple[Engine, HeldTransport]) -> None:
     engine, transport = held
     parent = start("tests.child_fan_one_fails", {"n": 3, "concurrency": 2})  # waves of 1, two in flight
     children = list(WorkflowRun.objects.filter(parent=parent).order_by("id"))
@@ -29,7 +29,7 @@ def test_a_run_that_fails_cancels_its_unfinished_children(held: tuple[Engine, He
     assert not WorkflowRun.objects.filter(parent=parent).exclude(pk__in=[c.id for c in children]).exists()
 
 
-def test_child_ids_stay_within_the_id_column(held: tuple[Engine, HeldTransport]) -> None:  # noqa: F811
+def test_child_ids_stay_within_the_id_column(held: tuple[Engine, HeldTransport]) -> None:
     long_id = "p" * 199
     start("tests.child_parent", 1, run_id=long_id)
     child = WorkflowRun.objects.get(parent_id=long_id)
@@ -38,7 +38,7 @@ def test_child_ids_stay_within_the_id_column(held: tuple[Engine, HeldTransport])
 
 
 def test_upkeep_redispatches_only_the_dead_workers_steps(
-    held: tuple[Engine, HeldTransport],  # noqa: F811
+    held: tuple[Engine, HeldTransport],
     clock: MovableClock,
 ) -> None:
     engine, transport = held
@@ -57,7 +57,7 @@ def test_upkeep_redispatches_only_the_dead_workers_steps(
 
 
 def test_a_cancelling_run_whose_step_overran_its_deadline_becomes_cancelled(
-    held: tuple[Engine, HeldTransport],  # noqa: F811
+    held: tuple[Engine, HeldTransport],
     clock: MovableClock,
 ) -> None:
     engine, _ = held

@@ -22,7 +22,7 @@ from durable_flow.worker.controllers import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of
-from tests.test_flow_control import queued
+from tests.support.held import queued
 
 
 class FlakyAdmission(LocalAdmissionBackend):

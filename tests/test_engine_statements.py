@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import DatabaseError, connection, transaction
-from django.test.utils import CaptureQueriesContext
 
 from durable_flow.attempts import attempt_finished, attempt_started
 from durable_flow.engine import statements
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from tests.support.statements import capture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,14 +84,14 @@ def test_the_result_lock_reads_every_checkpoint_of_a_lone_call_and_only_its_own_
 
 def test_the_unlocked_read_of_a_run_reads_what_the_orm_reads_and_sends_no_lock() -> None:
     run = new_run(input={"a": [1, 2]}, turns=0)
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         read = statements.read_run(run.id)
     assert read is not None
     stored = WorkflowRun.objects.get(pk=run.pk)
     assert {f.attname: getattr(read, f.attname) for f in WorkflowRun._meta.concrete_fields} == {
         f.attname: getattr(stored, f.attname) for f in WorkflowRun._meta.concrete_fields
     }
-    assert [q["sql"].endswith("FOR UPDATE") for q in queries.captured_queries] == [False]
+    assert [sql.endswith("FOR UPDATE") for sql in sent.round_trips] == [False]
     assert statements.read_run(str(uuid.uuid4())) is None
 
 
@@ -219,7 +219,7 @@ def test_a_key_drawn_with_the_runs_lock_lets_a_new_rows_insert_be_held_back() ->
     (the caller inserts with `insert`)."""
     run = new_run(turns=2)
     earlier = new_checkpoint(run, "a")
-    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+    with transaction.atomic(), capture() as queries:
         locked, drawn = statements.lock_run_drawing_id(run.id, StepCheckpoint)
         cp = StepCheckpoint(
             run=run,
@@ -252,12 +252,9 @@ def test_writes_held_together_run_in_call_order_and_a_missing_row_still_fails() 
     """`writes_together`: on PostgreSQL the block's `save_fields` and `upsert` go in the round
     trip of the next statement (counted with a query hook), which sees them, and an UPDATE
     that matches no row raises as `save_fields` does. Elsewhere each is sent at once."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     run = new_run()
     cp = new_checkpoint(run, "a")
-    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+    with transaction.atomic(), capture() as queries:
         with statements.writes_together():
             cp.status, run.status = StepStatus.DISPATCHED, RunStatus.SUSPENDED
             statements.save_fields(cp, ["status"])

@@ -6,12 +6,10 @@ lets them run, so a test can hold slots, look at parked runs and move the clock.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
 
 from durable_flow import register_queue, start
 from durable_flow.admission.local import LocalAdmissionBackend
@@ -21,58 +19,10 @@ from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import QueueConfig
-from durable_flow.transports.base import Transport
 from durable_flow.transports.db import DatabaseTransport
 from tests import workflows
 from tests.conftest import MovableClock, local_engine
-
-
-class HeldTransport(Transport):
-    """Turns run on commit; step attempts wait in `held` until `run_step` executes one."""
-
-    name = "held"
-
-    def __init__(self) -> None:
-        self.held: deque[tuple[str, str, int, int]] = deque()
-        self.turns: deque[str] = deque()
-        self.engine: Engine | None = None
-
-    def bind(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def enqueue_turn(self, run_id: str) -> None:
-        self.turns.append(run_id)
-        transaction.on_commit(self._drain_turns)
-
-    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
-        self.held.append((run_id, step_key, attempt, priority))
-
-    def _drain_turns(self) -> None:
-        assert self.engine is not None
-        while self.turns:
-            self.engine.run_turn(self.turns.popleft())
-
-    def run_step(self, index: int = 0) -> tuple[str, str, int, int]:
-        """Execute one held step attempt (by position) and let the engine record it."""
-        assert self.engine is not None
-        item = self.held[index]
-        del self.held[index]
-        self.engine.execute_step(item[0], item[1], item[2], worker_id="test")
-        self._drain_turns()
-        return item
-
-    def held_runs(self) -> list[str]:
-        return [item[0] for item in self.held]
-
-
-@pytest.fixture
-def held(clock: MovableClock, transactional_db: None) -> tuple[Engine, HeldTransport]:
-    transport = HeldTransport()
-    return local_engine(clock, transport), transport
-
-
-def queued(queue: str, value: Any, **hints: Any) -> dict[str, Any]:
-    return {"queue": queue, "value": value, **hints}
+from tests.support.held import HeldTransport, queued
 
 
 def status(run: WorkflowRun) -> str:

@@ -6,76 +6,23 @@ Runs on SQLite and, with DATABASE_URL set, on PostgreSQL.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from durable_flow import register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings, reset_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
-from tests.conftest import ManagedProcess, use_redis_admission, wait_for
+from tests.conftest import ManagedProcess, wait_for
 from tests.reliability.evidence import max_overlap
-
-
-@pytest.fixture(params=["db", "redis"])
-def admission(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def db_engine(transactional_db: None, admission: str, settings: Any) -> Engine:
-    """The test process's engine on the same admission backend as its worker processes."""
-    if admission == "redis":
-        backend = use_redis_admission(settings)
-    else:
-        backend = DatabaseAdmissionBackend()
-    engine = Engine(admission=backend, transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    yield engine
-    reset_settings()
-
-
-@pytest.fixture
-def process_env(admission: str) -> dict[str, str]:
-    return {"DURABLE_FLOW_ADMISSION": admission, "DURABLE_FLOW_TRANSPORT": "db"}
-
-
-def unique(name: str) -> str:
-    """Queue names are fresh per test: Redis state outlives the test database."""
-    return f"{name}-{uuid.uuid4().hex[:8]}"
+from tests.support.workers import completed, read_intervals, unique
 
 
 def slots_held(engine: Engine, queue: str) -> int:
     return engine.admission.in_flight(queue)  # type: ignore[attr-defined]
 
 
-def read_intervals(marker: Path, until: float | None = None) -> list[tuple[float, float]]:
-    """(start, end) of every `tests.slow` execution; one still open ends at `until`."""
-    starts: dict[tuple[str, str], float] = {}
-    intervals: list[tuple[float, float]] = []
-    for line in marker.read_text().splitlines():
-        name, value, pid, at = line.split()
-        if name == "slow_start":
-            starts[(value, pid)] = float(at)
-        elif name == "slow_end":
-            intervals.append((starts.pop((value, pid)), float(at)))
-    if until is not None:
-        intervals.extend((begin, until) for begin in starts.values())
-    return intervals
-
-
-def completed(run_ids: list[str]) -> bool:
-    return WorkflowRun.objects.filter(pk__in=run_ids, status=RunStatus.COMPLETED).count() == len(run_ids)
-
-
 def test_the_cap_holds_across_worker_processes(
-    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    matching_admission_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
     queue = unique("render")
@@ -90,11 +37,11 @@ def test_the_cap_holds_across_worker_processes(
     assert len(intervals) == 30
     assert max_overlap(intervals) <= 3
     assert max_overlap(intervals) >= 2  # the cap was actually contended, not trivially kept
-    assert slots_held(db_engine, queue) == 0
+    assert slots_held(matching_admission_engine, queue) == 0
 
 
 def test_parked_runs_survive_killing_every_process(
-    db_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
+    matching_admission_engine: Engine, process_env: dict[str, str], spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
     queue = unique("render")
@@ -119,7 +66,7 @@ def test_parked_runs_survive_killing_every_process(
     # to poll: grants, or after a crash the restarted poller's re-offer, dispatch them.
     assert all(run.wake_at is None for run in parked)
     assert StepCheckpoint.objects.filter(run__in=parked, status=StepStatus.WAITING).count() == parked.count()
-    assert (db_engine.admission.waiting(queue) or 0) > 0
+    assert (matching_admission_engine.admission.waiting(queue) or 0) > 0
 
     for _ in range(2):
         spawn("durable_worker", "--concurrency", "4", env=env)
@@ -128,4 +75,4 @@ def test_parked_runs_survive_killing_every_process(
     assert max_overlap(read_intervals(marker, until=killed_at)) <= 2
     for cp in StepCheckpoint.objects.filter(run_id__in=runs):
         assert cp.status == StepStatus.COMPLETED and not cp.holds_slot
-    assert slots_held(db_engine, queue) == 0
+    assert slots_held(matching_admission_engine, queue) == 0

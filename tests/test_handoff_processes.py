@@ -7,66 +7,23 @@ Two stacks: `db` admission + `db` transport (SQLite, or PostgreSQL with DATABASE
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import django_rq
 import pytest
 
 from durable_flow import register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings, reset_settings
-from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
-from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.engine_support import counted_starts, most_within
 from tests.reliability.evidence import max_overlap
-from tests.test_flow_control_processes import read_intervals, unique
-from tests.test_rq_transport import clear_rq
-
-STACKS = {"db": ("db", "db"), "redis+rq": ("redis", "rq")}
-
-
-@pytest.fixture(params=list(STACKS))
-def stack(request: pytest.FixtureRequest, transactional_db: None, settings: Any) -> Iterator[dict[str, str]]:
-    """This process's engine on the same backends as the worker processes; their env."""
-    admission, transport = STACKS[request.param]
-    if admission == "redis":
-        settings.DURABLE_FLOW = {
-            **settings.DURABLE_FLOW,
-            "ADMISSION": {
-                "BACKEND": "redis",
-                "CONNECTION": "default",
-                "KEY_PREFIX": f"df:test:{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}",
-            },
-        }
-        reset_settings()
-        backend = build_backend(get_settings().admission)
-        clear_rq(django_rq.get_connection("durable"))
-        engine = Engine(admission=backend, transport=RQTransport(queue="durable"), settings=get_settings())
-    else:
-        engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    yield {"DURABLE_FLOW_ADMISSION": admission, "DURABLE_FLOW_TRANSPORT": transport, "DURABLE_FLOW_LOG": "WARNING"}
-    if admission == "redis":
-        clear_rq(django_rq.get_connection("durable"))
-    reset_settings()
+from tests.support.workers import read_intervals, run_workers, unique
 
 
 def starts(marker: Path) -> list[float]:
     """When each step was called, as the step itself stamped it."""
     return sorted(begin for begin, _ in read_intervals(marker))
-
-
-def run_workers(spawn: Callable[..., ManagedProcess], env: dict[str, str], workers: int = 2) -> None:
-    for _ in range(workers):
-        spawn("durable_worker", "--concurrency", "4", env=env)
-    spawn("durable_poller", env=env)
 
 
 def test_parked_runs_take_no_turns_while_they_wait(

@@ -16,7 +16,6 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection
 from django.db.models.signals import post_save
-from django.test.utils import CaptureQueriesContext
 
 from durable_flow import cancel, start
 from durable_flow.engine import Engine, inline_handoff
@@ -37,14 +36,16 @@ from durable_flow.transports.runner import ClaimedTask, EngineRunner
 from durable_flow.worker.controllers import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
-from tests.test_flow_control import HeldTransport
-
-CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
-
-
-def data_statements(queries: CaptureQueriesContext) -> list[str]:
-    """SELECT/INSERT/UPDATE/DELETE sent (SQLite's BEGIN and savepoints left out)."""
-    return [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().split()[0].upper() not in CONTROL]
+from tests.support.held import HeldTransport
+from tests.support.statements import (
+    ONE_STEP_HANDED,
+    ONE_STEP_OPTIMISTIC,
+    ONE_STEP_TWO_TASKS,
+    capture,
+    insert_into,
+    listing,
+    update_of,
+)
 
 
 def claim_one(source: DatabaseTaskSource) -> ClaimedTask:
@@ -59,7 +60,7 @@ def work(engine: Engine, source: DatabaseTaskSource, task: ClaimedTask) -> None:
 
 
 @pytest.fixture
-def db_engine(clock: MovableClock, transactional_db: None) -> tuple[Engine, DatabaseTaskSource]:
+def db_locked(clock: MovableClock, transactional_db: None) -> tuple[Engine, DatabaseTaskSource]:
     """The locked path, which most of these tests count: `OPTIMISTIC_FIRST_STEP` off (a run's
     first step is written as dispatched before it runs). The default: `db_default`."""
     transport = DatabaseTransport(optimistic_first_step=False)
@@ -73,8 +74,8 @@ def db_default(clock: MovableClock, transactional_db: None) -> tuple[Engine, Dat
     return local_engine(clock, transport), transport.source()
 
 
-def test_the_task_row_goes_in_the_transaction_that_settles_it(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    engine, source = db_engine
+def test_the_task_row_goes_in_the_transaction_that_settles_it(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     turn = claim_one(source)
     source.execute(EngineRunner(engine, "w"), turn)
@@ -89,8 +90,8 @@ def test_the_task_row_goes_in_the_transaction_that_settles_it(db_engine: tuple[E
     assert StepCheckpoint.objects.get(run=run).worker == "w"
 
 
-def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    engine, source = db_engine
+def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     work(engine, source, claim_one(source))
     step = claim_one(source)
@@ -102,8 +103,8 @@ def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_engine: tuple
     assert not Task.objects.exists()
 
 
-def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
-    engine, source = db_engine
+def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     work(engine, source, claim_one(source))
     step = claim_one(source)
@@ -115,21 +116,21 @@ def test_a_stale_attempt_is_skipped_and_its_row_deleted(db_engine: tuple[Engine,
 
 
 def test_a_one_step_workflow_costs_at_most_fifteen_statements_through_the_transport(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
     """Outside a worker (no thread takes the turn's step): claim (1) + first turn (5: lock the
     run, delete the task row, insert the checkpoint and the step's task, update the run) +
     claim (1) + step (8: start the attempt, insert its history row, lock the run, read its
     checkpoints, delete the task row, finish the history row, settle the checkpoint, finish the
     run). No queue."""
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         work(engine, source, claim_one(source))
         work(engine, source, claim_one(source))
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
-    assert len(data_statements(queries)) <= 15, "\n".join(data_statements(queries))
+    assert len(sent.data) <= ONE_STEP_TWO_TASKS, listing(sent.data)
 
 
 def worker(engine: Engine, source: DatabaseTaskSource) -> WorkerRuntime:
@@ -137,9 +138,9 @@ def worker(engine: Engine, source: DatabaseTaskSource) -> WorkerRuntime:
 
 
 def test_a_worker_runs_the_step_its_turn_dispatched_with_no_step_task(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     step_tasks: list[int] = []
 
@@ -165,31 +166,29 @@ def test_a_worker_runs_the_step_its_turn_dispatched_with_no_step_task(
 
 
 def test_a_one_step_workflow_costs_a_worker_at_most_eleven_statements_in_three_transactions(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
     """Claim (1) + the turn (5: lock the run, delete the task row, insert the checkpoint and
     the attempt's history row, update the run) + the step handed to the thread (5: lock the
     run, read its checkpoints, finish the attempt's row, settle the checkpoint, finish the
     run). No queue."""
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     runtime = worker(engine, source)
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         [task] = source.claim(runtime.worker_id, 1, 0)
         runtime._execute(task)  # the pool thread's work, on this thread so its SQL is captured
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
-    statements = data_statements(queries)
-    assert len(statements) <= 11, "\n".join(statements)
-    begins = [q for q in queries.captured_queries if q["sql"].startswith("BEGIN")]
+    assert len(sent.data) <= ONE_STEP_HANDED, listing(sent.data)
     if connection.vendor == "sqlite":  # PostgreSQL's driver sends BEGIN past the query log
-        assert len(begins) == 2  # the claim is one autocommit statement
+        assert len(sent.begins) == 2  # the claim is one autocommit statement
 
 
 def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
-    db_engine: tuple[Engine, DatabaseTaskSource], clock: MovableClock
+    db_locked: tuple[Engine, DatabaseTaskSource], clock: MovableClock
 ) -> None:
-    engine, source = db_engine
+    engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     with inline_handoff.accepting("w1", turns=True) as taken:
         engine.run_turn(run.id)
@@ -213,9 +212,9 @@ def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
 
 
 def test_a_turns_handed_step_of_a_run_cancelled_meanwhile_is_recorded_as_cancelled(
-    db_engine: tuple[Engine, DatabaseTaskSource],
+    db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
-    engine, _ = db_engine
+    engine, _ = db_locked
     run = start("tests.echo_flow", "hello")
     with inline_handoff.accepting("w1", turns=True) as taken:
         engine.run_turn(run.id)
@@ -251,27 +250,26 @@ def test_a_results_inline_turn_takes_no_savepoint(clock: MovableClock, transacti
     run = start("tests.three_steps", 1)
     (job,) = transport.held
     transport.held.clear()
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         engine.execute_step(job[0], job[1], job[2], worker_id="w1")
-    sent = [query["sql"] for query in queries.captured_queries]
-    assert not [sql for sql in sent if "SAVEPOINT" in sql.upper()], "\n".join(sent)
+    assert not [sql for sql in sent.round_trips if "SAVEPOINT" in sql.upper()], listing(sent.round_trips)
     run.refresh_from_db()
     assert run.turns == 2  # the first turn and the inline one
     second = StepCheckpoint.objects.get(run=run, status=StepStatus.DISPATCHED)
     assert [(run_id, key) for run_id, key, *_ in transport.held] == [(run.id, second.key)]
 
 
-def test_a_turns_writes_after_its_last_read_go_in_one_round_trip(db_engine: tuple[Engine, DatabaseTaskSource]) -> None:
+def test_a_turns_writes_after_its_last_read_go_in_one_round_trip(db_locked: tuple[Engine, DatabaseTaskSource]) -> None:
     """The turn's dispatched attempt's row and the run's update are held back and sent together
     at the end of the turn (`writes_together`) on PostgreSQL; SQLite sends one at a time."""
-    engine, _source = db_engine
+    engine, _source = db_locked
     run = start("tests.echo_flow", "hello")
-    with CaptureQueriesContext(connection) as queries, inline_handoff.accepting("w1", turns=True) as taken:
+    with capture() as captured, inline_handoff.accepting("w1", turns=True) as taken:
         engine.run_turn(run.id)
     assert [h.run_id for h in taken] == [run.id]
-    sent = [query["sql"] for query in queries.captured_queries]
-    attempt = 'INSERT INTO "durable_flow_stepattempt"'
-    update = 'UPDATE "durable_flow_workflowrun"'
+    sent = captured.round_trips
+    attempt = insert_into(StepAttempt)
+    update = update_of(WorkflowRun)
     together = [sql for sql in sent if attempt in sql and update in sql]
     if connection.vendor == "postgresql":
         assert len(together) == 1 and together[0].index(attempt) < together[0].index(update), "\n".join(sent)
@@ -293,7 +291,7 @@ def test_an_inline_turn_that_fails_is_rolled_back_whole_and_the_result_recorded_
     run = start("tests.three_steps", 1)
     (job,) = transport.held
     transport.held.clear()
-    insert = f"INSERT INTO {connection.ops.quote_name(StepCheckpoint._meta.db_table)}"
+    insert = insert_into(StepCheckpoint)
     failures = [DatabaseError("the database refused the turn")]
     inserts: list[str] = []
 
@@ -340,13 +338,6 @@ def test_the_apps_choices_are_dumped_by_a_dumper_registered_for_their_own_class(
         assert cursor.fetchone() == ("suspended",)
 
 
-def checkpoint_writes(queries: CaptureQueriesContext) -> list[str]:
-    """The INSERTs and UPDATEs of step checkpoints sent (held-back writes split apart)."""
-    table = StepCheckpoint._meta.db_table
-    sent = [sql for q in queries.captured_queries for sql in q["sql"].split("; ")]
-    return [sql for sql in sent if sql.startswith((f'INSERT INTO "{table}"', f'UPDATE "{table}"'))]
-
-
 def test_by_default_a_one_step_workflow_is_one_task_and_costs_at_most_eight_statements_in_two_transactions(
     db_default: tuple[Engine, DatabaseTaskSource],
 ) -> None:
@@ -358,7 +349,7 @@ def test_by_default_a_one_step_workflow_is_one_task_and_costs_at_most_eight_stat
     assert source.optimistic_first_step
     run = start("tests.echo_flow", "hello")
     runtime = worker(engine, source)
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         [task] = source.claim(runtime.worker_id, 1, 0)
         assert task.first_delivery
         runtime._execute(task)  # the pool thread's work, on this thread so its SQL is captured
@@ -370,13 +361,11 @@ def test_by_default_a_one_step_workflow_is_one_task_and_costs_at_most_eight_stat
     row = StepAttempt.objects.get(checkpoint=cp)
     assert (row.attempt, row.status, row.worker) == (1, AttemptStatus.COMPLETED, runtime.worker_id)
     assert row.started_at is not None and row.finished_at >= row.started_at
-    writes = checkpoint_writes(queries)
+    writes = sent.writes_to(StepCheckpoint)
     assert len(writes) == 1 and writes[0].startswith("INSERT"), writes
-    statements = data_statements(queries)
-    assert len(statements) <= 8, "\n".join(statements)
-    begins = [q for q in queries.captured_queries if q["sql"].startswith("BEGIN")]
+    assert len(sent.data) <= ONE_STEP_OPTIMISTIC, listing(sent.data)
     if connection.vendor == "sqlite":  # PostgreSQL's driver sends BEGIN past the query log
-        assert len(begins) == 1  # the claim and the read are autocommit statements
+        assert len(sent.begins) == 1  # the claim and the read are autocommit statements
 
 
 def test_a_turn_task_claimed_a_second_time_takes_the_locked_path(
@@ -396,11 +385,11 @@ def test_a_turn_task_claimed_a_second_time_takes_the_locked_path(
     assert Task.objects.get(pk=again.handle).deliveries == 2
     runtime = worker(engine, source)
     Task.objects.filter(pk=again.handle).update(claimed_by=runtime.worker_id)
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         runtime._execute(again)
     run.refresh_from_db()
     assert (run.status, run.output) == (RunStatus.COMPLETED, "hello")
-    writes = checkpoint_writes(queries)
+    writes = sent.writes_to(StepCheckpoint)
     assert [sql.split()[0] for sql in writes] == ["INSERT", "UPDATE"], writes  # dispatched, then settled
     assert not Task.objects.exists()
 

@@ -7,26 +7,17 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client
 
 from durable_flow.exceptions import ConcurrencyLimitError
 from durable_flow.http import error_response
 from durable_flow.models import RunStatus, WorkflowRun
+from tests.support.clients import logged_in_client
 
 
 @pytest.fixture
 def client(engine: Any) -> Client:
-    user = get_user_model().objects.create_user("api", password="pw", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="durable_flow",
-            codename__in=["start_workflowrun", "cancel_workflowrun", "signal_workflowrun"],
-        )
-    )
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_client("api", permissions=["start_workflowrun", "cancel_workflowrun", "signal_workflowrun"])
 
 
 def post(client: Client, url: str, body: Any) -> Any:

@@ -35,7 +35,7 @@ from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
 from durable_flow.worker.controllers import build_controller
 from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
-from tests.test_flow_control import HeldTransport, queued
+from tests.support.held import HeldTransport, queued
 
 
 @pytest.fixture

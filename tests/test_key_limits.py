@@ -21,6 +21,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.conf import parse_settings
 from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict
 from durable_flow.testing.clock import FakeClock
+from tests.support.redis_keys import delete_keys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 PER_KEY = {"limit": 10, "period_ms": 1000, "per": "key", "algorithm": "sliding"}
@@ -137,9 +138,7 @@ def test_redis_lets_the_keys_of_idle_keys_expire() -> None:
         assert backend.keyed_keys("q") == 0
     finally:
         backend.close()
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        delete_keys(client, f"{prefix}:*")
         client.close()
 
 
@@ -223,10 +222,8 @@ def test_throttle_usage_ranks_buckets_by_how_far_their_starts_run_ahead_on_every
         import redis
 
         client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"{redis_backend.prefix}:*", count=1000))
         redis_backend.close()
-        if keys:
-            client.delete(*keys)
+        delete_keys(client, f"{redis_backend.prefix}:*")
         client.close()
 
 

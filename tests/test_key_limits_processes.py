@@ -13,8 +13,7 @@ from durable_flow import register_queue, start
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 from tests.conftest import ManagedProcess, wait_for
 from tests.engine_support import counted_at, most_within
-from tests.test_flow_control_processes import unique
-from tests.test_handoff_processes import run_workers, stack  # noqa: F401 (the fixture)
+from tests.support.workers import run_workers, unique
 
 
 def starts_by_id(marker: Path) -> dict[str, float]:
@@ -48,7 +47,7 @@ def admission_waits(runs: list[str]) -> list[tuple[float, float]]:
 
 
 def test_a_flooding_key_neither_exceeds_its_window_nor_delays_the_quiet_keys(
-    stack: dict[str, str],  # noqa: F811
+    stack: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
@@ -92,7 +91,7 @@ def test_a_flooding_key_neither_exceeds_its_window_nor_delays_the_quiet_keys(
 
 
 def test_a_throttle_spaces_step_starts_after_its_burst(
-    stack: dict[str, str],  # noqa: F811
+    stack: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:

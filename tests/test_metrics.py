@@ -27,6 +27,8 @@ from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowR
 from durable_flow.transports.db import DatabaseTransport
 from tests import sc_workflows  # noqa: F401  (registers the sc.* workflows)
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.clients import StaffLogin
+from tests.support.redis_keys import delete_keys
 
 TOKEN = "s3cret-scrape-token-0123456789"
 PROCESS_ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
@@ -49,10 +51,8 @@ def scrape(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
 
 
 @pytest.fixture
-def staff_client(transactional_db: None) -> Client:
-    client = Client()
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
-    return client
+def staff_login() -> StaffLogin:
+    return StaffLogin("ops", superuser=False, csrf=False)
 
 
 @pytest.fixture
@@ -178,8 +178,7 @@ def redis_engine(transactional_db: None) -> Iterator[RedisAdmissionBackend]:
     )
     set_engine(Engine(admission=backend, transport=DatabaseTransport(), settings=get_settings()))
     yield backend
-    for key in backend.redis.scan_iter(f"{backend.prefix}:*"):
-        backend.redis.delete(key)
+    delete_keys(backend.redis, f"{backend.prefix}:*")
     backend.close()
 
 

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Model
 from django.test import Client
@@ -25,6 +24,7 @@ from durable_flow.registry import step, workflow
 from durable_flow.transports.db import DatabaseTransport
 from durable_flow.validation import MAX_JSON_DEPTH
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.clients import logged_in_client
 from tests.task_functions import add
 from tests.workflows import echo
 
@@ -71,10 +71,7 @@ def builds(ctx: Any, payload: dict[str, Any]) -> Any:
 
 @pytest.fixture
 def client(transactional_db: None) -> Client:
-    user = get_user_model().objects.create_superuser("deep", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_client("deep", superuser=True)
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.core.checks import run_checks
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -23,6 +21,7 @@ from durable_flow.registry import exponential_backoff
 from durable_flow.tasks import debounce
 from durable_flow.validation import MAX_DURATION
 from tests.engine_support import transport_of
+from tests.support.clients import logged_in_client
 from tests.workflows import add_one
 
 TOO_LONG = MAX_DURATION + timedelta(days=1)
@@ -141,16 +140,7 @@ def test_a_sleep_of_zero_or_less_still_returns_at_once(manual: Engine) -> None:
 # -- the JSON API ---------------------------------------------------------------------------------
 @pytest.fixture
 def client(engine: Any) -> Client:
-    user = get_user_model().objects.create_user("api", password="pw", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="durable_flow",
-            codename__in=["start_workflowrun", "signal_workflowrun", "change_flowqueue"],
-        )
-    )
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_client("api", permissions=["start_workflowrun", "signal_workflowrun", "change_flowqueue"])
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])

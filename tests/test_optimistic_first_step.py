@@ -5,13 +5,11 @@ re-delivered after a kill, the first-delivery mark): tests/test_rq_transport.py.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from durable_flow import cancel, register_queue, start, workflow
 from durable_flow.engine import Engine, statements
@@ -19,37 +17,16 @@ from durable_flow.engine.optimistic import ProbeGate
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from durable_flow.registry import get_workflow, step_backoff
-from durable_flow.transports.base import Transport
 from durable_flow.transports.rq import RQTransport
 from tests import workflows
-from tests.conftest import MovableClock, local_engine
+from tests.conftest import MovableClock
+from tests.support.held import QueuedTurns
+from tests.support.statements import capture, insert_into, update_of
 
 
 @workflow("opt.fails_once")
 def fails_once(ctx: Any, _: Any) -> None:
     ctx.step(workflows.always_fails, None, retries=0)
-
-
-class QueuedTurns(Transport):
-    """Keeps turns and steps as they are sent, for the test to look at (nothing runs them)."""
-
-    name = "queued-turns"
-
-    def __init__(self) -> None:
-        self.turns: deque[str] = deque()
-        self.steps: deque[tuple[str, str, int]] = deque()
-
-    def enqueue_turn(self, run_id: str) -> None:
-        self.turns.append(run_id)
-
-    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
-        self.steps.append((run_id, step_key, attempt))
-
-
-@pytest.fixture
-def queued_turns(clock: MovableClock, transactional_db: None) -> tuple[Engine, QueuedTurns]:
-    transport = QueuedTurns()
-    return local_engine(clock, transport), transport
 
 
 def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(
@@ -63,7 +40,7 @@ def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(
     def on_step(key: str) -> None:  # before the step runs, with nothing written yet
         announced.append((key, StepCheckpoint.objects.filter(run=run).exists()))
 
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         assert engine.run_first_turn(run.id, "w1", on_step=on_step) == RunStatus.RUNNING
     assert announced == [("1", False)]
     cp = StepCheckpoint.objects.get(run=run, key="1")
@@ -76,15 +53,13 @@ def test_a_plain_first_step_is_written_once_with_its_result_and_the_next_turn(
     assert [key for _, key, _ in transport.steps] == ["2"] and not transport.turns
     # The step's checkpoint and its attempt are each one INSERT, never updated after.
     # (Statements, not round trips: on PostgreSQL held-back writes go in one `execute`.)
-    sent = [sql for q in queries.captured_queries for sql in q["sql"].split("; ")]
-    writes = [sql for sql in sent if sql.startswith(("INSERT", "UPDATE"))]
-    checkpoint_table = StepCheckpoint._meta.db_table
-    assert sum(f'INTO "{checkpoint_table}"' in sql for sql in writes) == 2  # step 1, then step 2's dispatch
-    assert not any(sql.startswith(f'UPDATE "{checkpoint_table}"') for sql in writes)
+    writes = sent.writes()
+    assert sum(insert_into(StepCheckpoint) in sql for sql in writes) == 2  # step 1, then step 2's dispatch
+    assert not any(sql.startswith(update_of(StepCheckpoint)) for sql in writes)
     # One transaction; on PostgreSQL, three round trips in it: the run's lock (with the key drawn
     # for step 1's checkpoint), the checkpoint and its attempt held back to go with step 2's
     # dispatch, the run's update. SQLite sends each statement alone.
-    sqls = [q["sql"] for q in queries.captured_queries]
+    sqls = sent.round_trips
     begin = next(i for i, sql in enumerate(sqls) if sql.startswith("BEGIN"))
     assert sqls.count("COMMIT") == 1 and len(sqls[begin + 1 : sqls.index("COMMIT")]) == (
         3 if statements.one_round_trip() else 5
@@ -244,9 +219,9 @@ def test_a_thinned_gate_sends_a_first_delivery_to_the_locked_path_without_a_read
         sleeper = start("tests.sleeper", 5)
         assert engine.run_first_turn(sleeper.id, "w1") is None  # probed: a sleep is written first
     run = start("tests.three_steps", 1)
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as sent:
         assert engine.run_first_turn(run.id, "w1") is None
-    assert queries.captured_queries == []
+    assert sent.round_trips == []
     assert not StepCheckpoint.objects.filter(run=run).exists()
     engine.run_turn(run.id)  # the locked path takes it
     assert StepCheckpoint.objects.get(run=run, key="1").status == StepStatus.DISPATCHED

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,17 +25,15 @@ from durable_flow.transports.db import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from durable_flow.transports.rq_common import HIGH, LOW, NORMAL
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for
-from tests.own_redis import OwnRedis, free_port
+from tests.support.own_redis import OwnRedis, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
 
 
 @pytest.fixture
-def own_redis() -> Iterator[OwnRedis]:
-    server = OwnRedis(free_port())
-    server.start()
-    yield server
-    server.kill()
+def own_redis_keeps_data() -> bool:
+    """A restarted server comes back empty: the outage loses what RQ held."""
+    return False
 
 
 @pytest.fixture

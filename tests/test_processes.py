@@ -19,11 +19,8 @@ from django.db import connection
 from django.utils import timezone
 
 from durable_flow import start
-from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 
 RECORDING_TRANSPORT = "tests.engine_support.RecordingDatabaseTransport"
@@ -31,14 +28,6 @@ RECORDING_TRANSPORT = "tests.engine_support.RecordingDatabaseTransport"
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="SKIP LOCKED between pollers: runs in the PostgreSQL pass"
 )
-
-
-@pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """This process starts runs on the `db` transport, so the worker processes get the tasks."""
-    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
 
 
 def marker_lines(marker: Path) -> list[list[str]]:
@@ -69,7 +58,7 @@ def woken_by(marker: Path) -> Counter[str]:
 
 @pytest.mark.parametrize("optimistic", [True, False], ids=["optimistic-first-step", "locked"])
 def test_worker_killed_mid_step_loses_nothing_and_the_run_completes_after_restart(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path, optimistic: bool
+    db_transport_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path, optimistic: bool
 ) -> None:
     """Optimistic (the default): the killed worker wrote nothing, so its turn task, given up
     by the poller, is claimed a second time and takes the locked path: the step's first

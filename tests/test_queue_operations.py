@@ -21,7 +21,7 @@ from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.poller import TimerPoller
 from durable_flow.queues import RateLimit, Throttle
 from tests.conftest import ManagedProcess, wait_for
-from tests.test_flow_control_processes import admission, completed, db_engine, process_env, unique  # noqa: F401
+from tests.support.workers import completed, unique
 
 
 def waiting(queue: str) -> int:
@@ -110,8 +110,8 @@ def test_the_json_api_update_takes_a_throttle_and_refuses_a_bad_one(engine: Engi
 
 
 def test_pause_and_resume_with_real_workers(
-    db_engine: Engine,  # noqa: F811 (the fixtures imported above)
-    process_env: dict[str, str],  # noqa: F811
+    matching_admission_engine: Engine,
+    process_env: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
@@ -122,10 +122,10 @@ def test_pause_and_resume_with_real_workers(
     spawn("durable_worker", "--concurrency", "4", env=env)
     spawn("durable_poller", env=env)
     # A process that read "not paused" just before the pause forgets it within one poll interval.
-    time.sleep(3 * db_engine.settings.poller_interval_ms / 1000)
+    time.sleep(3 * matching_admission_engine.settings.poller_interval_ms / 1000)
     runs = [api.start("tests.queued", {"queue": queue, "seconds": 0.05, "id": i}).id for i in range(6)]
     wait_for(lambda: waiting(queue) == 6, timeout=60, what="six calls waiting on the paused queue")
     assert not StepCheckpoint.objects.filter(queue=queue).exclude(status=StepStatus.WAITING).exists()
     api.resume_queue(queue)
     wait_for(lambda: completed(runs), timeout=120, what="the resumed queue to drain")
-    assert db_engine.admission.in_flight(queue) == 0
+    assert matching_admission_engine.admission.in_flight(queue) == 0

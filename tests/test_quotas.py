@@ -22,6 +22,7 @@ from durable_flow.models import QuotaRefusal, RunStatus, StepCheckpoint, Task, W
 from durable_flow.quotas import count_active
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import ManualTransport, transport_of
+from tests.support.clients import logged_in_client
 
 
 def tenant_key(input: dict[str, Any]) -> str | None:
@@ -367,10 +368,7 @@ def test_an_admitted_child_carries_the_key(engine: Engine) -> None:
 
 @pytest.fixture
 def client(engine: Engine) -> Client:
-    user = get_user_model().objects.create_user("api", password="pw", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in_client("api", superuser=True)
 
 
 def test_the_admin_shows_and_searches_a_runs_quota_key(client: Client) -> None:
@@ -466,21 +464,8 @@ def test_the_lock_is_per_key(engine: Engine) -> None:
         thread.join()
 
 
-@pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """Starts runs on the `db` transport, so real worker processes get the tasks."""
-    from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.conf import get_settings
-    from durable_flow.engine import set_engine
-    from durable_flow.transports.db import DatabaseTransport
-
-    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
-
-
 def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_transport_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
     env = {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_TEST_MARKER": str(marker)}
@@ -588,7 +573,7 @@ def test_retrying_a_parent_that_caught_a_refusal_replays_the_refusal(engine: Eng
 
 
 def test_a_retry_over_the_quota_is_refused_with_a_real_worker(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess]
+    db_transport_engine: Engine, spawn: Callable[..., ManagedProcess]
 ) -> None:
     spawn("durable_worker", "--concurrency", "2", env={"DURABLE_FLOW_TRANSPORT": "db"})
     sleeper("acme", "w1")

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection
-from django.test.utils import CaptureQueriesContext
 
 from durable_flow import register_queue, start
 from durable_flow.admission.db import DatabaseAdmissionBackend
@@ -15,7 +14,8 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import AdmissionSlot, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from tests.conftest import MovableClock
-from tests.test_flow_control import HeldTransport, queued
+from tests.support.held import HeldTransport, queued
+from tests.support.statements import capture, delete_from, insert_into, update_of
 
 
 @pytest.fixture
@@ -34,12 +34,12 @@ def test_the_slot_is_released_after_the_runs_inline_turn(engine: tuple[Engine, H
     run_id, key, attempt, _ = transport.held.popleft()
     # What the database was sent, in order: a round trip may carry several statements
     # (`statements.writes_together`), so each is split into its statements.
-    with CaptureQueriesContext(connection) as queries:
+    with capture() as captured:
         df.record_result(run_id, key, attempt, output=1)
-    sent = [part for query in queries.captured_queries for part in query["sql"].split("; ")]
-    run_updates = (i for i, sql in enumerate(sent) if sql.startswith('UPDATE "durable_flow_workflowrun"'))
+    sent = captured.statements
+    run_updates = (i for i, sql in enumerate(sent) if sql.startswith(update_of(WorkflowRun)))
     finished = next(i for i in run_updates if "finished_at" in sent[i])
-    released = next(i for i, sql in enumerate(sent) if 'DELETE FROM "durable_flow_admissionslot"' in sql)
+    released = next(i for i, sql in enumerate(sent) if delete_from(AdmissionSlot) in sql)
     assert finished < released  # the run's turn first, then the slot (and the queue's lock)
     assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
     assert StepCheckpoint.objects.get(run=second).status == StepStatus.DISPATCHED  # granted the slot
@@ -66,7 +66,7 @@ def test_a_release_rolled_back_with_the_inline_turn_is_made_again(engine: tuple[
     run_id, key, attempt, _ = transport.held.popleft()
     failures = [DatabaseError("the database refused the turn")]
 
-    insert = f"INSERT INTO {connection.ops.quote_name(StepCheckpoint._meta.db_table)}"
+    insert = insert_into(StepCheckpoint)
 
     def fail_once(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         result = execute(sql, params, many, context)

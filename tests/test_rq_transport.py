@@ -33,23 +33,16 @@ from durable_flow.transports.rq_common import HIGH, JOB_KINDS, LOW, NORMAL
 from durable_flow.transports.rq_source import RQTaskSource
 from durable_flow.worker.heartbeat import dead_worker_cutoff
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.workers import RQ_ENV, clear_rq
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-RQ_ENV = {"DURABLE_FLOW_TRANSPORT": "rq", "DURABLE_FLOW_LOG": "WARNING"}
 #: A worker with EAGER_STEPS off (settings/test.py): every step an RQ job.
 NO_EAGER_STEPS = {"DURABLE_FLOW_EAGER_STEPS": "0"}
 #: A worker with OPTIMISTIC_FIRST_STEP on (settings/test.py; the default, named where it matters).
 OPTIMISTIC = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "1"}
 #: A worker with OPTIMISTIC_FIRST_STEP off: a first step is written as running before it runs.
 LOCKED = {"DURABLE_FLOW_OPTIMISTIC_FIRST_STEP": "0"}
-
-
-def clear_rq(connection: Redis) -> None:
-    """Remove RQ's keys (queues, jobs, registries, workers) from the test Redis database."""
-    keys = list(connection.scan_iter("rq:*", count=1000))
-    if keys:
-        connection.delete(*keys)
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.poller import TimerPoller
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import transport_of
-from tests.test_quotas import db_engine  # noqa: F401 - the fixture: starts runs on the db transport
 from tests.workflows import add_one
 
 BEGUN: list[Any] = []
@@ -476,7 +475,7 @@ def test_concurrent_singleton_cancels_leave_one_run_in_progress(engine: Engine) 
 
 
 def test_fifty_starts_in_two_seconds_run_once_with_the_last_input_on_real_processes(
-    db_engine: Engine,  # noqa: F811 - the imported fixture
+    db_transport_engine: Engine,
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:

@@ -103,7 +103,7 @@ def test_a_bulk_retry_of_two_runs_of_one_task_singleton_key_retries_one(manual: 
 def test_a_retry_of_a_run_whose_task_is_not_declared_is_not_blocked(manual: Engine) -> None:
     """Whether the path declared a singleton cannot be known without importing it: the retry goes
     ahead, and the run fails at its step with `TaskNotDeclared` as before."""
-    from tests.test_task_declarations import task_payload
+    from tests.support.tasks import task_payload
 
     key = "tests.gone.sync:a1"
     first = manual.start(TASK_WORKFLOW, task_payload("tests.gone.sync", "a1"))

@@ -23,6 +23,7 @@ from durable_flow.step_concurrency import parse_concurrency, plan_run
 from tests import sc_workflows
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of
+from tests.support.redis_keys import delete_keys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -124,9 +125,7 @@ def manual_sc(request: pytest.FixtureRequest, clock: MovableClock, transactional
     if request.param == "redis":
         engine.admission.close()
         client = engine.admission.redis
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        delete_keys(client, f"{prefix}:*")
 
 
 def test_two_accounts_each_execute_at_most_their_limit(manual_sc: Engine) -> None:

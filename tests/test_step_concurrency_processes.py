@@ -14,21 +14,19 @@ from durable_flow import start
 from durable_flow.engine import get_engine
 from durable_flow.models import RunStatus, WorkflowRun
 from tests.conftest import ManagedProcess, wait_for
-from tests.test_flow_control_processes import max_overlap, read_intervals
-from tests.test_handoff_processes import run_workers, stack  # noqa: F401 - the fixture
+from tests.reliability.evidence import max_overlap
+from tests.support.redis_keys import delete_keys
+from tests.support.workers import read_intervals, run_workers
 
 
 @pytest.fixture(autouse=True)
-def forget_resources(stack: dict[str, str]) -> None:  # noqa: F811 - the imported fixture
+def forget_resources(stack: dict[str, str]) -> None:
     """Drop step-concurrency keys an earlier session of this test id may have left in Redis."""
     if stack["DURABLE_FLOW_ADMISSION"] != "redis":
         return
     backend = get_engine().admission
     client, prefix = backend.redis, backend.prefix  # type: ignore[attr-defined]
-    for pattern in (f"{prefix}:res:*", f"{prefix}:q::*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
+    delete_keys(client, f"{prefix}:res:*", f"{prefix}:q::*")
 
 
 def intervals_of(marker: Path, prefix: str) -> list[tuple[float, float]]:
@@ -58,7 +56,7 @@ def all_completed(runs: list[str], timeout: float, what: str) -> None:
 
 
 def test_two_accounts_never_exceed_their_limit_and_run_side_by_side(
-    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    stack: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
@@ -79,7 +77,7 @@ def test_two_accounts_never_exceed_their_limit_and_run_side_by_side(
 
 
 def test_parallel_steps_of_one_run_never_exceed_the_limit(
-    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    stack: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
@@ -93,7 +91,7 @@ def test_parallel_steps_of_one_run_never_exceed_the_limit(
 
 
 def test_runs_that_sleep_free_their_slot(
-    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    stack: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
@@ -107,7 +105,7 @@ def test_runs_that_sleep_free_their_slot(
 
 
 def test_two_constraints_hold_together_across_processes(
-    stack: dict[str, str],  # noqa: F811 - the imported fixture: db workers, then RQ workers on redis admission
+    stack: dict[str, str],
     spawn: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:

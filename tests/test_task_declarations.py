@@ -17,33 +17,16 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from durable_flow import api, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, get_engine, set_engine
+from durable_flow.engine import Engine, get_engine
 from durable_flow.exceptions import WorkflowNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 from durable_flow.task_runner import TASK_WORKFLOW, run_task
-from durable_flow.transports.db import DatabaseTransport
 from tests import task_functions
 from tests.conftest import ROOT, ManagedProcess, wait_for
+from tests.support.tasks import task_payload
 from tests.tasks_framework import InvalidTaskError, TaskResultStatus
 
 MODULE_NEVER_IMPORTED = "tests.not_a_task"
-
-
-def task_payload(path: str, *args: Any) -> dict[str, Any]:
-    """A task run's input as the backend stores it, naming `path`."""
-    return {
-        "task": path,
-        "args": list(args),
-        "kwargs": {},
-        "queue": "default",
-        "priority": 0,
-        "run_after": None,
-        "takes_context": False,
-        "backend": "default",
-        "result_id": "forged",
-    }
 
 
 def step_error(run_id: str) -> dict[str, Any]:
@@ -60,14 +43,6 @@ def starter(transactional_db: None) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """This process on the `db` transport and admission, as the worker processes it starts."""
-    engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +64,7 @@ def rescan(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_starting_the_built_in_workflow_through_the_json_api_runs_nothing_on_a_worker(
-    db_engine: Engine, starter: Client, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_admission_engine: Engine, starter: Client, spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     marker = tmp_path / "pwned"
     exploit = task_payload("os.system", f"touch {marker}")
@@ -110,7 +85,7 @@ def test_starting_the_built_in_workflow_through_the_json_api_runs_nothing_on_a_w
 
 
 def test_a_stored_run_naming_a_non_task_fails_on_a_worker_without_importing_it(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
+    db_admission_engine: Engine, spawn: Callable[..., ManagedProcess], tmp_path: Path
 ) -> None:
     imported, called = tmp_path / "imported", tmp_path / "called"
     # What a row written straight into the database looks like: the internal start path.

@@ -24,11 +24,8 @@ from asgiref.sync import async_to_sync
 from django.test import override_settings
 from django.utils import timezone
 
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.tasks import DurableFlowBackend
-from durable_flow.transports.db import DatabaseTransport
 from tests import contract_tasks
 from tests.conftest import ManagedProcess, wait_for
 from tests.tasks_framework import (
@@ -45,22 +42,13 @@ WORKER_ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
 
 
 @pytest.fixture
-def db_engine(transactional_db: None) -> Engine:
-    """This process's engine on the `db` transport and admission, as the worker processes are:
-    `enqueue` writes the run and its first turn's task row, and a worker takes it."""
-    engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
-
-
-@pytest.fixture
 def signals_file(tmp_path: Path) -> Path:
     return tmp_path / "signals"
 
 
 @pytest.fixture
 def start_worker(
-    db_engine: Engine, spawn: Callable[..., ManagedProcess], signals_file: Path
+    db_admission_engine: Engine, spawn: Callable[..., ManagedProcess], signals_file: Path
 ) -> Callable[..., ManagedProcess]:
     """Start a `durable_worker` (and a `durable_poller` for timers) on the test database; the
     worker's `task_started`/`task_finished` signals are written to `signals_file`."""
@@ -93,7 +81,7 @@ def finished(result: Any, timeout: float = 60) -> Any:
 
 
 @pytest.mark.parametrize("task", [contract_tasks.noop, contract_tasks.noop_async], ids=["sync", "async"])
-def test_enqueue_returns_a_ready_result_that_has_not_run(db_engine: Engine, task: Any) -> None:
+def test_enqueue_returns_a_ready_result_that_has_not_run(db_admission_engine: Engine, task: Any) -> None:
     result = task.enqueue(1, two=3)
     assert result.status == TaskResultStatus.READY
     assert not result.is_finished
@@ -106,7 +94,7 @@ def test_enqueue_returns_a_ready_result_that_has_not_run(db_engine: Engine, task
     assert result.backend == "default"
 
 
-def test_enqueue_sends_task_enqueued_with_the_backend_class_and_the_result(db_engine: Engine) -> None:
+def test_enqueue_sends_task_enqueued_with_the_backend_class_and_the_result(db_admission_engine: Engine) -> None:
     received: list[tuple[type, Any]] = []
 
     def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
@@ -120,14 +108,14 @@ def test_enqueue_sends_task_enqueued_with_the_backend_class_and_the_result(db_en
     assert received == [(DurableFlowBackend, result)]
 
 
-def test_the_frameworks_logger_sees_the_enqueue(db_engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_frameworks_logger_sees_the_enqueue(db_admission_engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG", logger=LOGGER)
     result = contract_tasks.noop.enqueue()
     enqueued = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert enqueued == [f"Task id={result.id} path=tests.contract_tasks.noop enqueued backend=default"]
 
 
-def test_aenqueue_and_aget_result_give_the_same_result(db_engine: Engine) -> None:
+def test_aenqueue_and_aget_result_give_the_same_result(db_admission_engine: Engine) -> None:
     async def enqueue_and_read() -> tuple[Any, Any]:
         result = await contract_tasks.noop.aenqueue()
         return result, await default_task_backend.aget_result(result.id)
@@ -136,14 +124,14 @@ def test_aenqueue_and_aget_result_give_the_same_result(db_engine: Engine) -> Non
     assert (fetched.id, fetched.status, fetched.task) == (result.id, TaskResultStatus.READY, contract_tasks.noop)
 
 
-def test_get_result_reads_back_the_enqueued_result_until_a_worker_runs_it(db_engine: Engine) -> None:
+def test_get_result_reads_back_the_enqueued_result_until_a_worker_runs_it(db_admission_engine: Engine) -> None:
     result = default_task_backend.enqueue(contract_tasks.noop, (), {})
     assert default_task_backend.get_result(result.id) == result
     assert contract_tasks.noop.get_result(result.id) == result
     assert async_to_sync(contract_tasks.noop.aget_result)(result.id) == result
 
 
-def test_a_tasks_get_result_refuses_the_result_of_another_task(db_engine: Engine) -> None:
+def test_a_tasks_get_result_refuses_the_result_of_another_task(db_admission_engine: Engine) -> None:
     result = contract_tasks.noop_async.enqueue()
     with pytest.raises(TaskResultMismatch, match="Task does not match"):
         contract_tasks.noop.get_result(result.id)
@@ -151,14 +139,14 @@ def test_a_tasks_get_result_refuses_the_result_of_another_task(db_engine: Engine
         async_to_sync(contract_tasks.noop.aget_result)(result.id)
 
 
-def test_arguments_that_are_not_json_are_refused_with_the_frameworks_type_error(db_engine: Engine) -> None:
+def test_arguments_that_are_not_json_are_refused_with_the_frameworks_type_error(db_admission_engine: Engine) -> None:
     from datetime import datetime
 
     with pytest.raises(TypeError, match="Unsupported type"):
         contract_tasks.noop.enqueue(datetime.now())
 
 
-def test_a_queue_the_backend_does_not_list_is_refused_on_enqueue(db_engine: Engine) -> None:
+def test_a_queue_the_backend_does_not_list_is_refused_on_enqueue(db_admission_engine: Engine) -> None:
     backend = {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["queue-1"]}
     with override_settings(TASKS={"default": backend}):
         with pytest.raises(InvalidTaskError, match="Queue 'default' is not valid for backend"):
@@ -167,7 +155,7 @@ def test_a_queue_the_backend_does_not_list_is_refused_on_enqueue(db_engine: Engi
             async_to_sync(contract_tasks.noop.aenqueue)()
 
 
-def test_an_unknown_result_id_does_not_exist(db_engine: Engine) -> None:
+def test_an_unknown_result_id_does_not_exist(db_admission_engine: Engine) -> None:
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result("123")
     with pytest.raises(TaskResultDoesNotExist):

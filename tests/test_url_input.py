@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from durable_flow import api
 from durable_flow.models import FlowQueue, QuotaRefusal, WorkerHeartbeat, WorkflowRun
+from tests.support.clients import logged_in_client
 
 
 @pytest.fixture
@@ -29,9 +30,7 @@ def rows(engine: Any) -> None:
 
 @pytest.fixture
 def client(rows: None) -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("admin", password="pw"))
-    return client
+    return logged_in_client("admin", superuser=True)
 
 
 def snapshot() -> list[tuple[Any, ...]]:

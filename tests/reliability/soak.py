@@ -27,6 +27,7 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 from tests.conftest import ManagedProcess, wait_for
 from tests.reliability.evidence import Kill, Outage, busiest_window, max_overlap, read_evidence
+from tests.support.redis_keys import delete_keys
 from tests.workflows import soak_value
 
 RUNS = int(os.environ.get("SOAK_RUNS", "1000"))
@@ -73,9 +74,7 @@ def clear_rq() -> None:
     """Remove RQ's keys from the test's Redis database (never database 0, never other keys)."""
     redis = django_rq.get_connection("durable")
     assert redis.connection_pool.connection_kwargs.get("db", 0) != 0, "tests never touch Redis database 0"
-    keys = list(redis.scan_iter("rq:*", count=1000))
-    if keys:
-        redis.delete(*keys)
+    delete_keys(redis, "rq:*")
 
 
 class Fleet:

@@ -37,9 +37,9 @@ from durable_flow.conf import get_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for
-from tests.own_redis import OwnRedis, free_port
 from tests.reliability.evidence import Outage
 from tests.reliability.soak import SEED, SIDE_RUNS, Fleet, Workload
+from tests.support.own_redis import OwnRedis
 
 pytestmark = [
     pytest.mark.soak,
@@ -50,16 +50,6 @@ pytestmark = [
 
 #: Outage rounds (one Redis and one PostgreSQL outage each): 2 at the default 125 runs.
 ROUNDS = max(2, SIDE_RUNS // 60)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    data = tmp_path / "redis"
-    data.mkdir()
-    server = OwnRedis(free_port(), data_dir=data)
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

@@ -1,0 +1,77 @@
+"""The fixtures several test modules share, loaded by tests/conftest.py (`pytest_plugins`).
+
+A module that needs a variant overrides the small fixture the shared one reads (`staff_login`,
+`own_redis_keeps_data`) instead of defining the shared fixture again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.conf import get_settings
+from durable_flow.engine import Engine, set_engine
+from durable_flow.transports.db import DatabaseTransport
+from tests.support.clients import StaffLogin, create_user, logged_in
+from tests.support.own_redis import OwnRedis, free_port
+
+
+# -- the dashboard's staff ---------------------------------------------------------------------
+@pytest.fixture
+def staff_login() -> StaffLogin:
+    """A superuser posting with CSRF checks; override it in a module for another kind of staff."""
+    return StaffLogin()
+
+
+@pytest.fixture
+def staff(staff_login: StaffLogin, transactional_db: None) -> Any:
+    return create_user(staff_login.username, superuser=staff_login.superuser)
+
+
+@pytest.fixture
+def staff_client(staff: Any, staff_login: StaffLogin) -> Client:
+    return logged_in(staff, csrf=staff_login.csrf)
+
+
+# -- a Redis server of the test's own ----------------------------------------------------------
+@pytest.fixture
+def own_redis_keeps_data() -> bool:
+    """Whether the test's Redis writes an append-only file, so a kill loses no acknowledged write;
+    override it to False in a module whose restarts must come back empty."""
+    return True
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path, own_redis_keeps_data: bool) -> Iterator[OwnRedis]:
+    data_dir = None
+    if own_redis_keeps_data:
+        data_dir = tmp_path / "redis"
+        data_dir.mkdir()
+    server = OwnRedis(free_port(), data_dir=data_dir)
+    server.start()
+    yield server
+    server.kill()
+
+
+# -- engines that hand their tasks to worker processes -----------------------------------------
+@pytest.fixture
+def db_transport_engine(transactional_db: None) -> Engine:
+    """This process starts runs on the `db` transport with in-process admission: the turns go to
+    the task table, where worker processes (if the test starts any) take them."""
+    engine = Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
+    set_engine(engine)
+    return engine
+
+
+@pytest.fixture
+def db_admission_engine(transactional_db: None) -> Engine:
+    """This process on the `db` transport and the `db` admission backend, as the worker processes
+    it starts are: the admission counts live in the database all of them share."""
+    engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
+    set_engine(engine)
+    return engine
