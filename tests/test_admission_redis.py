@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -233,7 +234,7 @@ def test_changing_fairness_and_order_rebuilds_the_line(make: Callable[..., Redis
 
 
 def test_a_busy_key_does_not_cost_a_scan_per_decision(
-    make: Callable[..., RedisAdmissionBackend], client: redis.Redis
+    make: Callable[..., RedisAdmissionBackend], redis_client: redis.Redis
 ) -> None:
     """5,000 waiters of one tenant behind 1 of another: re-serving the busy tenant re-files one
     group, and the other tenant still wins its turn (fairness="key" at scale). Every decision and
@@ -247,7 +248,7 @@ def test_a_busy_key_does_not_cost_a_scan_per_decision(
         backend._script(keys=backend.queue_keys("q"), args=_admit_args(backend, f"b{i}/1", "busy"), client=pipe)
     pipe.execute()
     assert not ask(backend, "q", "quiet/1", fairness_key="quiet").admitted
-    watch = partial(script_cost, client, backend.prefix)
+    watch = partial(script_cost, redis_client, backend.prefix)
     assert watch(partial(backend.release, "q", "first/1")).tickets == ("quiet/1",)  # quiet was never served
     assert not watch(partial(ask, backend, "q", "b2500/1", fairness_key="busy")).admitted
     assert ask(backend, "q", "quiet/1", fairness_key="quiet").admitted
