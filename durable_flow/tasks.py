@@ -83,7 +83,6 @@ __all__ = [
     "debounce",
     "quota",
     "singleton",
-    "task_context",
 ]
 
 F = TypeVar("F")
@@ -381,12 +380,6 @@ def _task_for(payload: Mapping[str, Any]) -> Task:
         raise TaskResultDoesNotExist(str(exc)) from None
     run_after = datetime.fromisoformat(payload["run_after"]) if payload.get("run_after") else None
     return target.using(priority=payload.get("priority"), queue_name=payload.get("queue"), run_after=run_after)
-
-
-def task_context(result_id: str) -> TaskContext:
-    """The context a `takes_context=True` task receives: its result as of now, `RUNNING`, with
-    this attempt counted (`context.attempt` is 1 on the first)."""
-    return TaskContext(task_result=_running_result(result_id))
 
 
 def _running_result(result_id: str) -> TaskResult:
