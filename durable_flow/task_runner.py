@@ -39,9 +39,15 @@ def run_task_of(payload: object) -> Task | None:
         return None
 
 
+def declared_control(task: Task) -> start_control.StartControl | None:
+    """The debounce or singleton `tasks.debounce` / `tasks.singleton` declared on `task`, if any."""
+    control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
+    return control
+
+
 def start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> start_control.StartGate | None:
     """This call's debounce or singleton, its key evaluated (`InvalidInput` if not a string)."""
-    control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
+    control = declared_control(task)
     if control is None:
         return None
     call = {"args": list(args), "kwargs": dict(kwargs)}
@@ -69,10 +75,7 @@ class TaskStartChecks:
     def control(self, input: Any) -> start_control.StartControl | None:
         """The debounce or singleton declared on the task the input names; None when it declares none."""
         task = run_task_of(input)
-        if task is None:
-            return None
-        control: start_control.StartControl | None = getattr(task.func, START_CONTROL_ATTRIBUTE, None)
-        return control
+        return declared_control(task) if task is not None else None
 
     def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
         """The start quota and the debounce or singleton a new run `run_id` of this stored call
