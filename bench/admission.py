@@ -94,7 +94,7 @@ def measure_backend(
 ) -> dict:
     """Uncontended pairs, then a cap-full decision and release + grant with `waiters` in line."""
     from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.queues import QueueConfig
+    from durable_flow.config.queues import QueueConfig
 
     tag = uuid.uuid4().hex[:8]
     results: dict[str, Any] = {}
@@ -163,7 +163,7 @@ def db_fill(backend: Any, queue: str, count: int) -> None:
 
 
 def run_db_child(seconds: float) -> None:
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 
     print(json.dumps(measure_backend(DatabaseAdmissionBackend(), seconds, fill=db_fill)))
 
@@ -197,8 +197,8 @@ def redis_figures(seconds: float) -> dict:
     import redis
 
     from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.admission.redis import RedisAdmissionBackend
-    from durable_flow.queues import QueueConfig
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
+    from durable_flow.config.queues import QueueConfig
 
     prefix = f"bench:adm:{uuid.uuid4().hex[:12]}"
     client = redis.Redis.from_url(REDIS_URL)
@@ -259,10 +259,10 @@ def engine_handoff_lag(samples: int) -> dict[str, float]:
     from django.utils import timezone
 
     from durable_flow import start
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+    from durable_flow.config.queues import QueueConfig
     from durable_flow.engine import Engine, set_engine
     from durable_flow.models import StepCheckpoint, StepStatus, WorkflowRun
-    from durable_flow.queues import QueueConfig
     from durable_flow.transports.base import Transport
 
     class HeldSteps(Transport):

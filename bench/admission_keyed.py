@@ -38,7 +38,7 @@ BIG = 10**9
 
 
 def configs(tag: str) -> dict[str, Any]:
-    from durable_flow.queues import QueueConfig, RateLimit, Throttle
+    from durable_flow.config.queues import QueueConfig, RateLimit, Throttle
 
     return {
         "plain window": QueueConfig(name=f"bk-plain-{tag}", rate_limit=RateLimit(BIG, 1000, "sliding")),
@@ -69,7 +69,7 @@ IDLE_MS = 200
 
 
 def idle_config(name: str) -> Any:
-    from durable_flow.queues import QueueConfig, RateLimit, Throttle
+    from durable_flow.config.queues import QueueConfig, RateLimit, Throttle
 
     return QueueConfig(
         name=name,
@@ -103,8 +103,8 @@ def local_figures(seconds: float, keys: int) -> dict[str, Any]:
 
 def db_child(seconds: float, keys: int) -> None:
     from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.admission.db import DatabaseAdmissionBackend
-    from durable_flow.admission.db_keyed import GRANT, rows
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+    from durable_flow.admission.db.keyed import GRANT, rows
     from durable_flow.models import AdmissionKeyMark, AdmissionKeyTat
 
     backend = DatabaseAdmissionBackend()
@@ -136,7 +136,7 @@ def db_figures(seconds: float, keys: int) -> dict[str, Any] | str:
 def redis_figures(seconds: float, keys: int) -> dict[str, Any]:
     import redis
 
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     prefix = f"bench:keyed:{uuid.uuid4().hex[:10]}"
     backend = RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix)

@@ -46,7 +46,7 @@ class Line:
     """A queue of concurrency 1 whose slot is held, with `waiters` waiters of the busy tenant."""
 
     def __init__(self, backend: object, name: str, waiters: int) -> None:
-        from durable_flow.queues import QueueConfig
+        from durable_flow.config.queues import QueueConfig
 
         self.backend, self.name, self.tickets = backend, name, count()
         backend.register(QueueConfig(name=name, concurrency=1, fairness="key"))  # type: ignore[attr-defined]
@@ -107,7 +107,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     prefix = f"bench:busy:{uuid.uuid4().hex[:12]}"
     backend = RedisAdmissionBackend(url=args.redis_url, key_prefix=prefix)

@@ -467,9 +467,9 @@ HOLDERS = 5
 def parked_figures(stack: str, waiters: tuple[int, int], redis_url: str, samples: int) -> dict[str, Any]:
     from django.db import connection
 
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
     from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     vendor = "SQLite" if connection.vendor == "sqlite" else "PostgreSQL"
     makers: dict[str, Callable[[], Any]] = {}
@@ -500,7 +500,7 @@ def fill_waiters(backend: Any, queue: str, tickets: list[str]) -> None:
     """Put the parked calls in the backend's line: bulk rows on `db` (10,000 decisions one by
     one would dominate the bench), decisions elsewhere."""
     from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
     from durable_flow.models import AdmissionWaiter, FlowQueue
 
     if isinstance(backend, DatabaseAdmissionBackend):
@@ -537,7 +537,8 @@ def parked_case(backend: Any, count: int, samples: int) -> dict[str, Any]:
     from django.db import connection
 
     from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.conf import get_settings
+    from durable_flow.config.queues import QueueConfig
+    from durable_flow.config.settings import get_settings
     from durable_flow.engine import Engine
     from durable_flow.models import (
         AdmissionKeyServed,
@@ -551,9 +552,8 @@ def parked_case(backend: Any, count: int, samples: int) -> dict[str, Any]:
         StepStatus,
         WorkflowRun,
     )
-    from durable_flow.poller import TimerPoller
-    from durable_flow.queues import QueueConfig
-    from durable_flow.transports.db import DatabaseTransport
+    from durable_flow.runtime.poller import TimerPoller
+    from durable_flow.transports.db.transport import DatabaseTransport
 
     tag = uuid.uuid4().hex[:6]
     queue = f"bench-parked-{tag}"

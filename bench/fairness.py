@@ -59,7 +59,7 @@ def setup_django() -> None:
 def flood(backend: Any, fairness: str, cycles: int, admissions: int) -> list[int]:
     """Admissions per tenant after `admissions` hand-overs of one slot, as described above."""
     from durable_flow.admission.base import AdmissionRequest
-    from durable_flow.queues import QueueConfig
+    from durable_flow.config.queues import QueueConfig
 
     queue = f"fair-{fairness}-{uuid.uuid4().hex[:8]}"
     backend.register(QueueConfig(name=queue, concurrency=1, retry_ms=60_000, fairness=fairness))
@@ -83,7 +83,7 @@ def flood(backend: Any, fairness: str, cycles: int, admissions: int) -> list[int
 
 def backends(with_redis: bool) -> list[tuple[str, Any, Any]]:
     """(name, backend, cleanup) for every backend measured."""
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
     from durable_flow.admission.local import LocalAdmissionBackend
 
     found: list[tuple[str, Any, Any]] = [
@@ -93,7 +93,7 @@ def backends(with_redis: bool) -> list[tuple[str, Any, Any]]:
     if with_redis:
         from redis import Redis
 
-        from durable_flow.admission.redis import RedisAdmissionBackend
+        from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
         prefix = f"bench:fair:{uuid.uuid4().hex[:8]}"
 

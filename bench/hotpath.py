@@ -241,8 +241,8 @@ def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool
 
     from durable_flow.engine import get_engine
     from durable_flow.models import AdmissionSlot, AdmissionWaiter, RunStatus, Task, WorkflowRun
-    from durable_flow.worker.concurrency import FixedConcurrency
-    from durable_flow.worker.runtime import WorkerRuntime
+    from durable_flow.runtime.concurrency import FixedConcurrency
+    from durable_flow.runtime.worker import WorkerRuntime
 
     for model in (Task, AdmissionSlot, AdmissionWaiter, WorkflowRun):
         model.objects.all().delete()
@@ -373,14 +373,14 @@ def main() -> None:
 
 
 def _queue_config() -> Any:
-    from durable_flow.queues import QueueConfig
+    from durable_flow.config.queues import QueueConfig
 
     return QueueConfig.from_mapping({"name": QUEUE, "concurrency": 10})
 
 
 def _handoff_queue_config() -> Any:
     """bench/contention.py's cap scenario in miniature: a cap, fairness by key."""
-    from durable_flow.queues import QueueConfig
+    from durable_flow.config.queues import QueueConfig
 
     return QueueConfig.from_mapping({"name": HANDOFF_QUEUE, "concurrency": 1, "fairness": "key"})
 

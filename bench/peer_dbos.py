@@ -176,9 +176,9 @@ def run_durable_flow(args: argparse.Namespace) -> float:
     call_command("migrate", verbosity=0)
     from django.db import connections
 
+    from durable_flow.config.queues import QueueConfig
     from durable_flow.engine import get_engine
     from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
-    from durable_flow.queues import QueueConfig
 
     engine = get_engine()
     engine.register_queue(QueueConfig.from_mapping({"name": QUEUE, "concurrency": args.concurrency}))

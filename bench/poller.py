@@ -86,7 +86,7 @@ def measure(due_ids: list[str], ticks: int, warmup: int = 5) -> tuple[float, flo
     from django.utils import timezone
 
     from durable_flow.models import RunStatus, Task, WorkflowRun
-    from durable_flow.poller import TimerPoller
+    from durable_flow.runtime.poller import TimerPoller
 
     poller = TimerPoller(batch_size=500)
     waking: list[float] = []

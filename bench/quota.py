@@ -77,8 +77,8 @@ def setup_django(database: str) -> None:
 
 def build_engine() -> Any:
     from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.definitions.registry import workflow
     from durable_flow.engine import Engine, set_engine
-    from durable_flow.registry import workflow
 
     @workflow("bench.quota")
     def bench_quota(ctx: Any, input: Any) -> None:
@@ -111,8 +111,8 @@ def measure_cost(engine: Any, seconds: float) -> tuple[float, float]:
 
 def soft_start(key: str, run_id: str) -> bool:
     """The reference's soft cap: COUNT(*), then INSERT, as separate statements with no lock."""
+    from durable_flow.definitions.quotas import count_active
     from durable_flow.models import WorkflowRun
-    from durable_flow.quotas import count_active
 
     if count_active(key) >= LIMIT:
         return False

@@ -74,9 +74,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter lines and fewer handoffs")
     args = parser.parse_args()
     setup_django(None, "bench-fair")
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
     from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     scale = 5 if args.quick else 1
     prefix = f"bench:fair:{uuid.uuid4().hex[:8]}"

@@ -66,7 +66,7 @@ def run(port: int) -> None:
     from redis import Redis
 
     from durable_flow.transports.rq import RQTransport, run_step_job
-    from durable_flow.transports.rq_common import NORMAL
+    from durable_flow.transports.rq.common import NORMAL
 
     transport = RQTransport(queue="durable")
     source = transport.source()

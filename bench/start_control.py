@@ -41,8 +41,8 @@ PATHS = ("plain", "debounce: new key", "debounce: folded", "singleton: free key"
 
 def build_engine() -> Any:
     from durable_flow.admission.local import LocalAdmissionBackend
+    from durable_flow.definitions.registry import workflow
     from durable_flow.engine import Engine, set_engine
-    from durable_flow.registry import workflow
 
     def noop(ctx: Any, input: Any) -> None:
         return None

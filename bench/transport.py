@@ -243,10 +243,10 @@ def durable(
     from django.db import connection, transaction
 
     from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.conf import get_settings
+    from durable_flow.config.settings import get_settings
     from durable_flow.engine import Engine, set_engine
     from durable_flow.models import RunStatus, Task, WorkerHeartbeat, WorkflowRun
-    from durable_flow.transports.db import DatabaseTransport
+    from durable_flow.transports.db.transport import DatabaseTransport
     from durable_flow.transports.rq import RQTransport
 
     clear_redis()

@@ -42,9 +42,9 @@ def parse_args() -> argparse.Namespace:
 
 def measure(sizes: list[int], seconds: float) -> dict[str, dict[int, dict[str, Any]]]:
     """{backend: {waiters: measure_backend's figures}}, every backend at every size."""
-    from durable_flow.admission.db import DatabaseAdmissionBackend
+    from durable_flow.admission.db.backend import DatabaseAdmissionBackend
     from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     prefix = f"bench:waiters:{uuid.uuid4().hex[:12]}"
     redis_backend = RedisAdmissionBackend(url=admission.REDIS_URL, key_prefix=prefix)

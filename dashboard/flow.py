@@ -16,13 +16,12 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from durable_flow.conf import get_settings
+from durable_flow.config.limits import QUEUE_NAME_LENGTH, WORKFLOW_NAME_LENGTH
+from durable_flow.config.settings import get_settings
+from durable_flow.config.validation import number_problem, storable_text
 from durable_flow.engine import get_engine
 from durable_flow.exceptions import InvalidInput
-from durable_flow.limits import QUEUE_NAME_LENGTH, WORKFLOW_NAME_LENGTH
-from durable_flow.models import FlowQueue, StepCheckpoint, StepStatus, WorkerHeartbeat
-from durable_flow.validation import number_problem, storable_text
-from durable_flow.worker.heartbeat import dead_worker_cutoff
+from durable_flow.models import FlowQueue, StepCheckpoint, StepStatus, WorkerHeartbeat, dead_worker_cutoff
 
 #: Dots drawn per zone; the rest are counted ("+120 more").
 MAX_DOTS = 120

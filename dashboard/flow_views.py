@@ -13,13 +13,13 @@ from django.views.decorators.http import require_POST
 
 from dashboard.access import allowed, require, staff_page
 from dashboard.flow import DEFAULT_BURST, MAX_BURST, burst_config, burst_inputs, flow_snapshot
-from durable_flow import api
-from durable_flow.audit import record_operation
+from durable_flow.config.limits import QUEUE_NAME_LENGTH
+from durable_flow.config.validation import storable_text
+from durable_flow.contrib.http import error_response
 from durable_flow.exceptions import DurableFlowError, InvalidInput
-from durable_flow.http import error_response
-from durable_flow.limits import QUEUE_NAME_LENGTH
 from durable_flow.models import FlowQueue
-from durable_flow.validation import storable_text
+from durable_flow.operations import api
+from durable_flow.operations.audit import record_operation
 
 
 def _shown_burst() -> dict[str, Any]:

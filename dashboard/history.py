@@ -1,4 +1,4 @@
-"""The charts' history, read from the samples the poller writes (`durable_flow/sampling.py`).
+"""The charts' history, read from the samples the poller writes (`durable_flow/observe/sampling.py`).
 
 Every live tick would otherwise re-read an hour of samples; the last read is kept until a
 newer sample exists (one cheap `max(id)` query per tick).

@@ -25,8 +25,8 @@ from channels.layers import get_channel_layer
 
 from dashboard import pages
 from dashboard.snapshot import snapshot
+from durable_flow.config.validation import storable_text
 from durable_flow.exceptions import InvalidInput
-from durable_flow.validation import storable_text
 
 logger = logging.getLogger("dashboard.live")
 

@@ -16,12 +16,12 @@ from django.utils.dateparse import parse_datetime
 
 from dashboard import charts
 from dashboard.history import SPAN, History, Sample, history
-from durable_flow.admission.keyed import throttle_standing
-from durable_flow.conf import get_settings
+from durable_flow.admission.rules.keyed import throttle_standing
+from durable_flow.config.queues import Throttle
+from durable_flow.config.settings import get_settings
+from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.engine import get_engine
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
-from durable_flow.queues import Throttle
-from durable_flow.validation import MAX_DURATION_MS
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
@@ -171,9 +171,9 @@ def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _constraints() -> list[dict[str, Any]]:
-    from durable_flow.conf import get_settings
-    from durable_flow.constraint_usage import constraint_rows
+    from durable_flow.config.settings import get_settings
     from durable_flow.engine import get_engine
+    from durable_flow.observe.constraint_usage import constraint_rows
 
     return constraint_rows(get_engine().admission, get_settings().environment)
 

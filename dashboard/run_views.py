@@ -17,15 +17,15 @@ from django.views.decorators.http import require_POST
 from dashboard.access import allowed, require, staff_page
 from dashboard.runs import PAGE_SIZE, RunFilterForm, filtered_runs, run_row, workflow_names
 from dashboard.timeline import build_timeline
-from durable_flow import api, queries
-from durable_flow import bulk as bulk_operations
 from durable_flow.admin import SignalForm, StartForm
-from durable_flow.audit import record_operation
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
-from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun
-from durable_flow.operations import RETRYABLE
-from durable_flow.worker.heartbeat import dead_worker_cutoff
+from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun, dead_worker_cutoff
+from durable_flow.operations import api
+from durable_flow.operations import bulk as bulk_operations
+from durable_flow.operations.audit import record_operation
+from durable_flow.operations.runs import RETRYABLE
+from durable_flow.store import queries
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
 
@@ -81,7 +81,7 @@ def bulk(request: HttpRequest, action: str) -> HttpResponse:
 
 
 def _bulk(request: HttpRequest, action: str, matching: QuerySet[WorkflowRun]) -> tuple[int, int]:
-    """Cancel or retry every matching run through `durable_flow.bulk`: batches of 500 runs a
+    """Cancel or retry every matching run through `durable_flow.operations.bulk`: batches of 500 runs a
     transaction (set-based, a bounded number of queries each), one LogEntry per run."""
     message = f"{BULK_ACTIONS[action]} (dashboard, by filter)"
     if action == "cancel":

@@ -1,4 +1,4 @@
-"""The run list's rows; its filters are `durable_flow.run_filters` (shared with the JSON API's
+"""The run list's rows; its filters are `durable_flow.operations.run_filters` (shared with the JSON API's
 bulk endpoints, so "the runs this filter matches" means one thing everywhere)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from durable_flow.models import WorkflowRun
-from durable_flow.run_filters import RANGES, RunFilterForm, filtered_runs
+from durable_flow.operations.run_filters import RANGES, RunFilterForm, filtered_runs
 
 __all__ = ["PAGE_SIZE", "RANGES", "RunFilterForm", "filtered_runs", "run_row", "workflow_names"]
 

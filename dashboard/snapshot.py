@@ -12,17 +12,18 @@ from django.db.models import Count
 from django.utils import timezone
 
 from dashboard import history as hist
-from durable_flow import queries, quotas, start_control
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
+from durable_flow.definitions import quotas, start_control
 from durable_flow.engine import get_engine
 from durable_flow.models import (
     FlowQueue,
     RunStatus,
     WorkerHeartbeat,
     WorkflowRun,
+    dead_worker_cutoff,
 )
-from durable_flow.sampling import parked_calls, waiting_now
-from durable_flow.worker.heartbeat import dead_worker_cutoff
+from durable_flow.observe.sampling import parked_calls, waiting_now
+from durable_flow.store import queries
 
 #: A queue whose oldest waiter has waited this long is listed among the problems.
 BLOCKED_AFTER_S = 60

@@ -15,15 +15,8 @@ The API functions import the engine lazily, so this module is safe to import bef
 app registry is ready (for example from the modules listed in `DURABLE_FLOW["WORKFLOWS"]`).
 """
 
-from durable_flow.api import (
-    cancel,
-    get_run,
-    redispatch_pending,
-    register_queue,
-    send_signal,
-    start,
-)
-from durable_flow.current import NotInStep, StepInfo, current_step
+from durable_flow.definitions.current import NotInStep, StepInfo, current_step
+from durable_flow.definitions.registry import step, workflow
 from durable_flow.exceptions import (
     ChildFailed,
     ConcurrencyLimitError,
@@ -38,7 +31,14 @@ from durable_flow.exceptions import (
     StepNotFound,
     WorkflowNotFound,
 )
-from durable_flow.registry import step, workflow
+from durable_flow.operations.api import (
+    cancel,
+    get_run,
+    redispatch_pending,
+    register_queue,
+    send_signal,
+    start,
+)
 
 __all__ = [
     "ChildFailed",

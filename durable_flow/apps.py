@@ -18,14 +18,12 @@ class DurableFlowConfig(AppConfig):
         connection gets dumpers for the app's choices (`pg_adapters`)."""
         from django.db.backends.signals import connection_created
 
-        from durable_flow import (
-            checks,  # noqa: F401  (registers the system checks)
-            task_runner,  # noqa: F401  (the built-in workflow of the tasks backend)
-        )
-        from durable_flow.conf import get_settings
-        from durable_flow.pg_adapters import register_choice_dumpers
+        from durable_flow import checks  # noqa: F401  (registers the system checks)
+        from durable_flow.config.settings import get_settings
+        from durable_flow.contrib import task_runner  # noqa: F401  (the built-in workflow of the tasks backend)
+        from durable_flow.store.pg_adapters import register_choice_dumpers
 
-        connection_created.connect(register_choice_dumpers, dispatch_uid="durable_flow.pg_adapters")
+        connection_created.connect(register_choice_dumpers, dispatch_uid="durable_flow.store.pg_adapters")
         try:
             config = get_settings()
         except ImproperlyConfigured:
@@ -41,6 +39,6 @@ class DurableFlowConfig(AppConfig):
 
         from django.db.models.signals import post_migrate
 
-        from durable_flow.queue_store import persist_configured_queues
+        from durable_flow.store.queues import persist_configured_queues
 
         post_migrate.connect(persist_configured_queues, sender=self)

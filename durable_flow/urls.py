@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from durable_flow import views
+from durable_flow.contrib import views
 
 app_name = "durable_flow"
 urlpatterns = [

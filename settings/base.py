@@ -32,7 +32,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "durable_flow.health.HealthCheckMiddleware",  # /healthz, before host checks and HTTPS redirects
+    "durable_flow.contrib.health.HealthCheckMiddleware",  # /healthz, before host checks and HTTPS redirects
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -40,7 +40,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "durable_flow.http.DurableFlowErrorMiddleware",
+    "durable_flow.contrib.http.DurableFlowErrorMiddleware",
 ]
 
 ROOT_URLCONF = "settings.urls"
@@ -106,4 +106,4 @@ LOGGING = {
 # Django's tasks framework (the `django-tasks` backport; `django.tasks` on Django 6) on durable
 # runs. An empty QUEUES allows any `queue_name`; a name registered in DURABLE_FLOW["QUEUES"] is
 # flow-controlled, any other is not gated.
-TASKS = {"default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": []}}
+TASKS = {"default": {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend", "QUEUES": []}}

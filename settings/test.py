@@ -77,9 +77,9 @@ if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
 
 # Django's tasks framework (the `django-tasks` backport) on durable_flow (tests/test_tasks.py).
 TASKS = {
-    "default": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
-    "other": {"BACKEND": "durable_flow.tasks.DurableFlowBackend"},
-    "any_queue": {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": []},  # every name allowed
+    "default": {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
+    "other": {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend"},
+    "any_queue": {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend", "QUEUES": []},  # every name allowed
     "immediate": {
         "BACKEND": f"{'django.tasks' if django.VERSION >= (6,) else 'django_tasks'}.backends.immediate.ImmediateBackend"
     },

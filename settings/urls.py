@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from durable_flow.metrics import metrics_view
+from durable_flow.contrib.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

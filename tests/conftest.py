@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from durable_flow.admission.base import AdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import DurableFlowSettings, get_settings, reset_settings
+from durable_flow.config.settings import DurableFlowSettings, get_settings, reset_settings
 from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows

@@ -2,7 +2,7 @@
 django-tasks' and Django's own test suites (`tests/tasks.py` in both).
 
 A worker process imports this module (listed in the test settings' `WORKFLOWS`, so its tasks are
-declared there: `durable_flow/declared_tasks.py`); the receivers below then record
+declared there: `durable_flow/definitions/declared_tasks.py`); the receivers below then record
 the framework's `task_started`/`task_finished` signals in the file `DURABLE_FLOW_TEST_SIGNALS`
 names, so a test reads what the worker sent.
 """

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from durable_flow.admission.models import AdmissionStart
 
 from durable_flow.admission.base import OnCount
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.admission.models import AdmissionStart
-from durable_flow.admission.redis import RedisAdmissionBackend
-from durable_flow.admission.windows import start_key
-from durable_flow.conf import DurableFlowSettings
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.admission.rules.windows import start_key
+from durable_flow.config.settings import DurableFlowSettings
 from durable_flow.engine import Engine
 from durable_flow.transports.base import Transport
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import MovableClock, local_engine
 
 

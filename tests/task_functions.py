@@ -6,7 +6,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from durable_flow.tasks import debounce, quota, singleton
+from durable_flow.contrib.tasks import debounce, quota, singleton
 from tests.tasks_framework import TaskContext, task
 
 CALLS: list[Any] = []

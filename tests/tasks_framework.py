@@ -1,5 +1,5 @@
 """Django's tasks framework as the backend sees it: `django.tasks` on Django 6, the `django-tasks`
-backport on Django 5.2 (the same shim as `durable_flow.tasks`), so the tests run on both."""
+backport on Django 5.2 (the same shim as `durable_flow.contrib.tasks`), so the tests run on both."""
 
 from __future__ import annotations
 

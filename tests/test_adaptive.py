@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from durable_flow.worker.adaptive import AdaptiveConcurrency
-from durable_flow.worker.concurrency import Adjustment, FixedConcurrency, ResourceSample
-from durable_flow.worker.controllers import build_controller
+from durable_flow.runtime.adaptive import AdaptiveConcurrency
+from durable_flow.runtime.concurrency import Adjustment, FixedConcurrency, ResourceSample
+from durable_flow.runtime.controllers import build_controller
 
 SETTING = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]'
 TICK = 1000

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.testing.admission_contract import AdmissionBackendContract
 from durable_flow.testing.clock import FakeClock
@@ -45,7 +45,7 @@ class TestRedisAdmissionBackend(AdmissionBackendContract, StepConcurrencyContrac
         client.close()
 
     def make_backend(self, clock: FakeClock):
-        from durable_flow.admission.redis import RedisAdmissionBackend
+        from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
         backend = RedisAdmissionBackend(url=REDIS_URL, clock=clock, key_prefix=self.prefix)
         self.backends.append(backend)

@@ -15,9 +15,9 @@ import pytest
 from django.db import connection, transaction
 
 from durable_flow.admission.base import AdmissionRequest
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.models import AdmissionMark, FlowQueue
-from durable_flow.queues import QueueConfig, RateLimit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

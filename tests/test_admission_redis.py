@@ -27,8 +27,8 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.admission.base import AdmissionRequest
-from durable_flow.admission.redis import RedisAdmissionBackend
-from durable_flow.queues import QueueConfig, RateLimit
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
 from tests.support.redis_admission import REDIS_URL, server_ms
 

@@ -11,10 +11,10 @@ from django.db import transaction
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionRequest
-from durable_flow.admission.redis import RedisAdmissionBackend
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.queues import QueueConfig
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.queues import QueueConfig
 from tests.conftest import MovableClock
 from tests.support.held import HeldTransport
 from tests.support.redis_admission import lapse

@@ -24,12 +24,12 @@ from redis import Redis
 
 from durable_flow import register_queue, start, step, workflow
 from durable_flow.admission.base import AdmissionRequest
-from durable_flow.admission.redis import RedisAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.queues import QueueConfig
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.queues import QueueConfig
+from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import MovableClock, wait_for
 from tests.support.held import HeldTransport
 from tests.support.own_redis import OwnRedis, free_port
@@ -223,7 +223,7 @@ def test_a_backend_built_while_redis_is_down_starts_and_gates_once_redis_is_up(
     `register` needs Redis), logs the outage once, and its queues gate as soon as Redis is up:
     the registration kept meanwhile reaches Redis before the first decision."""
     server = OwnRedis(free_port())  # not started: the outage is on when the process starts
-    with caplog.at_level(logging.WARNING, logger="durable_flow.admission.redis"):
+    with caplog.at_level(logging.WARNING, logger="durable_flow.admission.redis.backend"):
         backend = RedisAdmissionBackend(url=server.url(), key_prefix=f"df:t:{uuid.uuid4().hex[:8]}")
         try:
             backend.register(QueueConfig(name="render", concurrency=1))
@@ -295,7 +295,7 @@ def test_the_heartbeat_outlives_a_server_that_does_not_answer_as_redis(caplog: p
     server.connections = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    with caplog.at_level(logging.WARNING, logger="durable_flow.admission.redis"):
+    with caplog.at_level(logging.WARNING, logger="durable_flow.admission.redis.backend"):
         backend = RedisAdmissionBackend(url=f"redis://127.0.0.1:{port}/0", instance_ttl_ms=300)
         try:
             wait_for(

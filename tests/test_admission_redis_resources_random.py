@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from durable_flow.admission.base import AdmissionRequest, Constraint
-from durable_flow.admission.redis import RedisAdmissionBackend
-from durable_flow.queues import QueueConfig
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
 from tests.support.redis_admission import REDIS_URL
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Constraint
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.admission.redis import RedisAdmissionBackend
-from durable_flow.queues import QueueConfig
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
 from tests.support.redis_admission import REDIS_URL
 

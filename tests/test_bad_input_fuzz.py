@@ -18,9 +18,9 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_flow import api
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, Signal, WorkflowRun
+from durable_flow.operations import api
 from tests.support.clients import logged_in_client
 
 FUZZ = settings(

@@ -23,7 +23,7 @@ from redis import Redis
 
 from durable_flow import start
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import (
     AttemptStatus,
@@ -35,7 +35,7 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkflowRun,
 )
-from durable_flow.poller import TimerPoller
+from durable_flow.runtime.poller import TimerPoller
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, MovableClock, local_engine, wait_for
 from tests.support.held import QueuedTurns

@@ -17,11 +17,11 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from durable_flow import register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import ROOT, ManagedProcess, wait_for
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements.txt")

@@ -19,11 +19,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 
 from durable_flow import register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.test_browser_dashboard import CHROMIUM, SCREENSHOTS, free_port, playwright
 

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from durable_flow import NotInStep, api, current_step
+from durable_flow import NotInStep, current_step
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.operations import api
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests import workflows
 from tests.conftest import ManagedProcess, wait_for
 

@@ -11,11 +11,11 @@ import pytest
 from dashboard.snapshot import queue_rows
 from durable_flow import start
 from durable_flow.admission.base import AdmissionBackend
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.queues import QueueConfig, RateLimit
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.queues import QueueConfig, RateLimit
 from tests.engine_support import ManualTransport
 from tests.support.redis_admission import REDIS_URL
 from tests.support.redis_keys import delete_keys
@@ -30,7 +30,7 @@ def admission(request: pytest.FixtureRequest, transactional_db: None) -> Iterato
     elif request.param == "db":
         yield DatabaseAdmissionBackend()
     else:
-        from durable_flow.admission.redis import RedisAdmissionBackend
+        from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
         prefix = f"df:t:{uuid.uuid4().hex[:8]}"
         backend = RedisAdmissionBackend.from_options({"URL": REDIS_URL, "KEY_PREFIX": prefix})

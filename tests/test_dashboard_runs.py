@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from dashboard.flow import flow_snapshot
 from dashboard.timeline import build_timeline
-from durable_flow import api, register_queue
-from durable_flow.conf import get_settings
+from durable_flow import register_queue
+from durable_flow.config.settings import get_settings
 from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
-from durable_flow.poller import TimerPoller
+from durable_flow.operations import api
+from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock
 from tests.engine_support import transport_of

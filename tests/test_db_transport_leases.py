@@ -17,11 +17,11 @@ from django.utils import timezone
 
 from durable_flow import start
 from durable_flow.models import Task
+from durable_flow.runtime.controllers import build_controller
+from durable_flow.runtime.worker import WorkerRuntime
 from durable_flow.testing.clock import FakeMonotonic
-from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTaskSource, DatabaseTransport
 from durable_flow.transports.runner import ClaimedTask
-from durable_flow.worker.controllers import build_controller
-from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 
 LEASE_S = 60.0

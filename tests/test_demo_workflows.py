@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.db.models import Count
 
 from durable_flow import start
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from examples import exports  # noqa: F401  (registers the demo's customer exports)

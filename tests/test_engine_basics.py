@@ -24,7 +24,7 @@ def test_multi_step_workflow_completes_and_each_step_runs_once(engine) -> None:
 
 
 def test_sleep_parks_the_run_until_the_poller_wakes_it(engine, clock: MovableClock) -> None:
-    from durable_flow.poller import TimerPoller
+    from durable_flow.runtime.poller import TimerPoller
 
     run = start("tests.sleeper", 30)
     run.refresh_from_db()

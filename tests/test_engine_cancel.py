@@ -10,7 +10,7 @@ from django.db import connections
 from durable_flow import cancel, start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
+from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock, executed, wait_for
 from tests.engine_support import transport_of

@@ -19,7 +19,7 @@ from durable_flow.models import (
     StepStatus,
     WorkflowRun,
 )
-from durable_flow.poller import TimerPoller
+from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import MovableClock, executed
 from tests.engine_support import StepJob, transport_of
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
-from durable_flow.poller import TimerPoller
+from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import MovableClock
 from tests.support.held import HeldTransport
 

@@ -11,10 +11,10 @@ import pytest
 from django.db import OperationalError, connections
 
 from durable_flow import NonDeterminismError, redispatch_pending, start
+from durable_flow.config.queues import QueueConfig
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.queues import QueueConfig
+from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import MovableClock, executed
 from tests.engine_support import transport_of
 

@@ -14,7 +14,7 @@ from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from durable_flow.conf import parse_settings
+from durable_flow.config.settings import parse_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_well_formed_settings_parse_into_their_values() -> None:
     )
     assert config.poller_maintenance_s == 1.5 and parse_settings({}).poller_maintenance_s == 5.0
     assert [queue.name for queue in config.queues] == ["q"] and config.queues[0].concurrency == 2
-    assert config.transport.path == "durable_flow.transports.db.DatabaseTransport"
+    assert config.transport.path == "durable_flow.transports.db.transport.DatabaseTransport"
     assert config.transport.options == {"VISIBILITY_TIMEOUT_S": 5}
     assert (config.poller_interval_ms, config.poller_batch_size, config.max_payload_bytes) == (250, 50, 1024)
 
@@ -116,9 +116,9 @@ def test_the_poller_runs_its_dead_worker_pass_on_the_configured_period() -> None
     from django.test import override_settings
 
     from durable_flow.admission.local import LocalAdmissionBackend
-    from durable_flow.conf import get_settings, reset_settings
+    from durable_flow.config.settings import get_settings, reset_settings
     from durable_flow.engine import Engine
-    from durable_flow.poller import TimerPoller
+    from durable_flow.runtime.poller import TimerPoller
     from durable_flow.transports.inline import InlineTransport
 
     with override_settings(DURABLE_FLOW={"POLLER": {"MAINTENANCE_S": 0.75}}):

@@ -10,7 +10,7 @@ import pytest
 from durable_flow import DurableFlowError, RunNotFound, send_signal, start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, Signal, StepCheckpoint, StepKind, StepStatus
-from durable_flow.poller import TimerPoller
+from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import MovableClock
 
 

@@ -1,4 +1,4 @@
-"""The engine's precompiled statements (`durable_flow/engine/statements.py`) write and read
+"""The engine's precompiled statements (`durable_flow/store/statements.py`) write and read
 exactly what the ORM calls they replace did, on SQLite and on PostgreSQL (this module is in the
 PostgreSQL pass): the same columns, values prepared by the same fields (JSON, aware datetimes),
 the same rows."""
@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from durable_flow.attempts import attempt_finished, attempt_started
-from durable_flow.engine import statements
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.store import statements
+from durable_flow.store.attempts import attempt_finished, attempt_started
 from tests.support.statements import capture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -170,10 +170,10 @@ def test_the_best_waiter_is_the_one_the_orm_ranks_first(order: str) -> None:
     """`db_statements.best_waiter` against the ORM's read of the rank (`_rank_order`), as the
     line changes: priority first, then the key served longest ago, then arrival (fifo or lifo);
     other queues' waiters never count."""
-    from durable_flow.admission.db_read import DatabaseReadModel
-    from durable_flow.admission.db_statements import best_waiter
+    from durable_flow.admission.db.read import DatabaseReadModel
+    from durable_flow.config.queues import QueueConfig
     from durable_flow.models import AdmissionWaiter
-    from durable_flow.queues import QueueConfig
+    from durable_flow.store.admission_statements import best_waiter
 
     config = QueueConfig(name="q", concurrency=1, order=order)  # type: ignore[arg-type]
     ranked = AdmissionWaiter.objects.filter(queue="q").order_by(*DatabaseReadModel._rank_order(config))

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from durable_flow import InvalidInput, WorkflowNotFound, start, workflow
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
+from durable_flow.definitions.registry import step_backoff
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.registry import step_backoff
+from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock, executed
 from tests.engine_support import ManualTransport, manual_engine

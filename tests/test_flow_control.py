@@ -13,13 +13,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow import register_queue, start
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import parse_settings
+from durable_flow.config.queues import QueueConfig
+from durable_flow.config.settings import parse_settings
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQueueConfig
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.queues import QueueConfig
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests import workflows
 from tests.conftest import MovableClock, local_engine
 from tests.support.held import HeldTransport, queued

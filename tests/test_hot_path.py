@@ -30,11 +30,11 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkflowRun,
 )
-from durable_flow.poller import TimerPoller
-from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport, give_up
+from durable_flow.runtime.controllers import build_controller
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.runtime.worker import WorkerRuntime
+from durable_flow.transports.db.transport import DatabaseTaskSource, DatabaseTransport, give_up
 from durable_flow.transports.runner import ClaimedTask, EngineRunner
-from durable_flow.worker.controllers import build_controller
-from durable_flow.worker.runtime import WorkerRuntime
 from tests.conftest import MovableClock, local_engine
 from tests.support.held import HeldTransport
 from tests.support.statements import (
@@ -318,11 +318,11 @@ def test_an_inline_turn_that_fails_is_rolled_back_whole_and_the_result_recorded_
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's dumpers: the PostgreSQL pass")
 @pytest.mark.django_db
 def test_the_apps_choices_are_dumped_by_a_dumper_registered_for_their_own_class() -> None:
-    """Not found by walking their MRO on every value (`durable_flow/pg_adapters.py`), and sent as
+    """Not found by walking their MRO on every value (`durable_flow/store/pg_adapters.py`), and sent as
     the `str` they are."""
     from psycopg.adapt import PyFormat
 
-    from durable_flow.pg_adapters import CHOICES
+    from durable_flow.store.pg_adapters import CHOICES
 
     connection.ensure_connection()
     adapters = connection.connection.adapters

@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from durable_flow.contrib.http import error_response
 from durable_flow.exceptions import ConcurrencyLimitError
-from durable_flow.http import error_response
 from durable_flow.models import RunStatus, WorkflowRun
 from tests.support.clients import logged_in_client
 

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import OnCount
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, inline_handoff, set_engine
 from durable_flow.models import (
     RunStatus,
@@ -29,11 +29,11 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkflowRun,
 )
-from durable_flow.poller import TimerPoller
-from durable_flow.transports import db as db_transport
-from durable_flow.transports.db import DatabaseTaskSource, DatabaseTransport
-from durable_flow.worker.controllers import build_controller
-from durable_flow.worker.runtime import WorkerRuntime
+from durable_flow.runtime.controllers import build_controller
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.runtime.worker import WorkerRuntime
+from durable_flow.transports.db import transport as db_transport
+from durable_flow.transports.db.transport import DatabaseTaskSource, DatabaseTransport
 from tests.conftest import MovableClock, local_engine
 from tests.support.held import HeldTransport, queued
 

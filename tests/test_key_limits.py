@@ -14,12 +14,12 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.admission.db_keyed import rows
-from durable_flow.admission.keyed import throttle_standing
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.admission.db.keyed import rows
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import parse_settings
-from durable_flow.queues import QueueConfig, RateLimit, Throttle, queue_from_dict
+from durable_flow.admission.rules.keyed import throttle_standing
+from durable_flow.config.queues import QueueConfig, RateLimit, Throttle, queue_from_dict
+from durable_flow.config.settings import parse_settings
 from durable_flow.testing.clock import FakeClock
 from tests.support.redis_keys import delete_keys
 
@@ -117,7 +117,7 @@ def test_redis_lets_the_keys_of_idle_keys_expire() -> None:
     """On Redis' own clock: every per-key key carries a TTL of its window (or TAT) plus 1 s."""
     import redis
 
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     prefix = f"test:keyed:{uuid.uuid4().hex[:10]}"
     backend = RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix)
@@ -148,7 +148,8 @@ def test_the_queue_page_shows_the_busiest_keys_window_use(engine: Any, transacti
     from django.test import Client
     from django.urls import reverse
 
-    from durable_flow import api, start
+    from durable_flow import start
+    from durable_flow.operations import api
 
     api.register_queue("per-tenant", rate_limit={"limit": 5, "period_ms": 60_000, "per": "key"})
     for i, key in enumerate(["tenant-a"] * 3 + ["tenant-b"]):
@@ -173,7 +174,7 @@ def test_the_queue_page_shows_the_busiest_keys_window_use(engine: Any, transacti
 def test_resizing_a_window_keeps_the_other_kind(engine: Any, new: Any, expected: tuple[Any, Any]) -> None:
     """One window replaces only its own kind (the dashboard's resize form sends the global one);
     a list replaces both, None removes both; the throttle is kept."""
-    from durable_flow import api
+    from durable_flow.operations import api
 
     api.register_queue(
         "both",
@@ -207,7 +208,7 @@ def _throttle_usage_after_starts(backend: AdmissionBackend) -> tuple[Any, Any]:
 def test_throttle_usage_ranks_buckets_by_how_far_their_starts_run_ahead_on_every_backend(
     transactional_db: None,
 ) -> None:
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     clock = FakeClock(start_ms=1_800_000_000_000)
     redis_backend = RedisAdmissionBackend(url=REDIS_URL, key_prefix=f"test:tu:{uuid.uuid4().hex[:10]}", clock=clock)
@@ -232,7 +233,8 @@ def test_the_queue_page_shows_each_keys_throttle_standing(engine: Any, transacti
     from django.test import Client
     from django.urls import reverse
 
-    from durable_flow import api, start
+    from durable_flow import start
+    from durable_flow.operations import api
 
     api.register_queue("paced", throttle={"limit": 2, "period_ms": 60_000, "burst": 3, "per": "key"})
     for i, key in enumerate(["tenant-a"] * 3 + ["tenant-b"]):

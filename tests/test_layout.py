@@ -24,7 +24,7 @@ def imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "transports").glob("*.py")), ids=lambda path: path.name)
 def test_a_transport_knows_the_worker_only_through_the_runner_interface(path: Path) -> None:
-    assert "durable_flow.worker.runtime" not in imported_modules(path)
+    assert "durable_flow.runtime.worker" not in imported_modules(path)
 
 
 #: Modules that once imported each other in a loop (some of it hidden inside functions). Each one
@@ -32,40 +32,40 @@ def test_a_transport_knows_the_worker_only_through_the_runner_interface(path: Pa
 ACYCLIC = {
     "config, models and validation": [
         "durable_flow.admission.base",
-        "durable_flow.conf",
-        "durable_flow.limits",
+        "durable_flow.config.settings",
+        "durable_flow.config.limits",
         "durable_flow.models",
-        "durable_flow.options",
-        "durable_flow.queue_store",
-        "durable_flow.queues",
-        "durable_flow.serialization",
-        "durable_flow.validation",
+        "durable_flow.config.options",
+        "durable_flow.store.queues",
+        "durable_flow.config.queues",
+        "durable_flow.definitions.serialization",
+        "durable_flow.config.validation",
     ],
     "api, operations and tasks": [
-        "durable_flow.api",
-        "durable_flow.declared_tasks",
-        "durable_flow.operations",
-        "durable_flow.task_runner",
-        "durable_flow.tasks",
+        "durable_flow.operations.api",
+        "durable_flow.definitions.declared_tasks",
+        "durable_flow.operations.runs",
+        "durable_flow.contrib.task_runner",
+        "durable_flow.contrib.tasks",
     ],
     "worker concurrency": [
-        "durable_flow.worker.concurrency",
-        "durable_flow.worker.adaptive",
-        "durable_flow.worker.controllers",
+        "durable_flow.runtime.concurrency",
+        "durable_flow.runtime.adaptive",
+        "durable_flow.runtime.controllers",
     ],
     "rq transport": [
         "durable_flow.transports.rq",
-        "durable_flow.transports.rq_source",
-        "durable_flow.transports.rq_common",
-        "durable_flow.transports.rq_claims",
+        "durable_flow.transports.rq.source",
+        "durable_flow.transports.rq.common",
+        "durable_flow.transports.rq.claims",
     ],
     "admission rules": [
-        "durable_flow.admission.policy",
-        "durable_flow.admission.keyed",
-        "durable_flow.admission.resources",
-        "durable_flow.admission.waiter_line",
-        "durable_flow.admission.windows",
-        "durable_flow.admission.queue_state",
+        "durable_flow.admission.rules.policy",
+        "durable_flow.admission.rules.keyed",
+        "durable_flow.admission.rules.resources",
+        "durable_flow.admission.rules.waiter_line",
+        "durable_flow.admission.rules.windows",
+        "durable_flow.admission.rules.queue_state",
     ],
 }
 

@@ -15,16 +15,17 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from durable_flow import counters, register_queue, start
+from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionRequest
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.admission.redis import RedisAdmissionBackend
-from durable_flow.conf import get_settings, parse_settings, reset_settings
-from durable_flow.counters import admissions, count_admission, decisions
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.settings import get_settings, parse_settings, reset_settings
+from durable_flow.contrib.metrics import bucketize
 from durable_flow.engine import Engine, set_engine
-from durable_flow.metrics import bucketize
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.store import counters
+from durable_flow.store.counters import admissions, count_admission, decisions
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests import sc_workflows  # noqa: F401  (registers the sc.* workflows)
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.clients import StaffLogin
@@ -201,7 +202,7 @@ def test_an_unreachable_admission_backend_does_not_fail_the_scrape(
     assert redis_engine.try_admit(AdmissionRequest(queue="remote", ticket="run-a/1")).admitted
     # Point the backend's script at a port where no Redis listens: a real connection error.
     redis_engine._script.registered_client = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
-    with caplog.at_level("WARNING", logger="durable_flow.metrics"):
+    with caplog.at_level("WARNING", logger="durable_flow.contrib.metrics"):
         # Falls back to the checkpoints holding a slot (none here), instead of answering 500.
         assert scrape(staff_client)[("durable_flow_queue_in_flight", (("queue", "remote"),))] == 0
     assert "in_flight('remote') failed" in caplog.text

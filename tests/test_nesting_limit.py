@@ -14,15 +14,15 @@ from django.db import connection
 from django.db.models import Model
 from django.test import Client
 
-from durable_flow import api
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
+from durable_flow.config.validation import MAX_JSON_DEPTH
+from durable_flow.definitions.registry import step, workflow
 from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import RunStatus, StepCheckpoint, Task, WorkflowRun
-from durable_flow.registry import step, workflow
-from durable_flow.transports.db import DatabaseTransport
-from durable_flow.validation import MAX_JSON_DEPTH
+from durable_flow.operations import api
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.clients import logged_in_client
 from tests.task_functions import add

@@ -14,12 +14,13 @@ from django.core.checks import run_checks
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from durable_flow import RegistrationError, api, step, workflow
+from durable_flow import RegistrationError, step, workflow
+from durable_flow.config.validation import MAX_DURATION
+from durable_flow.contrib.tasks import debounce
+from durable_flow.definitions.registry import exponential_backoff
 from durable_flow.engine import Engine
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
-from durable_flow.registry import exponential_backoff
-from durable_flow.tasks import debounce
-from durable_flow.validation import MAX_DURATION
+from durable_flow.operations import api
 from tests.engine_support import transport_of
 from tests.support.clients import logged_in_client
 from tests.workflows import add_one

@@ -12,9 +12,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from durable_flow import api
 from durable_flow.exceptions import InvalidInput, RunNotFound
 from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.operations import api
 
 OPERATIONS = ["start_workflowrun", "cancel_workflowrun", "signal_workflowrun"]
 

@@ -12,11 +12,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from durable_flow import cancel, register_queue, start, workflow
-from durable_flow.engine import Engine, statements
+from durable_flow.definitions.registry import get_workflow, step_backoff
+from durable_flow.engine import Engine
 from durable_flow.engine.optimistic import ProbeGate
 from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.registry import get_workflow, step_backoff
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.store import statements
 from durable_flow.transports.rq import RQTransport
 from tests import workflows
 from tests.conftest import MovableClock

@@ -18,12 +18,12 @@ from rq.queue import Queue
 
 from durable_flow import register_queue, start
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings, reset_settings
+from durable_flow.config.settings import get_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
-from durable_flow.transports.rq_common import HIGH, LOW, NORMAL
+from durable_flow.transports.rq.common import HIGH, LOW, NORMAL
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.support.own_redis import OwnRedis, free_port
 
@@ -133,7 +133,7 @@ def test_a_worker_and_a_poller_started_while_redis_is_down_wait_for_it_and_then_
 def test_outage_backoff_doubles_to_its_cap_and_logs_once_each_way(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from durable_flow.worker.outage import Outage
+    from durable_flow.store.outage import Outage
 
     outage = Outage("w", logging.getLogger("test.outage"), first_s=0.1, cap_s=5.0)
     with caplog.at_level(logging.WARNING, logger="test.outage"):

@@ -14,12 +14,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from durable_flow import api
+from durable_flow.config.queues import RateLimit, Throttle
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQueueConfig, QueueNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.queues import RateLimit, Throttle
+from durable_flow.operations import api
+from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.workers import completed, unique
 

@@ -9,8 +9,8 @@ import pytest
 from django.db import DatabaseError, connection
 
 from durable_flow import register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import AdmissionSlot, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from tests.conftest import MovableClock

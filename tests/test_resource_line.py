@@ -9,8 +9,8 @@ import random
 import pytest
 
 from durable_flow.admission.base import Constraint
-from durable_flow.admission.resource_line import NEVER_SERVED, SOLO, ResourceLine
-from durable_flow.admission.resources import MAX_SCAN, ResourceState
+from durable_flow.admission.rules.resource_line import NEVER_SERVED, SOLO, ResourceLine
+from durable_flow.admission.rules.resources import MAX_SCAN, ResourceState
 
 
 @pytest.mark.parametrize("seed", range(20))

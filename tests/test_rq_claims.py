@@ -1,4 +1,4 @@
-"""The `rq` transport's claim book and doorbell (`durable_flow/transports/rq_claims.py`): a job a
+"""The `rq` transport's claim book and doorbell (`durable_flow/transports/rq/claims.py`): a job a
 worker popped is never in no list and no registry, and an idle worker wakes on a bell.
 
 Real Redis (the test database of `REDIS_URL`, only `rq:*` keys), real `durable_worker` and
@@ -20,8 +20,8 @@ from rq.registry import StartedJobRegistry
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus
-from durable_flow.transports.rq_common import NORMAL
-from durable_flow.transports.rq_source import RQTaskSource
+from durable_flow.transports.rq.common import NORMAL
+from durable_flow.transports.rq.source import RQTaskSource
 from tests import test_rq_transport as rq_tests
 from tests.conftest import wait_for
 from tests.support.workers import RQ_ENV

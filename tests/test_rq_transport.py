@@ -24,14 +24,13 @@ from rq.worker import Worker
 
 from durable_flow import start
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun, dead_worker_cutoff
 from durable_flow.testing.clock import FakeMonotonic
 from durable_flow.transports.rq import RQTransport, run_step_job, run_turn_job, tier_for
-from durable_flow.transports.rq_common import HIGH, JOB_KINDS, LOW, NORMAL
-from durable_flow.transports.rq_source import RQTaskSource
-from durable_flow.worker.heartbeat import dead_worker_cutoff
+from durable_flow.transports.rq.common import HIGH, JOB_KINDS, LOW, NORMAL
+from durable_flow.transports.rq.source import RQTaskSource
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.workers import RQ_ENV, clear_rq
 
@@ -394,7 +393,7 @@ def test_heartbeats_carry_live_numbers_and_a_killed_worker_shows_dead(rq_engine:
 
 def test_adaptive_worker_grows_under_load_on_the_db_transport(transactional_db, spawn, marker: Path) -> None:
     """The same control loop drives the `db` transport's worker."""
-    from durable_flow.transports.db import DatabaseTransport
+    from durable_flow.transports.db.transport import DatabaseTransport
 
     set_engine(Engine(admission=LocalAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings()))
     proc = spawn(
@@ -430,7 +429,7 @@ def test_jobs_popped_by_a_killed_worker_are_requeued_once_its_heartbeat_lapses(
 
     from django.utils import timezone
 
-    from durable_flow.poller import TimerPoller
+    from durable_flow.runtime.poller import TimerPoller
 
     victim = worker(spawn, marker, "--concurrency", "1", env=NO_EAGER_STEPS)  # the step is a job
     run = start("tests.slow_one", {"id": "r", "seconds": 3.0})

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from durable_flow import InvalidInput, RegistrationError, api, workflow
-from durable_flow.counters import start_outcomes
+from durable_flow import InvalidInput, RegistrationError, workflow
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
+from durable_flow.operations import api
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.store.counters import start_outcomes
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import transport_of
 from tests.workflows import add_one
@@ -238,7 +239,7 @@ def test_cancel_mode_cancels_the_run_in_progress_and_starts_the_new_one(engine: 
 
 @pytest.mark.parametrize("name", ["sc.only_one", "sc.latest_wins"])
 def test_a_retry_is_refused_while_another_run_of_its_singleton_key_is_in_progress(engine: Engine, name: str) -> None:
-    from durable_flow.operations import RetryRefused
+    from durable_flow.operations.runs import RetryRefused
 
     first = api.start(name, {"account": "a1"})
     api.cancel(first.pk)
@@ -355,7 +356,7 @@ def test_a_key_that_is_not_a_string_refuses_the_start_and_creates_nothing(
 def test_outcomes_show_in_the_metrics_and_on_the_overview(engine: Engine, django_user_model: Any) -> None:
     from django.test import Client
 
-    from durable_flow.metrics import render_metrics
+    from durable_flow.contrib.metrics import render_metrics
 
     for _ in range(3):
         api.start("sc.debounced", {"user": "ann", "n": 1})

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from durable_flow import api, bulk
-from durable_flow.counters import start_outcomes
+from durable_flow.contrib.task_runner import TASK_WORKFLOW
+from durable_flow.contrib.tasks import debounce, singleton
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput, RegistrationError
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.operations import RetryRefused
-from durable_flow.poller import TimerPoller
-from durable_flow.task_runner import TASK_WORKFLOW
-from durable_flow.tasks import debounce, singleton
+from durable_flow.operations import api, bulk
+from durable_flow.operations.runs import RetryRefused
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.store.counters import start_outcomes
 from tests import task_functions
 from tests.conftest import MovableClock
 from tests.engine_support import transport_of
@@ -47,7 +47,7 @@ def test_a_singleton_task_skips_while_its_key_runs_and_keys_are_per_task(manual:
     assert task_functions.other_sync.enqueue("a1").id != first.id  # another task, its own keys
     assert WorkflowRun.objects.count() == 2
     assert start_outcomes()[("tests.task_functions.sync_account", "skipped")] == 1
-    from durable_flow.start_control import usage
+    from durable_flow.definitions.start_control import usage
 
     row = next(row for row in usage() if row["workflow"] == "tests.task_functions.sync_account")
     assert (row["rule"], row["skipped"], row["debouncing"]) == ("task", 1, None)

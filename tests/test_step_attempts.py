@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from durable_flow import api, start
+from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint, StepStatus
-from durable_flow.poller import TimerPoller
+from durable_flow.operations import api
+from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock
 

@@ -14,12 +14,12 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow import start, workflow
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
+from durable_flow.definitions.step_concurrency import parse_concurrency, plan_run
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput, RegistrationError
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
-from durable_flow.step_concurrency import parse_concurrency, plan_run
 from tests import sc_workflows
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of
@@ -104,7 +104,7 @@ def test_a_backend_that_cannot_enforce_constraints_refuses_the_start(engine: Eng
 
 
 def test_every_shipped_backend_enforces_step_concurrency() -> None:
-    from durable_flow.admission.redis import RedisAdmissionBackend
+    from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
     assert all(b.SUPPORTS_CONSTRAINTS for b in (LocalAdmissionBackend, DatabaseAdmissionBackend, RedisAdmissionBackend))
 
@@ -116,7 +116,7 @@ def manual_sc(request: pytest.FixtureRequest, clock: MovableClock, transactional
     if request.param == "db":
         engine.admission = DatabaseAdmissionBackend(clock=lambda: clock.ms)
     elif request.param == "redis":
-        from durable_flow.admission.redis import RedisAdmissionBackend
+        from durable_flow.admission.redis.backend import RedisAdmissionBackend
 
         prefix = f"test:sc:{uuid.uuid4().hex[:12]}"
         engine.admission = RedisAdmissionBackend(url=REDIS_URL, clock=lambda: clock.ms, key_prefix=prefix)
@@ -153,7 +153,7 @@ def test_a_sleeping_run_holds_no_slot(manual_sc: Engine, clock: MovableClock) ->
     assert WorkflowRun.objects.filter(status=RunStatus.SUSPENDED).count() == 15
     assert executing() == 0
     clock.advance(seconds=61)
-    from durable_flow.poller import TimerPoller
+    from durable_flow.runtime.poller import TimerPoller
 
     TimerPoller(manual_sc).tick()
     transport.run_turns()
@@ -183,7 +183,7 @@ def test_a_step_started_on_a_freed_slot_keeps_the_run_due_at_the_earliest_deadli
 ) -> None:
     """A run is woken by the earliest deadline of its steps in flight: a step granted a slot
     later (its deadline later) leaves the run due at the deadline of the one still running."""
-    from durable_flow.poller import TimerPoller
+    from durable_flow.runtime.poller import TimerPoller
 
     transport = transport_of(manual_sc)
     run = start("sc.fan_deadline", {"seconds": 0, "id": "d"})
@@ -254,7 +254,7 @@ def test_a_changed_key_expression_leaves_queued_runs_on_their_old_key(manual_sc:
 
 
 def test_a_freed_slot_never_goes_to_a_step_of_a_paused_queue(manual_sc: Engine) -> None:
-    from durable_flow import api
+    from durable_flow.operations import api
 
     transport = transport_of(manual_sc)
     open_q, paused_q = f"sc-open-{uuid.uuid4().hex[:6]}", f"sc-paused-{uuid.uuid4().hex[:6]}"
@@ -284,7 +284,7 @@ def test_the_admin_run_page_shows_the_evaluated_constraints(engine: Engine, admi
 
 def test_check_warns_when_the_backend_cannot_enforce_step_concurrency(settings: Any) -> None:
     from durable_flow.checks import check_settings
-    from durable_flow.conf import reset_settings
+    from durable_flow.config.settings import reset_settings
 
     backend = f"{__name__}.NoConstraintsBackend"
     settings.DURABLE_FLOW = {**settings.DURABLE_FLOW, "ADMISSION": {"BACKEND": backend}}

@@ -11,7 +11,7 @@ import pytest
 
 from durable_flow import start
 from durable_flow.admission.base import AdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from tests import sc_workflows  # noqa: F401 - registers the sc.* workflows
 from tests.engine_support import ManualTransport

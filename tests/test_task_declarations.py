@@ -16,11 +16,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from durable_flow import api, start
+from durable_flow import start
+from durable_flow.contrib.task_runner import TASK_WORKFLOW, run_task
 from durable_flow.engine import Engine, get_engine
 from durable_flow.exceptions import WorkflowNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
-from durable_flow.task_runner import TASK_WORKFLOW, run_task
+from durable_flow.operations import api
 from tests import task_functions
 from tests.conftest import ROOT, ManagedProcess, wait_for
 from tests.support.tasks import task_payload
@@ -53,7 +54,7 @@ def _forget_calls() -> None:
 @pytest.fixture
 def rescan(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A process that has not scanned for declared tasks yet (the scan runs once a process)."""
-    from durable_flow import declared_tasks
+    from durable_flow.definitions import declared_tasks
 
     monkeypatch.setattr(declared_tasks, "_declared", dict(declared_tasks._declared))
     monkeypatch.setattr(declared_tasks, "_scanned", False)
@@ -264,9 +265,9 @@ def test_a_long_valid_queue_name_is_accepted(engine: Engine) -> None:
 #: Django's convention). A new one fails this test: it must not take a path from data.
 SETTINGS_FED_IMPORTS = {
     ("durable_flow/apps.py", "importlib.import_module(module)"),  # DURABLE_FLOW["WORKFLOWS"]
-    ("durable_flow/conf.py", "import_string(spec.path)"),  # a backend's class path
+    ("durable_flow/config/settings.py", "import_string(spec.path)"),  # a backend's class path
     ("durable_flow/checks.py", "import_string(spec.path)"),  # the same, in the system checks
-    ("durable_flow/declared_tasks.py", "import_module(name)"),  # WORKFLOWS and installed apps' tasks
+    ("durable_flow/definitions/declared_tasks.py", "import_module(name)"),  # WORKFLOWS and installed apps' tasks
     ("dashboard/consumers.py", "import_module(settings.SESSION_ENGINE)"),
     ("dashboard/checks.py", "import_string(path)"),  # settings.ASGI_APPLICATION, as daphne does
 }

@@ -1,4 +1,4 @@
-"""`durable_flow.tasks.DurableFlowBackend`: Django's tasks framework on durable runs.
+"""`durable_flow.contrib.tasks.DurableFlowBackend`: Django's tasks framework on durable runs.
 
 The framework's expectations for a backend (enqueue, results, statuses, priority, run_after,
 validation) through the engine, plus one task run by a real `durable_worker` process.
@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 
-from durable_flow import api, register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow import register_queue, start
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings
+from durable_flow.contrib.tasks import DurableFlowBackend, quota
 from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.models import QuotaRefusal, RunStatus, WorkflowRun
-from durable_flow.poller import TimerPoller
-from durable_flow.tasks import DurableFlowBackend, quota
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.operations import api
+from durable_flow.runtime.poller import TimerPoller
+from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.runner import EngineRunner
 from tests import task_functions
 from tests.conftest import ManagedProcess, MovableClock, wait_for

@@ -24,8 +24,8 @@ from asgiref.sync import async_to_sync
 from django.test import override_settings
 from django.utils import timezone
 
+from durable_flow.contrib.tasks import DurableFlowBackend
 from durable_flow.engine import Engine
-from durable_flow.tasks import DurableFlowBackend
 from tests import contract_tasks
 from tests.conftest import ManagedProcess, wait_for
 from tests.tasks_framework import (
@@ -147,7 +147,7 @@ def test_arguments_that_are_not_json_are_refused_with_the_frameworks_type_error(
 
 
 def test_a_queue_the_backend_does_not_list_is_refused_on_enqueue(db_admission_engine: Engine) -> None:
-    backend = {"BACKEND": "durable_flow.tasks.DurableFlowBackend", "QUEUES": ["queue-1"]}
+    backend = {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend", "QUEUES": ["queue-1"]}
     with override_settings(TASKS={"default": backend}):
         with pytest.raises(InvalidTaskError, match="Queue 'default' is not valid for backend"):
             contract_tasks.noop.enqueue()
@@ -290,5 +290,5 @@ def test_check_finds_nothing_wrong_in_this_project() -> None:
 def test_check_is_an_error_when_durable_flow_is_not_installed() -> None:
     with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
         errors = list(default_task_backend.check())
-    assert [error.id for error in errors] == ["durable_flow.tasks.E001"]
+    assert [error.id for error in errors] == ["durable_flow.contrib.tasks.E001"]
     assert "durable_flow" in (errors[0].hint or "")

@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from durable_flow import api
 from durable_flow.models import FlowQueue, QuotaRefusal, WorkerHeartbeat, WorkflowRun
+from durable_flow.operations import api
 from tests.support.clients import logged_in_client
 
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from durable_flow.admission.waiter_line import Waiter, WaiterLine, rank
-from durable_flow.queues import QueueConfig
+from durable_flow.admission.rules.waiter_line import Waiter, WaiterLine, rank
+from durable_flow.config.queues import QueueConfig
 
 
 @pytest.mark.parametrize("fairness", ["key", "fifo"])

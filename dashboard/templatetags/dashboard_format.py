@@ -8,7 +8,7 @@ from typing import Any
 
 from django import template
 
-from durable_flow.serialization import TooDeep
+from durable_flow.definitions.serialization import TooDeep
 
 register = template.Library()
 

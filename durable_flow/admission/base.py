@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
-from durable_flow.limits import TICKET_SEPARATOR, ticket_text
-from durable_flow.options import Configurable, Option
-from durable_flow.queues import QueueConfig
+from durable_flow.config.limits import TICKET_SEPARATOR, ticket_text
+from durable_flow.config.options import Configurable, Option
+from durable_flow.config.queues import QueueConfig
 
 Clock = Callable[[], int]
 """Epoch milliseconds. Injected so decision logic can be tested without sleeping."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from durable_flow.admission import policy
 from durable_flow.admission.base import (
     AdmissionBackend,
     AdmissionDecision,
@@ -26,11 +25,12 @@ from durable_flow.admission.base import (
     ResourceUsage,
     system_clock_ms,
 )
-from durable_flow.admission.queue_state import QueueState
-from durable_flow.admission.resources import ResourceState, grant_freed, top_usage
-from durable_flow.admission.waiter_line import rank
-from durable_flow.admission.windows import key_start_window, start_key, window_used
-from durable_flow.queues import QueueConfig
+from durable_flow.admission.rules import policy
+from durable_flow.admission.rules.queue_state import QueueState
+from durable_flow.admission.rules.resources import ResourceState, grant_freed, top_usage
+from durable_flow.admission.rules.waiter_line import rank
+from durable_flow.admission.rules.windows import key_start_window, start_key, window_used
+from durable_flow.config.queues import QueueConfig
 
 #: Where calls gated by their constraints alone wait (no registered queue).
 FREE_QUEUE = ""

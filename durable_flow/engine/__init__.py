@@ -13,10 +13,10 @@
 - `step_start`: starting a step attempt on a worker in one `UPDATE ... RETURNING`.
 """
 
-from durable_flow.conf import build_backend
+from durable_flow.config.settings import build_backend
 from durable_flow.engine.core import Engine, get_engine, set_engine
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
-from durable_flow.queue_store import persist_configured_queues, write_queues
+from durable_flow.store.queues import persist_configured_queues, write_queues
 
 __all__ = [
     "Engine",

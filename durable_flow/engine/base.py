@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from durable_flow.engine.statements import save_fields
 from durable_flow.models import RunStatus, StepStatus
+from durable_flow.store.statements import save_fields
 
 if TYPE_CHECKING:
     from durable_flow.admission.base import AdmissionBackend
-    from durable_flow.conf import DurableFlowSettings
-    from durable_flow.pausing import PausedQueues
+    from durable_flow.config.settings import DurableFlowSettings
+    from durable_flow.store.pausing import PausedQueues
     from durable_flow.transports.base import Transport
 
 WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)

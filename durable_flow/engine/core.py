@@ -18,7 +18,8 @@ from datetime import datetime
 from django.utils import timezone
 
 from durable_flow.admission.base import AdmissionBackend
-from durable_flow.conf import DurableFlowSettings, build_backend, get_settings
+from durable_flow.config.queues import QueueConfig
+from durable_flow.config.settings import DurableFlowSettings, build_backend, get_settings
 from durable_flow.engine.dispatch import DispatchMixin
 from durable_flow.engine.handoff import GrantTimer, HandoffMixin
 from durable_flow.engine.lifecycle import LifecycleMixin
@@ -27,11 +28,10 @@ from durable_flow.engine.release_order import ReleaseOrderMixin
 from durable_flow.engine.results import ResultsMixin
 from durable_flow.engine.start_margins import StartMargins
 from durable_flow.engine.turns import TurnsMixin
-from durable_flow.pausing import PausedQueues
-from durable_flow.queue_store import write_queues
-from durable_flow.queues import QueueConfig
+from durable_flow.store.outage import Outage
+from durable_flow.store.pausing import PausedQueues
+from durable_flow.store.queues import write_queues
 from durable_flow.transports.base import Transport
-from durable_flow.worker.outage import Outage
 
 logger = logging.getLogger("durable_flow.engine")
 

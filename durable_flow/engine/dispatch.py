@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant
-from durable_flow.attempts import attempt_started
-from durable_flow.counters import count_admission, count_parked
+from durable_flow.definitions.registry import StepDefinition, get_step
+from durable_flow.definitions.serialization import ensure_json
+from durable_flow.definitions.step_concurrency import constraints_of
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.statements import insert, save_fields
+from durable_flow.engine.turn import StepOptions
 from durable_flow.exceptions import RunNotFound, StepNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
-from durable_flow.registry import StepDefinition, get_step
-from durable_flow.serialization import ensure_json
-from durable_flow.step_concurrency import constraints_of
-from durable_flow.turn import StepOptions
+from durable_flow.store.attempts import attempt_started
+from durable_flow.store.counters import count_admission, count_parked
+from durable_flow.store.statements import insert, save_fields
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 from django.db import close_old_connections, transaction
 
 from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
+from durable_flow.definitions.step_concurrency import constraints_of
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.start_margins import StartMargins
-from durable_flow.engine.statements import lock_step_and_run_now, save_fields, writes_together
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
-from durable_flow.step_concurrency import constraints_of
+from durable_flow.store.statements import lock_step_and_run_now, save_fields, writes_together
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

@@ -10,12 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 
-from durable_flow import quotas, start_control, step_concurrency
+from durable_flow.config.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
+from durable_flow.config.validation import storable_text
+from durable_flow.definitions import quotas, start_control, step_concurrency
+from durable_flow.definitions.quotas import QuotaSpec
+from durable_flow.definitions.registry import WorkflowDefinition, resolve_workflow
+from durable_flow.definitions.serialization import ensure_json
 from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
-from durable_flow.engine.statements import save_fields
+from durable_flow.engine.turn import PENDING
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
-from durable_flow.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -27,11 +31,7 @@ from durable_flow.models import (
     WorkflowRun,
     new_run_id,
 )
-from durable_flow.quotas import QuotaSpec
-from durable_flow.registry import WorkflowDefinition, resolve_workflow
-from durable_flow.serialization import ensure_json
-from durable_flow.turn import PENDING
-from durable_flow.validation import storable_text
+from durable_flow.store.statements import save_fields
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

@@ -15,8 +15,8 @@ from typing import ParamSpec, TypeVar
 from django.db import OperationalError, transaction
 from django.db.models import Model, QuerySet
 
-from durable_flow.engine import statements
 from durable_flow.models import StepCheckpoint, WorkflowRun
+from durable_flow.store import statements
 
 logger = logging.getLogger("durable_flow.engine")
 

@@ -46,12 +46,19 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DataError, transaction
 
-from durable_flow.attempts import attempt_finished
-from durable_flow.context import WorkflowContext
-from durable_flow.current import running_step
+from durable_flow.definitions.current import running_step
+from durable_flow.definitions.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
+from durable_flow.definitions.serialization import ensure_json, error_info, readable
+from durable_flow.definitions.step_concurrency import constraints_of
 from durable_flow.engine.base import EngineBase
+from durable_flow.engine.context import WorkflowContext
 from durable_flow.engine.locking import retry_on_conflict
-from durable_flow.engine.statements import (
+from durable_flow.engine.turn import InlineTurnFailed, StepOptions, Unwind
+from durable_flow.engine.user_code import is_code_failure
+from durable_flow.exceptions import DurableFlowError
+from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.store.attempts import attempt_finished
+from durable_flow.store.statements import (
     insert,
     insert_held,
     lock_run_drawing_id,
@@ -59,13 +66,6 @@ from durable_flow.engine.statements import (
     save_fields,
     writes_together,
 )
-from durable_flow.engine.user_code import is_code_failure
-from durable_flow.exceptions import DurableFlowError
-from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
-from durable_flow.serialization import ensure_json, error_info, readable
-from durable_flow.step_concurrency import constraints_of
-from durable_flow.turn import InlineTurnFailed, StepOptions, Unwind
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

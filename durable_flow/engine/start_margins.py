@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from durable_flow.admission.windows import start_lateness_ms
+from durable_flow.admission.rules.windows import start_lateness_ms
+from durable_flow.config.queues import queue_from_dict
 from durable_flow.models import FlowQueue
-from durable_flow.queues import queue_from_dict
 
 #: How long (s) a queue's margin is trusted before its config is read again.
 TTL_S = 5.0

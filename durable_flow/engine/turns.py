@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
 
-from durable_flow.context import WorkflowContext
+from durable_flow.definitions.registry import get_workflow
+from durable_flow.definitions.serialization import ensure_json, error_info, readable
 from durable_flow.engine.base import WAKEABLE, EngineBase
+from durable_flow.engine.context import WorkflowContext
 from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.statements import save_fields, writes_together
+from durable_flow.engine.turn import EngineUnavailable, InlineTurnFailed, Suspend
 from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
 from durable_flow.models import (
@@ -21,9 +23,7 @@ from durable_flow.models import (
     StepCheckpoint,
     WorkflowRun,
 )
-from durable_flow.registry import get_workflow
-from durable_flow.serialization import ensure_json, error_info, readable
-from durable_flow.turn import EngineUnavailable, InlineTurnFailed, Suspend
+from durable_flow.store.statements import save_fields, writes_together
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

@@ -25,7 +25,7 @@ import threading
 import traceback
 from types import CodeType
 
-from durable_flow.turn import Unwind
+from durable_flow.engine.turn import Unwind
 
 logger = logging.getLogger("durable_flow.engine")
 

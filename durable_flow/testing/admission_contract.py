@@ -19,7 +19,7 @@ import pytest
 from django.db import connections
 
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Grant
-from durable_flow.queues import QueueConfig, RateLimit
+from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
 from durable_flow.testing.handoff_contract import HandoffContract
 from durable_flow.testing.keyed_contract import KeyedLimitsContract

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Constraint
-from durable_flow.queues import QueueConfig
+from durable_flow.config.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from durable_flow.admission import policy
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Grant
-from durable_flow.admission.queue_state import QueueState
-from durable_flow.queues import QueueConfig, RateLimit
+from durable_flow.admission.rules import policy
+from durable_flow.admission.rules.queue_state import QueueState
+from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
 
 

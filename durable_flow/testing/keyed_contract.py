@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from durable_flow.admission import policy
 from durable_flow.admission.base import AdmissionBackend, AdmissionRequest, Grant
-from durable_flow.admission.queue_state import QueueState
-from durable_flow.admission.windows import start_key
-from durable_flow.queues import QueueConfig, RateLimit, Throttle
+from durable_flow.admission.rules import policy
+from durable_flow.admission.rules.queue_state import QueueState
+from durable_flow.admission.rules.windows import start_key
+from durable_flow.config.queues import QueueConfig, RateLimit, Throttle
 from durable_flow.testing.clock import FakeClock
 
 PER_KEY_SLIDING = RateLimit(limit=2, period_ms=1000, algorithm="sliding")

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from durable_flow.options import Configurable, Option
+from durable_flow.config.options import Configurable, Option
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -50,7 +50,7 @@ class Transport(Configurable, ABC):
 
     # -- optional, with defaults -------------------------------------------------------------
     def enqueue_first_turn(self, run_id: str, priority: int) -> None:
-        """Queue a new run's first turn at `priority` (a task's, `durable_flow.tasks`): higher
+        """Queue a new run's first turn at `priority` (a task's, `durable_flow.contrib.tasks`): higher
         first where the transport orders turns (`db`); the default queues it as any turn."""
         self.enqueue_turn(run_id)
 
@@ -80,7 +80,7 @@ class Transport(Configurable, ABC):
     def check_concurrency(cls, spec: object) -> None:
         """`ImproperlyConfigured` unless `spec` is a CONCURRENCY the worker can run with. The
         form is the worker's (`worker/controllers.py`); a transport only carries the value."""
-        from durable_flow.worker.controllers import build_controller
+        from durable_flow.runtime.controllers import build_controller
 
         build_controller(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
 

@@ -2,7 +2,7 @@
 
 A transport hands out work as `ClaimedTask`s from its `TaskSource`; the worker claims them and
 runs each through a `TaskRunner`. Transports depend on this module, never on
-`durable_flow.worker`: the worker runtime (`WorkerRuntime`) is a `TaskRunner`, and a job run
+`durable_flow.runtime`: the worker runtime (`WorkerRuntime`) is a `TaskRunner`, and a job run
 outside `durable_worker` (a plain `manage.py rqworker`) gets an `EngineRunner` with no worker id.
 """
 

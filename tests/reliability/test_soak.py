@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings, reset_settings
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, use_redis_admission
 from tests.reliability.soak import RUNS, SEED, SIDE_RUNS, STACKS, Fleet, Workload, clear_rq

@@ -33,7 +33,7 @@ import pytest
 from django.db import connection
 from redis import Redis
 
-from durable_flow.conf import get_settings, reset_settings
+from durable_flow.config.settings import get_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from durable_flow.admission.db import DatabaseAdmissionBackend
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
-from durable_flow.conf import get_settings
+from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from tests.support.clients import StaffLogin, create_user, logged_in
 from tests.support.own_redis import OwnRedis, free_port
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from durable_flow.admission.redis import RedisAdmissionBackend
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
 from tests.support.redis_keys import delete_keys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")

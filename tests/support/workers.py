@@ -13,11 +13,11 @@ import django_rq
 import pytest
 from redis import Redis
 
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings, reset_settings
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings, reset_settings
 from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
+from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from tests.conftest import ManagedProcess, use_redis_admission
 from tests.support.redis_keys import delete_keys

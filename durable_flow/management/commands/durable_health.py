@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_flow import health
+from durable_flow.contrib import health
 
 
 class Command(BaseCommand):

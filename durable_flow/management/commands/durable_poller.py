@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_flow.conf import MAX_POLLER_BATCH_SIZE, MAX_POLLER_INTERVAL_MS
-from durable_flow.poller import TimerPoller
-from durable_flow.validation import number_problem
+from durable_flow.config.settings import MAX_POLLER_BATCH_SIZE, MAX_POLLER_INTERVAL_MS
+from durable_flow.config.validation import number_problem
+from durable_flow.runtime.poller import TimerPoller
 
 
 class Command(BaseCommand):

@@ -14,9 +14,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_flow.engine import get_engine
-from durable_flow.worker.controllers import build_controller
-from durable_flow.worker.outage import Outage, transient_errors
-from durable_flow.worker.runtime import WorkerRuntime
+from durable_flow.runtime.controllers import build_controller
+from durable_flow.runtime.worker import WorkerRuntime
+from durable_flow.store.outage import Outage, transient_errors
 
 logger = logging.getLogger("durable_flow.worker")
 

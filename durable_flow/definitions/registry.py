@@ -1,0 +1,308 @@
+"""The workflow and step registries, filled by the `@workflow` and `@step` decorators.
+
+Modules named in `DURABLE_FLOW["WORKFLOWS"]` are imported by `AppConfig.ready()`, so every
+process (web, worker, poller) knows the same workflows and steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
+
+from asgiref.sync import async_to_sync
+
+from durable_flow.config.limits import STEP_NAME_LENGTH, VERSION_LENGTH, WORKFLOW_NAME_LENGTH
+from durable_flow.config.validation import MAX_COUNT, duration_problem, number_problem, storable_text
+from durable_flow.definitions.quotas import QuotaSpec, parse_workflow_quota
+from durable_flow.definitions.start_control import StartControl, parse_start_control
+from durable_flow.definitions.step_concurrency import ConcurrencySpec, parse_concurrency
+from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
+
+if TYPE_CHECKING:
+    from durable_flow.definitions.start_control import StartGate
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+WorkflowFn = Callable[[Any, Any], Any]
+
+#: The most retries a step (or one call of it) may ask for: its attempts are counted in an
+#: integer column (`StepCheckpoint.max_attempts`), which a run retried by hand raises by a whole
+#: budget again each time, so a budget stays far below the column's limit.
+MAX_RETRIES = 1_000_000
+
+DEFAULT_BACKOFF = timedelta(seconds=1)
+DEFAULT_MAX_BACKOFF = timedelta(minutes=5)
+#: Past this many doublings any backoff above zero (1 µs at least) is over `MAX_DURATION`, so capped.
+MAX_DOUBLINGS = 64
+
+
+@dataclass(frozen=True, eq=False)
+class StepDefinition(Generic[R]):
+    """A registered step: a plain function of one JSON input, run on a worker and checkpointed."""
+
+    name: str
+    fn: Callable[[Any], R]
+    retries: int = 0
+    backoff: timedelta = DEFAULT_BACKOFF
+    max_backoff: timedelta = DEFAULT_MAX_BACKOFF
+    timeout: timedelta | None = None
+
+    def __call__(self, input: Any) -> R:
+        """Call the function directly (outside a workflow, e.g. in a unit test)."""
+        return self.fn(input)
+
+    def backoff_for(self, attempt: int) -> timedelta:
+        """Exponential backoff after failed attempt number `attempt` (1-based), capped."""
+        return exponential_backoff(attempt, self.backoff, self.max_backoff)
+
+
+def exponential_backoff(
+    attempt: int, backoff: timedelta = DEFAULT_BACKOFF, max_backoff: timedelta = DEFAULT_MAX_BACKOFF
+) -> timedelta:
+    """`backoff` doubled after each failed attempt (1-based), capped at `max_backoff`.
+
+    The doubling is compared in seconds first: `backoff * 2**n` overflows a timedelta by the
+    48th attempt of a one-second backoff, long before a large `retries` runs out.
+    """
+    doublings = min(max(0, attempt - 1), MAX_DOUBLINGS)
+    if backoff.total_seconds() * 2.0**doublings >= max_backoff.total_seconds():
+        return max_backoff
+    return min(backoff * 2**doublings, max_backoff)
+
+
+def step_backoff(name: str, attempt: int) -> timedelta:
+    """The wait before retrying step `name` after failed attempt `attempt`. A step no longer
+    registered in this process gets the `@step` defaults, so it backs off as it would have."""
+    try:
+        return get_step(name).backoff_for(attempt)
+    except StepNotFound:
+        return exponential_backoff(attempt)
+
+
+class StartChecks(Protocol):
+    """The start rules of a workflow whose input names what it runs, so each run's rules are
+    those of what it names: the tasks backend's workflow, whose every task declares its own
+    quota, debounce or singleton (`task_runner`). Asked by the operations that make a stored
+    run active again, a re-run and a retry, which know nothing of what the input names."""
+
+    def control(self, input: Any) -> StartControl | None:
+        """The debounce or singleton a run of `input` started under (a retry checks it again)."""
+        ...
+
+    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, StartGate | None]:
+        """The start quota (its key resolved) and the gate a new run `run_id` of `input`
+        passes (a re-run passes them as `start` would)."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class WorkflowDefinition:
+    """A registered workflow: `fn(ctx, input)`, replayed from the top on every turn."""
+
+    name: str
+    fn: WorkflowFn
+    version: str = "1"
+    quota: QuotaSpec | None = None
+    concurrency: tuple[ConcurrencySpec, ...] = ()
+    start_control: StartControl | None = None
+    internal: bool = False
+    start_checks: StartChecks | None = None
+
+    def __call__(self, ctx: Any, input: Any) -> Any:
+        return self.fn(ctx, input)
+
+    def control_for(self, input: Any) -> StartControl | None:
+        """The debounce or singleton a run of `input` starts under: the workflow's own, or
+        the one its input names (`start_checks`)."""
+        return self.start_control if self.start_checks is None else self.start_checks.control(input)
+
+
+_workflows: dict[str, WorkflowDefinition] = {}
+_steps: dict[str, StepDefinition[Any]] = {}
+
+
+def _sync(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """An `async def` step, callable from a worker thread: asgiref's `async_to_sync` runs it
+    to completion (and carries the caller's context variables, so `current_step()` works)."""
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+    runner = async_to_sync(fn)
+
+    @functools.wraps(fn)
+    def call(input: Any) -> Any:
+        return runner(input)
+
+    return call
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    # A module imported twice under the same name (autoreload, test re-import) is not a clash.
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+#: Where each kind of registered name is stored, so its length limit is that column's.
+NAME_LENGTHS = {"workflow": WORKFLOW_NAME_LENGTH, "step": STEP_NAME_LENGTH}
+
+
+def _check_name(name: object, what: str) -> str:
+    longest = NAME_LENGTHS[what]
+    if not isinstance(name, str) or not name.strip() or len(name) > longest:
+        raise RegistrationError(
+            f"a {what} name must be a non-empty string of at most {longest} characters, got {name!r}"
+        )
+    return name
+
+
+def _check_version(workflow: str, version: object) -> None:
+    # Stored as text on every run (`WorkflowRun.version`): a string that fits, or a whole number.
+    where = f"workflow {workflow!r}: version"
+    if isinstance(version, str):
+        try:
+            storable_text(version, where, VERSION_LENGTH)
+        except InvalidInput as exc:
+            raise RegistrationError(str(exc)) from None
+    elif problem := number_problem(version, minimum=-MAX_COUNT, maximum=MAX_COUNT, integer=True):
+        raise RegistrationError(f"{where} must be a string or {problem.removeprefix('must be ')}")
+
+
+def workflow(
+    name: str,
+    *,
+    version: str | int = "1",
+    quota: QuotaSpec | Mapping[str, Any] | None = None,
+    concurrency: int | Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
+    debounce: Mapping[str, Any] | None = None,
+    singleton: Mapping[str, Any] | None = None,
+    internal: bool = False,
+    start_checks: StartChecks | None = None,
+) -> Callable[[WorkflowFn], WorkflowDefinition]:
+    """Declare `fn(ctx, input)` as the workflow `name`.
+
+    Bump `version` when you change the order of its calls: runs started under the old
+    version fail with a clear non-determinism error instead of replaying wrongly.
+    `quota` (`{"key": fn(input), "limit": n, "count_statuses": [...]}`) refuses a start at once
+    with `ConcurrencyLimitError` when `limit` runs of its key are in flight; see `quotas.py`.
+    `concurrency` (`10`, `{"limit": 2, "key": "input.account_id"}`, or a list of two) caps the
+    step attempts executing at once per evaluated key; see `step_concurrency.py`.
+    `debounce` (`{"key": "input.user", "period": timedelta(seconds=5), "max_wait": ...}`) folds
+    starts of one key into one later run with the latest input; `singleton` (`{"key": ...,
+    "mode": "skip" | "cancel"}`) keeps one run per key in progress; see `start_control.py`.
+    `internal` marks a built-in workflow that only durable_flow starts (the tasks backend's, whose
+    input names the code it runs): `start()`, the JSON API and the start forms refuse it by name.
+    `start_checks` gives a built-in workflow the start rules its input names (`StartChecks`).
+    """
+    _check_name(name, "workflow")
+    _check_version(name, version)
+    quota_spec = parse_workflow_quota(name, quota)
+    concurrency_specs = parse_concurrency(name, concurrency)
+    control = parse_start_control(name, debounce, singleton)
+
+    def decorate(fn: WorkflowFn) -> WorkflowDefinition:
+        existing = _workflows.get(name)
+        if existing is not None and not _same_function(existing.fn, fn):
+            raise RegistrationError(f"workflow {name!r} is already registered by {existing.fn.__module__}")
+        definition = WorkflowDefinition(
+            name=name,
+            fn=fn,
+            version=str(version),
+            quota=quota_spec,
+            concurrency=concurrency_specs,
+            start_control=control,
+            internal=internal,
+            start_checks=start_checks,
+        )
+        _workflows[name] = definition
+        return definition
+
+    return decorate
+
+
+def step(
+    name: str,
+    *,
+    retries: int = 0,
+    backoff: timedelta = DEFAULT_BACKOFF,
+    max_backoff: timedelta = DEFAULT_MAX_BACKOFF,
+    timeout: timedelta | None = None,
+) -> Callable[[Callable[[Any], R]], StepDefinition[R]]:
+    """Declare a plain (or `async def`) function of one JSON input as the step `name`.
+
+    `retries` failed attempts are retried after `backoff`, doubling each time (up to
+    `max_backoff`); `timeout` re-dispatches an attempt whose result has not landed in time.
+    """
+    _check_name(name, "step")
+    # Each attempt's number is stored (`StepCheckpoint.max_attempts`, an integer column), each
+    # wait is added to a date: both are bounded here, not left to overflow on a worker.
+    problems = {
+        "retries": number_problem(retries, minimum=0, maximum=MAX_RETRIES, integer=True),
+        "backoff": duration_problem(backoff, minimum="zero"),
+        "max_backoff": duration_problem(max_backoff, minimum="zero"),
+        "timeout": None if timeout is None else duration_problem(timeout),
+    }
+    for argument, problem in problems.items():
+        if problem:
+            raise RegistrationError(f"step {name!r}: {argument} {problem}")
+
+    def decorate(fn: Callable[[Any], R]) -> StepDefinition[R]:
+        existing = _steps.get(name)
+        if existing is not None and not _same_function(existing.fn, fn):
+            raise RegistrationError(f"step {name!r} is already registered by {existing.fn.__module__}")
+        definition = StepDefinition(
+            name=name, fn=_sync(fn), retries=retries, backoff=backoff, max_backoff=max_backoff, timeout=timeout
+        )
+        _steps[name] = definition
+        return definition
+
+    return decorate
+
+
+def get_workflow(name: str) -> WorkflowDefinition:
+    """The workflow registered as `name`, or `WorkflowNotFound`."""
+    try:
+        return _workflows[name]
+    except KeyError:
+        raise WorkflowNotFound(f"no workflow named {name!r} is registered") from None
+
+
+def get_step(name: str) -> StepDefinition[Any]:
+    """The step registered as `name`, or `StepNotFound`."""
+    try:
+        return _steps[name]
+    except KeyError:
+        raise StepNotFound(f"no step named {name!r} is registered") from None
+
+
+def resolve_workflow(target: str | WorkflowDefinition) -> WorkflowDefinition:
+    """Accept a workflow by name or definition; the definition must be the registered one."""
+    if isinstance(target, WorkflowDefinition):
+        return get_workflow(target.name)
+    if isinstance(target, str):
+        return get_workflow(target)
+    # A typed refusal, like every other bad argument of the public API (it is a ValueError).
+    raise InvalidInput(f"expected a workflow name or a @workflow function, got {type(target).__name__}")
+
+
+def startable_workflow(target: str | WorkflowDefinition) -> WorkflowDefinition:
+    """`resolve_workflow` for a start by a person or a caller's code: an internal workflow is
+    refused with `WorkflowNotFound`, as an unknown one is."""
+    definition = resolve_workflow(target)
+    if definition.internal:
+        raise WorkflowNotFound(
+            f"workflow {definition.name!r} is built in and is not started by name (enqueue a @task instead)"
+        )
+    return definition
+
+
+def workflows() -> dict[str, WorkflowDefinition]:
+    """Every registered workflow, by name."""
+    return dict(_workflows)
+
+
+def startable_workflows() -> dict[str, WorkflowDefinition]:
+    """The workflows `start()` and the start forms accept (every one but the internal ones)."""
+    return {name: definition for name, definition in _workflows.items() if not definition.internal}

@@ -1,0 +1,409 @@
+"""`ctx`: what a workflow function calls. Each call is checkpointed under a deterministic key.
+
+A turn replays the workflow from the top. A call whose checkpoint has settled returns the
+recorded result at once; the first call that cannot (a step in flight, a sleep not yet due, a
+blocked admission) raises `Suspend`, which unwinds the function: no thread or process waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from durable_flow.config.limits import FAIRNESS_KEY_LENGTH, QUEUE_NAME_LENGTH, SIGNAL_NAME_LENGTH
+from durable_flow.config.validation import MAX_COUNT, MAX_DURATION, duration_problem, number_problem, storable_text
+from durable_flow.definitions import quotas
+from durable_flow.definitions.registry import MAX_RETRIES, StepDefinition, WorkflowDefinition, resolve_workflow
+from durable_flow.definitions.serialization import readable
+from durable_flow.engine.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
+from durable_flow.exceptions import (
+    ChildFailed,
+    InvalidInput,
+    NonDeterminismError,
+    SignalTimeout,
+    StepFailed,
+)
+from durable_flow.models import (
+    SETTLED_STEP_STATUSES,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+)
+
+__all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
+
+
+PRIORITY_LIMIT = MAX_COUNT  # the database's integer column
+
+
+def _check_number(argument: str, value: object, *, minimum: int, maximum: int) -> None:
+    """`InvalidInput` naming `argument` unless `value` is a whole number in range: a workflow's
+    bad number fails its run at the call, never as an overflow inside the engine."""
+    problem = number_problem(value, minimum=minimum, maximum=maximum, integer=True)
+    if problem:
+        raise InvalidInput(f"{argument} {problem}")
+
+
+def _check_duration(argument: str, value: object, *, minimum: Literal["positive", "any"] = "positive") -> None:
+    """`InvalidInput` naming `argument` unless `value` is a timedelta of at most ten years, so
+    `now + value` is a date the engine can store."""
+    problem = duration_problem(value, minimum=minimum)
+    if problem:
+        raise InvalidInput(f"{argument} {problem}")
+
+
+class WorkflowContext:
+    """The `ctx` handed to a workflow function for one turn."""
+
+    def __init__(self, engine: TurnEngine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint]) -> None:
+        self._engine = engine
+        self._run = run
+        self._checkpoints = checkpoints
+        self._counter = 0
+        self._next_sequence = max((cp.sequence for cp in checkpoints.values()), default=0) + 1
+        self.now: datetime = engine.now()
+        #: The earliest time something this turn waits on comes due (None: only results).
+        self.wake_at: datetime | None = None
+        #: Whether a step is executing somewhere (the run shows as running, not suspended).
+        self.in_flight = False
+
+    # -- identity -----------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self._run.id
+
+    @property
+    def input(self) -> Any:
+        return self._run.input
+
+    # -- public calls ---------------------------------------------------------------------
+    def step(
+        self,
+        step: StepDefinition[Any],
+        input: Any = None,
+        *,
+        queue: str | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
+        retries: int | None = None,
+        timeout: timedelta | None = None,
+    ) -> Any:
+        """Run `step(input)` on a worker, once, and return its result.
+
+        `queue` subjects the call to a flow-control queue; `priority` and `fairness_key` decide
+        who gets a contended slot. `retries`/`timeout` override the step's own defaults.
+        """
+        options = self._options(step, queue, priority, fairness_key, retries, timeout)
+        key = self._next_key()
+        with engine_call():
+            result = self._drive_step(key, step, input, options, group="")
+        if result is PENDING:
+            raise Suspend
+        return result
+
+    def all(
+        self,
+        target: StepDefinition[Any] | WorkflowDefinition | str,
+        inputs: Sequence[Any],
+        *,
+        concurrency: int | None = None,
+        queue: str | None = None,
+        **step_options: Any,
+    ) -> list[Any]:
+        """Fan out over `inputs` and return the results in input order.
+
+        Over a step: waves of `concurrency` steps, the next sent once the previous settled.
+        Over a child workflow: two waves of `concurrency // 2` children in flight, the next
+        going out as soon as one settles. Each settled wave costs the parent one turn.
+        """
+        if concurrency is not None:
+            _check_number("ctx.all: concurrency", concurrency, minimum=1, maximum=MAX_COUNT)
+        if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
+            raise TypeError("ctx.all: inputs must be a list")
+        base = self._next_key()
+        if isinstance(target, StepDefinition):
+            if queue is not None:
+                raise ValueError(
+                    "ctx.all: a step fan does not accept a queue; fan out over a child workflow whose "
+                    "ctx.step names the queue, or enforce the limit in the step"
+                )
+            options = self._options(  # also checks that `target` is the registered step
+                target,
+                None,
+                step_options.pop("priority", 0),
+                None,
+                step_options.pop("retries", None),
+                step_options.pop("timeout", None),
+            )
+            if step_options:
+                raise TypeError(f"ctx.all: unexpected option(s) {', '.join(sorted(step_options))}")
+            with engine_call():
+                return self._step_fan(base, target, list(inputs), concurrency or max(1, len(inputs)), options)
+        if queue is not None or step_options:
+            raise TypeError("ctx.all over a child workflow takes only inputs and concurrency")
+        definition = resolve_workflow(target)
+        with engine_call():
+            return self._child_fan(base, definition, list(inputs), concurrency)
+
+    def child(self, workflow: WorkflowDefinition | str, input: Any = None) -> Any:
+        """Start a child run and return its output once it completes.
+
+        The parent holds nothing while it waits. A child that fails or is cancelled raises
+        `ChildFailed` here.
+        """
+        definition = resolve_workflow(workflow)
+        key = self._next_key()
+        with engine_call():
+            result = self._drive_child(key, definition, input, group="")
+        if result is PENDING:
+            raise Suspend
+        return result
+
+    def sleep(self, duration: timedelta) -> None:
+        """Suspend the run for `duration`; durable (the wake time is persisted)."""
+        if not isinstance(duration, timedelta):
+            raise TypeError("ctx.sleep takes a datetime.timedelta")
+        _check_duration("ctx.sleep: duration", duration, minimum="any")  # zero or less returns at once
+        key = self._next_key()
+        with engine_call():
+            self._drive_sleep(key, "sleep", lambda: self.now + duration)
+
+    def sleep_until(self, when: datetime) -> None:
+        """Suspend the run until `when` (an aware datetime)."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise TypeError("ctx.sleep_until takes a timezone-aware datetime")
+        if when - self.now > MAX_DURATION:  # also keeps its UTC form (stored) inside datetime's range
+            raise InvalidInput(
+                f"ctx.sleep_until: when must be at most {MAX_DURATION.days} days from now, got {when.isoformat()}"
+            )
+        key = self._next_key()
+        with engine_call():
+            self._drive_sleep(key, "sleep_until", lambda: when)
+
+    def wait_for_signal(self, name: str, timeout: timedelta | None = None) -> Any:
+        """Suspend until `send_signal(run_id, name, payload)` arrives; return the payload.
+
+        A signal sent before the wait is kept and consumed here. With `timeout`, raise
+        `SignalTimeout` if none arrived in time.
+        """
+        storable_text(name, "ctx.wait_for_signal: signal name", SIGNAL_NAME_LENGTH)
+        if timeout is not None:
+            _check_duration("ctx.wait_for_signal: timeout", timeout)
+        key = self._next_key()
+        with engine_call():
+            return self._drive_signal(key, name, timeout)
+
+    def _drive_signal(self, key: str, name: str, timeout: timedelta | None) -> Any:
+        cp = self._checkpoint(key, StepKind.SIGNAL, name) or self._new_wait(
+            key, StepKind.SIGNAL, name, self.now + timeout if timeout is not None else None
+        )
+        if cp.status == StepStatus.DISPATCHED:
+            payload = readable(self._engine.consume_signal(self._run, name, key), f"payload of signal {name!r}")
+            if payload is not PENDING:
+                self._engine.settle(cp, StepStatus.COMPLETED, output=payload)
+            elif cp.wake_at is not None and cp.wake_at <= self.now:
+                self._engine.settle(cp, StepStatus.FAILED, error={"type": "SignalTimeout", "message": name})
+            else:
+                self._wait_until(cp.wake_at)
+                raise Suspend
+        if cp.status == StepStatus.FAILED:
+            raise SignalTimeout(f"signal {name!r} did not arrive in time")
+        return cp.output
+
+    # -- the machinery ----------------------------------------------------------------------
+    def _next_key(self) -> str:
+        self._counter += 1
+        return str(self._counter)
+
+    def _take_sequence(self) -> int:
+        sequence = self._next_sequence
+        self._next_sequence += 1
+        return sequence
+
+    def _wait_until(self, when: datetime | None) -> None:
+        if when is not None and (self.wake_at is None or when < self.wake_at):
+            self.wake_at = when
+
+    def _registered_step(self, step: object) -> StepDefinition[Any]:
+        if not isinstance(step, StepDefinition):
+            raise TypeError(f"ctx.step needs a function decorated with @step, got {step!r}")
+        from durable_flow.definitions.registry import get_step
+
+        if get_step(step.name) is not step:
+            raise TypeError(f"step {step.name!r} is not the registered step of that name")
+        return step
+
+    def _options(
+        self,
+        step: StepDefinition[Any],
+        queue: str | None,
+        priority: int,
+        fairness_key: str | None,
+        retries: int | None,
+        timeout: timedelta | None,
+    ) -> StepOptions:
+        self._registered_step(step)
+        if queue is not None:
+            storable_text(queue, "queue", QUEUE_NAME_LENGTH)
+        _check_number("priority", priority, minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT)
+        if timeout is not None:
+            _check_duration("timeout", timeout)
+        if fairness_key is not None:
+            storable_text(fairness_key, "fairness_key", FAIRNESS_KEY_LENGTH, allow_empty=True)
+        if retries is not None:
+            _check_number("retries", retries, minimum=0, maximum=MAX_RETRIES)
+        return StepOptions(
+            queue=queue or "",
+            priority=priority,
+            fairness_key=fairness_key or "",
+            retries=retries,
+            timeout=timeout,
+        )
+
+    def _checkpoint(self, key: str, kind: str, name: str) -> StepCheckpoint | None:
+        cp = self._checkpoints.get(key)
+        if cp is not None and (cp.kind != kind or cp.name != name):
+            raise NonDeterminismError(
+                f"run {self._run.id}: call #{key} is now {kind} {name!r} but the history recorded "
+                f"{cp.kind} {cp.name!r}; the workflow's code changed under a running run "
+                f"(bump its version for new runs)"
+            )
+        if cp is not None:
+            readable(cp.output, f"output of call #{key} ({cp.kind} {cp.name!r})")
+        return cp
+
+    def _drive_step(
+        self,
+        key: str,
+        step: StepDefinition[Any],
+        input: Any,
+        options: StepOptions,
+        group: str,
+    ) -> Any:
+        cp = self._checkpoint(key, StepKind.STEP, step.name)
+        if cp is None:
+            cp = self._engine.create_step_checkpoint(
+                self._run,
+                key=key,
+                sequence=self._take_sequence(),
+                step=step,
+                input=input,
+                options=options,
+                group=group,
+            )
+            self._checkpoints[key] = cp
+            return self._admit(cp)
+        status = cp.status
+        if status == StepStatus.COMPLETED:
+            return cp.output
+        if status == StepStatus.FAILED:
+            raise StepFailed(step.name, cp.error or {})
+        if status == StepStatus.WAITING:
+            return self._admit(cp)
+        if status == StepStatus.RETRYING:
+            if cp.wake_at is not None and cp.wake_at > self.now:
+                self._wait_until(cp.wake_at)
+                return PENDING
+            return self._admit(cp)
+        # DISPATCHED: in flight. Past its deadline, re-dispatch (the slot stays held).
+        if cp.wake_at is not None and cp.wake_at <= self.now:
+            self._engine.dispatch(cp, timeout_redispatch=True)
+        self.in_flight = True
+        self._wait_until(cp.wake_at)
+        return PENDING
+
+    def _admit(self, cp: StepCheckpoint) -> Any:
+        if not self._engine.admit(cp):
+            return PENDING  # parked in the queue's line: a grant dispatches it, no wake time
+        self._engine.dispatch(cp, from_turn=True)
+        self.in_flight = True
+        self._wait_until(cp.wake_at)
+        return PENDING
+
+    def _new_wait(self, key: str, kind: str, name: str, wake_at: datetime | None) -> StepCheckpoint:
+        """Checkpoint a sleep or a signal wait: pending until `wake_at` (or forever, if None)."""
+        cp = self._engine.create_checkpoint(
+            self._run,
+            key=key,
+            sequence=self._take_sequence(),
+            kind=kind,
+            name=name,
+            status=StepStatus.DISPATCHED,
+            wake_at=wake_at,
+        )
+        self._checkpoints[key] = cp
+        return cp
+
+    def _drive_sleep(self, key: str, name: str, due: Any) -> None:
+        cp = self._checkpoint(key, StepKind.SLEEP, name) or self._new_wait(key, StepKind.SLEEP, name, due())
+        if cp.status in SETTLED_STEP_STATUSES:
+            return
+        if cp.wake_at is None or cp.wake_at <= self.now:
+            self._engine.settle(cp, StepStatus.COMPLETED)
+            return
+        self._wait_until(cp.wake_at)
+        raise Suspend
+
+    def _drive_child(self, key: str, definition: WorkflowDefinition, input: Any, group: str) -> Any:
+        cp = self._checkpoint(key, StepKind.CHILD, definition.name)
+        if cp is None:
+            cp = self._engine.start_child(
+                self._run, key=key, sequence=self._take_sequence(), definition=definition, input=input, group=group
+            )
+            self._checkpoints[key] = cp
+        if cp.status == StepStatus.COMPLETED:
+            return cp.output
+        if cp.status in (StepStatus.FAILED, StepStatus.CANCELLED):
+            quotas.raise_if_refused(cp)
+            error = cp.error or {}
+            raise ChildFailed(cp.child_run_id, str(error.get("status", cp.status)), error.get("error"))
+        return PENDING
+
+    def _step_fan(
+        self, base: str, step: StepDefinition[Any], inputs: list[Any], wave_size: int, options: StepOptions
+    ) -> list[Any]:
+        results: list[Any] = []
+        for wave_start in range(0, len(inputs), wave_size):
+            group = f"{base}/w{wave_start // wave_size}"
+            wave: list[Any] = []
+            failure: StepFailed | None = None
+            for index in range(wave_start, min(wave_start + wave_size, len(inputs))):
+                try:
+                    wave.append(self._drive_step(f"{base}.{index}", step, inputs[index], options, group))
+                except StepFailed as exc:
+                    failure = failure or exc
+                    wave.append(None)
+            if any(item is PENDING for item in wave):
+                raise Suspend
+            if failure is not None:
+                raise failure
+            results.extend(wave)
+        return results
+
+    def _child_fan(
+        self, base: str, definition: WorkflowDefinition, inputs: list[Any], concurrency: int | None
+    ) -> list[Any]:
+        wave_size = max(1, concurrency // 2) if concurrency else max(1, len(inputs))
+        waves = [range(s, min(s + wave_size, len(inputs))) for s in range(0, len(inputs), wave_size)]
+        results: list[Any] = [None] * len(inputs)
+        unsettled_waves = 0
+        # Two waves in flight, unless two would exceed the limit (concurrency=1: waves of one).
+        max_waves_in_flight = min(2, concurrency // wave_size) if concurrency else len(waves)
+        for number, wave in enumerate(waves):
+            started = f"{base}.{wave[0]}" in self._checkpoints
+            if not started and unsettled_waves >= max_waves_in_flight:
+                break
+            group = f"{base}/w{number}"
+            pending = False
+            for index in wave:
+                value = self._drive_child(f"{base}.{index}", definition, inputs[index], group)
+                if value is PENDING:
+                    pending = True
+                else:
+                    results[index] = value
+            unsettled_waves += pending
+        if unsettled_waves or any(f"{base}.{i}" not in self._checkpoints for i in range(len(inputs))):
+            raise Suspend
+        return results

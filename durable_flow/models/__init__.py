@@ -1,0 +1,76 @@
+"""What durable_flow persists, one module per concept: runs and what they record (`runs`), the
+`db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
+(`workers`), the dashboard's history (`history`), debounce and singleton counters
+(`start_control`) and the `db` admission backend's rows (`admission`).
+
+A run's state lives here, never only in memory. Django finds the models through this package,
+which names every one of them."""
+
+from durable_flow.models.admission import (
+    AdmissionHold,
+    AdmissionKeyMark,
+    AdmissionKeyServed,
+    AdmissionKeyTat,
+    AdmissionMark,
+    AdmissionResourceHead,
+    AdmissionResourceServed,
+    AdmissionResourceWaiter,
+    AdmissionSlot,
+    AdmissionStart,
+    AdmissionWaiter,
+)
+from durable_flow.models.history import QueueSample, WorkerSample
+from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal
+from durable_flow.models.runs import (
+    SETTLED_STEP_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    AttemptStatus,
+    BoundedJSONField,
+    RunStatus,
+    Signal,
+    StepAttempt,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    new_run_id,
+)
+from durable_flow.models.start_control import StartCounter
+from durable_flow.models.tasks import Task, TaskKind
+from durable_flow.models.workers import WorkerHeartbeat, dead_worker_cutoff
+
+__all__ = [
+    "SETTLED_STEP_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "AdmissionHold",
+    "AdmissionKeyMark",
+    "AdmissionKeyServed",
+    "AdmissionKeyTat",
+    "AdmissionMark",
+    "AdmissionResourceHead",
+    "AdmissionResourceServed",
+    "AdmissionResourceWaiter",
+    "AdmissionSlot",
+    "AdmissionStart",
+    "AdmissionWaiter",
+    "AttemptStatus",
+    "BoundedJSONField",
+    "FlowQueue",
+    "QueueCounter",
+    "QueueSample",
+    "QuotaRefusal",
+    "RunStatus",
+    "Signal",
+    "StartCounter",
+    "StepAttempt",
+    "StepCheckpoint",
+    "StepKind",
+    "StepStatus",
+    "Task",
+    "TaskKind",
+    "WorkerHeartbeat",
+    "WorkerSample",
+    "WorkflowRun",
+    "dead_worker_cutoff",
+    "new_run_id",
+]

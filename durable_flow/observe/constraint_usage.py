@@ -1,0 +1,55 @@
+"""The busiest keys of each declared step-concurrency constraint, for the admin and the dashboard.
+
+A constraint's resources share a name prefix (`step_concurrency`): `sc:fn:<workflow>:` per key of
+one workflow, `sc:env:<environment>:` and `sc:acct:` shared by every workflow that declares the
+scope. Constraints that name the same prefix (two workflows sharing an account key, say) are one
+row here, listing who declares it at which limit. The counts come from the admission backend
+(`constraint_usage`), which holds the slots and the waiting lines, on every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_flow.admission.base import AdmissionBackend
+
+
+def constraint_rows(admission: AdmissionBackend, environment: str, top: int = 10) -> list[dict[str, Any]]:
+    """Per declared constraint: its scope, key expression(s), the workflows declaring it with
+    their limits, and its `top` busiest keys (`key`, `resource`, `active`, `waiting`)."""
+    from durable_flow.definitions.registry import workflows
+
+    rows: dict[str, dict[str, Any]] = {}
+    for name, definition in sorted(workflows().items()):
+        for spec in definition.concurrency:
+            prefix, exact = _prefix(name, spec.scope, spec.key is not None, environment)
+            row = rows.setdefault(
+                prefix, {"scope": spec.scope, "keys": [], "declared_by": [], "prefix": prefix, "exact": exact}
+            )
+            if spec.describe() not in row["keys"]:
+                row["keys"].append(spec.describe())
+            row["declared_by"].append({"workflow": name, "limit": spec.limit})
+    for row in rows.values():
+        # A keyless constraint is one exact name, which longer names may share as a prefix.
+        usage = admission.constraint_usage(row["prefix"], limit=1000 if row["exact"] else top)
+        row["known"] = usage is not None
+        row["busiest"] = [
+            {
+                "key": u.resource[len(row["prefix"]) :] or "(no key)",
+                "resource": u.resource,
+                "active": u.active,
+                "waiting": u.waiting,
+            }
+            for u in usage or ()
+            if not row["exact"] or u.resource == row["prefix"]
+        ]
+    return list(rows.values())
+
+
+def _prefix(workflow: str, scope: str, keyed: bool, environment: str) -> tuple[str, bool]:
+    """The resource-name prefix of a constraint, and whether it is one exact name (no key)."""
+    if scope == "env":
+        return f"sc:env:{environment}:", False
+    if scope == "account":
+        return "sc:acct:", False
+    return (f"sc:fn:{workflow}:", False) if keyed else (f"sc:fn:{workflow}", True)

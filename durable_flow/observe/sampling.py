@@ -1,0 +1,166 @@
+"""History for the dashboard's charts: the poller writes one `QueueSample` per queue (and one
+`WorkerSample` per live worker) every `POLLER["SAMPLE_INTERVAL_S"]`, and prunes samples older
+than `POLLER["SAMPLE_RETENTION_S"]`.
+
+Gauges (waiting, in flight) come from the admission backend, the one place that knows them
+under every backend; counts of what happened in the interval (admissions, completions,
+failures for good) from the step checkpoints' timestamps, and failed attempts (each failure,
+retried or not) from the attempt history (`StepAttempt`), since a checkpoint keeps only its
+latest attempt and a failure that was retried would otherwise never show. Sample times are aligned to the interval, so
+the counts cover `(at - interval, at]` exactly and two pollers write the same rows (the second
+copy is dropped by the unique constraint) instead of double counting.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min, Q
+
+from durable_flow.models import (
+    AttemptStatus,
+    FlowQueue,
+    QueueSample,
+    StepAttempt,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkerHeartbeat,
+    WorkerSample,
+    dead_worker_cutoff,
+)
+
+
+def aligned(now: datetime, interval_s: float) -> datetime:
+    """The latest interval boundary at or before `now` (boundaries are multiples of the
+    interval since the epoch, so every process agrees on them)."""
+    seconds = now.timestamp()
+    return datetime.fromtimestamp(seconds - seconds % interval_s, tz=UTC)
+
+
+def _step_counts(start: datetime, end: datetime) -> dict[str, dict[str, int]]:
+    """Per queue: steps dispatched, completed and failed for good, and attempts that failed
+    (retried or not), within `(start, end]`."""
+    steps = StepCheckpoint.objects.filter(kind=StepKind.STEP)
+    counts: dict[str, dict[str, int]] = {}
+    dispatched = (
+        steps.filter(dispatched_at__gt=start, dispatched_at__lte=end)
+        .values_list("queue")
+        .annotate(n=Count("id"))
+        .values_list("queue", "n")
+    )
+    for queue, n in dispatched:
+        counts.setdefault(queue, {})["admissions"] = n
+    settled = (
+        steps.filter(finished_at__gt=start, finished_at__lte=end, status__in=(StepStatus.COMPLETED, StepStatus.FAILED))
+        .values_list("queue")
+        .annotate(
+            done=Count("id", filter=Q(status=StepStatus.COMPLETED)),
+            failed=Count("id", filter=Q(status=StepStatus.FAILED)),
+        )
+        .values_list("queue", "done", "failed")
+    )
+    for queue, done, failed in settled:
+        counts.setdefault(queue, {}).update(completions=done, failures=failed)
+    failed_attempts = (
+        StepAttempt.objects.filter(status=AttemptStatus.FAILED, finished_at__gt=start, finished_at__lte=end)
+        .values_list("checkpoint__queue")
+        .annotate(n=Count("id"))
+        .values_list("checkpoint__queue", "n")
+    )
+    for queue, n in failed_attempts:
+        counts.setdefault(queue, {})["failed_attempts"] = n
+    return counts
+
+
+def parked_calls() -> dict[str, tuple[int, datetime]]:
+    """Per queue: the step calls parked waiting for admission, and when the oldest asked."""
+    return {
+        queue: (n, first)
+        for queue, n, first in StepCheckpoint.objects.filter(status=StepStatus.WAITING)
+        .values_list("queue")
+        .annotate(n=Count("id"), first=Min("created_at"))
+        .values_list("queue", "n", "first")
+    }
+
+
+def waiting_now(admission: Any, queue: str, parked: int) -> int:
+    """Calls waiting on `queue`: the backend's line, or the parked checkpoints when more (a parked
+    call the backend lost, e.g. with a crashed process, waits until the poller re-offers it)."""
+    waiting = admission.waiting(queue)
+    return parked if waiting is None else max(waiting, parked)
+
+
+def _ungated_in_flight() -> int:
+    return StepCheckpoint.objects.filter(kind=StepKind.STEP, queue="", status=StepStatus.DISPATCHED).count()
+
+
+def take_samples(engine: Any, now: datetime | None = None) -> datetime:
+    """Write the samples of the interval that ended last; return its end (`at`)."""
+    settings = engine.settings
+    interval = settings.sample_interval_s
+    at = aligned(now or engine.now(), interval)
+    counts = _step_counts(at - timedelta(seconds=interval), at)
+    admission = engine.admission
+    parked = parked_calls()
+    rows = []
+    for name in [*FlowQueue.objects.values_list("name", flat=True), ""]:
+        numbers = counts.get(name, {})
+        if name:
+            waiting = waiting_now(admission, name, parked.get(name, (0, None))[0])
+            in_flight = admission.in_flight(name)
+        else:
+            waiting, in_flight = 0, _ungated_in_flight()
+        rows.append(
+            QueueSample(
+                queue=name,
+                at=at,
+                interval_s=interval,
+                waiting=max(0, waiting or 0),
+                in_flight=max(0, in_flight or 0),
+                admissions=numbers.get("admissions", 0),
+                completions=numbers.get("completions", 0),
+                failures=numbers.get("failures", 0),
+                failed_attempts=numbers.get("failed_attempts", 0),
+            )
+        )
+    QueueSample.objects.bulk_create(rows, ignore_conflicts=True)
+    live = WorkerHeartbeat.objects.filter(
+        stopped_at__isnull=True, last_seen__gte=dead_worker_cutoff(settings.heartbeat_ttl_s, now)
+    ).values_list("worker_id", "live_limit", "in_flight", "throughput")
+    WorkerSample.objects.bulk_create(
+        [
+            WorkerSample(worker_id=w, at=at, live_limit=limit, in_flight=busy, throughput=rate)
+            for w, limit, busy, rate in live
+        ],
+        ignore_conflicts=True,
+    )
+    return at
+
+
+def prune_samples(retention_s: float, now: datetime) -> int:
+    """Delete samples older than the retention; return how many rows went."""
+    cutoff = now - timedelta(seconds=retention_s)
+    queues, _ = QueueSample.objects.filter(at__lt=cutoff).delete()
+    workers, _ = WorkerSample.objects.filter(at__lt=cutoff).delete()
+    return queues + workers
+
+
+class Sampler:
+    """Decides when the poller samples: once per aligned interval, and prunes along the way."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._last: datetime | None = None
+
+    def maybe_sample(self) -> bool:
+        """Sample if a new interval boundary has passed since the last sample; True if it did."""
+        settings = self.engine.settings
+        now = self.engine.now()
+        boundary = aligned(now, settings.sample_interval_s)
+        if self._last is not None and boundary <= self._last:
+            return False
+        self._last = take_samples(self.engine, now)
+        prune_samples(settings.sample_retention_s, now)
+        return True

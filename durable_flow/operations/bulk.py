@@ -1,0 +1,248 @@
+"""Bulk operations: cancel or retry thousands of runs (every run an admin filter matches) in a
+bounded number of queries.
+
+Runs are processed in batches of `BATCH_SIZE` ids, one transaction each, found by keyset
+pagination on the primary key (`matching_batches`): a batch that changes runs' status (and so
+drops them out of a status filter) does not shift the next page, and nothing holds a cursor or
+a lock between batches. Within a batch the work is set-based: a handful of queries for the
+whole batch (lock the rows, read their unsettled checkpoints, one UPDATE per kind of change, one
+INSERT of the audit entries), not a transaction per run. What cannot be done for a set without
+repeating the engine's per-run rules takes the engine's own per-run path inside the batch's
+transaction: cancelling a child whose parent is still live (the parent must be told), and
+retrying a run with failed or cancelled child calls (the children are retried with it) or one
+under a start quota or a singleton (each passes them again, counting the runs retried before it).
+
+Each processed run gets its own admin `LogEntry` (so its History shows who cancelled or retried
+it), written with one bulk INSERT per batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from durable_flow.definitions.registry import get_workflow
+from durable_flow.engine import get_engine, retry_on_conflict
+from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, WorkflowNotFound
+from durable_flow.models import (
+    SETTLED_STEP_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+    StepCheckpoint,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+)
+from durable_flow.operations.audit import record_operations
+from durable_flow.operations.runs import RETRYABLE, _attempt_budget, retry
+from durable_flow.store.attempts import operator_retried
+
+#: Runs per transaction: large enough to amortise the per-batch queries, small enough that an
+#: `IN (...)` list stays far below every database's parameter limit and a batch's locks are short.
+BATCH_SIZE = 500
+CANCELLED_ERROR = {"type": "Cancelled", "message": "cancelled"}
+LIVE_PARENT_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+
+
+@dataclass
+class BulkResult:
+    """What a bulk operation did: `done` runs changed, and why others were refused."""
+
+    done: int = 0
+    refused: list[str] = field(default_factory=list)
+    batches: int = 0
+
+
+def cancellable(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+    """The runs of `runs` a cancel would change (every non-terminal one)."""
+    return runs.exclude(status__in=TERMINAL_RUN_STATUSES)
+
+
+def retryable(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+    """The runs of `runs` a retry would consider (failed or cancelled)."""
+    return runs.filter(status__in=RETRYABLE)
+
+
+def matching_batches(runs: QuerySet[WorkflowRun], size: int = BATCH_SIZE) -> Iterator[list[str]]:
+    """The ids `runs` matches, `size` at a time, by keyset pagination on the primary key."""
+    ordered = runs.order_by("pk").values_list("pk", flat=True)
+    last: str | None = None
+    while True:
+        page = ordered if last is None else ordered.filter(pk__gt=last)
+        ids = list(page[:size])
+        if not ids:
+            return
+        yield ids
+        last = ids[-1]
+
+
+def cancel_matching(runs: QuerySet[WorkflowRun], user: Any = None, message: str = "Cancelled (bulk)") -> BulkResult:
+    """Cancel every non-terminal run `runs` matches, batch by batch (see the module doc)."""
+    result = BulkResult()
+    for ids in matching_batches(cancellable(runs)):
+        result.done += cancel_batch(ids, user, message)
+        result.batches += 1
+    return result
+
+
+def retry_matching(runs: QuerySet[WorkflowRun], user: Any = None, message: str = "Retried (bulk)") -> BulkResult:
+    """Retry every failed or cancelled run `runs` matches, batch by batch."""
+    result = BulkResult()
+    for ids in matching_batches(retryable(runs)):
+        done, refused = retry_batch(ids, user, message)
+        result.done += done
+        result.refused.extend(refused)
+        result.batches += 1
+    return result
+
+
+@retry_on_conflict
+def cancel_batch(ids: Sequence[str], user: Any = None, message: str = "Cancelled (bulk)") -> int:
+    """Cancel these runs (the non-terminal ones) and their descendants in one transaction; how
+    many of `ids` were cancelled (or set cancelling, with a step still executing)."""
+    engine = get_engine()
+    with transaction.atomic():
+        runs = list(
+            WorkflowRun.objects.select_for_update().filter(pk__in=ids).exclude(status__in=TERMINAL_RUN_STATUSES)
+        )
+        in_batch = {run.pk for run in runs}
+        outside = {run.parent_id for run in runs if run.parent_id and run.parent_id not in in_batch}
+        live_parents = set(
+            WorkflowRun.objects.filter(pk__in=outside, status__in=LIVE_PARENT_STATUSES).values_list("pk", flat=True)
+        )
+        for run in runs:
+            if run.parent_id in live_parents:
+                engine.cancel(run.pk)  # the parent's child call must settle and wake it
+        _cancel_set(engine, [run.pk for run in runs if run.parent_id not in live_parents])
+        record_operations(user, runs, message)
+    return len(runs)
+
+
+def _cancel_set(engine: Any, ids: list[str]) -> None:
+    """What `Engine.cancel` does per run, for a set of locked runs whose parents need no report:
+    withdraw parked steps from their queues, settle every unsettled call as cancelled, finish
+    each run (or leave it `cancelling` while a step executes), then the same for their children."""
+    while ids:
+        now = engine.now()
+        unsettled = StepCheckpoint.objects.filter(run_id__in=ids).exclude(status__in=SETTLED_STEP_STATUSES)
+        executing = unsettled.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
+        busy = set(executing.values_list("run_id", flat=True))
+        parked = unsettled.exclude(pk__in=executing.values("pk")).select_for_update()
+        for queue, ticket_run, key in (
+            parked.filter(kind=StepKind.STEP).exclude(queue="").values_list("queue", "run_id", "key")
+        ):
+            engine.release_settled(queue, StepCheckpoint(run_id=ticket_run, key=key).ticket)
+        parked.update(
+            status=StepStatus.CANCELLED, holds_slot=False, output=None, error=None, wake_at=None, finished_at=now
+        )
+        stamp = timezone.now()
+        WorkflowRun.objects.filter(pk__in=busy).update(status=RunStatus.CANCELLING, wake_at=None, updated_at=stamp)
+        WorkflowRun.objects.filter(pk__in=ids).exclude(pk__in=busy).update(
+            status=RunStatus.CANCELLED,
+            output=None,
+            error=CANCELLED_ERROR,
+            wake_at=None,
+            finished_at=now,
+            updated_at=stamp,
+        )
+        ids = list(
+            WorkflowRun.objects.select_for_update()
+            .filter(parent_id__in=ids)
+            .exclude(status__in=TERMINAL_RUN_STATUSES)
+            .values_list("pk", flat=True)
+        )
+
+
+@retry_on_conflict
+def retry_batch(ids: Sequence[str], user: Any = None, message: str = "Retried (bulk)") -> tuple[int, list[str]]:
+    """Retry these runs (the failed or cancelled ones) in one transaction: how many were
+    retried, and a reason for each refused (version changed, parent finished, ...)."""
+    engine = get_engine()
+    refused: list[str] = []
+    with transaction.atomic():
+        runs = list(WorkflowRun.objects.select_for_update().filter(pk__in=ids, status__in=RETRYABLE))
+        parents = dict(
+            WorkflowRun.objects.filter(pk__in={run.parent_id for run in runs if run.parent_id}).values_list(
+                "pk", "status"
+            )
+        )
+        ok: list[WorkflowRun] = []
+        for run in runs:
+            reason = _refusal(run, parents)
+            if reason:
+                refused.append(reason)
+            else:
+                ok.append(run)
+        with_children = set(
+            StepCheckpoint.objects.filter(
+                run_id__in=[run.pk for run in ok],
+                kind=StepKind.CHILD,
+                status__in=(StepStatus.FAILED, StepStatus.CANCELLED),
+            ).values_list("run_id", flat=True)
+        )
+        # A run under a start quota or a singleton must pass them again, each counting the runs
+        # retried before it: the per-run path, like a run whose children are retried with it.
+        per_run = with_children | {run.pk for run in ok if run.concurrency_key or run.start_key}
+        done: list[WorkflowRun] = []
+        for run in ok:
+            if run.pk in per_run:
+                try:
+                    retry(run.pk)
+                except ConcurrencyLimitError as exc:
+                    refused.append(f"run {run.pk!r}: {exc}")
+                    continue
+                except DurableFlowError as exc:
+                    refused.append(str(exc))
+                    continue
+            done.append(run)
+        _reset_set(engine, [run.pk for run in done if run.pk not in per_run])
+        record_operations(user, done, message)
+    return len(done), refused
+
+
+def _refusal(run: WorkflowRun, parent_status: dict[str, str]) -> str | None:
+    """Why `operations.retry` would refuse this run, or None."""
+    try:
+        version = get_workflow(run.workflow).version
+    except WorkflowNotFound as exc:
+        return f"run {run.pk!r}: {exc}"
+    if version != run.version:
+        return f"run {run.pk!r} ran version {run.version!r} of {run.workflow!r}, now {version!r} (re-run it instead)"
+    if run.parent_id and parent_status.get(run.parent_id) not in LIVE_PARENT_STATUSES:
+        return f"run {run.pk!r} is a child of finished run {run.parent_id!r}; retry the parent"
+    return None
+
+
+def _reset_set(engine: Any, ids: list[str]) -> None:
+    """What `operations.retry` does per run, for locked runs with no failed child calls, start
+    quota or singleton: failed or cancelled steps wait for admission again with a new attempt
+    budget, cancelled sleeps and signal waits start over, and each run is pending with one
+    queued turn."""
+    if not ids:
+        return
+    unsettled = StepCheckpoint.objects.filter(run_id__in=ids, status__in=(StepStatus.FAILED, StepStatus.CANCELLED))
+    steps = unsettled.filter(kind=StepKind.STEP).select_for_update()
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for pk, name in steps.values_list("pk", "name"):
+        by_name[name].append(pk)
+    operator_retried([pk for pks in by_name.values() for pk in pks], engine.now())
+    for name, pks in by_name.items():
+        StepCheckpoint.objects.filter(pk__in=pks).update(
+            status=StepStatus.WAITING,
+            holds_slot=False,
+            wake_at=None,
+            finished_at=None,
+            max_attempts=F("attempt") + _attempt_budget(name),
+        )
+    # As `operations.retry`: a cancelled sleep or signal wait starts over.
+    unsettled.filter(kind__in=(StepKind.SLEEP, StepKind.SIGNAL), status=StepStatus.CANCELLED).delete()
+    WorkflowRun.objects.filter(pk__in=ids).update(
+        status=RunStatus.PENDING, output=None, error=None, finished_at=None, wake_at=None, updated_at=timezone.now()
+    )
+    engine.transport.enqueue_turns(ids)

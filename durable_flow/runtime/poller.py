@@ -1,0 +1,212 @@
+"""The timer poller: wakes parked runs whose `wake_at` is due, and re-drives lost work.
+
+Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
+cost follows the number of *due* runs, not of every parked one. Calls parked in a queue's
+waiting line have no `wake_at`: grants dispatch them. The tick grants each queue's room as a
+safety net (one backend call per queue, whatever the number of waiters), and the maintenance
+pass re-offers the parked calls to the backend, for grants lost in a crash. On PostgreSQL the rows are
+taken `FOR UPDATE SKIP LOCKED`, so several pollers can run at once and never wake the same
+run twice; on SQLite the IMMEDIATE write transaction serialises them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import close_old_connections, connection, transaction
+
+from durable_flow.definitions.step_concurrency import declared_anywhere
+from durable_flow.engine import Engine, get_engine, retry_on_conflict
+from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
+from durable_flow.observe.sampling import Sampler
+from durable_flow.store import queries
+from durable_flow.store.outage import Outage, transient_errors
+
+logger = logging.getLogger("durable_flow.runtime.poller")
+
+
+class TimerPoller:
+    """Wakes due runs in batches; every few seconds also re-drives steps whose worker died."""
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        batch_size: int | None = None,
+        interval_ms: int | None = None,
+        maintenance_every_s: float | None = None,
+    ) -> None:
+        self.engine = engine or get_engine()
+        self.batch_size = batch_size or self.engine.settings.poller_batch_size
+        self.interval_s = (interval_ms or self.engine.settings.poller_interval_ms) / 1000
+        # DURABLE_FLOW["POLLER"]["MAINTENANCE_S"]: with the heartbeat TTL, it bounds how long a
+        # dead worker's steps and popped jobs wait before they are re-driven.
+        self.maintenance_every_s = maintenance_every_s or self.engine.settings.poller_maintenance_s
+        self._stop = threading.Event()
+        self._next_maintenance = 0.0
+        # Until when (engine clock) no worker is judged dead: see `outage_seen`. None: judge now
+        # (`maintain` called directly, as in tests and `--once`).
+        self._judge_deaths_from: datetime | None = None
+        self.sampler = Sampler(self.engine)
+
+    @retry_on_conflict
+    def tick(self) -> list[str]:
+        """Wake one batch of due runs; return their ids."""
+        now = self.engine.now()
+        with transaction.atomic():
+            due = queries.due_runs(now)
+            if connection.features.has_select_for_update_skip_locked:
+                due = due.select_for_update(skip_locked=True)
+            run_ids = list(due.values_list("id", flat=True)[: self.batch_size])
+            if not run_ids:
+                return []
+            WorkflowRun.objects.filter(id__in=run_ids).update(status=RunStatus.PENDING, wake_at=None, updated_at=now)
+            for run_id in run_ids:
+                self.engine.transport.enqueue_turn(run_id)
+        return run_ids
+
+    def grant_queues(self) -> int:
+        """The safety net for grants: give each queue's room to its waiters (normally done at
+        once by a release or the grant timer). Returns how many steps were dispatched."""
+        granted = 0
+        for name in FlowQueue.objects.filter(paused=False).values_list("name", flat=True):
+            if self.engine.admission.handles(name):
+                granted += self.engine.grant(name)
+        if declared_anywhere():
+            granted += self.engine.grant("")  # calls gated by step concurrency alone
+        return granted
+
+    def drain(self) -> int:
+        """Tick until nothing is due (tests and `--once`)."""
+        total = 0
+        while woken := self.tick():
+            total += len(woken)
+        return total
+
+    def outage_seen(self) -> None:
+        """The poller starts, or its services fail or answer again (an outage it rides out):
+        judge no worker dead for one heartbeat TTL from now.
+
+        No worker could beat while the database was away, so every heartbeat may read as lapsed
+        though its worker lives and still runs its steps; re-driving those would run each a
+        second time beside the first (past its queue's cap). A worker that has still not beaten
+        a TTL after the database came back is dead. At start too: this poller cannot know how
+        long the database was gone before it (a supervisor restarts a poller after an outage).
+        """
+        self._judge_deaths_from = self.engine.now() + timedelta(seconds=self.engine.settings.heartbeat_ttl_s)
+
+    def maintain(self) -> int:
+        """Re-dispatch steps lost with their worker, and re-queue turns a broker lost."""
+        settings = self.engine.settings
+        now = self.engine.now()
+        dead_cutoff = dead_worker_cutoff(settings.heartbeat_ttl_s, now)
+        dead_workers = queries.dead_workers(dead_cutoff)
+        if self._judge_deaths_from is not None and now < self._judge_deaths_from:
+            dead_workers = dead_workers.none()  # an outage just ended: see `outage_seen`
+        lost_after = now - timedelta(seconds=settings.redispatch_after_s)
+        lost = queries.lost_steps(dead_workers, lost_after).values_list("run_id", "key")
+        lost_by_run: dict[str, list[str]] = {}
+        for run_id, key in lost[: self.batch_size]:
+            lost_by_run.setdefault(run_id, []).append(key)
+        for run_id, key in self._dropped_by_live_workers(dead_cutoff, lost_after):
+            lost_by_run.setdefault(run_id, []).append(key)
+        redriven = 0
+        for run_id, keys in lost_by_run.items():
+            redriven += self.engine.redispatch_pending(run_id, keys=keys)
+        # Parked calls whose grant was lost (the granting process died before dispatching) or
+        # whose place in line was lost (with a process, or with Redis) are offered again.
+        for name in FlowQueue.objects.values_list("name", flat=True):
+            if self.engine.admission.handles(name):
+                redriven += self.engine.reoffer_waiting(name)
+        if declared_anywhere():
+            redriven += self.engine.reoffer_waiting("")  # calls gated by step concurrency alone
+        # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
+        # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.
+        self.engine.transport.reclaim_from(list(dead_workers.values_list("worker_id", flat=True)))
+        # A cancelled run waits for its executing steps' results; one past its deadline will not
+        # be re-dispatched for a cancelled run, so it is settled as cancelled here instead.
+        overdue = queries.overdue_cancelled_steps(now).values_list("run_id", "key", "attempt")
+        for run_id, key, attempt in list(overdue[: self.batch_size]):
+            self.engine.record_result(run_id, key, attempt, cancelled=True)
+        # A run whose first step a live worker runs optimistically reads pending, untouched since
+        # it started: its turn is not lost, and a turn sent again would run the step twice.
+        executing = {step.run_id for step in queries.running_steps(dead_cutoff)}
+        stale = queries.stale_pending_runs(lost_after, executing)
+        stale_ids = list(stale.values_list("id", flat=True)[: self.batch_size])
+        if stale_ids:
+            with transaction.atomic():
+                # Touched, so each is re-sent once per REDISPATCH_AFTER_S, not on every pass.
+                WorkflowRun.objects.filter(id__in=stale_ids, status=RunStatus.PENDING).update(updated_at=now)
+                for run_id in stale_ids:
+                    self.engine.transport.enqueue_turn(run_id)
+        if redriven:
+            logger.info("re-dispatched %d step(s) lost with their worker", redriven)
+        return redriven
+
+    def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
+        """Steps dispatched long ago to a worker that is alive but not executing them (it gave
+        up on the job, e.g. after the database refused its result): re-drive those too."""
+        old = queries.stale_dispatched_steps(lost_after)
+        candidates = list(old.values_list("run_id", "key", "attempt", "worker", "started_at")[: self.batch_size])
+        if not candidates:
+            return []
+        live = queries.live_workers(dead_cutoff).filter(worker_id__in={c[3] for c in candidates})
+        beats: dict[str, tuple[datetime, set[str]]] = {
+            worker: (seen, set(tasks)) for worker, seen, tasks in live.values_list("worker_id", "last_seen", "running")
+        }
+        # A step dispatched long ago may have been taken only now (it sat in the broker through
+        # an outage, or its worker waits for the rate window): a beat from before the worker
+        # started it cannot list it. Judged on the worker's next beat instead (its `last_seen` is
+        # read before the list, `WorkerRuntime._beat`).
+        return [
+            (run_id, key)
+            for run_id, key, attempt, worker, started_at in candidates
+            if worker in beats and beats[worker][0] > started_at and f"{run_id}/{key}/{attempt}" not in beats[worker][1]
+        ]
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        """Poll until SIGTERM/SIGINT; a tick that found a full batch loops without sleeping."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        outage = Outage("poller", logger)
+        transient = transient_errors()
+        while not self._stop.is_set():  # the database may be down at start-up too
+            try:
+                self.engine.persist_queues()
+            except transient as exc:
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
+            break
+        self.outage_seen()
+        self.engine.grant_timer.start()
+        while not self._stop.is_set():
+            try:
+                woken = self.tick()
+                self.grant_queues()
+                if time.monotonic() >= self._next_maintenance:
+                    self.maintain()
+                    self._next_maintenance = time.monotonic() + self.maintenance_every_s
+                self.sampler.maybe_sample()  # the dashboard's history (durable_flow/observe/sampling.py)
+            except transient as exc:
+                # Database or broker down: back off (logged once per outage) and carry on.
+                self.outage_seen()  # so the first pass that succeeds judges no death either
+                close_old_connections()
+                self._stop.wait(outage.failed(exc))
+                continue
+            except Exception:
+                logger.exception("poller tick failed; retrying")
+                woken = []
+            else:
+                if outage.ongoing:
+                    self.outage_seen()  # the TTL counts from the services' return
+                outage.recovered()
+            if len(woken) < self.batch_size:
+                self._stop.wait(self.interval_s)
