@@ -111,8 +111,8 @@ def measure_cost(engine: Any, seconds: float) -> tuple[float, float]:
 
 def soft_start(key: str, run_id: str) -> bool:
     """The reference's soft cap: COUNT(*), then INSERT, as separate statements with no lock."""
-    from durable_flow.definitions.quotas import count_active
     from durable_flow.models import WorkflowRun
+    from durable_flow.store.quotas import count_active
 
     if count_active(key) >= LIMIT:
         return False

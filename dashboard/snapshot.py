@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from dashboard import history as hist
 from durable_flow.config.settings import get_settings
-from durable_flow.definitions import quotas, start_control
 from durable_flow.engine import get_engine
 from durable_flow.models import (
     FlowQueue,
@@ -22,6 +21,8 @@ from durable_flow.models import (
     WorkflowRun,
     dead_worker_cutoff,
 )
+from durable_flow.observe import quotas as quota_usage
+from durable_flow.observe import start_control as start_control_usage
 from durable_flow.observe.sampling import parked_calls, waiting_now
 from durable_flow.store import queries
 
@@ -242,8 +243,8 @@ def snapshot() -> dict[str, Any]:
         "queues": queues,
         "workers": workers,
         "runs": runs,
-        "quotas": quotas.usage(),
-        "start_control": start_control.usage(),
+        "quotas": quota_usage.usage(),
+        "start_control": start_control_usage.usage(),
         "problems": problems(queues, workers, runs, now),
         "at": now.isoformat(),
     }

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from durable_flow.admission.models import AdmissionStart
 
 from durable_flow.admission.base import OnCount
 from durable_flow.admission.db.backend import DatabaseAdmissionBackend
@@ -24,6 +23,7 @@ from durable_flow.admission.redis.backend import RedisAdmissionBackend
 from durable_flow.admission.rules.windows import start_key
 from durable_flow.config.settings import DurableFlowSettings
 from durable_flow.engine import Engine
+from durable_flow.models import AdmissionStart
 from durable_flow.transports.base import Transport
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import MovableClock, local_engine

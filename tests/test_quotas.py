@@ -16,11 +16,11 @@ from django.test import Client, RequestFactory
 
 from durable_flow import ConcurrencyLimitError, RegistrationError, workflow
 from durable_flow.contrib.http import quota_limited
-from durable_flow.definitions.quotas import count_active
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQuota
 from durable_flow.models import QuotaRefusal, RunStatus, StepCheckpoint, Task, WorkflowRun
 from durable_flow.operations import api
+from durable_flow.store.quotas import count_active
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import ManualTransport, transport_of
 from tests.support.clients import logged_in_client
@@ -444,7 +444,7 @@ def test_the_lock_is_per_key(engine: Engine) -> None:
     """A start on one key does not wait for an open start transaction on another key."""
     from django.db import transaction
 
-    from durable_flow.definitions.quotas import lock_key
+    from durable_flow.store.quotas import lock_key
 
     if connection.vendor != "postgresql":
         pytest.skip("SQLite serialises every write transaction; per-key locks are PostgreSQL's")
@@ -486,7 +486,7 @@ def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
 
 def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: Engine) -> None:
     from dashboard.snapshot import snapshot
-    from durable_flow.definitions.quotas import usage
+    from durable_flow.observe.quotas import usage
 
     start("quota.turn", "acme")
     start("quota.turn", "acme")

@@ -47,7 +47,7 @@ def test_a_singleton_task_skips_while_its_key_runs_and_keys_are_per_task(manual:
     assert task_functions.other_sync.enqueue("a1").id != first.id  # another task, its own keys
     assert WorkflowRun.objects.count() == 2
     assert start_outcomes()[("tests.task_functions.sync_account", "skipped")] == 1
-    from durable_flow.definitions.start_control import usage
+    from durable_flow.observe.start_control import usage
 
     row = next(row for row in usage() if row["workflow"] == "tests.task_functions.sync_account")
     assert (row["rule"], row["skipped"], row["debouncing"]) == ("task", 1, None)

@@ -21,6 +21,7 @@ from typing import ClassVar, Literal, NamedTuple
 from durable_flow.config.limits import TICKET_SEPARATOR, ticket_text
 from durable_flow.config.options import Configurable, Option
 from durable_flow.config.queues import QueueConfig
+from durable_flow.definitions.step_concurrency import Constraint
 
 Clock = Callable[[], int]
 """Epoch milliseconds. Injected so decision logic can be tested without sleeping."""
@@ -50,15 +51,6 @@ class Ticket(NamedTuple):
     def parse(cls, ticket: str) -> Ticket:
         run_id, _, key = ticket.rpartition(TICKET_SEPARATOR)
         return cls(run_id, key)
-
-
-@dataclass(frozen=True, slots=True)
-class Constraint:
-    """A step-concurrency gate: the call may start only while fewer than `limit` slots of
-    `resource` are held (each call checks the shared count against its own limit)."""
-
-    resource: str
-    limit: int
 
 
 @dataclass(frozen=True, slots=True)

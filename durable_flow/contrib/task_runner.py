@@ -17,6 +17,7 @@ from durable_flow.definitions import start_control
 from durable_flow.definitions.declared_tasks import declared_task
 from durable_flow.definitions.quotas import QuotaSpec
 from durable_flow.definitions.registry import step, workflow
+from durable_flow.engine import start_gate as gates
 from durable_flow.exceptions import TaskNotDeclared
 
 if TYPE_CHECKING:
@@ -45,13 +46,13 @@ def declared_control(task: Task) -> start_control.StartControl | None:
     return control
 
 
-def start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> start_control.StartGate | None:
+def start_gate(task: Task, args: Any, kwargs: Any, result_id: str) -> gates.StartGate | None:
     """This call's debounce or singleton, its key evaluated (`InvalidInput` if not a string)."""
     control = declared_control(task)
     if control is None:
         return None
     call = {"args": list(args), "kwargs": dict(kwargs)}
-    return start_control.evaluate(control, call, result_id, TASK_WORKFLOW, task=task.module_path)
+    return gates.evaluate(control, call, result_id, TASK_WORKFLOW, task=task.module_path)
 
 
 def start_quota(task: Task, args: Any, kwargs: Any) -> QuotaSpec | None:
@@ -77,7 +78,7 @@ class TaskStartChecks:
         task = run_task_of(input)
         return declared_control(task) if task is not None else None
 
-    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, start_control.StartGate | None]:
+    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, gates.StartGate | None]:
         """The start quota and the debounce or singleton a new run `run_id` of this stored call
         passes, as `enqueue` checks them for the call."""
         task = run_task_of(input)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
-from django.db import connection
 
 from durable_flow.config.limits import QUOTA_KEY_LENGTH
 from durable_flow.config.validation import MAX_COUNT, number_problem, storable_text
@@ -197,20 +196,6 @@ class QuotaCheck:
     def tag(self) -> str:
         return f"{TAG_PREFIX}{self.key}"
 
-    def enforce(self, *, excluding: str | None = None) -> None:
-        """Serialise on the key, count its active runs, and refuse when the quota is full.
-
-        Must run inside the transaction that INSERTs the run (or, for a retry, makes run
-        `excluding` active again; that run is not counted against itself): the advisory lock is
-        held until that transaction ends, so the next start on the key counts this run.
-        """
-        if self.limit <= 0:
-            raise ConcurrencyLimitError(self.key, self.limit, 0, self.workflow)
-        lock_key(self.key)
-        active = count_active(self.key, self.count_statuses, excluding=excluding)
-        if active >= self.limit:
-            raise ConcurrencyLimitError(self.key, self.limit, active, self.workflow)
-
 
 def plan(
     workflow: str, workflow_quota: QuotaSpec | None, quota: QuotaSpec | Mapping[str, Any] | None, input: Any
@@ -253,24 +238,6 @@ def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck
     return QuotaCheck(key=key, limit=run.concurrency_limit, count_statuses=ACTIVE_STATUSES, workflow=run.workflow)
 
 
-def lock_key(key: str) -> None:
-    """Take the key's transaction-scoped lock (PostgreSQL); SQLite's write lock is already held."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
-
-
-def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES, *, excluding: str | None = None) -> int:
-    """Runs of `key` occupying a slot (but run `excluding`): one COUNT(*) on the
-    (concurrency_key, status) index."""
-    from durable_flow.models import WorkflowRun
-
-    runs = WorkflowRun.objects.filter(concurrency_key=key, status__in=list(statuses))
-    if excluding is not None:
-        runs = runs.exclude(pk=excluding)
-    return runs.count()
-
-
 def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
     """The run's quota columns: its key and the `concurrency:<key>` tag."""
     if check is None:
@@ -300,55 +267,3 @@ def raise_if_refused(cp: StepCheckpoint) -> None:
     if is_refusal(cp):
         quota = cp.error["quota"]
         raise ConcurrencyLimitError(quota["key"], quota["limit"], quota["active"], quota["workflow"])
-
-
-def record_refusal(exc: ConcurrencyLimitError) -> None:
-    """Count a refused start against its key's current minute (outside the refused start's
-    transaction, which rolled back)."""
-    from django.db.models import F
-    from django.utils import timezone
-
-    from durable_flow.models import QuotaRefusal
-
-    minute = timezone.now().replace(second=0, microsecond=0)
-    QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
-    QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)
-
-
-def usage(top: int = 20) -> list[dict[str, Any]]:
-    """The busiest quota keys: active runs (every non-terminal status), the limit the latest of
-    them started under, and refusals in the last minute. Keys refused lately but with nothing
-    active are listed too."""
-    from datetime import timedelta
-
-    from django.db.models import Count, Max, Sum
-    from django.utils import timezone
-
-    from durable_flow.models import QuotaRefusal, WorkflowRun
-
-    active = (
-        WorkflowRun.objects.filter(concurrency_key__isnull=False, status__in=ACTIVE_STATUSES)
-        .values("concurrency_key")
-        .annotate(active=Count("id"), limit=Max("concurrency_limit"))
-        .order_by("-active", "concurrency_key")[:top]
-    )
-    since = timezone.now() - timedelta(minutes=1)
-    refused = dict(
-        QuotaRefusal.objects.filter(minute__gte=since.replace(second=0, microsecond=0))
-        .values("key")
-        .annotate(total=Sum("refusals"))
-        .values_list("key", "total")
-    )
-    rows = {
-        row["concurrency_key"]: {
-            "key": row["concurrency_key"],
-            "active": row["active"],
-            "limit": row["limit"],
-            "refused_per_min": refused.get(row["concurrency_key"], 0),
-        }
-        for row in active
-    }
-    for key, total in sorted(refused.items(), key=lambda item: -item[1]):
-        if key not in rows and len(rows) < top:
-            rows[key] = {"key": key, "active": 0, "limit": None, "refused_per_min": total}
-    return list(rows.values())

@@ -23,7 +23,7 @@ from durable_flow.definitions.step_concurrency import ConcurrencySpec, parse_con
 from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
 
 if TYPE_CHECKING:
-    from durable_flow.definitions.start_control import StartGate
+    from durable_flow.engine.start_gate import StartGate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -306,3 +306,8 @@ def workflows() -> dict[str, WorkflowDefinition]:
 def startable_workflows() -> dict[str, WorkflowDefinition]:
     """The workflows `start()` and the start forms accept (every one but the internal ones)."""
     return {name: definition for name, definition in _workflows.items() if not definition.internal}
+
+
+def step_concurrency_declared() -> bool:
+    """Whether any registered workflow declares step concurrency."""
+    return any(definition.concurrency for definition in workflows().values())

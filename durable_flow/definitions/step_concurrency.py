@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from durable_flow.admission.base import Constraint
 from durable_flow.config.validation import MAX_COUNT, number_problem
 from durable_flow.definitions.keys import Key, describe_key, evaluate_key, parse_key
 from durable_flow.exceptions import RegistrationError
@@ -35,6 +34,15 @@ from durable_flow.exceptions import RegistrationError
 Scope = Literal["fn", "env", "account"]
 SCOPES: tuple[Scope, ...] = ("fn", "env", "account")
 MAX_CONSTRAINTS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A step-concurrency gate: the call may start only while fewer than `limit` slots of
+    `resource` are held (each call checks the shared count against its own limit)."""
+
+    resource: str
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -127,13 +135,6 @@ def evaluate(
         seen.add(resource)
         constraints.append({"resource": resource, "limit": spec.limit})
     return constraints
-
-
-def declared_anywhere() -> bool:
-    """Whether any registered workflow declares step concurrency."""
-    from durable_flow.definitions.registry import workflows
-
-    return any(definition.concurrency for definition in workflows().values())
 
 
 def constraints_of(stored: Sequence[Mapping[str, Any]] | None) -> tuple[Constraint, ...]:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from durable_flow.models import RunStatus, StepStatus
 from durable_flow.store.statements import save_fields
 
 if TYPE_CHECKING:
@@ -19,10 +18,6 @@ if TYPE_CHECKING:
     from durable_flow.config.settings import DurableFlowSettings
     from durable_flow.store.pausing import PausedQueues
     from durable_flow.transports.base import Transport
-
-WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)
-PARKED_STEP_STATUSES = (StepStatus.WAITING, StepStatus.RETRYING)
-PARKED = frozenset(PARKED_STEP_STATUSES)
 
 
 class EngineBase:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
@@ -31,7 +32,9 @@ from durable_flow.engine.turns import TurnsMixin
 from durable_flow.store.outage import Outage
 from durable_flow.store.pausing import PausedQueues
 from durable_flow.store.queues import write_queues
-from durable_flow.transports.base import Transport
+
+if TYPE_CHECKING:
+    from durable_flow.transports.base import Transport
 
 logger = logging.getLogger("durable_flow.engine")
 

@@ -12,11 +12,12 @@ from django.db import IntegrityError, transaction
 
 from durable_flow.config.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.config.validation import storable_text
-from durable_flow.definitions import quotas, start_control, step_concurrency
+from durable_flow.definitions import quotas, step_concurrency
 from durable_flow.definitions.quotas import QuotaSpec
 from durable_flow.definitions.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.definitions.serialization import ensure_json
-from durable_flow.engine.base import PARKED, PARKED_STEP_STATUSES, EngineBase
+from durable_flow.engine import start_gate
+from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.engine.turn import PENDING
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
@@ -31,6 +32,8 @@ from durable_flow.models import (
     WorkflowRun,
     new_run_id,
 )
+from durable_flow.models.runs import PARKED, PARKED_STEP_STATUSES
+from durable_flow.store import quotas as quota_store
 from durable_flow.store.statements import save_fields
 
 if TYPE_CHECKING:
@@ -52,7 +55,7 @@ class LifecycleMixin(EngineBase):
         run_id: str | None = None,
         tags: Iterable[str] = (),
         quota: QuotaSpec | Mapping[str, Any] | None = None,
-        gate: start_control.StartGate | None = None,
+        gate: start_gate.StartGate | None = None,
         priority: int = 0,
     ) -> WorkflowRun:
         """Create a run and queue its first turn (at `priority`, where the transport orders
@@ -75,7 +78,7 @@ class LifecycleMixin(EngineBase):
         new_id = run_id if run_id is not None else new_run_id()
         constraints = step_concurrency.plan_run(definition, input, new_id, self.settings.environment, self.admission)
         check = quotas.plan(definition.name, definition.quota, quota, input)
-        gate = gate or start_control.plan(definition, input, new_id)
+        gate = gate or start_gate.plan(definition, input, new_id)
         fields: dict[str, Any] = {
             "workflow": definition.name,
             "version": definition.version,
@@ -95,14 +98,14 @@ class LifecycleMixin(EngineBase):
                     # Under the key's lock: a same-id start that won meanwhile is returned, not refused.
                     if run_id is not None and (existing := one(WorkflowRun.objects.filter(pk=run_id))):
                         return existing
-                    check.enforce()
+                    quota_store.enforce(check)
                 run = WorkflowRun.objects.create(**fields)
                 if run.status == RunStatus.PENDING and priority:
                     self.transport.enqueue_first_turn(run.id, priority)
                 elif run.status == RunStatus.PENDING:  # a debounced run waits for the poller
                     self.transport.enqueue_turn(run.id)
         except ConcurrencyLimitError as exc:
-            quotas.record_refusal(exc)
+            quota_store.record_refusal(exc)
             raise
         except IntegrityError:
             if run_id is None:
@@ -149,9 +152,9 @@ class LifecycleMixin(EngineBase):
             try:
                 check = quotas.plan(definition.name, definition.quota, None, input)
                 if check is not None:
-                    check.enforce()
+                    quota_store.enforce(check)
             except ConcurrencyLimitError as exc:
-                quotas.record_refusal(exc)
+                quota_store.record_refusal(exc)
                 # Recorded on the parent's checkpoint: a replay raises the same refusal at
                 # `ctx.child` instead of starting the child later.
                 return child_checkpoint(

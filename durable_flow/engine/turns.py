@@ -10,7 +10,7 @@ from django.db import DatabaseError, transaction
 
 from durable_flow.definitions.registry import get_workflow
 from durable_flow.definitions.serialization import ensure_json, error_info, readable
-from durable_flow.engine.base import WAKEABLE, EngineBase
+from durable_flow.engine.base import EngineBase
 from durable_flow.engine.context import WorkflowContext
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.turn import EngineUnavailable, InlineTurnFailed, Suspend
@@ -23,6 +23,7 @@ from durable_flow.models import (
     StepCheckpoint,
     WorkflowRun,
 )
+from durable_flow.models.runs import WAKEABLE
 from durable_flow.store.statements import save_fields, writes_together
 
 if TYPE_CHECKING:

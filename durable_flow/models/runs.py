@@ -64,6 +64,8 @@ class RunStatus(models.TextChoices):
 
 
 TERMINAL_RUN_STATUSES = (RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAILED)
+#: Runs a turn may wake: suspended (waiting on a timer, signal or step) or running.
+WAKEABLE = (RunStatus.SUSPENDED, RunStatus.RUNNING)
 
 
 class WorkflowRun(models.Model):
@@ -167,6 +169,9 @@ class StepStatus(models.TextChoices):
 
 
 SETTLED_STEP_STATUSES = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED)
+#: Steps parked in a queue's line or waiting out a retry's backoff: no attempt is running.
+PARKED_STEP_STATUSES = (StepStatus.WAITING, StepStatus.RETRYING)
+PARKED = frozenset(PARKED_STEP_STATUSES)
 
 
 class StepCheckpoint(models.Model):

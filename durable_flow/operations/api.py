@@ -18,7 +18,7 @@ from durable_flow.exceptions import InvalidInput, RunNotFound
 if TYPE_CHECKING:
     from durable_flow.config.queues import RateLimit
     from durable_flow.definitions.quotas import QuotaSpec
-    from durable_flow.definitions.start_control import StartGate
+    from durable_flow.engine.start_gate import StartGate
     from durable_flow.models import WorkflowRun
 
 

@@ -17,9 +17,9 @@ from django.db.models import Max
 from durable_flow.config.limits import QUEUE_NAME_LENGTH
 from durable_flow.config.queues import QueueConfig, RateLimit, Throttle, queue_from_dict, resized_windows
 from durable_flow.config.validation import storable_text
-from durable_flow.definitions import quotas, start_control
+from durable_flow.definitions import quotas
 from durable_flow.definitions.registry import get_step, get_workflow
-from durable_flow.engine import get_engine, one, retry_on_conflict
+from durable_flow.engine import get_engine, one, retry_on_conflict, start_gate
 from durable_flow.exceptions import (
     ConcurrencyLimitError,
     DurableFlowError,
@@ -29,6 +29,7 @@ from durable_flow.exceptions import (
     WorkflowNotFound,
 )
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.store import quotas as quota_store
 from durable_flow.store.attempts import operator_retried
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def retry(run_id: str) -> WorkflowRun:
         with transaction.atomic():
             run = _reset(run_id, top_level=True, plans=plans)
     except ConcurrencyLimitError as exc:
-        quotas.record_refusal(exc)  # after the refused transaction rolled back, as a start does
+        quota_store.record_refusal(exc)  # after the refused transaction rolled back, as a start does
         raise
     return run
 
@@ -154,7 +155,7 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
     key in progress (a task run's: its task's) is `RetryRefused`; a full start quota is
     `ConcurrencyLimitError` (checked with the run's plan from `plans`, else planned now: a
     retried child's)."""
-    other = start_control.retry_conflict(definition.control_for(run.input), run)
+    other = start_gate.retry_conflict(definition.control_for(run.input), run)
     if other is not None:
         raise RetryRefused(
             f"run {run.pk!r}: run {other!r} of its singleton key {run.start_key!r} is in progress; "
@@ -162,7 +163,7 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
         )
     check = plans[run.pk] if run.pk in plans else quotas.retry_plan(run, definition.quota)
     if check is not None:
-        check.enforce(excluding=run.pk)
+        quota_store.enforce(check, excluding=run.pk)
 
 
 def _attempt_budget(step_name: str) -> int:

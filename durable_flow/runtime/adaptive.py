@@ -45,14 +45,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-
-from durable_flow.config.validation import number_problem
-from durable_flow.runtime.concurrency import MAX_CONCURRENCY, Adjustment, ResourceSample
-
-FIELDS = ("mode", "min", "max", "start", "tick_ms", "ram_ceiling_pct", "cpu_ceiling_pct")
-#: The slowest control loop: a tick at most once a minute (a longer one adapts to nothing).
-MAX_TICK_MS = 60_000
+from durable_flow.config.concurrency import AdaptiveSpec, parse_concurrency
+from durable_flow.runtime.concurrency import Adjustment, ResourceSample
 
 
 def _percentile(ordered: list[float], share: float) -> float:
@@ -111,46 +105,20 @@ class AdaptiveConcurrency:
     def from_spec(cls, options: Mapping[str, Any], setting: str) -> AdaptiveConcurrency:
         """Build from `"adaptive"` (options empty) or `{"mode": "adaptive", "min": ..., ...}`;
         an invalid field raises `ImproperlyConfigured` naming the setting and the field."""
-        unknown = sorted(set(options) - set(FIELDS))
-        if unknown:
-            raise ImproperlyConfigured(
-                f"{setting}: unknown adaptive field(s) {', '.join(unknown)} (known: {', '.join(FIELDS)})"
-            )
-        if options.get("mode", "adaptive") != "adaptive":
-            raise ImproperlyConfigured(f'{setting}["mode"]: must be "adaptive", got {options.get("mode")!r}')
+        spec = parse_concurrency({"mode": "adaptive", **options}, setting)
+        assert isinstance(spec, AdaptiveSpec)
+        return cls.from_parsed(spec)
 
-        def checked(name: str, default: float | None, **bounds: Any) -> Any:
-            value = options.get(name, default)
-            problem = number_problem(value, **bounds)
-            if problem:
-                raise ImproperlyConfigured(f'{setting}["{name}"]: {problem}')
-            return value
-
-        def integer(name: str, default: int, low: int, high: int, unit: str = "") -> int:
-            return int(checked(name, default, minimum=low, maximum=high, integer=True, unit=unit))
-
-        def percent(name: str, default: float | None) -> float | None:
-            if options.get(name, default) is None and default is None:
-                return None
-            return float(checked(name, default, minimum=0, maximum=100, above_minimum=True, unit="percent"))
-
-        min_limit = integer("min", 1, 1, MAX_CONCURRENCY)
-        max_limit = integer("max", max(32, min_limit), 1, MAX_CONCURRENCY)
-        if max_limit < min_limit:
-            raise ImproperlyConfigured(f'{setting}["max"]: must be ≥ min ({min_limit}), got {max_limit}')
-        start = integer("start", min_limit, 1, MAX_CONCURRENCY)
-        if not min_limit <= start <= max_limit:
-            raise ImproperlyConfigured(f'{setting}["start"]: must be within [min, max] = [{min_limit}, {max_limit}]')
-        tick_ms = integer("tick_ms", 2000, 10, MAX_TICK_MS, unit="milliseconds")
-        ram = percent("ram_ceiling_pct", 85.0)
-        assert ram is not None
+    @classmethod
+    def from_parsed(cls, spec: AdaptiveSpec) -> AdaptiveConcurrency:
+        """Build from a parsed `AdaptiveSpec` (`durable_flow.config.concurrency`)."""
         return cls(
-            min_limit=min_limit,
-            max_limit=max_limit,
-            start=start,
-            tick_ms=tick_ms,
-            ram_ceiling_pct=ram,
-            cpu_ceiling_pct=percent("cpu_ceiling_pct", None),
+            min_limit=spec.min_limit,
+            max_limit=spec.max_limit,
+            start=spec.start,
+            tick_ms=spec.tick_ms,
+            ram_ceiling_pct=spec.ram_ceiling_pct,
+            cpu_ceiling_pct=spec.cpu_ceiling_pct,
         )
 
     # -- inputs ----------------------------------------------------------------------------------

@@ -62,6 +62,5 @@ class FixedConcurrency:
         return None
 
 
-MAX_CONCURRENCY = 1024
 """Most threads one worker may run: each holds a database connection, and a typo such as
 `10**30` should fail `manage.py check`, not the thread pool at worker start."""

@@ -20,14 +20,14 @@ from typing import Any
 
 from django.db import close_old_connections, connection, transaction
 
-from durable_flow.definitions.step_concurrency import declared_anywhere
+from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
 from durable_flow.store import queries
 from durable_flow.store.outage import Outage, transient_errors
 
-logger = logging.getLogger("durable_flow.runtime.poller")
+logger = logging.getLogger("durable_flow.poller")
 
 
 class TimerPoller:
@@ -76,7 +76,7 @@ class TimerPoller:
         for name in FlowQueue.objects.filter(paused=False).values_list("name", flat=True):
             if self.engine.admission.handles(name):
                 granted += self.engine.grant(name)
-        if declared_anywhere():
+        if step_concurrency_declared():
             granted += self.engine.grant("")  # calls gated by step concurrency alone
         return granted
 
@@ -122,7 +122,7 @@ class TimerPoller:
         for name in FlowQueue.objects.values_list("name", flat=True):
             if self.engine.admission.handles(name):
                 redriven += self.engine.reoffer_waiting(name)
-        if declared_anywhere():
+        if step_concurrency_declared():
             redriven += self.engine.reoffer_waiting("")  # calls gated by step concurrency alone
         # Tasks a dead worker had claimed become claimable now, not when their lease lapses.
         # After the re-dispatch above, so a re-claimed old attempt is already stale and skipped.

@@ -30,8 +30,6 @@ from functools import cache
 
 from django.db import connection
 
-from durable_flow.admission.db import heads as db_heads
-from durable_flow.admission.db.resources import FREE_QUEUE, RESOURCE_LOCK_ID
 from durable_flow.models import (
     AdmissionHold,
     AdmissionKeyServed,
@@ -44,6 +42,12 @@ from durable_flow.models import (
 
 #: The database server's clock in epoch ms (PostgreSQL): one clock for every host.
 CLOCK_MS_SQL = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
+
+#: The advisory lock every constrained admission write takes first (an arbitrary constant).
+RESOURCE_LOCK_ID = 0x5C0_C0C0
+#: Where calls gated by their constraints alone wait and hold their slots (no registered queue).
+FREE_QUEUE = ""
 
 
 def _table(model: type) -> str:
@@ -85,7 +89,10 @@ def _lock_queue_sql(name: str, guard: bool) -> tuple[str, list[object]]:
     return sql, params
 
 
-Withdrawn = tuple[list[str], bool, int]
+#: What a release's deletes leave: the freed resources, whether anybody else waits in the queue,
+#: the slots held after it, and the (resource, key) pairs whose key heads the deleted resource
+#: waiters may have been (the caller refreshes them: `admission.db.heads.refresh`).
+Withdrawn = tuple[list[str], bool, int, list[tuple[str, str]]]
 
 
 def lock_queue_and_withdraw(name: str, guard: bool, ticket: str) -> tuple[list[FlowQueue], int, Withdrawn] | None:
@@ -155,7 +162,7 @@ def ticket_state(queue: str, ticket: str) -> TicketState:
 
 def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | None] | None:
     """On PostgreSQL, in one statement: what `db_resources.free` does (delete the ticket's
-    resource holds and resource-waiter rows; the key heads those were are refreshed after),
+    resource holds and resource-waiter rows; the caller refreshes the key heads those were),
     delete its waiter and slot rows in `queue` and in the pseudo-queue, and tell whether anybody
     else waits in `queue` (a release with nobody in line grants nothing: no more reads), and how
     many slots of `queue` are held after it (the grant's room, with no count of its own; the
@@ -188,9 +195,7 @@ def _withdraw_sql(queue: str, ticket: str) -> tuple[str, list[object]]:
 
 def _withdrawn(found: tuple[object, ...]) -> Withdrawn:
     line, freed, left, held = found
-    if left:
-        db_heads.refresh((resource, key) for resource, key in left)  # the key heads it may have been
-    return list(freed), bool(line), int(held)
+    return list(freed), bool(line), int(held), [(resource, key) for resource, key in left]
 
 
 def join_line(waiter: AdmissionWaiter, by_key: bool, never_served: int) -> bool:

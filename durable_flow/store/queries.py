@@ -21,7 +21,6 @@ from typing import Any
 from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
-from durable_flow.engine.base import WAKEABLE
 from durable_flow.models import (
     RunStatus,
     StepAttempt,
@@ -31,6 +30,7 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkflowRun,
 )
+from durable_flow.models.runs import WAKEABLE
 
 # -- runs ----------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from durable_flow.config.concurrency import parse_concurrency
 from durable_flow.config.options import Configurable, Option
 
 if TYPE_CHECKING:
@@ -79,10 +80,8 @@ class Transport(Configurable, ABC):
     @classmethod
     def check_concurrency(cls, spec: object) -> None:
         """`ImproperlyConfigured` unless `spec` is a CONCURRENCY the worker can run with. The
-        form is the worker's (`worker/controllers.py`); a transport only carries the value."""
-        from durable_flow.runtime.controllers import build_controller
-
-        build_controller(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
+        form is `durable_flow.config.concurrency`'s; a transport only carries the value."""
+        parse_concurrency(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Any:

@@ -44,6 +44,7 @@ from durable_flow.admission.base import (
     OnCount,
     system_clock_ms,
 )
+from durable_flow.admission.db import heads as db_heads
 from durable_flow.admission.db import keyed as db_keyed
 from durable_flow.admission.db import resources as db_resources
 from durable_flow.admission.db.read import DatabaseReadModel
@@ -65,7 +66,7 @@ from durable_flow.admission.rules.windows import (
     window_room,
 )
 from durable_flow.config.queues import QueueConfig, queue_from_dict
-from durable_flow.definitions.step_concurrency import declared_anywhere
+from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.models import (
     AdmissionKeyServed,
     AdmissionMark,
@@ -134,7 +135,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         (`db_statements.lock_queue`), every one of which the queue's other deciders wait out."""
         if request is not None and request.constraints:
             self._seen_constraints = True
-        guard = self._seen_constraints or declared_anywhere()
+        guard = self._seen_constraints or step_concurrency_declared()
         with self._lock:
             pending = name in self._pending_write
         folded = None if pending else db_statements.lock_queue(name, guard)
@@ -153,7 +154,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         """Take the resource lock first when step concurrency is in use (see `db_resources`)."""
         if request is not None and request.constraints:
             self._seen_constraints = True
-        if self._seen_constraints or declared_anywhere():
+        if self._seen_constraints or step_concurrency_declared():
             lock_resources()
 
     # -- decisions ---------------------------------------------------------------------------
@@ -216,14 +217,17 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         with transaction.atomic(savepoint=False):  # see try_admit
             together = self._lock_and_withdraw(queue, ticket)
             if together is not None:
-                row, config, now, (freed, line, slots) = together
+                row, config, now, (freed, line, slots, left) = together
             else:
                 row, config, now = self._lock_queue(queue)
-                freed, line, slots = db_statements.withdraw(queue, ticket) or (
+                freed, line, slots, left = db_statements.withdraw(queue, ticket) or (
                     self._withdraw(queue, ticket),
                     None,
                     None,
+                    [],
                 )
+            if left:
+                db_heads.refresh(left)  # the key heads the deleted resource waiters may have been
             granted = Grant()
             if row is not None and config is not None and grant_next and line is not False:
                 granted = self._grant(row, config, now, self._marks(config, now), slots=slots)
@@ -242,7 +246,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             pending = queue in self._pending_write
         if pending:
             return None
-        guard = self._seen_constraints or declared_anywhere()
+        guard = self._seen_constraints or step_concurrency_declared()
         together = db_statements.lock_queue_and_withdraw(queue, guard, ticket)
         if together is None:
             return None

@@ -41,14 +41,10 @@ from durable_flow.models import (
     AdmissionWaiter,
     FlowQueue,
 )
+from durable_flow.store.admission_statements import FREE_QUEUE, RESOURCE_LOCK_ID
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import QueueConfig
-
-#: The advisory lock every constrained admission write takes first (an arbitrary constant).
-RESOURCE_LOCK_ID = 0x5C0_C0C0
-#: Where calls gated by their constraints alone wait and hold their slots (no registered queue).
-FREE_QUEUE = ""
 
 
 def lock_resources() -> None:

@@ -1,0 +1,59 @@
+"""Start quotas in the database: the key's transaction-scoped lock, the count of its active runs,
+the check a start or a retry passes inside its transaction, and refused starts counted per minute.
+
+The rules (`QuotaSpec`, `QuotaCheck`, what a refusal records) are declarations, in
+`durable_flow.definitions.quotas`; this module is what they cost in SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+
+from durable_flow.definitions.quotas import ACTIVE_STATUSES, QuotaCheck
+from durable_flow.exceptions import ConcurrencyLimitError
+from durable_flow.models import QuotaRefusal, WorkflowRun
+
+
+def lock_key(key: str) -> None:
+    """Take the key's transaction-scoped lock (PostgreSQL); SQLite's write lock is already held."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+
+
+def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES, *, excluding: str | None = None) -> int:
+    """Runs of `key` occupying a slot (but run `excluding`): one COUNT(*) on the
+    (concurrency_key, status) index."""
+
+    runs = WorkflowRun.objects.filter(concurrency_key=key, status__in=list(statuses))
+    if excluding is not None:
+        runs = runs.exclude(pk=excluding)
+    return runs.count()
+
+
+def record_refusal(exc: ConcurrencyLimitError) -> None:
+    """Count a refused start against its key's current minute (outside the refused start's
+    transaction, which rolled back)."""
+
+    minute = timezone.now().replace(second=0, microsecond=0)
+    QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
+    QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)
+
+
+def enforce(check: QuotaCheck, *, excluding: str | None = None) -> None:
+    """Serialise on the key, count its active runs, and refuse when the quota is full.
+
+    Must run inside the transaction that INSERTs the run (or, for a retry, makes run
+    `excluding` active again; that run is not counted against itself): the advisory lock is
+    held until that transaction ends, so the next start on the key counts this run.
+    """
+    if check.limit <= 0:
+        raise ConcurrencyLimitError(check.key, check.limit, 0, check.workflow)
+    lock_key(check.key)
+    active = count_active(check.key, check.count_statuses, excluding=excluding)
+    if active >= check.limit:
+        raise ConcurrencyLimitError(check.key, check.limit, active, check.workflow)
