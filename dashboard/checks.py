@@ -18,6 +18,7 @@ from typing import Any
 from django.core import checks
 
 from dashboard.flow import MAX_BURST, burst_problem
+from durable_flow.checks import missing_templates
 
 HINTS = {
     "E001": 'Set CHANNEL_LAYERS = {"default": {...}}: channels_redis.core.RedisChannelLayer when web and '
@@ -67,7 +68,6 @@ def check_websocket_routing(app_configs: Any = None, **kwargs: Any) -> list[chec
 
 
 def check_templates(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from durable_flow.checks import missing_templates
 
     return [_error(message, "E003") for message in missing_templates([BASE_TEMPLATE])]
 

@@ -24,6 +24,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from dashboard import pages
+from dashboard.flow import burst_config, flow_snapshot
 from dashboard.snapshot import snapshot
 from durable_flow.config.validation import storable_text
 from durable_flow.exceptions import InvalidInput
@@ -159,8 +160,6 @@ def _flow(snap: Mapping[str, Any], queue: str) -> dict[str, str]:
     """The flow view (`flow:<queue>`): where each call of the queue is, as JSON the page's
     script turns into moving dots."""
     import json
-
-    from dashboard.flow import burst_config, flow_snapshot
 
     return {"flow-data": json.dumps(flow_snapshot(queue or burst_config()["QUEUE"]))}
 

@@ -22,6 +22,7 @@ from durable_flow.config.settings import get_settings
 from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.engine import get_engine
 from durable_flow.models import StepCheckpoint, StepKind, StepStatus
+from durable_flow.observe.constraint_usage import constraint_rows
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
@@ -171,9 +172,6 @@ def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _constraints() -> list[dict[str, Any]]:
-    from durable_flow.config.settings import get_settings
-    from durable_flow.engine import get_engine
-    from durable_flow.observe.constraint_usage import constraint_rows
 
     return constraint_rows(get_engine().admission, get_settings().environment)
 

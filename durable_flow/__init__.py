@@ -11,9 +11,14 @@
         ctx.sleep(timedelta(hours=1))
         return receipt
 
-The API functions import the engine lazily, so this module is safe to import before Django's
-app registry is ready (for example from the modules listed in `DURABLE_FLOW["WORKFLOWS"]`).
+This is the one public face: every public function and exception is named here. The
+decorators, `current_step` and the exceptions load with the package; the API functions live in
+`durable_flow.operations.api`, which imports the engine and the models, and load on first use
+(PEP 562), so `import durable_flow` stays safe before Django's app registry is ready (from
+`settings.py`, say, or a module listed in `DURABLE_FLOW["WORKFLOWS"]`).
 """
+
+from typing import TYPE_CHECKING
 
 from durable_flow.definitions.current import NotInStep, StepInfo, current_step
 from durable_flow.definitions.registry import step, workflow
@@ -23,21 +28,49 @@ from durable_flow.exceptions import (
     DurableFlowError,
     InvalidInput,
     InvalidQueueConfig,
+    InvalidQuota,
     NonDeterminismError,
+    QueueNotFound,
     RegistrationError,
+    RetryRefused,
     RunNotFound,
     SignalTimeout,
     StepFailed,
     StepNotFound,
+    TaskNotDeclared,
     WorkflowNotFound,
 )
-from durable_flow.operations.api import (
-    cancel,
-    get_run,
-    redispatch_pending,
-    register_queue,
-    send_signal,
-    start,
+
+if TYPE_CHECKING:
+    from durable_flow.operations.api import (
+        cancel,
+        get_run,
+        pause_queue,
+        redispatch_pending,
+        register_queue,
+        rerun,
+        resume_queue,
+        retry,
+        send_signal,
+        start,
+        update_queue,
+    )
+
+#: The API functions, loaded from `durable_flow.operations.api` on first use.
+API = frozenset(
+    {
+        "cancel",
+        "get_run",
+        "pause_queue",
+        "redispatch_pending",
+        "register_queue",
+        "rerun",
+        "resume_queue",
+        "retry",
+        "send_signal",
+        "start",
+        "update_queue",
+    }
 )
 
 __all__ = [
@@ -46,22 +79,44 @@ __all__ = [
     "DurableFlowError",
     "InvalidInput",
     "InvalidQueueConfig",
+    "InvalidQuota",
     "NonDeterminismError",
     "NotInStep",
+    "QueueNotFound",
     "RegistrationError",
+    "RetryRefused",
     "RunNotFound",
     "SignalTimeout",
     "StepFailed",
     "StepInfo",
     "StepNotFound",
+    "TaskNotDeclared",
     "WorkflowNotFound",
     "cancel",
     "current_step",
     "get_run",
+    "pause_queue",
     "redispatch_pending",
     "register_queue",
+    "rerun",
+    "resume_queue",
+    "retry",
     "send_signal",
     "start",
     "step",
+    "update_queue",
     "workflow",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in API:
+        # Imported on first use, not above: it imports the models, which need the app registry.
+        from durable_flow.operations import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'durable_flow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *API})

@@ -24,7 +24,9 @@ from durable_flow.config.settings import get_settings
 from durable_flow.config.validation import MAX_JSON_DEPTH, StrictJSONDecoder, bounded_depth, storable_text
 from durable_flow.contrib.admin_attempts import StepAttemptInline
 from durable_flow.contrib.admin_bulk import BulkByFilterMixin
+from durable_flow.definitions.quotas import ACTIVE_STATUSES
 from durable_flow.definitions.registry import startable_workflows
+from durable_flow.engine import get_engine
 from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.models import (
     FlowQueue,
@@ -34,6 +36,8 @@ from durable_flow.models import (
     WorkflowRun,
     dead_worker_cutoff,
 )
+from durable_flow.observe.constraint_usage import constraint_rows
+from durable_flow.operations.api import cancel, pause_queue, rerun, resume_queue, retry, send_signal, start
 from durable_flow.operations.audit import record_operation
 from durable_flow.store import queries
 
@@ -282,7 +286,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: a confirmation page; POST (CSRF-checked by the admin view): cancel."""
-        from durable_flow.operations.api import cancel
 
         run = self._run(request, object_id)
         if not self.has_cancel_permission(request):
@@ -297,7 +300,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def rerun_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: start a new run with the same workflow and input."""
-        from durable_flow.operations.api import rerun
 
         original = self._run(request, object_id)
         if not self.has_start_permission(request):
@@ -311,7 +313,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: resume a failed or cancelled run from where it stopped."""
-        from durable_flow.operations.api import retry
 
         run = self._run(request, object_id)
         if not self.has_retry_permission(request):
@@ -327,7 +328,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """A form to send a named signal with a JSON payload to the run."""
-        from durable_flow.operations.api import send_signal
 
         run = self._run(request, object_id)
         if not self.has_signal_permission(request):
@@ -348,7 +348,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def start_view(self, request: HttpRequest) -> HttpResponse:
         """A form listing the registered workflows, with a JSON input field."""
-        from durable_flow.operations.api import start
 
         if not self.has_start_permission(request):
             raise PermissionDenied
@@ -388,7 +387,6 @@ class FlowQueueAdmin(UrlSafeAdmin):
 
     @admin.action(description="Pause selected queues", permissions=["steer"])
     def pause_selected(self, request: HttpRequest, queryset: QuerySet[FlowQueue]) -> None:
-        from durable_flow.operations.api import pause_queue
 
         for queue in queryset:
             record_operation(request.user, pause_queue(queue.name), "Paused")
@@ -396,7 +394,6 @@ class FlowQueueAdmin(UrlSafeAdmin):
 
     @admin.action(description="Resume selected queues", permissions=["steer"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[FlowQueue]) -> None:
-        from durable_flow.operations.api import resume_queue
 
         for queue in queryset:
             record_operation(request.user, resume_queue(queue.name), "Resumed")
@@ -408,8 +405,6 @@ class FlowQueueAdmin(UrlSafeAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Beside the queues: the busiest keys of each step-concurrency constraint."""
-        from durable_flow.engine import get_engine
-        from durable_flow.observe.constraint_usage import constraint_rows
 
         rows = constraint_rows(get_engine().admission, get_settings().environment)
         return super().changelist_view(request, {**(extra_context or {}), "constraints": rows})
@@ -467,7 +462,6 @@ class QuotaRefusalAdmin(UrlSafeAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QuotaRefusal]:
         """Each row's key's active runs and latest limit, in the list's one query (not two per row)."""
-        from durable_flow.definitions.quotas import ACTIVE_STATUSES
 
         runs = WorkflowRun.objects.filter(concurrency_key=OuterRef("key"))
         active = runs.filter(status__in=ACTIVE_STATUSES).order_by().values("concurrency_key")

@@ -6,6 +6,11 @@ import importlib
 
 from django.apps import AppConfig
 from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.signals import connection_created
+from django.db.models.signals import post_migrate
+
+from durable_flow import checks  # noqa: F401  (registers the system checks)
+from durable_flow.config.settings import get_settings
 
 
 class DurableFlowConfig(AppConfig):
@@ -16,12 +21,10 @@ class DurableFlowConfig(AppConfig):
     def ready(self) -> None:
         """Fail at startup, naming the setting, rather than at the first run. Every new database
         connection gets dumpers for the app's choices (`pg_adapters`)."""
-        from django.db.backends.signals import connection_created
-
-        from durable_flow import checks  # noqa: F401  (registers the system checks)
-        from durable_flow.config.settings import get_settings
+        # These import the models, which this module (loaded before them) may not.
         from durable_flow.contrib import task_runner  # noqa: F401  (the built-in workflow of the tasks backend)
         from durable_flow.store.pg_adapters import register_choice_dumpers
+        from durable_flow.store.queues import persist_configured_queues
 
         connection_created.connect(register_choice_dumpers, dispatch_uid="durable_flow.store.pg_adapters")
         try:
@@ -36,9 +39,5 @@ class DurableFlowConfig(AppConfig):
                 importlib.import_module(module)
             except ImportError as exc:
                 raise ImproperlyConfigured(f'DURABLE_FLOW["WORKFLOWS"]: cannot import {module!r}: {exc}') from exc
-
-        from django.db.models.signals import post_migrate
-
-        from durable_flow.store.queues import persist_configured_queues
 
         post_migrate.connect(persist_configured_queues, sender=self)

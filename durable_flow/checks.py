@@ -26,7 +26,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from durable_flow.config.options import Configurable
-from durable_flow.config.settings import TRANSPORT_BACKENDS
+from durable_flow.config.settings import TRANSPORT_BACKENDS, SamplingMisconfigured, parse_settings
+from durable_flow.definitions.registry import workflows
 
 HINTS = {
     "E001": (
@@ -58,8 +59,6 @@ def _error(message: str, check_id: str) -> checks.Error:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Parse `DURABLE_FLOW`, import both backends and have each check its options."""
     from django.conf import settings
-
-    from durable_flow.config.settings import SamplingMisconfigured, parse_settings
 
     try:
         config = parse_settings(getattr(settings, "DURABLE_FLOW", {}))
@@ -144,7 +143,6 @@ def missing_templates(names: list[str]) -> list[str]:
 
 
 def _unenforced_step_concurrency() -> list[checks.CheckMessage]:
-    from durable_flow.definitions.registry import workflows
 
     declaring = sorted(name for name, definition in workflows().items() if definition.concurrency)
     if not declaring:

@@ -92,3 +92,8 @@ class ConcurrencyLimitError(DurableFlowError):
         self.active = active
         self.workflow = workflow
         super().__init__(f"quota {key!r} is full for {workflow!r}: {active} active, limit {limit}")
+
+
+class RetryRefused(DurableFlowError):
+    """The run cannot be retried (not failed/cancelled, its workflow's version changed, or its
+    parent has finished); the message says which."""

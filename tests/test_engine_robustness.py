@@ -13,12 +13,12 @@ from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.engine import Engine
-from durable_flow.engine.step_start import start_attempt
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.runtime.controllers import build_controller
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.runtime.worker import WorkerRuntime
 from durable_flow.store.attempts import attempt_started
+from durable_flow.store.step_start import start_attempt
 from durable_flow.transports.runner import ClaimedTask, TaskSource
 from tests.conftest import MovableClock, local_engine
 from tests.engine_support import ManualTransport, transport_of

@@ -11,9 +11,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
+from durable_flow.exceptions import RetryRefused
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.operations import api
-from durable_flow.operations.runs import RetryRefused
 from tests import workflows
 from tests.conftest import executed
 

@@ -239,7 +239,7 @@ def test_cancel_mode_cancels_the_run_in_progress_and_starts_the_new_one(engine: 
 
 @pytest.mark.parametrize("name", ["sc.only_one", "sc.latest_wins"])
 def test_a_retry_is_refused_while_another_run_of_its_singleton_key_is_in_progress(engine: Engine, name: str) -> None:
-    from durable_flow.operations.runs import RetryRefused
+    from durable_flow.exceptions import RetryRefused
 
     first = api.start(name, {"account": "a1"})
     api.cancel(first.pk)

@@ -11,10 +11,9 @@ import pytest
 from durable_flow.contrib.task_runner import TASK_WORKFLOW
 from durable_flow.contrib.tasks import debounce, singleton
 from durable_flow.engine import Engine
-from durable_flow.exceptions import InvalidInput, RegistrationError
+from durable_flow.exceptions import InvalidInput, RegistrationError, RetryRefused
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.operations import api, bulk
-from durable_flow.operations.runs import RetryRefused
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.store.counters import start_outcomes
 from tests import task_functions

@@ -28,9 +28,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFami
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
+from durable_flow.engine import get_engine
 from durable_flow.models import FlowQueue, StepCheckpoint, StepKind, StepStatus, dead_worker_cutoff
 from durable_flow.store import queries
+from durable_flow.store.counters import decisions, start_outcomes
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +73,6 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 
 def _admission_backend() -> Any:
-    from durable_flow.engine import get_engine
 
     return get_engine().admission
 
@@ -123,7 +125,6 @@ class DurableFlowCollector(Collector):
         backend = _admission_backend()
         # The `local` backend counts per process: this web process's figure says nothing of the
         # workers', so the checkpoints (the fleet-wide truth) answer instead.
-        from durable_flow.admission.local import LocalAdmissionBackend
 
         shared = not isinstance(backend, LocalAdmissionBackend) and hasattr(backend, "in_flight")
         for queue in FlowQueue.objects.all():
@@ -149,7 +150,6 @@ class DurableFlowCollector(Collector):
         """Step attempts per named queue and decision, ever: `admitted` (a direct admission or a
         grant to a waiter) and `parked` (joined the waiting line). The persisted `QueueCounter`
         rows, which every process adds to; 0 for a registered queue that saw nothing yet."""
-        from durable_flow.store.counters import decisions
 
         family = CounterMetricFamily(
             "durable_flow_admissions",
@@ -168,7 +168,6 @@ class DurableFlowCollector(Collector):
     def _start_outcomes() -> Metric:
         """Starts debounce or singleton handled without a new run of their own (`debounced`,
         `skipped`) or by cancelling the key's run (`replaced`): the persisted `StartCounter` rows."""
-        from durable_flow.store.counters import start_outcomes
 
         family = CounterMetricFamily(
             "durable_flow_start_outcomes",

@@ -49,7 +49,7 @@ from durable_flow.exceptions import (
     RunNotFound,
     TaskNotDeclared,
 )
-from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun
+from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun, dead_worker_cutoff
 from durable_flow.operations import api
 from durable_flow.store import queries
 
@@ -365,7 +365,6 @@ def _executing(run_id: str) -> tuple[str, datetime] | None:
     """The live worker whose heartbeat lists `run_id`'s step as executing, and that heartbeat's
     time (the step started no later), or None: an optimistic first step, before any row
     records it (`queries.running_steps`)."""
-    from durable_flow.models import dead_worker_cutoff
 
     cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now())
     for worker, running, seen in queries.live_workers(cutoff).values_list("worker_id", "running", "last_seen"):

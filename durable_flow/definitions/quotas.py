@@ -29,7 +29,8 @@ from asgiref.sync import async_to_sync
 from durable_flow.config.limits import QUOTA_KEY_LENGTH
 from durable_flow.config.validation import MAX_COUNT, number_problem, storable_text
 from durable_flow.definitions.cel import compile_cel, evaluate_cel
-from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput, InvalidQuota
+from durable_flow.definitions.serialization import error_info
+from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput, InvalidQuota, RegistrationError
 
 if TYPE_CHECKING:
     from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -173,7 +174,6 @@ def check_limit(limit: object, minimum: int = 0) -> int:
 
 def parse_workflow_quota(name: str, value: QuotaSpec | Mapping[str, Any] | None) -> QuotaSpec | None:
     """Parse `@workflow(..., quota=...)`; a bad quota is a `RegistrationError` naming the workflow."""
-    from durable_flow.exceptions import RegistrationError
 
     if value is None:
         return None
@@ -247,7 +247,6 @@ def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
 
 def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
     """What a refused child's checkpoint records, so a replay raises the same error."""
-    from durable_flow.definitions.serialization import error_info
 
     return {
         "status": REFUSED,

@@ -14,7 +14,13 @@ from typing import Any, Literal
 from durable_flow.config.limits import FAIRNESS_KEY_LENGTH, QUEUE_NAME_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.config.validation import MAX_COUNT, MAX_DURATION, duration_problem, number_problem, storable_text
 from durable_flow.definitions import quotas
-from durable_flow.definitions.registry import MAX_RETRIES, StepDefinition, WorkflowDefinition, resolve_workflow
+from durable_flow.definitions.registry import (
+    MAX_RETRIES,
+    StepDefinition,
+    WorkflowDefinition,
+    get_step,
+    resolve_workflow,
+)
 from durable_flow.definitions.serialization import readable
 from durable_flow.engine.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
 from durable_flow.exceptions import (
@@ -229,7 +235,6 @@ class WorkflowContext:
     def _registered_step(self, step: object) -> StepDefinition[Any]:
         if not isinstance(step, StepDefinition):
             raise TypeError(f"ctx.step needs a function decorated with @step, got {step!r}")
-        from durable_flow.definitions.registry import get_step
 
         if get_step(step.name) is not step:
             raise TypeError(f"step {step.name!r} is not the registered step of that name")

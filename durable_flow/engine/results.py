@@ -24,13 +24,13 @@ from durable_flow.definitions.registry import get_step, step_backoff
 from durable_flow.definitions.serialization import ensure_json, error_info, readable
 from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run_for_result, retry_on_conflict
-from durable_flow.engine.step_start import start_attempt
 from durable_flow.engine.turn import InlineTurnFailed
 from durable_flow.engine.user_code import is_code_failure
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.store.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.statements import writes_together
+from durable_flow.store.step_start import start_attempt
 
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine

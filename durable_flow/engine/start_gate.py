@@ -49,8 +49,6 @@ class StartGate:
         return self._singleton(engine, self.control)
 
     def _debounce(self, engine: Engine, spec: DebounceSpec, fields: dict[str, Any]) -> WorkflowRun | None:
-        from durable_flow.models import WorkflowRun
-        from durable_flow.store.counters import count_start
 
         now = engine.now()
         waiting = WorkflowRun.objects.select_for_update().filter(
@@ -70,7 +68,6 @@ class StartGate:
         return run
 
     def _singleton(self, engine: Engine, spec: SingletonSpec) -> WorkflowRun | None:
-        from durable_flow.models import WorkflowRun
 
         current = list(
             WorkflowRun.objects.filter(start_key=self.key, workflow=self.workflow, status__in=IN_PROGRESS).order_by(
@@ -93,7 +90,6 @@ def retry_conflict(control: StartControl | None, run: WorkflowRun) -> str | None
     """Under the key's lock: the id of another run of `run`'s singleton key in progress, which a
     retry of `run` would make two of, or None. `control` is the one `run` started under (its
     workflow's, or its task's). Must run in the retry's transaction."""
-    from durable_flow.models import WorkflowRun
 
     if not isinstance(control, SingletonSpec) or not run.start_key:
         return None

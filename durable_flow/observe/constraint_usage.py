@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from durable_flow.admission.base import AdmissionBackend
+from durable_flow.definitions.registry import workflows
 
 
 def constraint_rows(admission: AdmissionBackend, environment: str, top: int = 10) -> list[dict[str, Any]]:
     """Per declared constraint: its scope, key expression(s), the workflows declaring it with
     their limits, and its `top` busiest keys (`key`, `resource`, `active`, `waiting`)."""
-    from durable_flow.definitions.registry import workflows
 
     rows: dict[str, dict[str, Any]] = {}
     for name, definition in sorted(workflows().items()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_flow.definitions.quotas import ACTIVE_STATUSES
+from durable_flow.models import QuotaRefusal, WorkflowRun
 
 
 def usage(top: int = 20) -> list[dict[str, Any]]:
@@ -15,8 +16,6 @@ def usage(top: int = 20) -> list[dict[str, Any]]:
 
     from django.db.models import Count, Max, Sum
     from django.utils import timezone
-
-    from durable_flow.models import QuotaRefusal, WorkflowRun
 
     active = (
         WorkflowRun.objects.filter(concurrency_key__isnull=False, status__in=ACTIVE_STATUSES)

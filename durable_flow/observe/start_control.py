@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from durable_flow.definitions.keys import describe_key
+from durable_flow.definitions.registry import workflows
 from durable_flow.definitions.start_control import OUTCOMES, DebounceSpec
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.store.counters import start_outcomes
 
 
 def usage() -> list[dict[str, Any]]:
     """Per workflow declaring debounce or singleton: its settings, the runs waiting out a debounce
     now, and the starts debounced, skipped and replaced so far (the dashboard's overview)."""
     from django.db.models import Count
-
-    from durable_flow.definitions.keys import describe_key
-    from durable_flow.definitions.registry import workflows
-    from durable_flow.models import RunStatus, WorkflowRun
-    from durable_flow.store.counters import start_outcomes
 
     declared = {name: d.start_control for name, d in workflows().items() if d.start_control is not None}
     counts = start_outcomes()

@@ -1,7 +1,8 @@
-"""The public API. Each function uses this process's engine (built from settings).
+"""The public API, exported by `durable_flow` itself. Each function uses this process's engine
+(built from settings).
 
-The engine, the models and `operations` are imported inside the functions: the package imports
-this module before Django's app registry is ready, when no model may be imported yet.
+This module imports the engine and the models, so it loads once Django's app registry is ready:
+`durable_flow/__init__.py` imports it on first use of one of its names, never at import time.
 """
 
 from __future__ import annotations
@@ -9,17 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from durable_flow import models
 from durable_flow.config.limits import RUN_ID_LENGTH
 from durable_flow.config.queues import QueueConfig
 from durable_flow.config.validation import storable_text
 from durable_flow.definitions.registry import WorkflowDefinition, get_workflow, startable_workflow
+from durable_flow.engine import get_engine
 from durable_flow.exceptions import InvalidInput, RunNotFound
+from durable_flow.models import FlowQueue, WorkflowRun
+from durable_flow.operations import runs
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import RateLimit
     from durable_flow.definitions.quotas import QuotaSpec
     from durable_flow.engine.start_gate import StartGate
-    from durable_flow.models import WorkflowRun
 
 
 def _run_id(run_id: object) -> str:
@@ -44,7 +48,6 @@ def start(
     `quota` (`{"key": "tenant:acme", "limit": 8}`) overrides the workflow's start quota for this
     start; over it, `ConcurrencyLimitError` is raised at once and nothing is created.
     """
-    from durable_flow.engine import get_engine
 
     # Run id and tags are checked by the engine, which every start path goes through.
     return get_engine().start(startable_workflow(workflow), input, run_id=run_id, tags=tags, quota=quota)
@@ -53,14 +56,12 @@ def start(
 def cancel(run_id: str) -> WorkflowRun:
     """Cancel a run (and its children). Mid-step it goes to `cancelling`, then `cancelled`
     when the step's result lands; that late result is recorded and ignored."""
-    from durable_flow.engine import get_engine
 
     return get_engine().cancel(_run_id(run_id))
 
 
 def get_run(run_id: str) -> WorkflowRun:
     """The run with that id, or `RunNotFound`."""
-    from durable_flow.models import WorkflowRun
 
     try:
         return WorkflowRun.objects.get(pk=_run_id(run_id))
@@ -70,7 +71,6 @@ def get_run(run_id: str) -> WorkflowRun:
 
 def send_signal(run_id: str, name: str, payload: Any = None) -> None:
     """Deliver signal `name` to a run; a signal sent before the run waits for it is kept."""
-    from durable_flow.engine import get_engine
 
     get_engine().send_signal(_run_id(run_id), name, payload)
 
@@ -79,18 +79,14 @@ def retry(run_id: str) -> WorkflowRun:
     """Resume a failed or cancelled run from where it stopped: completed steps keep their
     results, failed or cancelled calls get a new attempt budget, and the run replays.
     `RetryRefused` for a run in another state or whose workflow version changed."""
-    from durable_flow.operations.runs import retry as retry_run
 
-    return retry_run(_run_id(run_id))
+    return runs.retry(_run_id(run_id))
 
 
 def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     """Start a new run of the same workflow with the same input; the new run keeps a link to
     the original (`rerun_of`). Idempotent on `new_run_id`, like `start`. A task run's re-run
     passes its task's quota, debounce and singleton, as `enqueue` does."""
-    from durable_flow.engine import get_engine
-    from durable_flow.models import WorkflowRun
-    from durable_flow.models import new_run_id as fresh_run_id
 
     original = get_run(run_id)
     if new_run_id is not None:
@@ -105,7 +101,7 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     gate: StartGate | None = None
     checks = get_workflow(original.workflow).start_checks
     if checks is not None:  # rules its input names (a task run's: its task's)
-        new_run_id = new_run_id if new_run_id is not None else fresh_run_id()
+        new_run_id = new_run_id if new_run_id is not None else models.new_run_id()
         quota, gate = checks.checks(original.input, new_run_id)
     run = get_engine().start(
         original.workflow, original.input, run_id=new_run_id, tags=original.tags, quota=quota, gate=gate
@@ -119,7 +115,6 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
 
 def redispatch_pending(run_id: str) -> int:
     """Re-send a run's in-flight steps whose jobs were lost; returns how many."""
-    from durable_flow.engine import get_engine
 
     return get_engine().redispatch_pending(_run_id(run_id))
 
@@ -136,7 +131,6 @@ def register_queue(
 ) -> QueueConfig:
     """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values.
     `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window."""
-    from durable_flow.engine import get_engine
 
     config = QueueConfig.build(
         name=name,
@@ -150,29 +144,26 @@ def register_queue(
     return get_engine().register_queue(config)
 
 
-def pause_queue(name: str) -> Any:
+def pause_queue(name: str) -> FlowQueue:
     """Pause a queue: every process stops admitting to it within one poll; running steps finish
     and waiting calls keep waiting. `QueueNotFound` for an unknown name."""
-    from durable_flow.operations.runs import pause_queue as pause
 
-    return pause(name)
+    return runs.pause_queue(name)
 
 
-def resume_queue(name: str) -> Any:
+def resume_queue(name: str) -> FlowQueue:
     """Resume a paused queue; its waiters are handed free slots within one poll."""
-    from durable_flow.operations.runs import resume_queue as resume
 
-    return resume(name)
+    return runs.resume_queue(name)
 
 
 def update_queue(name: str, **changes: Any) -> QueueConfig:
     """Resize a queue live: `concurrency=`, `rate_limit=` and/or `throttle=` (None removes one).
     Shrinking never revokes running steps; growing admits waiters at once."""
-    from durable_flow.operations.runs import update_queue as update
 
     unknown = sorted(set(changes) - {"concurrency", "rate_limit", "throttle"})
     if unknown:
         raise InvalidInput(
             f"update_queue: unknown option(s) {', '.join(unknown)}; give concurrency, rate_limit or throttle"
         )
-    return update(name, **changes)
+    return runs.update_queue(name, **changes)

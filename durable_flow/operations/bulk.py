@@ -40,7 +40,7 @@ from durable_flow.models import (
     WorkflowRun,
 )
 from durable_flow.operations.audit import record_operations
-from durable_flow.operations.runs import RETRYABLE, _attempt_budget, retry
+from durable_flow.operations.runs import RETRYABLE, attempt_budget, retry
 from durable_flow.store.attempts import operator_retried
 
 #: Runs per transaction: large enough to amortise the per-batch queries, small enough that an
@@ -238,7 +238,7 @@ def _reset_set(engine: Any, ids: list[str]) -> None:
             holds_slot=False,
             wake_at=None,
             finished_at=None,
-            max_attempts=F("attempt") + _attempt_budget(name),
+            max_attempts=F("attempt") + attempt_budget(name),
         )
     # As `operations.retry`: a cancelled sleep or signal wait starts over.
     unsettled.filter(kind__in=(StepKind.SLEEP, StepKind.SIGNAL), status=StepStatus.CANCELLED).delete()

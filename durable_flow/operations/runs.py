@@ -22,8 +22,8 @@ from durable_flow.definitions.registry import get_step, get_workflow
 from durable_flow.engine import get_engine, one, retry_on_conflict, start_gate
 from durable_flow.exceptions import (
     ConcurrencyLimitError,
-    DurableFlowError,
     QueueNotFound,
+    RetryRefused,
     RunNotFound,
     StepNotFound,
     WorkflowNotFound,
@@ -44,11 +44,6 @@ class _Unset:
 
 
 UNSET = _Unset()
-
-
-class RetryRefused(DurableFlowError):
-    """The run cannot be retried (not failed/cancelled, its workflow's version changed, or its
-    parent has finished); the message says which."""
 
 
 @retry_on_conflict
@@ -110,7 +105,7 @@ def _reset(run_id: str, *, top_level: bool, plans: Mapping[str, QuotaCheck | Non
         if cp.kind == StepKind.STEP:
             operator_retried([cp.pk], get_engine().now())
             cp.status, cp.holds_slot, cp.wake_at, cp.finished_at = StepStatus.WAITING, False, None, None
-            cp.max_attempts = cp.attempt + _attempt_budget(cp.name)
+            cp.max_attempts = cp.attempt + attempt_budget(cp.name)
             cp.save(update_fields=["status", "holds_slot", "wake_at", "finished_at", "max_attempts"])
         elif cp.kind == StepKind.CHILD and quotas.is_refusal(cp):
             # No child was created. A refusal that ended the run (its last call) is asked again:
@@ -166,7 +161,7 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
         quota_store.enforce(check, excluding=run.pk)
 
 
-def _attempt_budget(step_name: str) -> int:
+def attempt_budget(step_name: str) -> int:
     try:
         return get_step(step_name).retries + 1
     except StepNotFound:

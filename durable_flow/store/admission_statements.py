@@ -39,6 +39,7 @@ from durable_flow.models import (
     AdmissionWaiter,
     FlowQueue,
 )
+from durable_flow.store.statements import fetch, load, one_round_trip
 
 #: The database server's clock in epoch ms (PostgreSQL): one clock for every host.
 CLOCK_MS_SQL = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
@@ -69,10 +70,10 @@ def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
     rows = list(FlowQueue.objects.raw(sql, params))
     if rows:
         return rows, int(rows[0].now_ms)
-    return [], _clock_ms()
+    return [], clock_ms()
 
 
-def _clock_ms() -> int:
+def clock_ms() -> int:
     """The server's clock alone (no such queue: the locks are held all the same)."""
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {CLOCK_MS_SQL}")
@@ -101,7 +102,6 @@ def lock_queue_and_withdraw(name: str, guard: bool, ticket: str) -> tuple[list[F
     row and clock, and what `withdraw` returns. None where the database cannot (the caller
     sends them one by one)."""
     # Imported here: the engine package imports the admission backends.
-    from durable_flow.store.statements import load, one_round_trip
 
     if not one_round_trip():
         return None
@@ -114,7 +114,7 @@ def lock_queue_and_withdraw(name: str, guard: bool, ticket: str) -> tuple[list[F
         cursor.nextset()
         withdrawn = _withdrawn(cursor.fetchone())
     rows = [load(FlowQueue, columns[:-1], row[:-1]) for row in locked]
-    return rows, (int(locked[0][-1]) if locked else _clock_ms()), withdrawn
+    return rows, (int(locked[0][-1]) if locked else clock_ms()), withdrawn
 
 
 def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
@@ -252,7 +252,6 @@ def best_waiter(queue: str, lifo: bool) -> AdmissionWaiter | None:
     the ORM building the query on every grant (traced: 0.8 ms of Python before a 0.3 ms read,
     in the middle of every handoff)."""
     # Imported here: the engine package imports the admission backends.
-    from durable_flow.store.statements import fetch
 
     rows = fetch(AdmissionWaiter, _best_waiter_sql(_table(AdmissionWaiter), lifo), [queue])
     return rows[0] if rows else None
@@ -300,3 +299,10 @@ def take_slot(waiter: AdmissionWaiter, now: int, mark: bool, serve: int | None) 
             for sql, params in statements:
                 cursor.execute(sql, params)
     return True
+
+
+def lock_resources() -> None:
+    """Serialise with every other admission write that may touch resources."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [RESOURCE_LOCK_ID])

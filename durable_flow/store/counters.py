@@ -40,6 +40,8 @@ from typing import Literal
 from django.db import connections, transaction
 from django.db.models import F, Model
 
+from durable_flow.models import QueueCounter, StartCounter
+
 logger = logging.getLogger(__name__)
 
 Decision = Literal["admissions", "parked"]
@@ -158,7 +160,6 @@ def stop_background_writes() -> None:
 
 def add_count(queue: str, column: Decision, count: int) -> None:
     """Add `count` to `queue`'s `column`: one UPDATE, plus an INSERT the first time."""
-    from durable_flow.models import QueueCounter
 
     _increment(QueueCounter, {"queue": queue}, column, count)
 
@@ -178,28 +179,24 @@ def count_start(workflow: str, outcome: str) -> None:
     `skipped`) or by cancelling the key's run (`replaced`), in the start's own transaction: it
     already holds the key's lock and is short, so the count commits (or rolls back) with what it
     counts, at no extra commit."""
-    from durable_flow.models import StartCounter
 
     _increment(StartCounter, {"workflow": workflow, "outcome": outcome}, "starts", 1)
 
 
 def start_outcomes() -> dict[tuple[str, str], int]:
     """Every `(workflow, outcome)` start count so far."""
-    from durable_flow.models import StartCounter
 
     return {(w, o): n for w, o, n in StartCounter.objects.values_list("workflow", "outcome", "starts")}
 
 
 def admissions() -> dict[str, int]:
     """Every queue's admissions so far."""
-    from durable_flow.models import QueueCounter
 
     return dict(QueueCounter.objects.values_list("queue", "admissions"))
 
 
 def decisions() -> dict[str, dict[str, int]]:
     """Every queue's counts so far: `{queue: {"admitted": n, "parked": m}}`."""
-    from durable_flow.models import QueueCounter
 
     return {
         queue: {"admitted": admitted, "parked": parked}

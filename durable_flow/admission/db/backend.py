@@ -48,13 +48,7 @@ from durable_flow.admission.db import heads as db_heads
 from durable_flow.admission.db import keyed as db_keyed
 from durable_flow.admission.db import resources as db_resources
 from durable_flow.admission.db.read import DatabaseReadModel
-from durable_flow.admission.db.resources import (
-    FREE_QUEUE,
-    Counts,
-    ResourceGateMixin,
-    lock_resources,
-    waiter_constraints,
-)
+from durable_flow.admission.db.resources import Counts, ResourceGateMixin, waiter_constraints
 from durable_flow.admission.rules.head_heap import NEVER_SERVED
 from durable_flow.admission.rules.windows import (
     oldest_mark_needed,
@@ -76,6 +70,7 @@ from durable_flow.models import (
     FlowQueue,
 )
 from durable_flow.store import admission_statements as db_statements
+from durable_flow.store.admission_statements import FREE_QUEUE
 
 
 class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBackend):
@@ -141,7 +136,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         folded = None if pending else db_statements.lock_queue(name, guard)
         if folded is None or (not folded[0] and name in self._configs):
             if folded is None and guard:
-                lock_resources()
+                db_statements.lock_resources()
             row, config = self._locked_queue(name)  # writes the row this process registered
             return row, config, self._now()
         rows, server_now = folded
@@ -155,7 +150,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         if request is not None and request.constraints:
             self._seen_constraints = True
         if self._seen_constraints or step_concurrency_declared():
-            lock_resources()
+            db_statements.lock_resources()
 
     # -- decisions ---------------------------------------------------------------------------
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
@@ -359,9 +354,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         """Epoch ms for a decision. With the system clock on PostgreSQL, the server's
         `clock_timestamp()`: one clock for every host, as the Redis backend's `TIME` is."""
         if self.clock is system_clock_ms and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(f"SELECT {db_statements.CLOCK_MS_SQL}")
-                return int(cursor.fetchone()[0])
+            return db_statements.clock_ms()
         return self.clock()
 
     @staticmethod

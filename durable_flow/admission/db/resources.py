@@ -25,7 +25,6 @@ import heapq
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from django.db import connection
 from django.db.models import Count
 
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
@@ -41,17 +40,10 @@ from durable_flow.models import (
     AdmissionWaiter,
     FlowQueue,
 )
-from durable_flow.store.admission_statements import FREE_QUEUE, RESOURCE_LOCK_ID
+from durable_flow.store.admission_statements import FREE_QUEUE
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import QueueConfig
-
-
-def lock_resources() -> None:
-    """Serialise with every other admission write that may touch resources."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [RESOURCE_LOCK_ID])
 
 
 def as_rows(constraints: Sequence[Constraint]) -> list[list[object]]:

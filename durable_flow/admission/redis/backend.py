@@ -119,6 +119,7 @@ from durable_flow.admission.rules.windows import key_start_window, oldest_mark_n
 from durable_flow.config.options import Option, non_empty_str, number
 from durable_flow.config.queues import QueueConfig, queue_from_dict
 from durable_flow.config.validation import HOUR_S
+from durable_flow.store.outage import Outage
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -481,8 +482,6 @@ class RedisAdmissionBackend(AdmissionBackend):
         died on one bad answer would let this live process's slots lapse and be handed to others
         while its steps still run (a cap breach), so every error is an outage to ride out."""
         import redis
-
-        from durable_flow.store.outage import Outage
 
         outage = Outage("admission: instance heartbeat to Redis", logger)
         interval = self.instance_ttl_ms / 4000

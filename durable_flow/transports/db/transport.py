@@ -31,13 +31,14 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from durable_flow.config.options import Option, boolean, number, parse_options
 from durable_flow.config.validation import DAY_S, MINUTE_S
 from durable_flow.models import Task, TaskKind
+from durable_flow.store import tasks as task_rows
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.db import notify as db_notify
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
@@ -198,30 +199,6 @@ class DatabaseTransport(Transport):
         )
 
 
-assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
-
-
-def _claim_statement(skipped: int = 0, lapsed: bool = True) -> str:
-    """`UPDATE ... WHERE id IN (SELECT ... LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING ...`:
-    the claim in one round trip and one (autocommit) transaction, in the `df_task_claim_order`
-    index's order; `skipped`: how many ids (`_left_alone`) it passes over; `lapsed`: whether it
-    takes tasks whose lease lapsed (see `DatabaseTaskSource.outage_seen`)."""
-    q = connection.ops.quote_name
-    table = q(Task._meta.db_table)
-    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    skip = f" AND {q('id')} NOT IN ({', '.join(['%s'] * skipped)})" if skipped else ""
-    unclaimed = f"{q('claimed_by')} IS NULL"
-    claimable = f"({unclaimed} OR {q('lease_until')} < %s)" if lapsed else unclaimed
-    deliveries = q("deliveries")
-    return (
-        f"UPDATE {table} SET {q('claimed_by')} = %s, {q('lease_until')} = %s, {deliveries} = {deliveries} + 1 "
-        f"WHERE {q('id')} IN (SELECT {q('id')} FROM {table} WHERE {claimable} "
-        f"AND {q('available_at')} <= %s{skip} ORDER BY {q('kind')}, {q('priority')} DESC, {q('id')} LIMIT %s{lock}) "
-        f"RETURNING {q('id')}, {q('kind')}, {q('run_id')}, {q('step_key')}, {q('attempt')}, {q('priority')}, "
-        f"{deliveries}"
-    )
-
-
 def give_up(task_id: int, worker_id: str) -> None:
     """Unclaim a task `worker_id` holds, so any worker takes it now; a turn whose run has
     another turn queued already is deleted instead (one queued turn a run: the unique index)."""
@@ -229,17 +206,7 @@ def give_up(task_id: int, worker_id: str) -> None:
         with transaction.atomic():
             Task.objects.filter(id=task_id, claimed_by=worker_id).update(claimed_by=None, lease_until=None)
     except IntegrityError:  # the unique index says a turn for this run is queued already
-        delete_claimed(task_id, worker_id)
-
-
-def delete_claimed(task_id: int, worker_id: str) -> None:
-    """Delete a task row this worker holds (in the transaction that settles it, or once it is
-    done): the SQL of `Task.objects.filter(id=..., claimed_by=...).delete()` (no rows refer to
-    a task), without the ORM's deletion collector on every turn and result."""
-    q = connection.ops.quote_name
-    sql = f"DELETE FROM {q(Task._meta.db_table)} WHERE {q('claimed_by')} = %s AND {q('id')} = %s"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [worker_id, task_id])
+        task_rows.delete_claimed(task_id, worker_id)
 
 
 class DatabaseTaskSource(TaskSource):
@@ -336,15 +303,8 @@ class DatabaseTaskSource(TaskSource):
         priority, then arrival: an admitted step holds a queue slot that the next waiter needs,
         and a turn only creates more work, so finishing work in flight comes first."""
         now = timezone.now()
-        ops = connection.ops
-        params = [worker_id, ops.adapt_datetimefield_value(now + self.visibility)]
-        skipped = _left_alone()
-        if lapsed:
-            params.append(ops.adapt_datetimefield_value(now))
-        params += [ops.adapt_datetimefield_value(now), *skipped, limit]
-        with connection.cursor() as cursor:
-            cursor.execute(_claim_statement(len(skipped), lapsed), params)
-            rows = sorted(cursor.fetchall(), key=lambda row: (row[1], -row[5], row[0]))
+        claimed = task_rows.claim(worker_id, now + self.visibility, now, _left_alone(), limit, lapsed)
+        rows = sorted(claimed, key=lambda row: (row[1], -row[5], row[0]))
         return [
             ClaimedTask(
                 kind=kind,
@@ -363,14 +323,14 @@ class DatabaseTaskSource(TaskSource):
         An outcome with no such transaction (a missing step) leaves the row to `done`."""
 
         def delete_task() -> None:
-            delete_claimed(task.handle, runner.worker_id)
+            task_rows.delete_claimed(task.handle, runner.worker_id)
             transaction.on_commit(lambda: setattr(task, "done_in_engine", True))
 
         return runner.run_task(task, also=delete_task)
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
         if not task.done_in_engine:
-            delete_claimed(task.handle, worker_id)
+            task_rows.delete_claimed(task.handle, worker_id)
 
     def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         for task in tasks:

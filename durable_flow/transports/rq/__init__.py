@@ -75,6 +75,7 @@ from rq.registry import StartedJobRegistry
 
 from durable_flow.config.options import Option, Validator, boolean, non_empty_str, number
 from durable_flow.config.validation import MAX_DURATION_MS
+from durable_flow.engine import get_engine
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.rq.claims import ClaimBook
 from durable_flow.transports.rq.common import HIGH, LOW, NORMAL, current_runner
@@ -109,8 +110,6 @@ def _runner() -> TaskRunner:
     process's engine with no worker id."""
     runner = current_runner()
     if runner is None:
-        from durable_flow.engine import get_engine
-
         runner = EngineRunner(get_engine())
     return runner
 
