@@ -29,9 +29,9 @@ records the step. What it costs:
 - Two deliveries of one turn at once may both run the step (a step is at-least-once anyway):
   the first result to lock the run is recorded, the other is dropped.
 - A probe that finds nothing to run (the first call is a queued step, a sleep...; the turn is
-  not the run's first) cost an unlocked read and a partial replay for nothing: 5-11 % of a
-  queued one-step workflow's rate on `db` (`bench/peer_dbos.py`). `ProbeGate` stops probing
-  every first delivery once many probes in a row found nothing, and resumes on a find.
+  not the run's first) costs an unlocked read and a partial replay for nothing, on the path of
+  every queued workflow (`bench/peer_dbos.py`; see docs/benchmark-history.md). `ProbeGate` stops
+  probing every first delivery once many probes in a row found nothing, and resumes on a find.
 """
 
 from __future__ import annotations

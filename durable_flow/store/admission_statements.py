@@ -3,9 +3,9 @@
 Every decision and release of the `db` backend runs under its queue row's lock (and, while step
 concurrency is in use, the resource lock before it) until its transaction commits, so on
 PostgreSQL every round trip inside that section is paid by every other worker thread of the
-queue waiting for the lock. Measured with ten threads on one queue, the lock waits were most of
-a queued workflow's time (`bench/peer_dbos.py`). These statements do in one round trip what the
-ORM did in several:
+queue waiting for the lock: with many threads on one queue, the lock waits dominate a queued
+workflow's time (`bench/peer_dbos.py`; see docs/benchmark-history.md). These statements do in
+one round trip what the ORM did in several:
 
 - `lock_queue`: the resource lock, the queue row's lock and the server clock (PostgreSQL);
 - `admit_if_free`: a cap-only queue's uncontended admission, checks and slot in one INSERT;
@@ -249,8 +249,8 @@ def _best_waiter_sql(table: str, lifo: bool) -> str:
 def best_waiter(queue: str, lifo: bool) -> AdmissionWaiter | None:
     """The waiter a grant takes first (`waiter_line.rank`, served by the `df_waiter_rank` index):
     what `AdmissionWaiter.objects.filter(queue=...).order_by(*rank).first()` reads, without
-    the ORM building the query on every grant (traced: 0.8 ms of Python before a 0.3 ms read,
-    in the middle of every handoff)."""
+    the ORM building the query on every grant (more Python than the read itself costs, in the
+    middle of every handoff)."""
     # Imported here: the engine package imports the admission backends.
     from durable_flow.store.statements import fetch
 
