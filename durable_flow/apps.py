@@ -15,7 +15,7 @@ class DurableFlowConfig(AppConfig):
 
     def ready(self) -> None:
         """Fail at startup, naming the setting, rather than at the first run. Every new database
-        connection gets dumpers for the app's choices (`pg_adapters`)."""
+        connection gets dumpers for the app's choices (`durable_flow.store.pg_adapters`)."""
         from django.db.backends.signals import connection_created
 
         from durable_flow import checks  # noqa: F401  (registers the system checks)

@@ -19,8 +19,8 @@ turn task's first claim: `Task.deliveries` is 1), its task row deleted in the tr
 records the step. What it costs:
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
   checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
-  pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn
-  sent again for a pending run whose first step a live worker runs).
+  pages and the poller read it there (`durable_flow.store.queries.running_steps`: "Executing
+  now", and no turn sent again for a pending run whose first step a live worker runs).
 - A crash mid-step leaves no attempt behind. The turn's job (task row) is still the
   transport's, so it is run again (the poller re-queues a dead worker's jobs and gives up its
   task rows; a lapsed lease is taken again); a turn delivered a second time takes the

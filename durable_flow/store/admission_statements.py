@@ -19,7 +19,8 @@ one round trip what the ORM did in several:
 - `take_slot`: a grant's writes (the waiter row gone, the slot, the window mark, the serve
   counter, the key's last serve and its waiters' copy of it) (PostgreSQL).
 
-Each is what `db.py` did statement by statement, with the same locks in the same order.
+Each is what `durable_flow.admission.db.backend` did statement by statement, with the same locks in
+the same order.
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
     the server clock (epoch ms), in one statement; the row (none if the queue has no row) and the
     clock. None on another database (the caller takes them one by one).
 
-    The order is the one `db_resources` requires (resource lock first): the resource lock is a
-    one-time filter evaluated before the row is scanned, and the clock is read by the outer query
-    from the materialised CTE, so after the row lock is granted (a decision that waited for the
-    lock must not stamp its marks with the time it began waiting)."""
+    The order is the one `durable_flow.admission.db.resources` requires (resource lock first):
+    the resource lock is a one-time filter evaluated before the row is scanned, and the clock is
+    read by the outer query from the materialised CTE, so after the row lock is granted (a
+    decision that waited for the lock must not stamp its marks with the time it began
+    waiting)."""
     if connection.vendor != "postgresql":
         return None
     sql, params = _lock_queue_sql(name, guard)
@@ -161,14 +163,14 @@ def ticket_state(queue: str, ticket: str) -> TicketState:
 
 
 def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | None] | None:
-    """On PostgreSQL, in one statement: what `db_resources.free` does (delete the ticket's
-    resource holds and resource-waiter rows; the caller refreshes the key heads those were),
-    delete its waiter and slot rows in `queue` and in the pseudo-queue, and tell whether anybody
-    else waits in `queue` (a release with nobody in line grants nothing: no more reads), and how
-    many slots of `queue` are held after it (the grant's room, with no count of its own; the
-    statement's subqueries see the rows as they were before its deletes, hence the difference).
-    Returns the freed resources, the line and the slots; None on another database (the caller
-    deletes row by row)."""
+    """On PostgreSQL, in one statement: what `durable_flow.admission.db.resources.free` does
+    (delete the ticket's resource holds and resource-waiter rows; the caller refreshes the key
+    heads those were), delete its waiter and slot rows in `queue` and in the pseudo-queue, and
+    tell whether anybody else waits in `queue` (a release with nobody in line grants nothing: no
+    more reads), and how many slots of `queue` are held after it (the grant's room, with no count
+    of its own; the statement's subqueries see the rows as they were before its deletes, hence
+    the difference). Returns the freed resources, the line and the slots; None on another
+    database (the caller deletes row by row)."""
     if connection.vendor != "postgresql":
         return None
     sql, params = _withdraw_sql(queue, ticket)
