@@ -191,7 +191,7 @@ def turn_row(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: datetime,
         sleep) plus the replay up to the call. A run that is pending now draws a bar growing to now.
 
         A turn after a step's result usually runs inline, in the result's transaction: its bar is
-        the replay alone, a few milliseconds. A turn that made no new call leaves no trace, so a bar
+        the replay alone, a short one. A turn that made no new call leaves no trace, so a bar
         starts at the latest wake: a lower bound when results arrived while a turn was queued. An
     operator's retry queues a turn that re-admits the reset steps; that wait shows in their rows.
     `executing`: a live worker runs the pending run's first step optimistically (nothing of it

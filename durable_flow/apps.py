@@ -20,7 +20,7 @@ class DurableFlowConfig(AppConfig):
 
     def ready(self) -> None:
         """Fail at startup, naming the setting, rather than at the first run. Every new database
-        connection gets dumpers for the app's choices (`pg_adapters`)."""
+        connection gets dumpers for the app's choices (`durable_flow.store.pg_adapters`)."""
         # These import the models, which this module (loaded before them) may not.
         from durable_flow.contrib import task_runner  # noqa: F401  (the built-in workflow of the tasks backend)
         from durable_flow.store.pg_adapters import register_choice_dumpers

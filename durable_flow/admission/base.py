@@ -117,7 +117,8 @@ class AdmissionDecision:
 class AdmissionBackend(Configurable, ABC):
     """Where admission accounting happens. Implementations must be thread-safe.
 
-    Subclasses implement the four core methods; the optional ones have working defaults
+    Subclasses implement the seven abstract methods (`register`, `handles`, `try_admit`,
+    `release`, `grant`, `reoffer`, `try_start`); the optional ones have working defaults
     (documented on each), so the engine calls them unconditionally.
     """
 

@@ -65,7 +65,7 @@ class QueueConfig:
 
     @property
     def keyed(self) -> bool:
-        """Whether a per-key window or a throttle applies (see `admission.keyed`)."""
+        """Whether a per-key window or a throttle applies (`durable_flow.admission.rules.keyed`)."""
         return self.key_rate_limit is not None or self.throttle is not None
 
     def as_dict(self) -> dict[str, Any]:

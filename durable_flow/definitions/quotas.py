@@ -15,6 +15,9 @@ per key, so starts racing for the last slot cannot overshoot:
 - SQLite: durable_flow's `transaction_mode = IMMEDIATE` already takes the database's write lock
   when the transaction opens, so every start is serialised.
 - Other vendors: the start's transaction is the only guard (the reference's soft cap).
+
+This module holds the declaration (`QuotaSpec`) and a start's plan (`plan`, `QuotaCheck`); the
+key's lock, the count and the check a start passes are `durable_flow.store.quotas`.
 """
 
 from __future__ import annotations

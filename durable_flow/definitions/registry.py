@@ -87,8 +87,9 @@ def step_backoff(name: str, attempt: int) -> timedelta:
 class StartChecks(Protocol):
     """The start rules of a workflow whose input names what it runs, so each run's rules are
     those of what it names: the tasks backend's workflow, whose every task declares its own
-    quota, debounce or singleton (`task_runner`). Asked by the operations that make a stored
-    run active again, a re-run and a retry, which know nothing of what the input names."""
+    quota, debounce or singleton (`durable_flow.contrib.task_runner`). Asked by the operations
+    that make a stored run active again, a re-run and a retry, which know nothing of what the
+    input names."""
 
     def control(self, input: Any) -> StartControl | None:
         """The debounce or singleton a run of `input` started under (a retry checks it again)."""
@@ -186,12 +187,14 @@ def workflow(
     Bump `version` when you change the order of its calls: runs started under the old
     version fail with a clear non-determinism error instead of replaying wrongly.
     `quota` (`{"key": fn(input), "limit": n, "count_statuses": [...]}`) refuses a start at once
-    with `ConcurrencyLimitError` when `limit` runs of its key are in flight; see `quotas.py`.
-    `concurrency` (`10`, `{"limit": 2, "key": "input.account_id"}`, or a list of two) caps the
-    step attempts executing at once per evaluated key; see `step_concurrency.py`.
+    with `ConcurrencyLimitError` when `limit` runs of its key are in flight; see
+    `durable_flow.definitions.quotas`. `concurrency` (`10`, `{"limit": 2, "key":
+    "input.account_id"}`, or a list of two) caps the step attempts executing at once per
+    evaluated key; see `durable_flow.definitions.step_concurrency`.
     `debounce` (`{"key": "input.user", "period": timedelta(seconds=5), "max_wait": ...}`) folds
     starts of one key into one later run with the latest input; `singleton` (`{"key": ...,
-    "mode": "skip" | "cancel"}`) keeps one run per key in progress; see `start_control.py`.
+    "mode": "skip" | "cancel"}`) keeps one run per key in progress; see
+    `durable_flow.definitions.start_control`.
     `internal` marks a built-in workflow that only durable_flow starts (the tasks backend's, whose
     input names the code it runs): `start()`, the JSON API and the start forms refuse it by name.
     `start_checks` gives a built-in workflow the start rules its input names (`StartChecks`).

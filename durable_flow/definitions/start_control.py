@@ -1,4 +1,4 @@
-"""Debounce and singleton: decided when a run starts, like start quotas (`quotas.py`).
+"""Debounce and singleton: decided when a run starts, like start quotas (`quotas`).
 
 `@workflow(..., debounce={"key": ..., "period": timedelta(seconds=5), "max_wait": ...})`:
 starts with the same key inside `period` collapse into one run, which begins when `period` has
@@ -14,18 +14,22 @@ its last step's result will be ignored). `skip` returns the run in progress and 
 nothing; `cancel` cancels it and starts the new run.
 
 Keys are scoped to the workflow, stored in `WorkflowRun.start_key`, and declared as for step
-concurrency (`keys.py`: CEL over `input`, or a callable of the input). Race safety is the start
-quota's: the lookup and the INSERT run under the key's lock (`quotas.lock_key`: a PostgreSQL
-advisory transaction lock; SQLite's IMMEDIATE transaction is already the database's write lock),
-so concurrent starts of one key never make two debounced or two in-progress runs. The poller
-takes a due debounced run `FOR UPDATE SKIP LOCKED`, and a start updates the run under its row
-lock, so a run is either pushed back or started, never both.
+concurrency (`keys`: CEL over `input`, or a callable of the input). Race safety is the start
+quota's: the lookup and the INSERT run under the key's lock (`durable_flow.store.quotas.lock_key`:
+a PostgreSQL advisory transaction lock; SQLite's IMMEDIATE transaction is already the database's
+write lock), so concurrent starts of one key never make two debounced or two in-progress runs.
+The poller takes a due debounced run `FOR UPDATE SKIP LOCKED`, and a start updates the run under
+its row lock, so a run is either pushed back or started, never both.
 
 Scope: top-level starts (`start`, `rerun`, the HTTP API, the tasks backend). A child run is part
 of its parent's deterministic replay and is neither debounced nor skipped. `retry` of a failed or
-cancelled singleton run is refused while another run of its key is in progress (`retry_conflict`):
-either mode, as a retry resumes an old run rather than starting a new one; a task run's
-singleton is its task's (the built-in workflow's `start_checks`, `task_runner.TaskStartChecks`).
+cancelled singleton run is refused while another run of its key is in progress
+(`retry_conflict`): either mode, as a retry resumes an old run rather than starting a new one; a
+task run's singleton is its task's (the built-in workflow's `start_checks`,
+`durable_flow.contrib.task_runner.TaskStartChecks`).
+
+This module holds the declarations (`DebounceSpec`, `SingletonSpec`, parsed at registration);
+`durable_flow.engine.start_gate` applies them when a run starts (`StartGate`, `retry_conflict`).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class LifecycleMixin(EngineBase):
         Over its start quota (`quota`, else the workflow's) it raises `ConcurrencyLimitError`
         and creates nothing; an existing `run_id` is returned without a quota check. A workflow's
         debounce or singleton (or `gate`, a task's) may return a run that already exists instead
-        (`start_control`)."""
+        (`start_gate`)."""
         definition = resolve_workflow(workflow)
         ensure_json(input, f"input of workflow {definition.name!r}", self.settings.max_payload_bytes)
         if isinstance(tags, str) or not isinstance(tags, Iterable):

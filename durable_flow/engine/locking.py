@@ -55,7 +55,7 @@ def locked_run(run_id: str, key: str | None = None) -> tuple[WorkflowRun | None,
 
     Call inside `transaction.atomic()`. Returns `(run, checkpoint)`, either None when missing;
     the checkpoint is None too when no `key` is asked for. (Both statements are precompiled:
-    `engine/statements.py`.)
+    `durable_flow.store.statements`.)
     """
     run = statements.lock_run(run_id)
     if key is None:

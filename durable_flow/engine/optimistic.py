@@ -19,8 +19,8 @@ turn task's first claim: `Task.deliveries` is 1), its task row deleted in the tr
 records the step. What it costs:
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
   checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
-  pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn
-  sent again for a pending run whose first step a live worker runs).
+  pages and the poller read it there (`durable_flow.store.queries.running_steps`: "Executing
+  now", and no turn sent again for a pending run whose first step a live worker runs).
 - A crash mid-step leaves no attempt behind. The turn's job (task row) is still the
   transport's, so it is run again (the poller re-queues a dead worker's jobs and gives up its
   task rows; a lapsed lease is taken again); a turn delivered a second time takes the
@@ -29,9 +29,9 @@ records the step. What it costs:
 - Two deliveries of one turn at once may both run the step (a step is at-least-once anyway):
   the first result to lock the run is recorded, the other is dropped.
 - A probe that finds nothing to run (the first call is a queued step, a sleep...; the turn is
-  not the run's first) cost an unlocked read and a partial replay for nothing: 5-11 % of a
-  queued one-step workflow's rate on `db` (`bench/peer_dbos.py`). `ProbeGate` stops probing
-  every first delivery once many probes in a row found nothing, and resumes on a find.
+  not the run's first) costs an unlocked read and a partial replay for nothing, on the path of
+  every queued workflow (`bench/peer_dbos.py`; see docs/benchmark-history.md). `ProbeGate` stops
+  probing every first delivery once many probes in a row found nothing, and resumes on a find.
 """
 
 from __future__ import annotations

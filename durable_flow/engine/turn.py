@@ -1,8 +1,9 @@
 """What a turn's `ctx` and the engine agree on: the small engine interface the context calls,
 the `PENDING` sentinel, per-call options, and the ways a turn unwinds (`Unwind`).
 
-The context (`context.py`) depends on this module, not on the engine package, so the engine's
-internals can change without the context importing their private names.
+The context (`context`) sees the engine only through this module's `TurnEngine`, never through
+`Engine` and its parts, so the engine's internals can change without the context importing their
+private names.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class AdmissionResourceHead(models.Model):
     """The head of one key's waiters of a resource (its first `AdmissionResourceWaiter` by
     priority, then arrival), ranked by priority, then the key's last serve, then arrival: a freed
     resource reads its keys' heads best first, not its whole line. Kept current on join, leave
-    and serve (`db_heads`)."""
+    and serve (`durable_flow.admission.db.heads`)."""
 
     resource = models.CharField(max_length=320)
     other = models.CharField(max_length=320, blank=True, default="", help_text="The key; empty: needs it alone.")

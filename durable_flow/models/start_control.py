@@ -1,5 +1,5 @@
-"""The rows of debounce and singleton (`start_control.py`) beyond the run's own columns: kept out
-of `models.py` (under 400 lines); imported there so Django registers them with this app."""
+"""What debounce and singleton (`durable_flow.definitions.start_control`) persist beyond the run's
+own columns: the count of starts they turned away, per workflow and outcome."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ A constraint's resources share a name prefix (`step_concurrency`): `sc:fn:<workf
 one workflow, `sc:env:<environment>:` and `sc:acct:` shared by every workflow that declares the
 scope. Constraints that name the same prefix (two workflows sharing an account key, say) are one
 row here, listing who declares it at which limit. The counts come from the admission backend
-(`constraint_usage`), which holds the slots and the waiting lines, on every backend.
+(`AdmissionBackend.constraint_usage`), which holds the slots and the waiting lines, on every
+backend.
 """
 
 from __future__ import annotations

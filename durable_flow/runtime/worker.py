@@ -257,14 +257,14 @@ class WorkerRuntime(EngineRunner):
         the transport instead: while another step runs in this process and another worker was
         idle at the last heartbeat. A granted step stays on the thread that freed its slot, so
         without this every slot of a queue can end up in one process, its handoffs contending
-        for one interpreter while the other processes idle (traced on `bench/contention.py`'s
-        cap 2: both chains in one of two workers, their handoffs interleaved, each ~2x as long).
-        Once each process runs one, every handoff is inline again.
+        for one interpreter while the other processes idle: each handoff waits on the others'
+        Python as well as its own (`bench/contention.py`'s cap-2 scenario shows it; figures in
+        docs/benchmark-history.md). Once each process runs one, every handoff is inline again.
 
         One step per idle peer seen: the first thread to decline uses the sighting up, and the
         next heartbeat looks again. Otherwise two threads finishing together both decline, the
-        idle process claims both, and the pair bounces between the processes (traced on SQLite:
-        both chains paused for a poll every ~0.7 s)."""
+        idle process claims both, and the pair bounces between the processes, each bounce a
+        wait for the next poll where nothing wakes a claimer (SQLite)."""
         with self._peer_idle_lock:
             if self._peer_idle and self.stats.in_flight > 1:
                 self._peer_idle = False

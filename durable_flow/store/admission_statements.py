@@ -3,9 +3,9 @@
 Every decision and release of the `db` backend runs under its queue row's lock (and, while step
 concurrency is in use, the resource lock before it) until its transaction commits, so on
 PostgreSQL every round trip inside that section is paid by every other worker thread of the
-queue waiting for the lock. Measured with ten threads on one queue, the lock waits were most of
-a queued workflow's time (`bench/peer_dbos.py`). These statements do in one round trip what the
-ORM did in several:
+queue waiting for the lock: with many threads on one queue, the lock waits dominate a queued
+workflow's time (`bench/peer_dbos.py`; see docs/benchmark-history.md). These statements do in
+one round trip what the ORM did in several:
 
 - `lock_queue`: the resource lock, the queue row's lock and the server clock (PostgreSQL);
 - `admit_if_free`: a cap-only queue's uncontended admission, checks and slot in one INSERT;
@@ -19,7 +19,8 @@ ORM did in several:
 - `take_slot`: a grant's writes (the waiter row gone, the slot, the window mark, the serve
   counter, the key's last serve and its waiters' copy of it) (PostgreSQL).
 
-Each is what `db.py` did statement by statement, with the same locks in the same order.
+Each is what `durable_flow.admission.db.backend` did statement by statement, with the same locks in
+the same order.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ def lock_queue(name: str, guard: bool) -> tuple[list[FlowQueue], int] | None:
     the server clock (epoch ms), in one statement; the row (none if the queue has no row) and the
     clock. None on another database (the caller takes them one by one).
 
-    The order is the one `db_resources` requires (resource lock first): the resource lock is a
-    one-time filter evaluated before the row is scanned, and the clock is read by the outer query
-    from the materialised CTE, so after the row lock is granted (a decision that waited for the
-    lock must not stamp its marks with the time it began waiting)."""
+    The order is the one `durable_flow.admission.db.resources` requires (resource lock first):
+    the resource lock is a one-time filter evaluated before the row is scanned, and the clock is
+    read by the outer query from the materialised CTE, so after the row lock is granted (a
+    decision that waited for the lock must not stamp its marks with the time it began
+    waiting)."""
     if connection.vendor != "postgresql":
         return None
     sql, params = _lock_queue_sql(name, guard)
@@ -161,14 +163,14 @@ def ticket_state(queue: str, ticket: str) -> TicketState:
 
 
 def withdraw(queue: str, ticket: str) -> tuple[list[str], bool | None, int | None] | None:
-    """On PostgreSQL, in one statement: what `db_resources.free` does (delete the ticket's
-    resource holds and resource-waiter rows; the caller refreshes the key heads those were),
-    delete its waiter and slot rows in `queue` and in the pseudo-queue, and tell whether anybody
-    else waits in `queue` (a release with nobody in line grants nothing: no more reads), and how
-    many slots of `queue` are held after it (the grant's room, with no count of its own; the
-    statement's subqueries see the rows as they were before its deletes, hence the difference).
-    Returns the freed resources, the line and the slots; None on another database (the caller
-    deletes row by row)."""
+    """On PostgreSQL, in one statement: what `durable_flow.admission.db.resources.free` does
+    (delete the ticket's resource holds and resource-waiter rows; the caller refreshes the key
+    heads those were), delete its waiter and slot rows in `queue` and in the pseudo-queue, and
+    tell whether anybody else waits in `queue` (a release with nobody in line grants nothing: no
+    more reads), and how many slots of `queue` are held after it (the grant's room, with no count
+    of its own; the statement's subqueries see the rows as they were before its deletes, hence
+    the difference). Returns the freed resources, the line and the slots; None on another
+    database (the caller deletes row by row)."""
     if connection.vendor != "postgresql":
         return None
     sql, params = _withdraw_sql(queue, ticket)
@@ -249,8 +251,8 @@ def _best_waiter_sql(table: str, lifo: bool) -> str:
 def best_waiter(queue: str, lifo: bool) -> AdmissionWaiter | None:
     """The waiter a grant takes first (`waiter_line.rank`, served by the `df_waiter_rank` index):
     what `AdmissionWaiter.objects.filter(queue=...).order_by(*rank).first()` reads, without
-    the ORM building the query on every grant (traced: 0.8 ms of Python before a 0.3 ms read,
-    in the middle of every handoff)."""
+    the ORM building the query on every grant (more Python than the read itself costs, in the
+    middle of every handoff)."""
     # Imported here: the engine package imports the admission backends.
 
     rows = fetch(AdmissionWaiter, _best_waiter_sql(_table(AdmissionWaiter), lifo), [queue])

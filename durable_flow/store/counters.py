@@ -17,8 +17,8 @@ thread instead (`CountWriter`), which sums what has come in since its last write
 each queue's sum in one UPDATE. The worker thread that committed an admission goes straight on
 (under contention: to the step a result's release handed it), with no UPDATE of the queue's
 counter row, which every thread of every worker shares, between one step's end and the next
-start. A worker killed loses the counts not written yet (milliseconds' worth); a graceful stop
-writes them.
+start. A worker killed loses the counts not written yet (at most one gathering's worth); a
+graceful stop writes them.
 
 Only named queues are counted: a step on no queue (`queue=""`) that step concurrency alone
 gates is admitted and parked per key, not per queue, and a `queue=""` series would read as a
@@ -71,7 +71,7 @@ class CountWriter:
     write: one UPDATE per queue per write, off the threads that run turns and steps. A write
     waits `gather_s` after the first count it carries: a count is taken as a result commits,
     the moment the thread that committed starts its handed step, and a write at that instant
-    takes the interpreter from it (traced: about 1 ms of that step's start, per handoff)."""
+    takes the interpreter from it, delaying that step's start on every handoff."""
 
     def __init__(self, gather_s: float = 0.2) -> None:
         self.gather_s = gather_s

@@ -4,9 +4,9 @@ The ORM sends a `TextChoices` member (`RunStatus.RUNNING`) as it is, and psycopg
 registered for its class: every time it walks the class's MRO, raising and catching a `KeyError`
 and building a dotted name at each step, until it reaches `str`, and it does not remember the
 answer. A run's status, a checkpoint's kind and status, an attempt's status and a task's kind
-are on every step's statements: profiled on a `durable_worker` over `rq`, that walk was ~4 % of
-the worker's CPU. Registering `str`'s own dumpers for these classes makes it a dict lookup; the
-values sent are the same (the members are `str`s, dumped as `str` is).
+are on every step's statements, so that walk is a visible share of a worker's CPU (see
+docs/benchmark-history.md). Registering `str`'s own dumpers for these classes makes it a dict
+lookup; the values sent are the same (the members are `str`s, dumped as `str` is).
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 Every step's result, and every handoff of a slot to the next waiter, sends the same few
 statements: lock the run and its checkpoints, update the attempt, the checkpoint and the run.
-Traced per statement on the `cap 2, 50 ms` handoff (`bench/contention.py`), Python spends about
-as long between those statements as the database spends on them, and the ORM building each
-query (cloning querysets, resolving lookups, compiling) is most of it: `save(update_fields=...)`
-costs about 0.2 ms more than the UPDATE it sends, and the result's lock-and-read with its
-`Exists` about 1.5 ms more than the two SELECTs. Each function here sends exactly what the ORM
-call it replaces sent (the same rows, values prepared by the same fields, the same locks; no
-model here has signal receivers), from SQL built on first use and cached.
+On this path the Python between those statements weighs as much as the database work in them,
+and the ORM building each query (cloning querysets, resolving lookups, compiling) is most of it:
+a `save(update_fields=...)`, or the result's lock-and-read with its `Exists`, costs noticeably
+more than the SQL it sends (`bench/contention.py`'s handoff, traced per statement; see
+docs/benchmark-history.md). Each function here sends exactly what the ORM call it replaces
+sent (the same rows, values prepared by the same fields, the same locks; no model here has
+signal receivers), from SQL built on first use and cached.
 """
 
 from __future__ import annotations

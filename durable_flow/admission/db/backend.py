@@ -22,7 +22,7 @@ release is one more round trip that every other decider of the queue waits out. 
 that fails leaves the caller's transaction to roll back whole (the engine retries it), as
 every caller does already.
 
-Step-concurrency constraints (`db_resources`) are decided in the same transaction: a call takes
+Step-concurrency constraints (`resources`) are decided in the same transaction: a call takes
 its queue slot and its resource slots together or none. A call with constraints and no
 registered queue waits and holds its slot on the pseudo-queue `""` (no cap, no window).
 """
@@ -127,7 +127,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         self, name: str, request: AdmissionRequest | None = None
     ) -> tuple[FlowQueue | None, QueueConfig | None, int]:
         """`_guard`, `_locked_queue` and `_now`: on PostgreSQL in one round trip
-        (`db_statements.lock_queue`), every one of which the queue's other deciders wait out."""
+        (`admission_statements.lock_queue`), every one of which the queue's other deciders wait out."""
         if request is not None and request.constraints:
             self._seen_constraints = True
         guard = self._seen_constraints or step_concurrency_declared()
@@ -146,7 +146,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         return rows[0], queue_from_dict(rows[0].config), now
 
     def _guard(self, request: AdmissionRequest | None = None) -> None:
-        """Take the resource lock first when step concurrency is in use (see `db_resources`)."""
+        """Take the resource lock first when step concurrency is in use (see `resources`)."""
         if request is not None and request.constraints:
             self._seen_constraints = True
         if self._seen_constraints or step_concurrency_declared():
@@ -235,8 +235,9 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
     def _lock_and_withdraw(
         self, queue: str, ticket: str
     ) -> tuple[FlowQueue | None, QueueConfig | None, int, db_statements.Withdrawn] | None:
-        """`_lock_queue` and the release's deletes in one round trip (`db_statements.
-        lock_queue_and_withdraw`), when the queue's row needs no writing first; else None."""
+        """`_lock_queue` and the release's deletes in one round trip
+        (`admission_statements.lock_queue_and_withdraw`), when the queue's row needs no writing
+        first; else None."""
         with self._lock:
             pending = queue in self._pending_write
         if pending:
@@ -257,7 +258,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     @staticmethod
     def _withdraw(queue: str, ticket: str) -> list[str]:
-        """A release's deletes, statement by statement (`db_statements.withdraw` on PostgreSQL)."""
+        """A release's deletes, statement by statement (on PostgreSQL,
+        `admission_statements.withdraw` sends them in one)."""
         freed = db_resources.free(ticket)
         AdmissionWaiter.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
         AdmissionSlot.objects.filter(queue__in=(queue, FREE_QUEUE), ticket=ticket).delete()
@@ -428,7 +430,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
     @staticmethod
     def _take_slot(row: FlowQueue, config: QueueConfig, waiter: AdmissionWaiter, now: int, marks: list[int]) -> None:
         """A waiter (saved or not) becomes a slot holder; its window mark and serve are recorded
-        (on PostgreSQL in one statement, `db_statements.take_slot`)."""
+        (on PostgreSQL in one statement, `admission_statements.take_slot`)."""
         by_key = config.fairness == "key"
         if db_statements.take_slot(waiter, now, config.rate_limit is not None, row.next_serve if by_key else None):
             if config.rate_limit is not None:

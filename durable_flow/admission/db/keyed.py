@@ -1,5 +1,5 @@
-"""The `db` backend's per-key windows and throttle: `admission.keyed` stated over rows, inside the
-transaction that holds the queue row's lock (see `db`).
+"""The `db` backend's per-key windows and throttle: `durable_flow.admission.rules.keyed` stated
+over rows, inside the transaction that holds the queue row's lock (see `backend`).
 
 - per-key windows: `AdmissionKeyMark(queue, fairness_key, kind, at_ms)`, kind "g" per grant and
   "s" per step start, deleted as soon as they fall out of their window (a range delete on the

@@ -1,12 +1,12 @@
 """Step-concurrency resources as rows, for the `db` admission backend (the rules of
-`resources.py`, stated in SQL):
+`durable_flow.admission.rules.resources`, stated in SQL):
 
 - holds:   `AdmissionHold(resource, ticket)`, one row per resource slot held; a resource's
            active count is a COUNT over the `(resource, ticket)` unique index;
 - waiters: `AdmissionWaiter.constraints` (what a parked call needs) and
            `AdmissionResourceWaiter(resource, ticket, queue, priority, limit, other)`, the index
            a freed resource is offered through, and `AdmissionResourceHead`, each key's first
-           waiter (`db_heads`). A freed resource reads its keys' heads best first (priority,
+           waiter (`heads`). A freed resource reads its keys' heads best first (priority,
            then the key's last serve, then arrival: `resource_line`'s order), each grant
            re-ranking its key, so the work of a release depends on the keys it looks at, not
            on the length of the line;

@@ -6,7 +6,7 @@ django-rq `RQ_QUEUES` entry, or `"URL"`); every option is explained in `RedisAdm
 This module (and `redis` / `django_rq`) is imported only when this backend is selected.
 
 Every decision, release, grant and step start is one `EVALSHA` of `admission.lua` (with
-`resources.lua`, step concurrency, in front of it: see `redis_resources`), which
+`resources.lua`, step concurrency, in front of it: see `resources`), which
 applies exactly the rules of `policy`: a call joins the waiting line and the room there is
 (free slots, rate-window room) is granted to the rightful next waiters, best first; a release
 grants the freed slot on in the same call. The script reads the server's `TIME` (one clock for
@@ -163,7 +163,7 @@ def _redis_url(value: Any) -> str | None:
 class RedisAdmissionBackend(AdmissionBackend):
     """Fleet-wide admission accounting in Redis. Thread-safe; one instance per process."""
 
-    SUPPORTS_CONSTRAINTS = True  # resources.lua, see redis_resources
+    SUPPORTS_CONSTRAINTS = True  # resources.lua, see the `resources` module
     RELEASES_IN_TRANSACTION = False  # Redis is not the database: released after the commit
     SLOTS_ADOPTED = True  # a slot lives as long as its owner's heartbeat (`adopt`)
 
@@ -428,7 +428,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         return redis_resources.resource_usage(self.redis, self.prefix, resources)
 
     def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
-        """The busiest step-concurrency resources, by any process (see `redis_resources`)."""
+        """The busiest step-concurrency resources, by any process (see `resources`)."""
         return redis_resources.constraint_usage(self.redis, self.prefix, prefix, limit)
 
     def key_window_usage(self, queue: str, limit: int, scan: int = 10_000) -> list[tuple[str, int]] | None:

@@ -12,9 +12,10 @@ entries outnumber live ones (`stale`).
 
 The top heap holds one current entry per group (`bound`: the rank it was stored with): a waiter
 joining a group whose stored rank is already no worse than its own bound adds nothing to it, so
-a line of 10,000 waiters in one group keeps a top heap of one, not 10,000 (measured: a release
-and grant took 1.8x as long with 10,000 waiters as with 100). An entry whose rank is not its
-group's `bound` was superseded and is dropped when it surfaces.
+a line of 10,000 waiters in one group keeps a top heap of one, not 10,000, and a release and
+grant do not slow down as the line grows (`bench/contention.py`'s parked figures; see
+docs/benchmark-history.md). An entry whose rank is not its group's `bound` was superseded and is
+dropped when it surfaces.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """One step-concurrency resource's waiting line, indexed so a freed slot finds the rightful next
-waiter in O(log n) (the `local` backend's; `resources.lua` and `db_resources` keep the same order).
+waiter in O(log n) (the `local` backend's; `resources.lua` and `durable_flow.admission.db.resources`
+keep the same order).
 
 The order, as the Redis script ranks a freed resource's waiters: higher priority first; then the
 waiter whose *other* key was served least recently (under a shared `"openai"` ceiling, the

@@ -3,10 +3,9 @@
 SQLite lets one writer in at a time. With `transaction_mode: IMMEDIATE` every
 `transaction.atomic()` takes the write lock at `BEGIN`, and a connection that finds it taken
 waits in SQLite's busy handler, which sleeps 1, 2, 5, 10, 15, 20, 25 ... ms between tries: a
-waiter that just missed a release sleeps through several transactions of a millisecond each,
-and the more processes share the file, the more of them sleep at once. Measured on the
-embedded default (`bench/sqlite_processes.py`), two and four worker processes ran 0.75-0.98x
-the throughput of one.
+waiter that just missed a release sleeps through several short transactions, and the more
+processes share the file, the more of them sleep at once: on the embedded default, two and four
+worker processes ran slower than one (`bench/sqlite_processes.py`; see docs/benchmark-history.md).
 
 Here a connection takes an exclusive `flock` on a lock file beside the database before its
 `BEGIN` and lets it go at `COMMIT` or `ROLLBACK` (or when the connection closes): writers wait

@@ -17,7 +17,7 @@ An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable
 only when there is: the claim is a write, which on SQLite takes the write lock even when it
 finds nothing. A task enqueued by its own process wakes it at once when the enqueueing
 transaction commits; on PostgreSQL, one enqueued by any process does (`LISTEN`/`NOTIFY`,
-`db_notify`). (A slot freed by a result is not a task at all: the worker thread that
+`notify`). (A slot freed by a result is not a task at all: the worker thread that
 recorded the result runs the granted step itself; nor is the step a turn dispatches on a
 worker: the turn's thread runs it next, `engine/inline_handoff.py`.)
 """
@@ -220,7 +220,7 @@ class DatabaseTaskSource(TaskSource):
     def sent_elsewhere(self) -> AbstractContextManager[None]:
         """A step task this thread sends while declining a handoff wakes no claimer of this
         process (woken at once here, the busy process would keep it). On PostgreSQL the other
-        processes' claimers are woken at once (`db_notify`); on SQLite they find it at their
+        processes' claimers are woken at once (`notify`); on SQLite they find it at their
         next poll (`poll_interval_s`)."""
         return _not_announced()
 

@@ -22,12 +22,12 @@ one of three tiered queues next to the configured one::
     priority < 0  ->  "<QUEUE>:low"
 
 A worker pops from the first non-empty list of `[high, normal, low]` in one atomic script
-(`rq_claims.py`): strict priority between tiers, FIFO within a tier.
+(`claims`): strict priority between tiers, FIFO within a tier.
 Three tiers keep the set of queue names fixed (operators can list them in `RQ_QUEUES` for the
 django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
 the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
 
-Consuming. `RQTransport.source()` is an `RQTaskSource` (`rq_source.py`) for the shared
+Consuming. `RQTransport.source()` is an `RQTaskSource` (`source`) for the shared
 worker runtime: jobs run on threads under the live concurrency limit, with RQ's bookkeeping kept
 the way a `SimpleWorker` keeps it.
 
@@ -236,7 +236,7 @@ class RQTransport(Transport):
 
     @cached_property
     def claims(self) -> ClaimBook:
-        """Popped-but-unregistered jobs, and the doorbell idle workers wait on (`rq_claims.py`)."""
+        """Popped-but-unregistered jobs, and the doorbell idle workers wait on (`claims`)."""
         tier_keys = [self.tiers[tier].key for tier in (HIGH, NORMAL, LOW)]
         job_prefix = self.tiers[NORMAL].job_class.redis_job_namespace_prefix
         return ClaimBook(self.connection, self.queue_name, tier_keys, job_prefix)
@@ -287,7 +287,7 @@ class RQTransport(Transport):
         The poller calls this once a worker's heartbeat lapsed. Without it a popped job sits in
         RQ's `StartedJobRegistry` until its execution expires and (for a step not yet stamped
         with a worker) until `REDISPATCH_AFTER_S`, holding its queue slot all that time; a job
-        it popped but had not registered yet is in the claim book (`rq_claims.py`). Each
+        it popped but had not registered yet is in the claim book (`claims`). Each
         registry entry is taken with its own `ZREM`, each booked one by a script that checks its
         owner, so of several pollers exactly one re-queues it. A re-run is harmless: a turn
         replays, and a stale step attempt is skipped by the engine.

@@ -1,5 +1,5 @@
-"""What the `rq` transport's producer and job functions (`rq.py`) and its consumer
-(`rq_source.py`) share: the priority tiers, the job paths, and the runner a job runs through.
+"""What the `rq` transport's producer and job functions (this package's `__init__`) and its
+consumer (`source`) share: the priority tiers, the job paths, and the runner a job runs through.
 
 It imports neither side, so the consumer never imports the producer's module.
 """

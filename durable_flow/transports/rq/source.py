@@ -1,5 +1,5 @@
 """The consuming side of the `rq` transport: what `durable_worker` serves when
-`DURABLE_FLOW["TRANSPORT"]["BACKEND"]` is `rq` (the producing side is `rq.py`).
+`DURABLE_FLOW["TRANSPORT"]["BACKEND"]` is `rq` (the producing side is the package's `__init__`).
 
 The worker runs jobs on threads under the live concurrency limit, never forks (a fork costs
 more than a typical step), and keeps RQ's bookkeeping the way a `SimpleWorker` would: the
@@ -10,7 +10,7 @@ there are free slots, so nothing waits in a local buffer.
 
 A pop is booked for this worker in the same atomic script, and struck from the book in the MULTI
 that registers the jobs in the started registry, so a worker killed in between loses nothing
-(`rq_claims.py`); an idle worker blocks on the doorbell, not on the tier lists.
+(`claims`); an idle worker blocks on the doorbell, not on the tier lists.
 """
 
 from __future__ import annotations
