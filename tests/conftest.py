@@ -30,6 +30,8 @@ pytest_plugins = [
     "tests.support.held",
     "tests.support.redis_admission",
     "tests.support.workers",
+    "tests.support.admission_backends",
+    "tests.support.rq",
 ]
 
 #: The tests whose verdict depends on the database, marked `postgresql`: `make test` runs the

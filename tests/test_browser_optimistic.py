@@ -14,17 +14,17 @@ from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.rq import OPTIMISTIC, marks, run_status, worker
 from tests.test_browser_dashboard import engine_db, playwright, server  # noqa: F401
 from tests.test_browser_runs import browser, login, shoot  # noqa: F401
-from tests.test_rq_transport import OPTIMISTIC, marker, marks, redis_conn, rq_engine, run_status, worker  # noqa: F401
 
 
 def test_a_running_optimistic_first_step_is_on_its_runs_page(
-    rq_engine: Engine,  # noqa: F811
+    rq_engine: Engine,
     server: str,  # noqa: F811
     browser: Any,  # noqa: F811
     spawn: Callable[..., ManagedProcess],
-    marker: Path,  # noqa: F811
+    marker: Path,
 ) -> None:
     runner = worker(spawn, marker, "--concurrency", "2", env=OPTIMISTIC)
     run = start("tests.slow_one", {"id": "seen", "seconds": 30.0})

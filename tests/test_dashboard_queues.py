@@ -3,45 +3,20 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
-import pytest
-
 from dashboard.snapshot import queue_rows
 from durable_flow import start
 from durable_flow.admission.base import AdmissionBackend
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.queues import QueueConfig, RateLimit
 from tests.engine_support import ManualTransport
-from tests.support.redis_admission import REDIS_URL
-from tests.support.redis_keys import delete_keys
 
 
-@pytest.fixture(params=["local", "db", "redis"])
-def admission(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[AdmissionBackend]:
-    """Depends on the database so that it is torn down first: the redis backend's freed-slot
-    listener must stop before the test database is flushed, or its wake-up races the TRUNCATE."""
-    if request.param == "local":
-        yield LocalAdmissionBackend()
-    elif request.param == "db":
-        yield DatabaseAdmissionBackend()
-    else:
-        from durable_flow.admission.redis import RedisAdmissionBackend
-
-        prefix = f"df:t:{uuid.uuid4().hex[:8]}"
-        backend = RedisAdmissionBackend.from_options({"URL": REDIS_URL, "KEY_PREFIX": prefix})
-        yield backend
-        delete_keys(backend.redis, f"{prefix}:*")
-        backend.close()
-
-
-def test_queue_row_counts_in_flight_waiting_and_window_use(admission: AdmissionBackend, transactional_db: None) -> None:
+def test_queue_row_counts_in_flight_waiting_and_window_use(
+    admission_backend: AdmissionBackend, transactional_db: None
+) -> None:
     transport = ManualTransport()
-    engine = Engine(admission=admission, transport=transport, settings=get_settings())
+    engine = Engine(admission=admission_backend, transport=transport, settings=get_settings())
     set_engine(engine)
     engine.register_queue(
         QueueConfig.build(name="render", concurrency=1, rate_limit=RateLimit(limit=10, period_ms=3_600_000))

@@ -22,15 +22,9 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus
 from durable_flow.transports.rq_common import NORMAL
 from durable_flow.transports.rq_source import RQTaskSource
-from tests import test_rq_transport as rq_tests
 from tests.conftest import wait_for
+from tests.support.rq import live_heartbeat, marks, run_status, worker
 from tests.support.workers import RQ_ENV
-from tests.test_rq_transport import live_heartbeat, marks, run_status, worker
-
-# The RQ test module's fixtures: its Redis database cleared of `rq:*`, its engine on `rq`.
-redis_conn = rq_tests.redis_conn
-rq_engine = rq_tests.rq_engine
-marker = rq_tests.marker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,14 +15,13 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from tests import sc_workflows  # noqa: F401 - registers the sc.* workflows
 from tests.engine_support import ManualTransport
-from tests.test_dashboard_queues import admission  # noqa: F401 - the fixture
 
 
 @pytest.fixture
-def busy(admission: AdmissionBackend) -> ManualTransport:  # noqa: F811
+def busy(admission_backend: AdmissionBackend) -> ManualTransport:
     """Account a: 2 steps executing (its limit) and 2 waiting; account b: 1 executing."""
     transport = ManualTransport()
-    engine = Engine(admission=admission, transport=transport, settings=get_settings())
+    engine = Engine(admission=admission_backend, transport=transport, settings=get_settings())
     transport.bind(engine)
     set_engine(engine)
     for i in range(4):
