@@ -10,7 +10,7 @@ from pathlib import Path
 import django
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # What settings.production needs from the environment (docs/deployment.md).
 PRODUCTION_ENV = {
     "DJANGO_SETTINGS_MODULE": "settings.production",

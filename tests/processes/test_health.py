@@ -21,7 +21,7 @@ from django.utils import timezone
 from durable_flow.models import QueueSample, WorkerHeartbeat
 from tests.conftest import ManagedProcess, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Nothing listens on port 1: every connection is refused.
 UNREACHABLE_DATABASE = {"DATABASE_URL": "postgres://postgres@127.0.0.1:1/postgres"}
 PROCESS_ENV = {"DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_SAMPLE_INTERVAL_S": "1"}

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from durable_flow.conf import parse_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from typing import Any
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint
+from tests.browser.test_browser_dashboard import engine_db, playwright, server  # noqa: F401
+from tests.browser.test_browser_runs import browser, login, shoot  # noqa: F401
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.rq import OPTIMISTIC, marks, run_status, worker
-from tests.test_browser_dashboard import engine_db, playwright, server  # noqa: F401
-from tests.test_browser_runs import browser, login, shoot  # noqa: F401
 
 
 def test_a_running_optimistic_first_step_is_on_its_runs_page(

@@ -8,7 +8,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "durable_flow"
+PACKAGE = Path(__file__).resolve().parents[2] / "durable_flow"
 
 
 def imported_modules(path: Path) -> set[str]:

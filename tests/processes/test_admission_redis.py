@@ -32,8 +32,11 @@ from durable_flow.queues import QueueConfig, RateLimit
 from durable_flow.testing.clock import FakeClock
 from tests.support.redis_admission import REDIS_URL, server_ms
 
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = "import sys, django; django.setup(); from tests.test_admission_redis import child_main; child_main(sys.argv[1])"
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = (
+    "import sys, django; django.setup();"
+    " from tests.processes.test_admission_redis import child_main; child_main(sys.argv[1])"
+)
 
 
 # -- child processes ---------------------------------------------------------------------------

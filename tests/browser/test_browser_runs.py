@@ -16,8 +16,8 @@ from django.contrib.auth import get_user_model
 
 from durable_flow import register_queue, start
 from durable_flow.models import RunStatus, StepAttempt, WorkflowRun
+from tests.browser.test_browser_dashboard import CHROMIUM, SCREENSHOTS, engine_db, playwright, server  # noqa: F401
 from tests.conftest import ManagedProcess, wait_for
-from tests.test_browser_dashboard import CHROMIUM, SCREENSHOTS, engine_db, playwright, server  # noqa: F401
 
 DB = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
