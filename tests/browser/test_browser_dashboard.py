@@ -7,69 +7,17 @@ the run in the database. Screenshots are saved under docs/screenshots/.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 
 from durable_flow import register_queue, start
-from durable_flow.admission.db import DatabaseAdmissionBackend
-from durable_flow.conf import get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.transports.db import DatabaseTransport
-from tests.conftest import ROOT, ManagedProcess, wait_for
-
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements.txt")
-CHROMIUM = "/usr/bin/chromium"
-# Screenshots go to var/screenshots (ignored); DURABLE_FLOW_SCREENSHOTS=docs/screenshots refreshes
-# the ones the docs show.
-SCREENSHOTS = ROOT / os.environ.get("DURABLE_FLOW_SCREENSHOTS", "var/screenshots")
-# Playwright's sync API keeps an event loop in this thread; the ORM calls between page
-# actions are ordinary blocking calls, which is what this flag tells Django.
-os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def server(transactional_db: None, spawn: Callable[..., ManagedProcess]) -> str:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
-    port = free_port()
-    # The web process asks its admission backend for the queue numbers: the same `db` backend
-    # the workers decide on, as in the embedded default.
-    spawn(
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "settings.asgi:application",
-        module="daphne",
-        env={"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"},
-    )
-
-    def up() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(up, timeout=120, what="daphne to listen")  # a start-up on a busy machine: an event, not a verdict
-    return f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-def engine_db(transactional_db: None) -> Engine:
-    engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
-    set_engine(engine)
-    return engine
+from tests.conftest import ManagedProcess, wait_for
+from tests.support.browser import CHROMIUM, SCREENSHOTS, playwright
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from durable_flow.conf import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
 from durable_flow.transports.db import DatabaseTransport
-from tests.browser.test_browser_dashboard import CHROMIUM, SCREENSHOTS, free_port, playwright
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.browser import CHROMIUM, SCREENSHOTS, free_port, playwright
 
 DB = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db", "DURABLE_FLOW_SAMPLE_INTERVAL_S": "1"}
 WIDE, NARROW = {"width": 1400, "height": 900}, {"width": 420, "height": 900}

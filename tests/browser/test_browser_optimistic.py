@@ -13,16 +13,15 @@ from typing import Any
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint
-from tests.browser.test_browser_dashboard import engine_db, playwright, server  # noqa: F401
-from tests.browser.test_browser_runs import browser, login, shoot  # noqa: F401
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.browser import login, shoot
 from tests.support.rq import OPTIMISTIC, marks, run_status, worker
 
 
 def test_a_running_optimistic_first_step_is_on_its_runs_page(
     rq_engine: Engine,
-    server: str,  # noqa: F811
-    browser: Any,  # noqa: F811
+    server: str,
+    browser: Any,
     spawn: Callable[..., ManagedProcess],
     marker: Path,
 ) -> None:

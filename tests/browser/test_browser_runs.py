@@ -7,59 +7,24 @@ start a workflow, watch a burst flow through a throttled queue). Screenshots at 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from durable_flow import register_queue, start
 from durable_flow.models import RunStatus, StepAttempt, WorkflowRun
-from tests.browser.test_browser_dashboard import CHROMIUM, SCREENSHOTS, engine_db, playwright, server  # noqa: F401
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.browser import login, shoot
 
 DB = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 @pytest.fixture
-def workers(engine_db: Any, spawn: Callable[..., ManagedProcess]) -> None:  # noqa: F811
+def workers(engine_db: Any, spawn: Callable[..., ManagedProcess]) -> None:
     spawn("durable_worker", "--concurrency", "4", env=DB)  # threads for turns beside the 2 capped steps
     spawn("durable_poller", "--interval-ms", "100", env=DB)
-
-
-@pytest.fixture
-def browser(server: str) -> Iterator[Any]:  # noqa: F811
-    get_user_model().objects.create_user("staff", password="pw", is_staff=True, is_superuser=True)
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
-
-
-def login(browser: Any, server: str, width: int = 1400) -> Any:  # noqa: F811
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    page.goto(f"{server}/dashboard/runs/")
-    page.fill("#id_username", "staff")
-    page.fill("#id_password", "pw")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#runs")
-    return page
-
-
-def shoot(page: Any, name: str) -> None:
-    """A full-page screenshot, and proof the page fits its width (no horizontal scroll)."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    width = page.viewport_size["width"]
-    wide = page.evaluate(
-        "[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > innerWidth + 1)"
-        ".slice(0, 5).map(e => `${e.tagName}#${e.id}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)"
-    )
-    assert page.evaluate("document.documentElement.scrollWidth") <= width, (
-        f"{name} scrolls sideways at {width}px: {wide}"
-    )
-    page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
 
 
 def status_of(run_id: str) -> str:
@@ -67,7 +32,7 @@ def status_of(run_id: str) -> str:
 
 
 def test_find_why_a_run_failed_and_retry_it_until_it_completes(
-    server: str,  # noqa: F811
+    server: str,
     browser: Any,
     workers: None,
     tmp_path: Path,
@@ -106,7 +71,7 @@ def test_find_why_a_run_failed_and_retry_it_until_it_completes(
         page.close()
 
 
-def test_read_a_runs_timeline(server: str, browser: Any, workers: None) -> None:  # noqa: F811
+def test_read_a_runs_timeline(server: str, browser: Any, workers: None) -> None:
     run = start("tests.three_then_sleep", 3)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to sleep")
     for width in (1400, 420):
@@ -127,7 +92,7 @@ def test_read_a_runs_timeline(server: str, browser: Any, workers: None) -> None:
         page.close()
 
 
-def test_cancel_asks_for_confirmation(server: str, browser: Any, workers: None) -> None:  # noqa: F811
+def test_cancel_asks_for_confirmation(server: str, browser: Any, workers: None) -> None:
     run = start("tests.three_then_sleep", 3)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to sleep")
     page = login(browser, server)
@@ -142,7 +107,7 @@ def test_cancel_asks_for_confirmation(server: str, browser: Any, workers: None) 
     assert page.inner_text("#run-status") == "cancelled" and page.query_selector("#cancel-run") is None
 
 
-def test_send_a_signal(server: str, browser: Any, workers: None) -> None:  # noqa: F811
+def test_send_a_signal(server: str, browser: Any, workers: None) -> None:
     run = start("tests.signal_waiter", None)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to wait for its signal")
     page = login(browser, server)
@@ -156,7 +121,7 @@ def test_send_a_signal(server: str, browser: Any, workers: None) -> None:  # noq
     assert "approve" in page.inner_text("#signals") and '"ops"' in page.inner_text("#run-output")
 
 
-def test_start_a_workflow(server: str, browser: Any, workers: None) -> None:  # noqa: F811
+def test_start_a_workflow(server: str, browser: Any, workers: None) -> None:
     page = login(browser, server)
     page.click("text=Start a run")
     page.select_option("#id_workflow", "tests.three_steps")
@@ -168,7 +133,7 @@ def test_start_a_workflow(server: str, browser: Any, workers: None) -> None:  # 
     wait_for(lambda: status_of("started-in-browser") == RunStatus.COMPLETED, what="the started run to complete")
 
 
-def test_watch_the_flow_view_move_during_a_burst(server: str, browser: Any, workers: None) -> None:  # noqa: F811
+def test_watch_the_flow_view_move_during_a_burst(server: str, browser: Any, workers: None) -> None:
     register_queue("browser-flow", concurrency=2, rate_limit={"limit": 6, "period_ms": 2000})
     for width in (1400, 420):
         page = login(browser, server, width)
