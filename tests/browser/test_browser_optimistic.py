@@ -1,7 +1,7 @@
 """An optimistic first step (`engine/optimistic.py`, the `rq` default) seen in a real headless
 Chromium: while it runs nothing of it is in the run's rows, and the run's page shows it under
 "Executing now" from its worker's heartbeat, its turns row "running". (A step the rows record is
-listed without the "not recorded yet" note: tests/test_dashboard_runs.py.) A real daphne server,
+listed without the "not recorded yet" note: tests/integration/test_dashboard_runs.py.) A real daphne server,
 a real `durable_worker` on RQ and Redis."""
 
 from __future__ import annotations

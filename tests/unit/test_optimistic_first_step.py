@@ -1,7 +1,7 @@
 """Optimistic first turns (`OPTIMISTIC_FIRST_STEP`, `engine/optimistic.py`): a run's first plain
 step runs before anything is written and is recorded with its result in one transaction; every
 other first call and a run that moved on take the locked path. Over real RQ workers (a turn
-re-delivered after a kill, the first-delivery mark): tests/test_rq_transport.py."""
+re-delivered after a kill, the first-delivery mark): tests/processes/test_rq_transport.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Debounce and singleton on `django.tasks` tasks: `@debounce`/`@singleton` beside `@task`,
-decided at `enqueue` exactly as at a workflow's start (tests/test_start_control.py)."""
+decided at `enqueue` exactly as at a workflow's start (tests/processes/test_start_control.py)."""
 
 from __future__ import annotations
 
