@@ -20,7 +20,7 @@ Each round times `--ops` of each operation on the baseline, then on the busy que
 and takes the median latency of each; the ratio busy / baseline is printed per round, with its
 median over the rounds and its worst round (1.00 = a decision does not see the line; a script
 that scanned or rewrote the tenant's waiters would grow with `--waiters`). The regression test
-(tests/test_admission_redis.py::test_a_busy_key_does_not_cost_a_scan_per_decision) counts the
+(tests/processes/test_admission_redis.py::test_a_busy_key_does_not_cost_a_scan_per_decision) counts the
 script's commands instead of timing them.
 """
 

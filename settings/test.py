@@ -75,7 +75,7 @@ if os.environ.get("DURABLE_FLOW_SUBPROCESS") == "1":
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
     INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "daphne"]  # noqa: F405
 
-# Django's tasks framework (the `django-tasks` backport) on durable_flow (tests/test_tasks.py).
+# Django's tasks framework (the `django-tasks` backport) on durable_flow (tests/processes/test_tasks.py).
 TASKS = {
     "default": {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend", "QUEUES": ["default", "capped", "later"]},
     "other": {"BACKEND": "durable_flow.contrib.tasks.DurableFlowBackend"},

@@ -1,4 +1,4 @@
-"""Module-level `@task` functions for tests/test_tasks_contract.py, after the task modules of
+"""Module-level `@task` functions for tests/contracts/test_tasks_contract.py, after the task modules of
 django-tasks' and Django's own test suites (`tests/tasks.py` in both).
 
 A worker process imports this module (listed in the test settings' `WORKFLOWS`, so its tasks are

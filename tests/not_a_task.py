@@ -1,5 +1,5 @@
 """A module no task run may import: a run's input names `tests.not_a_task.touch` in
-tests/test_task_declarations.py. Importing it, or calling `touch`, leaves a marker file, so a
+tests/processes/test_task_declarations.py. Importing it, or calling `touch`, leaves a marker file, so a
 worker process that did either is seen from the test."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workflows with step concurrency, for the engine and process tests (`tests.test_step_concurrency*`)."""
+"""Workflows with step concurrency, for the engine and process tests (tests/*/test_step_concurrency*.py)."""
 
 from __future__ import annotations
 

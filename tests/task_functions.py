@@ -1,4 +1,4 @@
-"""Module-level `@task` functions for tests/test_tasks.py (the framework refuses nested ones)."""
+"""Module-level `@task` functions for tests/processes/test_tasks.py (the framework refuses nested ones)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def per_team(team: str | None = None) -> str | None:
 @task(takes_context=True)
 @debounce(key=lambda user, n: f"user:{user}", period=timedelta(seconds=5))  # the args, no context
 def reindex(context: TaskContext, user: str, n: int) -> dict[str, Any]:
-    """Debounced per user (tests/test_start_control_tasks.py)."""
+    """Debounced per user (tests/unit/test_start_control_tasks.py)."""
     return {"id": context.task_result.id, "n": n}
 
 

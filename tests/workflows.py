@@ -181,7 +181,7 @@ def flaky_queued(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(flaky, payload["key"], queue=payload["queue"])
 
 
-# -- engine-core tests (tests/test_engine_*.py, tests/test_processes.py) -------------------------
+# -- engine-core tests (tests/unit/test_engine_*.py, tests/processes/test_processes.py) ----------
 
 #: Events the `gate` step waits on, by input; a test sets one to let that step finish.
 GATES: dict[str, Any] = {}
@@ -333,7 +333,7 @@ def parent_of_flaky(ctx: Any, key: str) -> Any:
     return {"child": ctx.child("tests.step_then_flaky", key)}
 
 
-# -- metrics and tasks tests (tests/test_metrics.py, tests/test_tasks.py) ------------------------
+# -- metrics and tasks tests (tests/processes/test_metrics.py, tests/processes/test_tasks.py) ----
 
 
 @step("tests.file_gate")
@@ -351,7 +351,7 @@ def file_gated(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(file_gate, payload, queue=payload.get("queue"))
 
 
-# -- dashboard browser tests (tests/test_browser_runs.py) ----------------------------------------
+# -- dashboard browser tests (tests/browser/test_browser_runs.py) --------------------------------
 
 
 @step("tests.needs_file", retries=1, backoff=timedelta(milliseconds=200))
@@ -437,7 +437,7 @@ def whereami_flow(ctx: Any, fail_key: str) -> list[Any]:
 
 @workflow("tests.debounced", debounce={"key": '"user:" + input.user', "period": timedelta(seconds=5)})
 def debounced_flow(ctx: Any, input: dict[str, Any]) -> int:
-    """Begins once starts of its user stop for 5 s (tests/test_start_control.py, real processes)."""
+    """Begins once starts of its user stop for 5 s (tests/processes/test_start_control.py, real processes)."""
     return ctx.step(add_one, input["n"])
 
 
@@ -455,7 +455,7 @@ def quota_sleeper(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(echo, "woke")
 
 
-# -- exceptions outside `Exception` raised by user code (tests/test_base_exceptions.py) -----------
+# -- exceptions outside `Exception` raised by user code (tests/processes/test_base_exceptions.py) ---
 
 
 class CustomStop(BaseException):

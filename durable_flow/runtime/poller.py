@@ -27,7 +27,7 @@ from durable_flow.observe.sampling import Sampler
 from durable_flow.store import queries
 from durable_flow.store.outage import Outage, transient_errors
 
-logger = logging.getLogger("durable_flow.poller")
+logger = logging.getLogger("durable_flow.runtime.poller")
 
 
 class TimerPoller:

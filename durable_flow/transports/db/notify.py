@@ -27,7 +27,7 @@ from django.db import connection, connections
 
 from durable_flow.store.outage import Outage
 
-logger = logging.getLogger("durable_flow.transports.db")
+logger = logging.getLogger("durable_flow.transports.db.transport")
 
 #: The notification channel (notifications are per database, so one name serves every project).
 CHANNEL = "durable_flow_tasks"

@@ -1,0 +1,139 @@
+"""The run timeline's turn bars and operator delays: the durable record (times written at known
+instants) drawn as segments, so every bar's start and end is checked to the millisecond."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from dashboard.timeline import build_timeline
+from durable_flow.engine import Engine
+from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.operations.bulk import retry_batch
+from durable_flow.operations.runs import api
+from tests import workflows
+from tests.conftest import MovableClock
+from tests.engine_support import transport_of
+
+
+def at(seconds: float) -> datetime:
+    base = datetime(2026, 12, 1, 9, 0, 0).replace(tzinfo=timezone.get_current_timezone())
+    return base + timedelta(seconds=seconds)
+
+
+def make_run(status: str, *, created: float = 0, updated: float = 0, finished: float | None = None) -> WorkflowRun:
+    run = WorkflowRun.objects.create(workflow="t.timeline", status=status, turns=3)
+    WorkflowRun.objects.filter(pk=run.pk).update(
+        created_at=at(created), updated_at=at(updated), finished_at=None if finished is None else at(finished)
+    )
+    run.refresh_from_db()
+    return run
+
+
+def make_call(run: WorkflowRun, seq: int, kind: str, *, created: float, finished: float | None, **times: float) -> None:
+    cp = StepCheckpoint.objects.create(
+        run=run,
+        key=str(seq),
+        sequence=seq,
+        kind=kind,
+        name=f"t.{kind}",
+        status=StepStatus.COMPLETED if finished is not None else StepStatus.DISPATCHED,
+        attempt=1 if kind == StepKind.STEP else 0,
+        **{name: at(value) for name, value in times.items()},
+    )
+    StepCheckpoint.objects.filter(pk=cp.pk).update(
+        created_at=at(created), finished_at=None if finished is None else at(finished)
+    )
+
+
+def turn_bars(run: WorkflowRun, now: float = 100) -> list[tuple[float, float]]:
+    (row,) = [r for r in build_timeline(run, now=at(now)).rows if r.kind == "turn"]
+    return [((s.start - at(0)).total_seconds(), (s.end - at(0)).total_seconds()) for s in row.segments]
+
+
+@pytest.mark.django_db
+def test_a_run_waits_for_a_worker_before_its_first_turn_and_replays_inline_after_a_result() -> None:
+    run = make_run(RunStatus.COMPLETED, finished=4)
+    make_call(run, 1, StepKind.STEP, created=2, finished=3, dispatched_at=2)  # a worker took the turn at 2 s
+    make_call(run, 2, StepKind.STEP, created=3.005, finished=3.9, dispatched_at=3.005)  # inline after the result
+    assert turn_bars(run) == [(0, 2), (3, 3.005), (3.9, 4)]
+
+
+@pytest.mark.django_db
+def test_calls_made_by_one_turn_share_its_bar() -> None:
+    run = make_run(RunStatus.RUNNING)
+    for seq in (1, 2, 3):  # a fan-out: one turn writes three calls
+        make_call(run, seq, StepKind.STEP, created=1.5 + seq / 1000, finished=None, dispatched_at=1.5)
+    assert turn_bars(run) == [(0, 1.501)]
+
+
+@pytest.mark.django_db
+def test_after_a_sleep_the_turn_waits_from_the_due_time_and_the_sleep_bar_ends_there() -> None:
+    run = make_run(RunStatus.RUNNING)
+    make_call(run, 1, StepKind.SLEEP, created=0.5, finished=7, wake_at=5)  # due at 5 s, the turn ran at 7 s
+    make_call(run, 2, StepKind.STEP, created=7, finished=None, dispatched_at=7)
+    assert turn_bars(run) == [(0, 0.5), (5, 7)]
+    sleep = next(r for r in build_timeline(run, now=at(100)).rows if r.kind == "sleep")
+    assert [(s.kind, s.seconds) for s in sleep.segments] == [("sleep", 4.5)]
+
+
+@pytest.mark.django_db
+def test_a_pending_run_draws_its_queued_turn_growing_to_now() -> None:
+    run = make_run(RunStatus.PENDING, updated=1)  # no worker has taken its turn yet
+    timeline = build_timeline(run, now=at(9))
+    (row,) = timeline.rows
+    assert (row.kind, row.status) == ("turn", "waiting")
+    assert [(s.kind, s.label, s.seconds) for s in row.segments] == [
+        ("turn", "turn: waiting for a worker, then replay", 8.0)
+    ]
+
+
+@pytest.mark.django_db
+def test_a_cancelled_run_draws_no_final_turn() -> None:
+    run = make_run(RunStatus.CANCELLED, finished=6)
+    make_call(run, 1, StepKind.SIGNAL, created=1, finished=6)
+    assert turn_bars(run) == [(0, 1)]
+
+
+def test_an_operator_retry_shows_their_delay_then_the_next_attempts_queue_wait(
+    manual: Engine, clock: MovableClock
+) -> None:
+    transport = transport_of(manual)
+    workflows.FAILURES_LEFT["op"] = 1
+    run = api.start("tests.step_then_flaky", "op")
+    transport.run_all()
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.FAILED
+    clock.advance(seconds=5)  # the failure sits until a person looks
+    api.retry(run.id)
+    clock.advance(seconds=2)  # the retry's turn waits for a worker, then admission
+    transport.run_all()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    first, second = StepAttempt.objects.filter(run=run, checkpoint__key="2").order_by("attempt")
+    assert first.operator_retry_at == first.finished_at + timedelta(seconds=5)
+    rows = [r for r in build_timeline(run, now=clock()).rows if r.key == "2"]
+    assert [(r.attempt, r.status) for r in rows] == [(1, "failed"), (2, "completed")]
+    assert [(s.kind, s.seconds) for s in rows[0].segments][-1] == ("operator", 5.0)
+    assert rows[0].segments[-1].label == "operator's delay (stopped until retried)"
+    assert (rows[1].segments[0].kind, rows[1].segments[0].seconds) == ("queue", 2.0)
+    assert second.operator_retry_at is None
+
+
+def test_a_bulk_retry_stamps_the_operator_retry_too(engine: Engine, clock: MovableClock) -> None:
+    workflows.FAILURES_LEFT["bulk-op"] = 1
+    run = api.start("tests.step_then_flaky", "bulk-op")
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.FAILED
+    clock.advance(seconds=3)
+    assert retry_batch([run.id])[0] == 1
+    first = StepAttempt.objects.get(run=run, checkpoint__key="2", attempt=1)
+    assert first.operator_retry_at == clock()
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.COMPLETED
+
+
+@pytest.fixture(autouse=True)
+def _reset_failures() -> Any:
+    yield
+    workflows.FAILURES_LEFT.clear()
