@@ -18,8 +18,8 @@ from durable_flow.config.validation import storable_text
 from durable_flow.contrib.http import error_response
 from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.models import FlowQueue
+from durable_flow.operations import api
 from durable_flow.operations.audit import record_operation
-from durable_flow.operations.runs import api
 
 
 def _shown_burst() -> dict[str, Any]:

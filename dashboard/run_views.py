@@ -21,9 +21,10 @@ from durable_flow.admin import SignalForm, StartForm
 from durable_flow.config.settings import get_settings
 from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
 from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun, dead_worker_cutoff
+from durable_flow.operations import api
+from durable_flow.operations import bulk as bulk_operations
 from durable_flow.operations.audit import record_operation
-from durable_flow.operations.runs import RETRYABLE, api
-from durable_flow.operations.runs import bulk as bulk_operations
+from durable_flow.operations.runs import RETRYABLE
 from durable_flow.store import queries
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}

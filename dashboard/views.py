@@ -18,8 +18,8 @@ from dashboard.access import staff_page
 from dashboard.snapshot import snapshot
 from durable_flow.exceptions import DurableFlowError, QueueNotFound
 from durable_flow.models import FlowQueue
+from durable_flow.operations import api
 from durable_flow.operations.audit import record_operation
-from durable_flow.operations.runs import api
 
 View = Callable[..., HttpResponse]
 QUEUE_PERMISSION = "durable_flow.change_flowqueue"

@@ -112,7 +112,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     if name in API:
         # Imported on first use, not above: it imports the models, which need the app registry.
-        from durable_flow.operations.runs import api
+        from durable_flow.operations import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'durable_flow' has no attribute {name!r}")

@@ -25,7 +25,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from durable_flow.models import WorkflowRun
-from durable_flow.operations.runs import bulk
+from durable_flow.operations import bulk
 
 #: Rows a page may show (and so be ticked): kept well under `DATA_UPLOAD_MAX_NUMBER_FIELDS`
 #: (1,000 by default), so ticking a whole page never becomes a bare 400. Larger selections go

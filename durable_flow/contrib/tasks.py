@@ -50,7 +50,7 @@ from durable_flow.exceptions import (
     TaskNotDeclared,
 )
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, WorkflowRun, dead_worker_cutoff
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.store import queries
 
 if TYPE_CHECKING:

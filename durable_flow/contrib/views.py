@@ -30,9 +30,9 @@ from durable_flow.config.limits import RUN_ID_LENGTH
 from durable_flow.config.validation import StrictJSONDecoder, storable_text
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import FlowQueue, WorkflowRun
+from durable_flow.operations import api, bulk
 from durable_flow.operations.audit import record_operation
 from durable_flow.operations.run_filters import runs_from_json
-from durable_flow.operations.runs import api, bulk
 
 MAX_BODY_BYTES = 2_000_000
 

@@ -18,7 +18,7 @@ from durable_flow.definitions.registry import WorkflowDefinition, get_workflow, 
 from durable_flow.engine import get_engine
 from durable_flow.exceptions import InvalidInput, RunNotFound
 from durable_flow.models import FlowQueue, WorkflowRun
-from durable_flow.operations.runs import runs
+from durable_flow.operations import runs
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import RateLimit

@@ -10,7 +10,7 @@ from django.test import Client
 
 from durable_flow.exceptions import DurableFlowError, InvalidInput, InvalidQueueConfig
 from durable_flow.models import WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from tests.support.clients import logged_in_client
 
 DEEP = "[" * 100_000 + "]" * 100_000

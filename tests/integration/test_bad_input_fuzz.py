@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import FlowQueue, Signal, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from tests.support.clients import logged_in_client
 
 FUZZ = settings(

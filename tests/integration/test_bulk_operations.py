@@ -14,7 +14,7 @@ from django.urls import reverse
 from durable_flow.contrib.admin_bulk import MAX_SHOW_ALL
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, Task, TaskKind, WorkflowRun
-from durable_flow.operations.runs import api, bulk
+from durable_flow.operations import api, bulk
 from tests import workflows
 from tests.engine_support import transport_of
 from tests.support.statements import BULK_ACTION_QUERIES, BULK_TICKED_PAGE_QUERIES, capture

@@ -28,7 +28,7 @@ from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import FlowQueue, QueueSample, WorkerHeartbeat, WorkerSample
 from durable_flow.observe.sampling import aligned, prune_samples, take_samples
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.engine_support import ManualTransport

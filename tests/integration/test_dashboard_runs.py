@@ -20,7 +20,7 @@ from dashboard.timeline import build_timeline
 from durable_flow import register_queue
 from durable_flow.config.settings import get_settings
 from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock

@@ -32,8 +32,8 @@ from durable_flow.models import (
 from durable_flow.runtime.controllers import build_controller
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.runtime.worker import WorkerRuntime
+from durable_flow.transports.db import transport as db_transport
 from durable_flow.transports.db.transport import DatabaseTaskSource, DatabaseTransport
-from durable_flow.transports.db.transport import transport as db_transport
 from tests.conftest import MovableClock, local_engine
 from tests.support.held import HeldTransport, queued
 

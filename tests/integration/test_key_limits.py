@@ -149,7 +149,7 @@ def test_the_queue_page_shows_the_busiest_keys_window_use(engine: Any, transacti
     from django.urls import reverse
 
     from durable_flow import start
-    from durable_flow.operations.runs import api
+    from durable_flow.operations import api
 
     api.register_queue("per-tenant", rate_limit={"limit": 5, "period_ms": 60_000, "per": "key"})
     for i, key in enumerate(["tenant-a"] * 3 + ["tenant-b"]):
@@ -174,7 +174,7 @@ def test_the_queue_page_shows_the_busiest_keys_window_use(engine: Any, transacti
 def test_resizing_a_window_keeps_the_other_kind(engine: Any, new: Any, expected: tuple[Any, Any]) -> None:
     """One window replaces only its own kind (the dashboard's resize form sends the global one);
     a list replaces both, None removes both; the throttle is kept."""
-    from durable_flow.operations.runs import api
+    from durable_flow.operations import api
 
     api.register_queue(
         "both",
@@ -234,7 +234,7 @@ def test_the_queue_page_shows_each_keys_throttle_standing(engine: Any, transacti
     from django.urls import reverse
 
     from durable_flow import start
-    from durable_flow.operations.runs import api
+    from durable_flow.operations import api
 
     api.register_queue("paced", throttle={"limit": 2, "period_ms": 60_000, "burst": 3, "per": "key"})
     for i, key in enumerate(["tenant-a"] * 3 + ["tenant-b"]):

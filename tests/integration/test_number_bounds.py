@@ -20,7 +20,7 @@ from durable_flow.contrib.tasks import debounce
 from durable_flow.definitions.registry import exponential_backoff
 from durable_flow.engine import Engine
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from tests.engine_support import transport_of
 from tests.support.clients import logged_in_client
 from tests.workflows import add_one

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from durable_flow.exceptions import InvalidInput, RunNotFound
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 
 OPERATIONS = ["start_workflowrun", "cancel_workflowrun", "signal_workflowrun"]
 

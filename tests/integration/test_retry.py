@@ -13,7 +13,7 @@ from django.test import Client
 
 from durable_flow.exceptions import RetryRefused
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from tests import workflows
 from tests.conftest import executed
 

@@ -254,7 +254,7 @@ def test_a_changed_key_expression_leaves_queued_runs_on_their_old_key(manual_sc:
 
 
 def test_a_freed_slot_never_goes_to_a_step_of_a_paused_queue(manual_sc: Engine) -> None:
-    from durable_flow.operations.runs import api
+    from durable_flow.operations import api
 
     transport = transport_of(manual_sc)
     open_q, paused_q = f"sc-open-{uuid.uuid4().hex[:6]}", f"sc-paused-{uuid.uuid4().hex[:6]}"

@@ -17,8 +17,8 @@ import pytest
 from django.db import connection, transaction
 
 from durable_flow.models import Task, TaskKind
+from durable_flow.transports.db import notify as db_notify
 from durable_flow.transports.db.transport import DatabaseTransport
-from durable_flow.transports.db.transport import notify as db_notify
 
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="LISTEN/NOTIFY: runs in the PostgreSQL pass"

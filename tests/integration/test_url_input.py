@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from durable_flow.models import FlowQueue, QuotaRefusal, WorkerHeartbeat, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from tests.support.clients import logged_in_client
 
 

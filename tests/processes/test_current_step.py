@@ -13,7 +13,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests import workflows
 from tests.conftest import ManagedProcess, wait_for

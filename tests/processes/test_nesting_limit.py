@@ -21,7 +21,7 @@ from durable_flow.definitions.registry import step, workflow
 from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import RunStatus, StepCheckpoint, Task, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.clients import logged_in_client

@@ -18,7 +18,7 @@ from durable_flow.config.queues import RateLimit, Throttle
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQueueConfig, QueueNotFound
 from durable_flow.models import FlowQueue, RunStatus, StepCheckpoint, StepStatus, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.workers import completed, unique

@@ -19,7 +19,7 @@ from durable_flow.contrib.http import quota_limited
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidQuota
 from durable_flow.models import QuotaRefusal, RunStatus, StepCheckpoint, Task, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.store.quotas import count_active
 from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.engine_support import ManualTransport, transport_of

@@ -18,7 +18,7 @@ from django.db import connection
 from durable_flow import InvalidInput, RegistrationError, workflow
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.store.counters import start_outcomes
 from tests.conftest import ManagedProcess, MovableClock, wait_for

@@ -21,7 +21,7 @@ from durable_flow.contrib.task_runner import TASK_WORKFLOW, run_task
 from durable_flow.engine import Engine, get_engine
 from durable_flow.exceptions import WorkflowNotFound
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from tests import task_functions
 from tests.conftest import ROOT, ManagedProcess, wait_for
 from tests.support.tasks import task_payload

@@ -20,7 +20,7 @@ from durable_flow.contrib.tasks import DurableFlowBackend, quota
 from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.models import QuotaRefusal, RunStatus, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.runner import EngineRunner

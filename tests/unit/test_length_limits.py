@@ -12,7 +12,7 @@ from durable_flow.definitions.quotas import check_key
 from durable_flow.definitions.registry import step, workflow
 from durable_flow.exceptions import InvalidInput, InvalidQueueConfig, InvalidQuota, RegistrationError
 from durable_flow.models import FlowQueue, Signal, StepCheckpoint, WorkflowRun
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 
 
 def column(model: type[Model], field: str) -> int:

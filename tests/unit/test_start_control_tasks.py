@@ -13,7 +13,7 @@ from durable_flow.contrib.tasks import debounce, singleton
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput, RegistrationError, RetryRefused
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.operations.runs import api, bulk
+from durable_flow.operations import api, bulk
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.store.counters import start_outcomes
 from tests import task_functions

@@ -8,7 +8,7 @@ from datetime import timedelta
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint, StepStatus
-from durable_flow.operations.runs import api
+from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock

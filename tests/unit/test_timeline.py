@@ -12,8 +12,8 @@ from django.utils import timezone
 from dashboard.timeline import build_timeline
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.operations import api
 from durable_flow.operations.bulk import retry_batch
-from durable_flow.operations.runs import api
 from tests import workflows
 from tests.conftest import MovableClock
 from tests.engine_support import transport_of

@@ -44,9 +44,9 @@ from durable_flow.admission.base import (
     OnCount,
     system_clock_ms,
 )
-from durable_flow.admission.db.backend import heads as db_heads
-from durable_flow.admission.db.backend import keyed as db_keyed
-from durable_flow.admission.db.backend import resources as db_resources
+from durable_flow.admission.db import heads as db_heads
+from durable_flow.admission.db import keyed as db_keyed
+from durable_flow.admission.db import resources as db_resources
 from durable_flow.admission.db.read import DatabaseReadModel
 from durable_flow.admission.db.resources import Counts, ResourceGateMixin, waiter_constraints
 from durable_flow.admission.rules.head_heap import NEVER_SERVED

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from durable_flow.admission.base import ResourceUsage
-from durable_flow.admission.db.backend import keyed as db_keyed
-from durable_flow.admission.db.backend import resources as db_resources
+from durable_flow.admission.db import keyed as db_keyed
+from durable_flow.admission.db import resources as db_resources
 from durable_flow.admission.rules.windows import oldest_mark_needed
 from durable_flow.config.queues import QueueConfig, queue_from_dict
 from durable_flow.models import AdmissionSlot, AdmissionStart, AdmissionWaiter, FlowQueue

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from django.db.models import Count
 
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
-from durable_flow.admission.db.backend import heads as db_heads
+from durable_flow.admission.db import heads as db_heads
 from durable_flow.admission.rules.resource_line import NEVER_SERVED
 from durable_flow.admission.rules.resources import MAX_SCAN, group_of, key_full, top_usage
 from durable_flow.models import (

@@ -114,7 +114,7 @@ from durable_flow.admission.base import (
     OnCount,
     ResourceUsage,
 )
-from durable_flow.admission.redis.backend import resources as redis_resources
+from durable_flow.admission.redis import resources as redis_resources
 from durable_flow.admission.rules.windows import key_start_window, oldest_mark_needed, start_key
 from durable_flow.config.options import Option, non_empty_str, number
 from durable_flow.config.queues import QueueConfig, queue_from_dict

@@ -40,7 +40,7 @@ from durable_flow.config.validation import DAY_S, MINUTE_S
 from durable_flow.models import Task, TaskKind
 from durable_flow.store import tasks as task_rows
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
-from durable_flow.transports.db.transport import notify as db_notify
+from durable_flow.transports.db import notify as db_notify
 from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
