@@ -9,6 +9,6 @@ class DashboardConfig(AppConfig):
     verbose_name = "durable_flow dashboard"
 
     def ready(self) -> None:
-        from . import checks
+        from . import checks  # its checks read the models, which load after this module
 
         checks.register()
