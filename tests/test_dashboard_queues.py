@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from dashboard.snapshot import queue_rows
 from durable_flow import start
 from durable_flow.admission.base import AdmissionBackend
 from durable_flow.admission.db.backend import DatabaseAdmissionBackend
@@ -16,6 +15,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
+from durable_flow.observe.queues import queue_rows
 from tests.engine_support import ManualTransport
 from tests.support.redis_admission import REDIS_URL
 from tests.support.redis_keys import delete_keys
