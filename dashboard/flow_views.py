@@ -12,12 +12,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.access import allowed, require, staff_page
-from dashboard.flow import DEFAULT_BURST, MAX_BURST, burst_config, burst_inputs, flow_snapshot
+from dashboard.flow import DEFAULT_BURST, MAX_BURST, burst_config, burst_inputs
 from durable_flow.config.limits import QUEUE_NAME_LENGTH
 from durable_flow.config.validation import storable_text
 from durable_flow.contrib.http import error_response
 from durable_flow.exceptions import DurableFlowError, InvalidInput
-from durable_flow.models import FlowQueue
+from durable_flow.observe.queues import queue_flow, queue_names
 from durable_flow.operations import api
 from durable_flow.operations.audit import record_operation
 
@@ -44,9 +44,9 @@ def flow(request: HttpRequest) -> HttpResponse:
     except InvalidInput as exc:
         return error_response(exc)
     context = {
-        "snap": flow_snapshot(queue),
+        "snap": queue_flow(queue),
         "queue": queue,
-        "queues": list(FlowQueue.objects.values_list("name", flat=True)),
+        "queues": queue_names(),
         "burst": _shown_burst(),
         **allowed(request),
     }
@@ -59,7 +59,7 @@ def flow_json(request: HttpRequest) -> HttpResponse:
         queue = _queue(request)
     except InvalidInput as exc:
         return error_response(exc)
-    return JsonResponse(flow_snapshot(queue))
+    return JsonResponse(queue_flow(queue))
 
 
 @staff_page

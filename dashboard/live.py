@@ -24,10 +24,11 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from dashboard import pages
-from dashboard.flow import burst_config, flow_snapshot
+from dashboard.flow import burst_config
 from dashboard.snapshot import snapshot
 from durable_flow.config.validation import storable_text
 from durable_flow.exceptions import InvalidInput
+from durable_flow.observe.queues import queue_flow
 
 logger = logging.getLogger("dashboard.live")
 
@@ -161,7 +162,7 @@ def _flow(snap: Mapping[str, Any], queue: str) -> dict[str, str]:
     script turns into moving dots."""
     import json
 
-    return {"flow-data": json.dumps(flow_snapshot(queue or burst_config()["QUEUE"]))}
+    return {"flow-data": json.dumps(queue_flow(queue or burst_config()["QUEUE"]))}
 
 
 register_topic("flow", _flow)

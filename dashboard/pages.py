@@ -8,21 +8,17 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.db.models import Count, Q
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from dashboard import charts
-from dashboard.history import SPAN, History, Sample, history
-from durable_flow.admission.rules.keyed import throttle_standing
-from durable_flow.config.queues import Throttle
 from durable_flow.config.settings import get_settings
 from durable_flow.config.validation import MAX_DURATION_MS
-from durable_flow.engine import get_engine
-from durable_flow.models import StepCheckpoint, StepKind, StepStatus
-from durable_flow.observe.constraint_usage import constraint_rows
+from durable_flow.observe.admission import key_windows, step_concurrency, throttle_buckets
+from durable_flow.observe.history import SPAN, History, Sample, history
+from durable_flow.observe.queues import admissions_since, busiest_keys
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
@@ -168,58 +164,12 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
 def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
     """The queues page: the queue table with backlog sparklines, and the busiest keys of each
     step-concurrency constraint (from the admission backend)."""
-    return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap))), "constraints": _constraints()}
-
-
-def _constraints() -> list[dict[str, Any]]:
-
-    return constraint_rows(get_engine().admission, get_settings().environment)
+    return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap))), "constraints": step_concurrency()}
 
 
 def workers_context(snap: Mapping[str, Any]) -> dict[str, Any]:
     """The workers page: cards with sparklines and the steps each runs."""
     return {"snap": snap, "workers": _worker_cards(snap, history(_at(snap)))}
-
-
-def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
-    """The fairness keys with the most calls on `queue` now: waiting and holding a slot."""
-    rows = (
-        StepCheckpoint.objects.filter(
-            kind=StepKind.STEP, queue=queue, status__in=(StepStatus.WAITING, StepStatus.DISPATCHED)
-        )
-        .values("fairness_key")
-        .annotate(
-            waiting=Count("id", filter=Q(status=StepStatus.WAITING)),
-            in_flight=Count("id", filter=Q(holds_slot=True)),
-            total=Count("id"),
-        )
-        .order_by("-total", "fairness_key")[:top]
-    )
-    return [{**row, "fairness_key": row["fairness_key"] or "(each run its own key)"} for row in rows]
-
-
-def key_windows(queue: str, rate: Mapping[str, Any] | None, top: int = 10) -> list[dict[str, Any]] | None:
-    """The busiest keys of a per-key window: step starts in each key's current window against
-    its limit (None without a per-key window, or when the backend cannot tell)."""
-    usage = get_engine().admission.key_window_usage(queue, top) if rate else None
-    if usage is None or rate is None:
-        return None
-    return [{"key": key, "used": used, "pct": min(100, round(100 * used / rate["limit"]))} for key, used in usage]
-
-
-def throttle_buckets(queue: str, throttle: Mapping[str, Any] | None, top: int = 10) -> list[dict[str, Any]] | None:
-    """The throttle's busiest buckets: how far each one's start TAT runs ahead of now, the
-    starts it may make at once and when its next start conforms (None without a throttle, or
-    when the backend cannot tell)."""
-    usage = get_engine().admission.throttle_usage(queue, top) if throttle else None
-    if usage is None or throttle is None:
-        return None
-    config = Throttle(**throttle)
-    rows = []
-    for bucket, ahead_ms in usage:
-        free_now, next_in_ms = throttle_standing(config, ahead_ms)
-        rows.append({"key": bucket, "ahead_s": ahead_ms / 1000, "free_now": free_now, "next_in_s": next_in_ms / 1000})
-    return rows
 
 
 def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
@@ -229,16 +179,12 @@ def queue_context(snap: Mapping[str, Any], name: str) -> dict[str, Any] | None:
         return None
     now = _at(snap)
     samples = history(now).queues.get(name, [])
-    minute_ago = now - timedelta(minutes=1)
-    admissions_per_min = StepCheckpoint.objects.filter(
-        kind=StepKind.STEP, queue=name, dispatched_at__gt=minute_ago
-    ).count()
     cap, rate = row["concurrency"], row["rate_limit"]
     return {
         "snap": snap,
         "q": row,
         "resize": resize_initial(row),
-        "admissions_per_min": admissions_per_min,
+        "admissions_per_min": admissions_since(name, now - timedelta(minutes=1)),
         "in_flight_pct": min(100, round(100 * (row["in_flight"] or 0) / cap)) if cap else None,
         "window_pct": min(100, round(100 * (row["window_used"] or 0) / rate["limit"])) if rate else None,
         "keys": busiest_keys(name),

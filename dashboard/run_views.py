@@ -15,19 +15,20 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.access import allowed, require, staff_page
-from dashboard.runs import PAGE_SIZE, RunFilterForm, filtered_runs, run_row, workflow_names
-from dashboard.timeline import build_timeline
-from durable_flow.admin import SignalForm, StartForm
-from durable_flow.config.settings import get_settings
 from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
-from durable_flow.models import FlowQueue, RunStatus, Signal, StepAttempt, WorkflowRun, dead_worker_cutoff
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.observe.queues import queue_names
+from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
+from durable_flow.observe.runs import run_detail as run_page
+from durable_flow.observe.runs import run_row, workflow_names
 from durable_flow.operations import api
 from durable_flow.operations import bulk as bulk_operations
 from durable_flow.operations.audit import record_operation
+from durable_flow.operations.forms import SignalForm, StartForm
 from durable_flow.operations.runs import RETRYABLE
-from durable_flow.store import queries
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
+PAGE_SIZE = 50
 
 
 def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
@@ -50,7 +51,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         "rows": [run_row(run) for run in page.object_list],
         "query": query,
         "workflows": workflow_names(),
-        "queues": list(FlowQueue.objects.values_list("name", flat=True)),
+        "queues": queue_names(),
         "statuses": RunStatus.choices,
         "selected": form.cleaned_data.get("status") or [],
     }
@@ -67,10 +68,7 @@ def bulk(request: HttpRequest, action: str) -> HttpResponse:
     if not form.is_valid():
         return HttpResponse("invalid filter", status=400)
     matching = filtered_runs(form.cleaned_data)
-    if action == "cancel":
-        matching = matching.exclude(status__in=(RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED))
-    else:
-        matching = matching.filter(status__in=RETRYABLE)
+    matching = bulk_operations.cancellable(matching) if action == "cancel" else bulk_operations.retryable(matching)
     if request.method != "POST":
         context = {"action": action, "label": BULK_ACTIONS[action], "count": matching.count(), "query": query}
         return render(request, "dashboard/bulk_confirm.html", context)
@@ -95,17 +93,9 @@ def _bulk(request: HttpRequest, action: str, matching: QuerySet[WorkflowRun]) ->
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     """A run: its timeline, attempts with errors, input/output, parent/children, signals, actions."""
     run = _run_or_404(run_id)
-    attempts = (
-        StepAttempt.objects.filter(run=run).select_related("checkpoint").order_by("checkpoint__sequence", "attempt")
-    )
-    executing = queries.executing_now(run.pk, dead_worker_cutoff(get_settings().heartbeat_ttl_s))
     context = {
         "run": run,
-        "timeline": build_timeline(run, executing=bool(executing)),
-        "executing": executing,
-        "failed_attempts": [a for a in attempts if a.error],
-        "children": run.children.order_by("created_at")[:100],
-        "signals": Signal.objects.filter(run=run).order_by("id")[:100],
+        **run_page(run),
         "signal_form": SignalForm(),
         "retryable": run.status in RETRYABLE,
         **allowed(request),
@@ -133,7 +123,7 @@ def cancel(request: HttpRequest, run_id: str) -> HttpResponse:
     if request.method != "POST":
         return render(request, "dashboard/cancel_confirm.html", {"run": run})
     record_operation(request.user, api.cancel(run.pk), "Cancelled (dashboard)")
-    messages.success(request, f"Run {run.pk} is now {WorkflowRun.objects.get(pk=run.pk).status}.")
+    messages.success(request, f"Run {run.pk} is now {api.get_run(run.pk).status}.")
     return _back(run.pk)
 
 

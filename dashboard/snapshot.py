@@ -1,30 +1,16 @@
-"""What the dashboard shows, computed once per live tick: runs and workers from the database,
-queue numbers from the admission backend (the one place that knows them under every backend),
-and the problems worth reading first. Every value is a plain JSON type, so a tick can go
-through any channel layer."""
+"""What the dashboard shows, computed once per live tick: the read model's overview
+(`durable_flow.observe.overview`: queues, workers, runs, quotas), each queue's numbers put in
+words (its window, its oldest wait, why its calls wait), and the problems worth reading first.
+Every value is a plain JSON type, so a tick can go through any channel layer."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count
 from django.utils import timezone
 
-from dashboard import history as hist
-from durable_flow.config.settings import get_settings
-from durable_flow.engine import get_engine
-from durable_flow.models import (
-    FlowQueue,
-    RunStatus,
-    WorkerHeartbeat,
-    WorkflowRun,
-    dead_worker_cutoff,
-)
-from durable_flow.observe import quotas as quota_usage
-from durable_flow.observe import start_control as start_control_usage
-from durable_flow.observe.sampling import parked_calls, waiting_now
-from durable_flow.store import queries
+from durable_flow.observe.overview import overview
 
 #: A queue whose oldest waiter has waited this long is listed among the problems.
 BLOCKED_AFTER_S = 60
@@ -88,102 +74,28 @@ def blocked_reasons(row: dict[str, Any]) -> list[dict[str, str]]:
     return reasons
 
 
-def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
-    """One row per registered queue: waiting, in flight vs cap, window use vs limit, paused,
-    why waiters are blocked.
-
-    The numbers come from the admission backend (`in_flight`, `waiting`, `window_usage`), which
-    holds them under every backend (`local`, `db`, `redis`); the checkpoints give the age of the
-    oldest waiting call, and parked calls the backend lost track of (`waiting_now`).
-    """
-    now = now or timezone.now()
-    admission = get_engine().admission
-    parked = parked_calls()
-    rows = []
-    for queue in FlowQueue.objects.all():
-        config = queue.config
-        parked_n, first = parked.get(queue.name, (0, None))
-        in_flight = admission.in_flight(queue.name)
-        rate = config.get("rate_limit") or None
-        window_used = admission.window_usage(queue.name)
-        row: dict[str, Any] = {
-            "name": queue.name,
-            "paused": queue.paused,
-            "waiting": waiting_now(admission, queue.name, parked_n),
-            "in_flight": in_flight,
-            "slots": in_flight,
-            "concurrency": config.get("concurrency"),
-            "rate_limit": rate,
-            "key_rate_limit": config.get("key_rate_limit"),
-            "throttle": config.get("throttle"),
-            "retry_ms": config.get("retry_ms", 1000),
-            "fairness": config.get("fairness", "fifo"),
-            "window_used": window_used,
-            "window_text": (
-                f"{window_used if window_used is not None else '?'} / {rate['limit']} per "
-                f"{human_period(rate['period_ms'])}, {rate.get('algorithm', 'fixed')}"
-                if rate
-                else ""
-            ),
-            "oldest_wait_s": round((now - first).total_seconds(), 1) if first else None,
-        }
-        row["oldest_wait"] = human_duration(row["oldest_wait_s"])
-        row["blocked"] = blocked_reasons(row)
-        row["blocked_by"] = ", ".join(BLOCKED_LABELS[r["kind"]] for r in row["blocked"] if r["kind"] in BLOCKED_LABELS)
-        rows.append(row)
-    return rows
-
-
-def worker_cards(now: datetime | None = None) -> list[dict[str, Any]]:
-    """One card per worker heartbeat in a stable order: live ones first, each group by start
-    time, so cards keep their places from one heartbeat to the next."""
-    now = now or timezone.now()
-    cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s, now)
-    cards = []
-    for beat in WorkerHeartbeat.objects.order_by("-last_seen")[:50]:
-        alive = beat.stopped_at is None and beat.last_seen >= cutoff
-        cards.append(
-            {
-                "worker_id": beat.worker_id,
-                "host": beat.host,
-                "pid": beat.pid,
-                "alive": alive,
-                "state": "alive" if alive else ("stopped" if beat.stopped_at else "dead"),
-                "crashed": not alive and beat.stopped_at is None,
-                "transport": beat.transport,
-                "mode": beat.mode,
-                "live_limit": beat.live_limit,
-                "in_flight": beat.in_flight,
-                "rss_mb": round(beat.rss_bytes / 1_048_576, 1),
-                "cpu_percent": beat.cpu_percent,
-                "throughput": beat.throughput,
-                "p95_ms": round(beat.p95_ms, 1) if beat.p95_ms is not None else None,
-                "tasks_done": beat.tasks_done,
-                "running": [_running_step(item) for item in beat.running[:20]],
-                "last_adjustment": beat.last_adjustment_reason,
-                "last_seen": beat.last_seen.isoformat(),
-                "silent_s": round((now - beat.last_seen).total_seconds(), 1),
-                "started_at": beat.started_at.isoformat(),
-            }
-        )
-    cards.sort(key=lambda c: (not c["alive"], c["started_at"], c["worker_id"]))
-    return cards
-
-
-def _running_step(item: str) -> dict[str, str]:
-    """`run_id/key/attempt` → its parts."""
-    run_id, key, attempt = queries.parse_running(item)
-    return {"run_id": run_id, "key": key, "attempt": attempt}
-
-
-def run_counts() -> dict[str, int]:
-    """Runs per status, every status present (zero when none)."""
-    counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {status: counts.get(status, 0) for status in RunStatus.values}
+def shown_queue(row: dict[str, Any]) -> dict[str, Any]:
+    """A queue's row of the read model with its numbers in words: the window's use (`window_text`),
+    the oldest wait, why waiters are blocked."""
+    rate = row["rate_limit"]
+    window_used = row["window_used"]
+    shown = {
+        **row,
+        "window_text": (
+            f"{window_used if window_used is not None else '?'} / {rate['limit']} per "
+            f"{human_period(rate['period_ms'])}, {rate.get('algorithm', 'fixed')}"
+            if rate
+            else ""
+        ),
+        "oldest_wait": human_duration(row["oldest_wait_s"]),
+    }
+    shown["blocked"] = blocked_reasons(shown)
+    shown["blocked_by"] = ", ".join(BLOCKED_LABELS[r["kind"]] for r in shown["blocked"] if r["kind"] in BLOCKED_LABELS)
+    return shown
 
 
 def problems(
-    queues: list[dict[str, Any]], workers: list[dict[str, Any]], runs: dict[str, int], now: datetime
+    queues: list[dict[str, Any]], workers: list[dict[str, Any]], runs: dict[str, int], rising: int | None
 ) -> list[dict[str, Any]]:
     """What needs a look first, worst first: a crashed worker or none alive, failures rising, a
     queue blocked for a while, a paused queue. Each names where to go."""
@@ -201,7 +113,6 @@ def problems(
                     "anchor": w["worker_id"],
                 }
             )
-    rising = hist.failures_rising(hist.history(now).totals(), now)
     if rising:
         found.append(
             {
@@ -235,16 +146,15 @@ def problems(
 
 def snapshot() -> dict[str, Any]:
     """Everything the pages show, once."""
-    now = timezone.now()
-    queues = queue_rows(now)
-    workers = worker_cards(now)
-    runs = run_counts()
+    read = overview(timezone.now())
+    queues = [shown_queue(row) for row in read.pop("queues")]
+    rising = read.pop("failures_rising")
     return {
         "queues": queues,
-        "workers": workers,
-        "runs": runs,
-        "quotas": quota_usage.usage(),
-        "start_control": start_control_usage.usage(),
-        "problems": problems(queues, workers, runs, now),
-        "at": now.isoformat(),
+        "workers": read["workers"],
+        "runs": read["runs"],
+        "quotas": read["quotas"],
+        "start_control": read["start_control"],
+        "problems": problems(queues, read["workers"], read["runs"], rising),
+        "at": read["at"],
     }

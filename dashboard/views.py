@@ -17,7 +17,7 @@ from dashboard import pages
 from dashboard.access import staff_page
 from dashboard.snapshot import snapshot
 from durable_flow.exceptions import DurableFlowError, QueueNotFound
-from durable_flow.models import FlowQueue
+from durable_flow.observe.queues import stored_queue
 from durable_flow.operations import api
 from durable_flow.operations.audit import record_operation
 
@@ -100,7 +100,7 @@ def _steer(request: HttpRequest, name: str, operation: Callable[[], Any], messag
     except DurableFlowError as exc:
         messages.error(request, str(exc))
         return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)
-    queue = FlowQueue.objects.get(pk=name)
+    queue = stored_queue(name)
     record_operation(request.user, queue, f"{message} from the dashboard: {queue.config}")
     messages.success(request, f"{message}: {name}")
     return HttpResponseRedirect(reverse("dashboard:queue", args=[name]), status=303)

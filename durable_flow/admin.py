@@ -4,86 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db import DataError, NotSupportedError
-from django.db.models import CharField, Count, OuterRef, QuerySet, Subquery
+from django.db.models import CharField, QuerySet
 from django.db.models.constants import LOOKUP_SEP
-from django.db.models.functions import Coalesce
-from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 
-from durable_flow.config.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
-from durable_flow.config.settings import get_settings
-from durable_flow.config.validation import MAX_JSON_DEPTH, StrictJSONDecoder, bounded_depth, storable_text
+from durable_flow.config.validation import storable_text
 from durable_flow.contrib.admin_attempts import StepAttemptInline
 from durable_flow.contrib.admin_bulk import BulkByFilterMixin
-from durable_flow.definitions.quotas import ACTIVE_STATUSES
-from durable_flow.definitions.registry import startable_workflows
-from durable_flow.engine import get_engine
 from durable_flow.exceptions import DurableFlowError, InvalidInput
-from durable_flow.models import (
-    FlowQueue,
-    QuotaRefusal,
-    StepCheckpoint,
-    WorkerHeartbeat,
-    WorkflowRun,
-    dead_worker_cutoff,
-)
-from durable_flow.observe.constraint_usage import constraint_rows
+from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.observe import queues, quotas, runs, workers
+from durable_flow.observe.admission import step_concurrency
 from durable_flow.operations.api import cancel, pause_queue, rerun, resume_queue, retry, send_signal, start
 from durable_flow.operations.audit import record_operation
-from durable_flow.store import queries
-
-
-class JSONInputField(forms.JSONField):
-    """Strict JSON typed into a form, nested at most `MAX_JSON_DEPTH` deep: deeper, or `NaN` and
-    the infinities (`StrictJSONDecoder`), is a form error, and the form shows the text back as
-    typed (decoding or re-encoding it could exhaust the stack)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(decoder=StrictJSONDecoder, **kwargs)
-
-    def to_python(self, value: Any) -> Any:
-        try:
-            return bounded_depth(super().to_python(value), "JSON")
-        except RecursionError:
-            raise ValidationError(f"JSON is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid") from None
-        except ValueError as exc:  # too deep (`InvalidInput`), or a constant strict JSON has not
-            raise ValidationError(str(exc), code="invalid") from None
-
-    def bound_data(self, data: Any, initial: Any) -> Any:
-        try:
-            return bounded_depth(super().bound_data(data, initial), "JSON")
-        except (RecursionError, ValueError):
-            return InvalidJSONInput(data)
-
-
-class StartForm(forms.Form):
-    """Start a run of a registered workflow."""
-
-    workflow = forms.ChoiceField(choices=())
-    input = JSONInputField(required=False, help_text='JSON, e.g. {"account": 42}')
-    run_id = forms.CharField(
-        required=False, max_length=RUN_ID_LENGTH, help_text="Optional; makes the start idempotent."
-    )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["workflow"].choices = [(name, name) for name in sorted(startable_workflows())]
-
-
-class SignalForm(forms.Form):
-    """Send a named signal with a JSON payload."""
-
-    name = forms.CharField(max_length=SIGNAL_NAME_LENGTH)
-    payload = JSONInputField(required=False)
+from durable_flow.operations.forms import SignalForm, StartForm
 
 
 class CheckpointInline(admin.TabularInline):
@@ -205,8 +146,7 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
     @admin.display(description="Executing now")
     def executing_now(self, obj: WorkflowRun) -> str:
         """From live workers' heartbeats: the one place that shows an optimistic first step."""
-        cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now())
-        return "; ".join(queries.executing_now(obj.pk, cutoff)) or "—"
+        return "; ".join(runs.executing_now(obj.pk)) or "—"
 
     # Runs change only through operations (cancel, re-run, signal), never by editing fields:
     # the change page is read-only and only finished runs may be deleted.
@@ -406,12 +346,11 @@ class FlowQueueAdmin(UrlSafeAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Beside the queues: the busiest keys of each step-concurrency constraint."""
 
-        rows = constraint_rows(get_engine().admission, get_settings().environment)
-        return super().changelist_view(request, {**(extra_context or {}), "constraints": rows})
+        return super().changelist_view(request, {**(extra_context or {}), "constraints": step_concurrency()})
 
     @admin.display(description="Waiting now")
     def waiting(self, obj: FlowQueue) -> int:
-        return queries.waiting_calls(obj.name).count()
+        return queues.waiting_calls(obj.name)
 
 
 @admin.register(WorkerHeartbeat)
@@ -441,7 +380,7 @@ class WorkerHeartbeatAdmin(UrlSafeAdmin):
 
     @admin.display(boolean=True)
     def alive(self, obj: WorkerHeartbeat) -> bool:
-        return queries.is_alive(obj, dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now()))
+        return workers.is_alive(obj)
 
 
 @admin.register(QuotaRefusal)
@@ -463,17 +402,7 @@ class QuotaRefusalAdmin(UrlSafeAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[QuotaRefusal]:
         """Each row's key's active runs and latest limit, in the list's one query (not two per row)."""
 
-        runs = WorkflowRun.objects.filter(concurrency_key=OuterRef("key"))
-        active = runs.filter(status__in=ACTIVE_STATUSES).order_by().values("concurrency_key")
-        latest = runs.exclude(concurrency_limit=None).order_by("-created_at").values("concurrency_limit")[:1]
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                active_runs=Coalesce(Subquery(active.annotate(n=Count("id")).values("n")), 0),
-                latest_limit=Subquery(latest),
-            )
-        )
+        return quotas.with_key_usage(super().get_queryset(request))
 
     @admin.display(description="Active now", ordering="active_runs")
     def active_now(self, obj: Any) -> int:

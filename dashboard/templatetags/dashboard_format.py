@@ -8,7 +8,7 @@ from typing import Any
 
 from django import template
 
-from durable_flow.definitions.serialization import TooDeep
+from durable_flow.config.validation import TooDeep
 
 register = template.Library()
 

@@ -135,6 +135,17 @@ def _not_a_number(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number")
 
 
+class TooDeep(str):
+    """What a stored JSON value nested deeper than `MAX_JSON_DEPTH` reads as (one stored before
+    the limit, or written by hand): `TOO_DEEP`, a placeholder text that pages and the JSON API
+    show as it is. Decoding the value itself may fail (`RecursionError`) and fail every query
+    that loads its row; the engine refuses the placeholder (`definitions.serialization.readable`)
+    rather than run on it."""
+
+
+TOO_DEEP = TooDeep("(too deeply nested to display)")
+
+
 def bounded_depth(value: T, what: str) -> T:
     """`value` if its lists and objects (tuples count as lists) nest at most `MAX_JSON_DEPTH`
     deep; else `InvalidInput`. `bounded_depth([[1]], "input") == [[1]]`.

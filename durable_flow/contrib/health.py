@@ -4,7 +4,7 @@
   when it does not; it runs before host validation and the HTTPS redirect, so a probe may use
   the container's address over plain HTTP;
 - worker: a worker on this host wrote a live heartbeat (`WorkerHeartbeat`, every
-  `HEARTBEAT["INTERVAL_S"]`, dead after `HEARTBEAT["TTL_S"]`);
+  `HEARTBEAT["INTERVAL_S"]`, dead after `HEARTBEAT["TTL_S"]`; `observe.workers.live_workers_on`);
 - poller: a poller wrote the dashboard's samples recently: a looping poller writes a
   `QueueSample` row with `queue=""` every `POLLER["SAMPLE_INTERVAL_S"]`, whatever the queues.
 
@@ -14,17 +14,15 @@ when one fails).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
 from durable_flow.config.settings import get_settings
-from durable_flow.models import QueueSample, dead_worker_cutoff
-from durable_flow.store import queries
+from durable_flow.observe.history import last_poller_sample
 
 HEALTH_PATH = "/healthz"
 
@@ -40,13 +38,6 @@ def database_error() -> str | None:
     return None
 
 
-def live_workers_on(host: str | None = None) -> list[str]:
-    """The ids of the workers on `host` (default: this one) whose heartbeat is live."""
-    cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s)
-    workers = queries.live_workers(cutoff).filter(host=host or socket.gethostname())
-    return list(workers.values_list("worker_id", flat=True))
-
-
 def poller_max_age_s() -> float:
     """How old the newest sample may be while a poller runs: the samples' `at` is the last
     interval boundary, so a live poller's newest is under two intervals old; a third allows
@@ -54,15 +45,10 @@ def poller_max_age_s() -> float:
     return 3 * get_settings().sample_interval_s
 
 
-def poller_last_sample() -> datetime | None:
-    """When a poller last sampled (the end of the interval it wrote)."""
-    return QueueSample.objects.filter(queue="").order_by("-at").values_list("at", flat=True).first()
-
-
 def poller_error(max_age_s: float | None = None) -> str | None:
     """None when a poller sampled within `max_age_s`; otherwise why it is taken for stopped."""
     max_age = poller_max_age_s() if max_age_s is None else max_age_s
-    last = poller_last_sample()
+    last = last_poller_sample()
     if last is None:
         return "no poller has run: no sample written (manage.py durable_poller)"
     age = timezone.now() - last

@@ -13,13 +13,11 @@ Mount it with `path("metrics/", durable_flow.contrib.metrics.metrics_view)`. A s
 from __future__ import annotations
 
 import hmac
-import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -28,14 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFami
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
-from durable_flow.engine import get_engine
-from durable_flow.models import FlowQueue, StepCheckpoint, StepKind, StepStatus, dead_worker_cutoff
-from durable_flow.store import queries
-from durable_flow.store.counters import decisions, start_outcomes
-
-logger = logging.getLogger(__name__)
+from durable_flow.observe import queues, runs, start_control, steps, workers
 
 WAIT_BUCKETS_S: tuple[float, ...] = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 15, 30, 60, 300, 900, 3600)
 """Queue waits under flow control run from milliseconds to the length of a rate window, hence
@@ -72,11 +64,6 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return max(0.0, (end - start).total_seconds())
 
 
-def _admission_backend() -> Any:
-
-    return get_engine().admission
-
-
 class DurableFlowCollector(Collector):
     """Reads runs, queues, checkpoints and heartbeats on every `collect()`."""
 
@@ -93,14 +80,14 @@ class DurableFlowCollector(Collector):
         yield self._start_outcomes()
         yield self._queue_wait(now - window)
         yield self._step_duration(now - window)
-        yield from self._workers(now, settings.heartbeat_ttl_s)
+        yield from self._workers(now)
 
     @staticmethod
     def _runs() -> Metric:
         family = GaugeMetricFamily(
             "durable_flow_runs", "Workflow runs by workflow and status.", labels=["workflow", "status"]
         )
-        for workflow, status, count in queries.run_counts_by_workflow():
+        for workflow, status, count in runs.counts_by_workflow():
             family.add_metric([workflow, status], count)
         return family
 
@@ -120,29 +107,18 @@ class DurableFlowCollector(Collector):
         period = GaugeMetricFamily(
             "durable_flow_queue_rate_period_seconds", "The period of a queue's rate limit.", labels=["queue"]
         )
-        parked = queries.waiting_by_queue()
-        holding = queries.slots_held_by_queue()
-        backend = _admission_backend()
-        # The `local` backend counts per process: this web process's figure says nothing of the
-        # workers', so the checkpoints (the fleet-wide truth) answer instead.
-
-        shared = not isinstance(backend, LocalAdmissionBackend) and hasattr(backend, "in_flight")
-        for queue in FlowQueue.objects.all():
-            config = queue.config or {}
-            waiting.add_metric([queue.name], parked.get(queue.name, 0))
-            held = holding.get(queue.name, 0)
-            if shared:
-                try:
-                    held = backend.in_flight(queue.name)
-                except Exception:  # a scrape must answer: an unreachable backend falls back to the rows
-                    logger.warning("metrics: admission backend in_flight(%r) failed", queue.name, exc_info=True)
-            in_flight.add_metric([queue.name], held)
-            if config.get("concurrency"):
-                limit.add_metric([queue.name, "concurrency"], config["concurrency"])
-            rate = config.get("rate_limit")
+        # Slots held across the fleet: under the `local` backend, which counts per process, the
+        # checkpoints (the fleet-wide record) answer instead of this web process's figure.
+        for queue in queues.gauges():
+            name = queue["name"]
+            waiting.add_metric([name], queue["waiting"])
+            in_flight.add_metric([name], queue["in_flight"])
+            if queue["concurrency"]:
+                limit.add_metric([name, "concurrency"], queue["concurrency"])
+            rate = queue["rate_limit"]
             if rate:
-                limit.add_metric([queue.name, "rate"], rate["limit"])
-                period.add_metric([queue.name], rate["period_ms"] / 1000)
+                limit.add_metric([name, "rate"], rate["limit"])
+                period.add_metric([name], rate["period_ms"] / 1000)
         yield from (waiting, in_flight, limit, period)
 
     @staticmethod
@@ -157,9 +133,7 @@ class DurableFlowCollector(Collector):
             "waiter), decision=parked (waited in the queue's line first; such an attempt counts under both).",
             labels=["queue", "decision"],
         )
-        counts = {name: {"admitted": 0, "parked": 0} for name in FlowQueue.objects.values_list("name", flat=True)}
-        counts.update(decisions())
-        for queue, by_decision in sorted(counts.items()):
+        for queue, by_decision in sorted(queues.admission_counts().items()):
             for decision in ("admitted", "parked"):
                 family.add_metric([queue, decision], by_decision[decision])
         return family
@@ -174,38 +148,32 @@ class DurableFlowCollector(Collector):
             "Starts folded into a debounced run, skipped by a singleton, or replacing its run.",
             labels=["workflow", "outcome"],
         )
-        for (workflow, outcome), count in sorted(start_outcomes().items()):
+        for workflow, outcome, count in start_control.outcome_counts():
             family.add_metric([workflow, outcome], count)
         return family
 
     @staticmethod
     def _queue_wait(since: datetime) -> Metric:
-        rows = StepCheckpoint.objects.filter(kind=StepKind.STEP, dispatched_at__gte=since).values_list(
-            "queue", "created_at", "dispatched_at"
-        )
         return _histogram(
             "durable_flow_queue_wait_seconds",
             "Time from a step call to its (latest) dispatch, for steps dispatched within METRICS.WINDOW_S.",
             "queue",
-            rows,
+            steps.queue_waits(since, MAX_SAMPLED_STEPS),
             WAIT_BUCKETS_S,
         )
 
     @staticmethod
     def _step_duration(since: datetime) -> Metric:
-        rows = StepCheckpoint.objects.filter(
-            kind=StepKind.STEP, finished_at__gte=since, status__in=[StepStatus.COMPLETED, StepStatus.FAILED]
-        ).values_list("name", "dispatched_at", "finished_at")
         return _histogram(
             "durable_flow_step_duration_seconds",
             "Time from a step's last dispatch to its result, for steps settled within METRICS.WINDOW_S.",
             "step",
-            rows,
+            steps.step_runs(since, MAX_SAMPLED_STEPS),
             DURATION_BUCKETS_S,
         )
 
     @staticmethod
-    def _workers(now: datetime, ttl_s: float) -> Iterator[Metric]:
+    def _workers(now: datetime) -> Iterator[Metric]:
         slots = GaugeMetricFamily(
             "durable_flow_worker_slots",
             "A live worker's slots: state=busy (executing) or idle.",
@@ -214,9 +182,7 @@ class DurableFlowCollector(Collector):
         up = GaugeMetricFamily(
             "durable_flow_worker_up", "1 while the worker's heartbeat is fresh, else 0.", labels=["worker"]
         )
-        cutoff = dead_worker_cutoff(ttl_s, now)
-        for beat in queries.workers_seen_since(now - WORKER_HORIZON):
-            alive = queries.is_alive(beat, cutoff)
+        for beat, alive in workers.heartbeats_since(now - WORKER_HORIZON, now):
             up.add_metric([beat.worker_id], 1 if alive else 0)
             if alive:
                 busy = beat.in_flight
@@ -256,12 +222,15 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def _histogram(
-    name: str, documentation: str, label: str, rows: QuerySet[Any], bounds: Sequence[float]
+    name: str,
+    documentation: str,
+    label: str,
+    rows: Iterable[tuple[str, datetime | None, datetime | None]],
+    bounds: Sequence[float],
 ) -> GaugeHistogramMetricFamily:
-    """A gauge histogram of the seconds between each row's two datetimes, per label value
-    (at most `MAX_SAMPLED_STEPS` rows are read)."""
+    """A gauge histogram of the seconds between each row's two datetimes, per label value."""
     by_label: dict[str, list[float]] = defaultdict(list)
-    for value, begin, end in rows.order_by()[:MAX_SAMPLED_STEPS]:
+    for value, begin, end in rows:
         seconds = _seconds(begin, end)
         if seconds is not None:
             by_label[value].append(seconds)

@@ -29,10 +29,11 @@ from django.views.decorators.http import require_GET, require_POST
 from durable_flow.config.limits import RUN_ID_LENGTH
 from durable_flow.config.validation import StrictJSONDecoder, storable_text
 from durable_flow.exceptions import InvalidInput
-from durable_flow.models import FlowQueue, WorkflowRun
+from durable_flow.models import WorkflowRun
+from durable_flow.observe.queues import stored_queue
+from durable_flow.observe.run_filters import runs_from_json
 from durable_flow.operations import api, bulk
 from durable_flow.operations.audit import record_operation
-from durable_flow.operations.run_filters import runs_from_json
 
 MAX_BODY_BYTES = 2_000_000
 
@@ -210,6 +211,6 @@ def steer_queue(request: HttpRequest, name: str, operation: str) -> HttpResponse
         api.resume_queue(name)
     else:
         api.update_queue(name, **_body(request))
-    queue = FlowQueue.objects.get(pk=name)  # as stored, whichever operation ran
+    queue = stored_queue(name)  # as stored, whichever operation ran
     record_operation(request.user, queue, f"{operation.capitalize()}d from the JSON API: {queue.config}")
     return JsonResponse({"name": queue.name, "paused": queue.paused, "config": queue.config})

@@ -5,20 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
-from durable_flow.config.validation import MAX_JSON_DEPTH, bounded_depth
+from durable_flow.config.validation import MAX_JSON_DEPTH, TooDeep, bounded_depth
 from durable_flow.exceptions import InvalidInput
 
 T = TypeVar("T")
-
-
-class TooDeep(str):
-    """What a stored JSON value nested deeper than `MAX_JSON_DEPTH` reads as (one stored before
-    the limit, or written by hand): `TOO_DEEP`, a placeholder text that pages and the JSON API
-    show as it is. Decoding the value itself may fail (`RecursionError`) and fail every query
-    that loads its row; the engine refuses the placeholder (`readable`) rather than run on it."""
-
-
-TOO_DEEP = TooDeep("(too deeply nested to display)")
 
 
 def readable(value: T, what: str) -> T:

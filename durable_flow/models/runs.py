@@ -18,8 +18,8 @@ from durable_flow.config.limits import (
     WORKFLOW_NAME_LENGTH,
     ticket_text,
 )
-from durable_flow.config.validation import bounded_depth
-from durable_flow.definitions.serialization import TOO_DEEP, nested_too_deep
+from durable_flow.config.validation import TOO_DEEP, bounded_depth
+from durable_flow.definitions.serialization import nested_too_deep
 from durable_flow.exceptions import InvalidInput
 
 

@@ -50,3 +50,9 @@ def usage() -> list[dict[str, Any]]:
         outcomes = {outcome: counts.get((label, outcome), 0) for outcome in OUTCOMES}
         rows.append({"workflow": label, "rule": "task", "key": "", "debouncing": None, **outcomes})
     return rows
+
+
+def outcome_counts() -> list[tuple[str, str, int]]:
+    """`(workflow, outcome, starts)` for every start debounced, skipped or replaced so far,
+    sorted (the metrics' counter; a task counts under its label)."""
+    return sorted((workflow, outcome, n) for (workflow, outcome), n in start_outcomes().items())

@@ -1,14 +1,10 @@
 """The questions several places ask of the database, each defined once.
 
-The poller, the admin, the dashboard and the metrics endpoint all ask which runs are due, which
-steps were lost with their worker, which workers are alive and how many calls wait on each
-queue. Each rule (what "lost" or "alive" means) lives here, so the poller that acts on it and
-the pages that show it cannot drift apart. Functions return lazy querysets, or read in one
-query; times and cutoffs come from the caller, so an injected clock applies.
-
-The admission backend, not these rows, knows slots and windows under every backend
-(`AdmissionBackend.in_flight`/`waiting`/`window_usage`); the checkpoints here are the
-fleet-wide record of calls, whichever backend admitted them.
+The poller, the task backend and the read model (`durable_flow.observe`: the admin, the
+dashboard, the metrics) all ask which runs are due, which steps were lost with their worker and
+which workers are alive. Each rule (what "lost" or "alive" means) lives here, so the poller that
+acts on it and the pages that show it cannot drift apart. Functions return lazy querysets, or
+read in one query; times and cutoffs come from the caller, so an injected clock applies.
 """
 
 from __future__ import annotations
@@ -16,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from durable_flow.models import (
@@ -47,17 +42,6 @@ def stale_pending_runs(lost_after: datetime, executing: Iterable[str] = ()) -> Q
     those in `executing`: a live worker runs their first step optimistically, with their turn
     taken and nothing written yet (`running_steps`)."""
     return WorkflowRun.objects.filter(status=RunStatus.PENDING, updated_at__lt=lost_after).exclude(pk__in=executing)
-
-
-def run_counts() -> dict[str, int]:
-    """Runs per status, every status present (0 where there are none)."""
-    counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {status: counts.get(status, 0) for status in RunStatus.values}
-
-
-def run_counts_by_workflow() -> Iterable[tuple[str, str, int]]:
-    """`(workflow, status, runs)` for every pair that has runs."""
-    return WorkflowRun.objects.values_list("workflow", "status").annotate(n=Count("id")).order_by()
 
 
 # -- workers -------------------------------------------------------------------------------------
@@ -104,28 +88,10 @@ def running_steps(cutoff: datetime, run_id: str | None = None) -> list[RunningSt
     return steps
 
 
-def executing_now(run_id: str, cutoff: datetime) -> list[str]:
-    """What a run's page says is executing for it, from live workers' heartbeats: one line a
-    step attempt, saying when the run's rows do not show it yet (an optimistic first step)."""
-    steps = running_steps(cutoff, run_id)
-    checkpoints = StepCheckpoint.objects.filter(run_id=run_id, key__in={s.key for s in steps})
-    recorded = {(key, str(attempt)) for key, attempt in checkpoints.values_list("key", "attempt")}
-    return [
-        f"step {s.key}, attempt {s.attempt}, on worker {s.worker}"
-        + ("" if (s.key, s.attempt) in recorded else " (not recorded yet: the run's rows show it once it returns)")
-        for s in steps
-    ]
-
-
 def idle_peer_exists(worker_id: str, transport: str, cutoff: datetime) -> bool:
     """Whether another live worker of `transport` ran nothing at its last heartbeat."""
     peers = live_workers(cutoff).filter(transport=transport, in_flight=0).exclude(worker_id=worker_id)
     return peers.exists()
-
-
-def workers_seen_since(since: datetime) -> QuerySet[WorkerHeartbeat]:
-    """Workers, alive or dead, heard from since `since` (older records are no longer shown)."""
-    return WorkerHeartbeat.objects.filter(last_seen__gte=since)
 
 
 def is_alive(beat: WorkerHeartbeat, cutoff: datetime) -> bool:
@@ -163,33 +129,3 @@ def stale_dispatched_steps(lost_after: datetime) -> QuerySet[StepCheckpoint]:
 def overdue_cancelled_steps(now: datetime) -> QuerySet[StepCheckpoint]:
     """Steps still executing for a cancelling run past their deadline."""
     return in_flight_steps().filter(run__status=RunStatus.CANCELLING, wake_at__lt=now)
-
-
-# -- queues --------------------------------------------------------------------------------------
-
-
-def waiting_calls(queue: str | None = None) -> QuerySet[StepCheckpoint]:
-    """Calls parked waiting for admission, on `queue` or on any queue."""
-    calls = StepCheckpoint.objects.filter(status=StepStatus.WAITING)
-    return calls if queue is None else calls.filter(queue=queue)
-
-
-def waiting_by_queue() -> dict[str, int]:
-    """Calls waiting for admission, per queue (queues with none are absent)."""
-    return _per_queue(waiting_calls(), n=Count("id"))
-
-
-def oldest_waiting_by_queue() -> dict[str, datetime]:
-    """When each queue's longest-waiting call was made (queues with none are absent)."""
-    return _per_queue(waiting_calls(), first=Min("created_at"))
-
-
-def slots_held_by_queue() -> dict[str, int]:
-    """Dispatched calls holding a slot, per queue, as the checkpoints record them."""
-    return _per_queue(StepCheckpoint.objects.filter(status=StepStatus.DISPATCHED, holds_slot=True), n=Count("id"))
-
-
-def _per_queue(calls: QuerySet[StepCheckpoint], **aggregate: Any) -> dict[str, Any]:
-    """One aggregate of `calls`, grouped by queue, in one query."""
-    ((name, expression),) = aggregate.items()
-    return dict(calls.values_list("queue").annotate(**{name: expression}).values_list("queue", name).order_by())

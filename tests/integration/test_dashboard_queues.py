@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from dashboard.snapshot import queue_rows
 from durable_flow import start
 from durable_flow.admission.base import AdmissionBackend
 from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
+from durable_flow.observe.queues import queue_rows
 from tests.engine_support import ManualTransport
 
 

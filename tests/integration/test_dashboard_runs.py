@@ -15,11 +15,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.flow import flow_snapshot
-from dashboard.timeline import build_timeline
 from durable_flow import register_queue
 from durable_flow.config.settings import get_settings
 from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.observe.queues import queue_flow as flow_snapshot
+from durable_flow.observe.timeline import build_timeline
 from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from tests import workflows

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from dashboard.timeline import build_timeline
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.observe.timeline import build_timeline
 from durable_flow.operations import api
 from durable_flow.operations.bulk import retry_batch
 from tests import workflows

@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_flow.contrib import health
+from durable_flow.observe.workers import live_workers_on
 
 
 class Command(BaseCommand):
@@ -35,7 +36,7 @@ class Command(BaseCommand):
             raise CommandError(problem)
         report = ["database ok"]
         if options["worker"]:
-            workers = health.live_workers_on()
+            workers = live_workers_on()
             if not workers:
                 raise CommandError(f"no live worker on {socket.gethostname()} (manage.py durable_worker)")
             report.append(f"{len(workers)} live worker(s) here")

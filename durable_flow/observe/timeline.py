@@ -4,7 +4,8 @@ first row for the run's turns: when the workflow waited for a worker to replay i
 
 Computed from the durable record only (checkpoints, `StepAttempt` rows, signals), so it
 draws the same for a run that is still going and for one finished a week ago. Positions are
-percentages of the run's span, rendered server-side as HTML (no JavaScript, no chart library).
+percentages of the run's span, which the dashboard renders server-side as HTML (no JavaScript,
+no chart library).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow.models import (
@@ -73,7 +73,7 @@ class Row:
     max_attempts: int = 0
     worker: str = ""
     error: dict[str, Any] | None = None
-    link: str = ""
+    child_run_id: str = ""
     note: str = ""
     segments: list[Segment] = field(default_factory=list)
 
@@ -165,7 +165,7 @@ def _other_row(cp: StepCheckpoint, now: datetime) -> Row:
         row.note = "wakes at " + cp.wake_at.strftime("%H:%M:%S.") + f"{cp.wake_at.microsecond // 1000:03d}"
     row.segments.append(Segment(kind, cp.created_at, max(end, cp.created_at)))
     if cp.kind == StepKind.CHILD and cp.child_run_id:
-        row.link = reverse("dashboard:run", args=[cp.child_run_id])
+        row.child_run_id = cp.child_run_id
     return row
 
 

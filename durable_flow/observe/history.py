@@ -1,4 +1,5 @@
-"""The charts' history, read from the samples the poller writes (`durable_flow/observe/sampling.py`).
+"""The charts' history, read from the samples the poller writes (`sampling.py`): per queue and
+per worker over the last hour, the system's totals, and whether failures are rising.
 
 Every live tick would otherwise re-read an hour of samples; the last read is kept until a
 newer sample exists (one cheap `max(id)` query per tick).
@@ -113,3 +114,9 @@ def failures_rising(totals: list[Sample], now: datetime, window: timedelta = tim
     recent = sum(s.failures for s in totals if s.at > now - window)
     before = sum(s.failures for s in totals if now - 2 * window < s.at <= now - window)
     return recent if recent >= 3 and recent > before else None
+
+
+def last_poller_sample() -> datetime | None:
+    """When a poller last sampled (the end of the interval it wrote): a looping poller writes a
+    `queue=""` sample every interval, whatever the queues (the poller's health check)."""
+    return QueueSample.objects.filter(queue="").order_by("-at").values_list("at", flat=True).first()
