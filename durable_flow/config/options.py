@@ -111,6 +111,13 @@ def list_of(item: Validator, what: str) -> Validator:
     return validate
 
 
+def dictionary(value: Any) -> str | None:
+    """A dict, of any keys: what is in it is checked where it is used (a burst's input)."""
+    if not isinstance(value, Mapping):
+        return f"must be a dict, got {type(value).__name__}"
+    return None
+
+
 @dataclass(frozen=True)
 class Table:
     """A validator for a dict of its own options: `parse_options` checks the dict against
@@ -120,9 +127,7 @@ class Table:
     declared: Mapping[str, Option]
 
     def __call__(self, value: Any) -> str | None:
-        if not isinstance(value, Mapping):
-            return f"must be a dict, got {type(value).__name__}"
-        return None
+        return dictionary(value)
 
 
 def table(declared: Mapping[str, Option]) -> Table:
