@@ -6,20 +6,27 @@ through the queue's gate into the worker slots and out, is the read model's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from durable_flow.config.limits import QUEUE_NAME_LENGTH, WORKFLOW_NAME_LENGTH
-from durable_flow.config.validation import number_problem, storable_text
-from durable_flow.exceptions import InvalidInput
+from durable_flow.config.options import Option, dictionary, number, parse_options, text
 
 #: The default burst: the demo's throttled queue and a workflow that goes through it.
 DEFAULT_BURST = {"WORKFLOW": "examples.sync_tenant", "QUEUE": "demo-throttled", "SIZE": 20, "INPUT": {}}
 MAX_BURST = 200
 TENANTS = ("acme", "globex", "initech", "umbrella")
+#: The keys of `settings.DASHBOARD_BURST`, each optional (`DEFAULT_BURST` fills them in).
+BURST_OPTIONS = {
+    "WORKFLOW": Option("The workflow a burst starts.", text(max_length=WORKFLOW_NAME_LENGTH)),
+    "QUEUE": Option(
+        "The queue the flow view shows, which the workflow's steps go through.", text(max_length=QUEUE_NAME_LENGTH)
+    ),
+    "SIZE": Option("How many runs a burst starts.", number(1, MAX_BURST, integer=True, unit="runs")),
+    "INPUT": Option("The input of every run, with a tenant added.", dictionary),
+}
 
 
 def burst_config() -> dict[str, Any]:
@@ -33,24 +40,12 @@ def burst_config() -> dict[str, Any]:
 
 
 def burst_problem(value: object) -> str | None:
-    """What is wrong with a `DASHBOARD_BURST` setting, or None: a dict of the default's keys,
-    names the database can store, a `SIZE` from 1 to `MAX_BURST` and an `INPUT` dict."""
-    if not isinstance(value, Mapping):
-        return f"DASHBOARD_BURST must be a dict, got {type(value).__name__}"
-    unknown = sorted(set(map(str, value)) - set(DEFAULT_BURST))
-    if unknown:
-        return f"DASHBOARD_BURST: unknown key(s) {', '.join(unknown)}"
-    config = {**DEFAULT_BURST, **value}
+    """What is wrong with a `DASHBOARD_BURST` setting, or None: a dict of `BURST_OPTIONS` (names
+    the database can store, a `SIZE` from 1 to `MAX_BURST` and an `INPUT` dict)."""
     try:
-        storable_text(config["WORKFLOW"], 'DASHBOARD_BURST["WORKFLOW"]', WORKFLOW_NAME_LENGTH)
-        storable_text(config["QUEUE"], 'DASHBOARD_BURST["QUEUE"]', QUEUE_NAME_LENGTH)
-    except InvalidInput as exc:
+        parse_options(BURST_OPTIONS, value, "DASHBOARD_BURST")  # type: ignore[arg-type]
+    except ImproperlyConfigured as exc:
         return str(exc)
-    problem = number_problem(config["SIZE"], minimum=1, maximum=MAX_BURST, integer=True, unit="runs")
-    if problem:
-        return f'DASHBOARD_BURST["SIZE"] {problem}'
-    if not isinstance(config["INPUT"], dict):
-        return f'DASHBOARD_BURST["INPUT"] must be a dict, got {type(config["INPUT"]).__name__}'
     return None
 
 

@@ -15,14 +15,27 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from durable_flow.config.validation import number_problem
+from durable_flow.config.options import Option, number, one_of, optional, parse_options
 
 #: The most threads one worker process runs tasks on.
 MAX_CONCURRENCY = 1024
 #: The slowest control loop: a tick at most once a minute (a longer one adapts to nothing).
 MAX_TICK_MS = 60_000
-ADAPTIVE_FIELDS = ("mode", "min", "max", "start", "tick_ms", "ram_ceiling_pct", "cpu_ceiling_pct")
 DEFAULT_SETTING = 'DURABLE_FLOW["TRANSPORT"]["CONCURRENCY"]'
+_THREADS = number(1, MAX_CONCURRENCY, integer=True)
+_PERCENT = number(0, 100, above_minimum=True, unit="percent")
+#: The fields of an adaptive spec dict.
+ADAPTIVE_OPTIONS = {
+    "mode": Option('"adaptive" (a dict without it is not an adaptive spec).', one_of("adaptive")),
+    "min": Option("The fewest threads (default 1).", _THREADS),
+    "max": Option("The most threads (default 32, or min if higher); at least min.", _THREADS),
+    "start": Option("The threads at start (default min); within [min, max].", _THREADS),
+    "tick_ms": Option(
+        "The control loop's period (default 2000 ms).", number(10, MAX_TICK_MS, integer=True, unit="milliseconds")
+    ),
+    "ram_ceiling_pct": Option("The memory use above which the limit shrinks (default 85).", _PERCENT),
+    "cpu_ceiling_pct": Option("The CPU use above which the limit shrinks (default None: none).", optional(_PERCENT)),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,51 +54,28 @@ def parse_concurrency(spec: object, setting: str = DEFAULT_SETTING) -> int | Ada
     """A fixed thread count or an `AdaptiveSpec`; `ImproperlyConfigured` names the setting."""
     if spec == "adaptive" or (isinstance(spec, Mapping) and spec.get("mode") == "adaptive"):
         return _adaptive(spec if isinstance(spec, Mapping) else {}, setting)
-    problem = number_problem(spec, minimum=1, maximum=MAX_CONCURRENCY, integer=True)
+    problem = _THREADS(spec)
     if problem:
         raise ImproperlyConfigured(f"{setting}: {problem} (or 'adaptive', or an adaptive spec dict)")
     return int(spec)  # type: ignore[call-overload]  # an int, checked above
 
 
 def _adaptive(options: Mapping[str, Any], setting: str) -> AdaptiveSpec:
-    unknown = sorted(set(options) - set(ADAPTIVE_FIELDS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"{setting}: unknown adaptive field(s) {', '.join(unknown)} (known: {', '.join(ADAPTIVE_FIELDS)})"
-        )
-    if options.get("mode", "adaptive") != "adaptive":
-        raise ImproperlyConfigured(f'{setting}["mode"]: must be "adaptive", got {options.get("mode")!r}')
-
-    def checked(name: str, default: float | None, **bounds: Any) -> Any:
-        value = options.get(name, default)
-        problem = number_problem(value, **bounds)
-        if problem:
-            raise ImproperlyConfigured(f'{setting}["{name}"]: {problem}')
-        return value
-
-    def integer(name: str, default: int, low: int, high: int, unit: str = "") -> int:
-        return int(checked(name, default, minimum=low, maximum=high, integer=True, unit=unit))
-
-    def percent(name: str, default: float | None) -> float | None:
-        if options.get(name, default) is None and default is None:
-            return None
-        return float(checked(name, default, minimum=0, maximum=100, above_minimum=True, unit="percent"))
-
-    min_limit = integer("min", 1, 1, MAX_CONCURRENCY)
-    max_limit = integer("max", max(32, min_limit), 1, MAX_CONCURRENCY)
+    given = parse_options(ADAPTIVE_OPTIONS, options, setting)
+    min_limit = given.get("min", 1)
+    max_limit = given.get("max", max(32, min_limit))
+    start = given.get("start", min_limit)
+    # The rules across fields, once each field is within its own bounds.
     if max_limit < min_limit:
         raise ImproperlyConfigured(f'{setting}["max"]: must be ≥ min ({min_limit}), got {max_limit}')
-    start = integer("start", min_limit, 1, MAX_CONCURRENCY)
     if not min_limit <= start <= max_limit:
         raise ImproperlyConfigured(f'{setting}["start"]: must be within [min, max] = [{min_limit}, {max_limit}]')
-    tick_ms = integer("tick_ms", 2000, 10, MAX_TICK_MS, unit="milliseconds")
-    ram = percent("ram_ceiling_pct", 85.0)
-    assert ram is not None
+    cpu = given.get("cpu_ceiling_pct")
     return AdaptiveSpec(
         min_limit=min_limit,
         max_limit=max_limit,
         start=start,
-        tick_ms=tick_ms,
-        ram_ceiling_pct=ram,
-        cpu_ceiling_pct=percent("cpu_ceiling_pct", None),
+        tick_ms=given.get("tick_ms", 2000),
+        ram_ceiling_pct=float(given.get("ram_ceiling_pct", 85.0)),
+        cpu_ceiling_pct=None if cpu is None else float(cpu),
     )

@@ -1,7 +1,9 @@
 """`settings.DURABLE_FLOW`, parsed and validated once into a frozen value.
 
-Every error is an `ImproperlyConfigured` that names the offending key, e.g.
-`DURABLE_FLOW["POLLER"]: BATCH_SIZE must be an integer from 1 to 10000, got 0`. Every number
+Every key, the nested `POLLER`, `HEARTBEAT` and `METRICS` ones included, is declared as an
+`Option` (`SETTINGS_OPTIONS`) and checked by `options.parse_options`, as the backends' options
+are: every error is an `ImproperlyConfigured` that names the key's path, e.g.
+`DURABLE_FLOW["POLLER"]["BATCH_SIZE"]: must be an integer from 1 to 10000, got 0`. Every number
 goes through `validation.number_problem`: a bool, NaN or an infinity is never a number, and
 each has a finite maximum (documented in docs/settings.md), so a value that
 passes `manage.py check` cannot overflow a `timedelta`, a column or a sleep later.
@@ -9,7 +11,8 @@ passes `manage.py check` cannot overflow a `timedelta`, a column or a sleep late
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -18,8 +21,20 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from durable_flow.config.options import (
+    Option,
+    Validator,
+    list_of,
+    non_empty_str,
+    number,
+    optional,
+    parse_options,
+    seconds,
+    table,
+    text,
+)
 from durable_flow.config.queues import QueueConfig
-from durable_flow.config.validation import DAY_S, HOUR_S, WEEK_S, number_problem
+from durable_flow.config.validation import DAY_S, HOUR_S, WEEK_S
 from durable_flow.exceptions import InvalidQueueConfig
 
 ADMISSION_BACKENDS = {
@@ -36,18 +51,6 @@ TRANSPORT_BACKENDS = {
 #: transaction): the bounds of POLLER's INTERVAL_MS and BATCH_SIZE and of the command's flags.
 MAX_POLLER_INTERVAL_MS = HOUR_S * 1000
 MAX_POLLER_BATCH_SIZE = 10_000
-TOP_LEVEL_KEYS = {
-    "WORKFLOWS",
-    "QUEUES",
-    "ADMISSION",
-    "TRANSPORT",
-    "POLLER",
-    "HEARTBEAT",
-    "MAX_PAYLOAD_BYTES",
-    "REDISPATCH_AFTER_S",
-    "METRICS",
-    "ENVIRONMENT",
-}
 
 
 @dataclass(frozen=True)
@@ -85,170 +88,154 @@ class DurableFlowSettings:
     environment: str = "default"
 
 
-def _fail(key: str, message: str) -> ImproperlyConfigured:
-    return ImproperlyConfigured(f'DURABLE_FLOW["{key}"]: {message}')
-
-
-def _refuse(where: str, key: str, problem: str) -> ImproperlyConfigured:
-    """`DURABLE_FLOW["POLLER"]: BATCH_SIZE must be ...`, or `DURABLE_FLOW["MAX_PAYLOAD_BYTES"]: must
-    be ...` for a top-level key (`where` empty)."""
-    return _fail(where, f"{key} {problem}") if where else _fail(key, problem)
-
-
-def _seconds(raw: Mapping[str, Any], key: str, default: float, where: str, maximum: float) -> float:
-    """A duration above 0 s and at most `maximum` s."""
-    value = raw.get(key, default)
-    problem = number_problem(value, minimum=0, maximum=maximum, above_minimum=True, unit="seconds")
-    if problem:
-        raise _refuse(where, key, problem)
-    return value
-
-
-def _number(
-    raw: Mapping[str, Any], key: str, default: float, where: str, *, minimum: float, maximum: float, **kind: Any
-) -> Any:
-    """`raw[key]` (or the default) within [minimum, maximum], else `ImproperlyConfigured`."""
-    value = raw.get(key, default)
-    problem = number_problem(value, minimum=minimum, maximum=maximum, **kind)
-    if problem:
-        raise _refuse(where, key, problem)
-    return value
-
-
-def _known_keys(raw: Mapping[str, Any], where: str, known: tuple[str, ...]) -> None:
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise _fail(where, f"unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
-
-
-def _backend(raw: object, key: str, aliases: Mapping[str, str], default: str) -> BackendSpec:
-    if raw is None:
-        raw = {"BACKEND": default}
-    if isinstance(raw, str):
-        raw = {"BACKEND": raw}
-    if not isinstance(raw, Mapping):
-        raise _fail(key, f'expected a dict like {{"BACKEND": "{default}"}}, got {type(raw).__name__}')
-    name = raw.get("BACKEND", default)
-    if not isinstance(name, str) or not name:
-        raise _fail(key, "BACKEND must be a backend name or a dotted class path")
-    if name not in aliases and "." not in name:
-        raise _fail(key, f"unknown BACKEND {name!r}; choose one of {', '.join(aliases)} or give a dotted path")
-    options = {k: v for k, v in raw.items() if k != "BACKEND"}
-    return BackendSpec(path=aliases.get(name, name), options=options, alias=name)
-
-
 class SamplingMisconfigured(ImproperlyConfigured):
     """POLLER's SAMPLE_INTERVAL_S / SAMPLE_RETENTION_S are wrong (`manage.py check`: E006)."""
 
 
-def parse_sampling(poller: Mapping[str, Any]) -> tuple[float, float]:
-    """The dashboard's sampling interval and retention, in seconds.
+def backend(aliases: Mapping[str, str]) -> Validator:
+    """`ADMISSION` / `TRANSPORT`: an alias, a dotted class path, or a dict with `BACKEND` (one of
+    those) and the backend's options, which the backend class checks itself (`E004`/`E005`)."""
+    default = next(iter(aliases))
 
-    From 1 s to an hour between samples (each one is a row per queue and live worker; the charts
-    show the last hour), and a retention from one hour (the charts' span) to a year.
-    """
-    values: list[float] = []
-    for key, default, least, most in (
-        ("SAMPLE_INTERVAL_S", 10.0, 1, HOUR_S),
-        ("SAMPLE_RETENTION_S", 86_400.0, HOUR_S, 365 * DAY_S),
-    ):
-        value = poller.get(key, default)
-        problem = number_problem(value, minimum=least, maximum=most, unit="seconds")
-        if problem:
-            raise SamplingMisconfigured(f'DURABLE_FLOW["POLLER"]: {key} {problem}')
-        values.append(float(value))
-    return values[0], values[1]
+    def validate(value: Any) -> str | None:
+        value = _backend_dict(value, default)
+        if not isinstance(value, Mapping):
+            return f'must be a dict like {{"BACKEND": "{default}"}}, got {type(value).__name__}'
+        name = value.get("BACKEND", default)
+        if not isinstance(name, str) or (name not in aliases and "." not in name):
+            return f'["BACKEND"]: must be one of {", ".join(aliases)} or a dotted class path, got {reprlib.repr(name)}'
+        return None
+
+    return validate
+
+
+def _backend_spec(raw: object, aliases: Mapping[str, str]) -> BackendSpec:
+    """The `BackendSpec` of a value `backend(aliases)` took."""
+    default = next(iter(aliases))
+    raw = _backend_dict(raw, default)
+    assert isinstance(raw, Mapping)
+    name = raw.get("BACKEND", default)
+    options = {k: v for k, v in raw.items() if k != "BACKEND"}
+    return BackendSpec(path=aliases.get(name, name), options=options, alias=name)
+
+
+def _backend_dict(value: object, default: str) -> object:
+    """The dict form of a backend's setting: None is the default backend, a string its `BACKEND`."""
+    if value is None:
+        return {"BACKEND": default}
+    return {"BACKEND": value} if isinstance(value, str) else value
+
+
+def _queues(value: Any) -> str | None:
+    """A list of queue dicts (`QueueConfig.from_mapping`), each name once."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return f"must be a list of queue dicts, got {type(value).__name__}"
+    seen: set[str] = set()
+    for index, entry in enumerate(value):
+        try:
+            name = QueueConfig.from_mapping(entry, where=f"[{index}]").name
+        except InvalidQueueConfig as exc:
+            return str(exc)
+        if name in seen:
+            return f"queue {name!r} is declared twice (entry {index})"
+        seen.add(name)
+    return None
+
+
+POLLER_OPTIONS = {
+    "INTERVAL_MS": Option(
+        "The poller's sleep between ticks (ms).", number(1, MAX_POLLER_INTERVAL_MS, unit="milliseconds")
+    ),
+    "BATCH_SIZE": Option(
+        "The most runs the poller wakes in one tick (one transaction).",
+        number(1, MAX_POLLER_BATCH_SIZE, integer=True),
+    ),
+    "MAINTENANCE_S": Option("How often the poller looks for dead workers' steps and jobs.", seconds(HOUR_S)),
+    # From 1 s to an hour between samples (each one is a row per queue and live worker; the
+    # charts show the last hour), and a retention from one hour (the charts' span) to a year.
+    "SAMPLE_INTERVAL_S": Option(
+        "How often the poller writes the dashboard's samples.",
+        number(1, HOUR_S, unit="seconds"),
+        SamplingMisconfigured,
+    ),
+    "SAMPLE_RETENTION_S": Option(
+        "How long samples are kept.", number(HOUR_S, 365 * DAY_S, unit="seconds"), SamplingMisconfigured
+    ),
+}
+HEARTBEAT_OPTIONS = {
+    "INTERVAL_S": Option("How often a worker beats.", seconds(HOUR_S)),
+    "TTL_S": Option("A worker silent this long is dead; above INTERVAL_S.", seconds(DAY_S)),
+}
+METRICS_OPTIONS = {
+    "TOKEN": Option(
+        "The bearer token of /metrics/ (None: staff sessions only).", optional(text(min_length=16, secret=True))
+    ),
+    "WINDOW_S": Option("The histograms' look-back.", seconds(DAY_S)),
+}
+#: Every key of `settings.DURABLE_FLOW` (docs/settings.md).
+SETTINGS_OPTIONS = {
+    "WORKFLOWS": Option("Modules that declare workflows, imported at startup.", list_of(non_empty_str, "module paths")),
+    "QUEUES": Option("Flow-control queues (docs/flow-control.md).", _queues),
+    "ADMISSION": Option("The admission backend and its options.", backend(ADMISSION_BACKENDS)),
+    "TRANSPORT": Option("The transport and its options.", backend(TRANSPORT_BACKENDS)),
+    "POLLER": Option("The timer poller.", table(POLLER_OPTIONS)),
+    "HEARTBEAT": Option("Workers' heartbeats.", table(HEARTBEAT_OPTIONS)),
+    "MAX_PAYLOAD_BYTES": Option(
+        "The largest input, output or payload, as JSON.", number(1, 2**30, integer=True, unit="bytes")
+    ),
+    "REDISPATCH_AFTER_S": Option("When a lost step of no known worker is sent again.", seconds(WEEK_S)),
+    "METRICS": Option("The /metrics/ endpoint.", table(METRICS_OPTIONS)),
+    "ENVIRONMENT": Option("Names the `env` scope of step concurrency.", text(max_length=100, forbidden=":")),
+}
+#: Where each key of a section lands in `DurableFlowSettings`.
+_FIELDS = {
+    "poller": {
+        "interval_ms": "poller_interval_ms",
+        "batch_size": "poller_batch_size",
+        "maintenance_s": "poller_maintenance_s",
+        "sample_interval_s": "sample_interval_s",
+        "sample_retention_s": "sample_retention_s",
+    },
+    "heartbeat": {"interval_s": "heartbeat_interval_s", "ttl_s": "heartbeat_ttl_s"},
+    "metrics": {"token": "metrics_token", "window_s": "metrics_window_s"},
+}
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "workflows": tuple,
+    "queues": lambda entries: tuple(QueueConfig.from_mapping(entry) for entry in entries),
+    "admission": lambda raw: _backend_spec(raw, ADMISSION_BACKENDS),
+    "transport": lambda raw: _backend_spec(raw, TRANSPORT_BACKENDS),
+    "poller_interval_ms": int,
+    "poller_maintenance_s": float,
+    "sample_interval_s": float,
+    "sample_retention_s": float,
+    "redispatch_after_s": float,
+}
 
 
 def parse_settings(raw: object) -> DurableFlowSettings:
-    """Validate a `DURABLE_FLOW` dict; raise `ImproperlyConfigured` naming the bad key."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ImproperlyConfigured(f"DURABLE_FLOW must be a dict, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - TOP_LEVEL_KEYS)
-    if unknown:
-        raise ImproperlyConfigured(f"DURABLE_FLOW: unknown key(s) {', '.join(unknown)}")
+    """Validate a `DURABLE_FLOW` dict; raise `ImproperlyConfigured` naming the bad key.
 
-    workflows = raw.get("WORKFLOWS", [])
-    if isinstance(workflows, str) or not isinstance(workflows, list | tuple):
-        raise _fail("WORKFLOWS", "must be a list of module paths")
-    for module in workflows:
-        if not isinstance(module, str) or not module:
-            raise _fail("WORKFLOWS", f"every entry must be a module path string, got {module!r}")
+    Each key is checked by its `Option` (`parse_options`); the rules across keys come after.
+    """
+    given = parse_options(SETTINGS_OPTIONS, {} if raw is None else raw, "DURABLE_FLOW")  # type: ignore[arg-type]
+    for section, fields in _FIELDS.items():
+        given |= {fields[key]: value for key, value in given.pop(section, {}).items()}
+    config = DurableFlowSettings(**{key: _CONVERT.get(key, _same)(value) for key, value in given.items()})
+    _check_heartbeat(config)
+    return config
 
-    queues_raw = raw.get("QUEUES", [])
-    if not isinstance(queues_raw, list | tuple):
-        raise _fail("QUEUES", "must be a list of queue dicts")
-    queues: list[QueueConfig] = []
-    seen: set[str] = set()
-    for index, entry in enumerate(queues_raw):
-        try:
-            config = QueueConfig.from_mapping(entry, where=f'DURABLE_FLOW["QUEUES"][{index}]')
-        except InvalidQueueConfig as exc:
-            raise ImproperlyConfigured(str(exc)) from exc
-        if config.name in seen:
-            raise _fail("QUEUES", f"queue {config.name!r} is declared twice (entry {index})")
-        seen.add(config.name)
-        queues.append(config)
 
-    poller = raw.get("POLLER", {})
-    heartbeat = raw.get("HEARTBEAT", {})
-    for key, value in (("POLLER", poller), ("HEARTBEAT", heartbeat)):
-        if not isinstance(value, Mapping):
-            raise _fail(key, "must be a dict")
-    _known_keys(
-        poller, "POLLER", ("INTERVAL_MS", "BATCH_SIZE", "MAINTENANCE_S", "SAMPLE_INTERVAL_S", "SAMPLE_RETENTION_S")
-    )
-    sample_interval, sample_retention = parse_sampling(poller)
-    _known_keys(heartbeat, "HEARTBEAT", ("INTERVAL_S", "TTL_S"))
-    heartbeat_interval = _seconds(heartbeat, "INTERVAL_S", 2.0, "HEARTBEAT", HOUR_S)
-    heartbeat_ttl = _seconds(heartbeat, "TTL_S", 15.0, "HEARTBEAT", DAY_S)
-    if heartbeat_ttl <= heartbeat_interval:
-        # A worker would be declared dead between two of its own beats.
-        raise _fail("HEARTBEAT", f"TTL_S ({heartbeat_ttl}) must be greater than INTERVAL_S ({heartbeat_interval})")
-    poller_interval = _number(
-        poller, "INTERVAL_MS", 500, "POLLER", minimum=1, maximum=MAX_POLLER_INTERVAL_MS, unit="milliseconds"
-    )
-    max_payload = _number(raw, "MAX_PAYLOAD_BYTES", 1_000_000, "", minimum=1, maximum=2**30, integer=True, unit="bytes")
-    redispatch = _seconds(raw, "REDISPATCH_AFTER_S", 600, "", WEEK_S)
+def _same(value: Any) -> Any:
+    return value
 
-    metrics = raw.get("METRICS", {})
-    if not isinstance(metrics, Mapping):
-        raise _fail("METRICS", "must be a dict")
-    unknown_metrics = sorted(set(metrics) - {"TOKEN", "WINDOW_S"})
-    if unknown_metrics:
-        raise _fail("METRICS", f"unknown option(s) {', '.join(unknown_metrics)}")
-    token = metrics.get("TOKEN")
-    if token is not None and (not isinstance(token, str) or len(token) < 16):
-        raise _fail("METRICS", "TOKEN must be a string of at least 16 characters (or None)")
 
-    environment = raw.get("ENVIRONMENT", "default")
-    if not isinstance(environment, str) or not environment or len(environment) > 100 or ":" in environment:
-        raise _fail(
-            "ENVIRONMENT", f"must be a non-empty string of at most 100 characters without ':', got {environment!r}"
+def _check_heartbeat(config: DurableFlowSettings) -> None:
+    """A worker would be declared dead between two of its own beats."""
+    ttl, interval = config.heartbeat_ttl_s, config.heartbeat_interval_s
+    if ttl <= interval:
+        raise ImproperlyConfigured(
+            f'DURABLE_FLOW["HEARTBEAT"]: TTL_S ({ttl}) must be greater than INTERVAL_S ({interval})'
         )
-
-    return DurableFlowSettings(
-        workflows=tuple(workflows),
-        queues=tuple(queues),
-        admission=_backend(raw.get("ADMISSION"), "ADMISSION", ADMISSION_BACKENDS, "local"),
-        transport=_backend(raw.get("TRANSPORT"), "TRANSPORT", TRANSPORT_BACKENDS, "inline"),
-        poller_interval_ms=int(poller_interval),
-        poller_batch_size=_number(
-            poller, "BATCH_SIZE", 500, "POLLER", minimum=1, maximum=MAX_POLLER_BATCH_SIZE, integer=True
-        ),
-        poller_maintenance_s=float(_seconds(poller, "MAINTENANCE_S", 5.0, "POLLER", HOUR_S)),
-        sample_interval_s=sample_interval,
-        sample_retention_s=sample_retention,
-        heartbeat_interval_s=heartbeat_interval,
-        heartbeat_ttl_s=heartbeat_ttl,
-        max_payload_bytes=max_payload,
-        redispatch_after_s=float(redispatch),
-        metrics_token=token,
-        metrics_window_s=_seconds(metrics, "WINDOW_S", 300.0, "METRICS", DAY_S),
-        environment=environment,
-    )
 
 
 def build_backend(spec: BackendSpec) -> Any:

@@ -58,6 +58,46 @@ def storable_text(value: object, what: str, max_length: int, *, allow_empty: boo
     return value
 
 
+def text_problem(
+    value: object, *, min_length: int = 1, max_length: int | None = None, forbidden: str = "", secret: bool = False
+) -> str | None:
+    """What is wrong with `value` as a string of `min_length` to `max_length` characters with
+    none of the `forbidden` characters, or None when it is fine.
+
+    The string counterpart of `number_problem`, for settings: one message that gives the whole
+    rule, `text_problem("a:b", max_length=100, forbidden=":")` is "must be a non-empty string of
+    at most 100 characters without ':', got 'a:b'". A NUL character or a lone surrogate is never
+    allowed (the database refuses both). `secret` (a token) shows the value's length, not the value.
+    """
+    if min_length > 1:
+        kind = (
+            f"a string of {min_length} to {max_length} characters"
+            if max_length
+            else f"a string of at least {min_length} characters"
+        )
+    else:
+        kind = "a non-empty string" if min_length else "a string"
+        kind += f" of at most {max_length} characters" if max_length else ""
+    kind += f" without {', '.join(map(repr, forbidden))}" if forbidden else ""
+    shown = f"a string of {len(value)} characters" if secret and isinstance(value, str) else reprlib.repr(value)
+    problem = f"must be {kind}, got {shown}"
+    if not isinstance(value, str) or len(value) < min_length or (max_length and len(value) > max_length):
+        return problem
+    if any(character in value for character in forbidden):
+        return problem
+    if "\x00" in value or not _encodable(value):
+        return f"{problem} (a NUL character or a lone surrogate, which the database cannot store)"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def number_problem(
     value: object,
     *,

@@ -90,9 +90,12 @@ def test_a_token_is_never_accepted_when_none_is_configured(transactional_db: Non
     ("metrics", "message"),
     [
         ("x", 'DURABLE_FLOW["METRICS"]: must be a dict'),
-        ({"TOKEN": "short"}, "TOKEN must be a string of at least 16 characters"),
-        ({"WINDOW_S": 0}, "WINDOW_S must be a number above 0 and at most 86400 (seconds), got 0"),
-        ({"PORT": 9100}, "unknown option(s) PORT"),
+        ({"TOKEN": "short"}, 'DURABLE_FLOW["METRICS"]["TOKEN"]: must be a string of at least 16 characters'),
+        (
+            {"WINDOW_S": 0},
+            'DURABLE_FLOW["METRICS"]["WINDOW_S"]: must be a number above 0 and at most 86400 (seconds), got 0',
+        ),
+        ({"PORT": 9100}, 'DURABLE_FLOW["METRICS"]: unknown option(s) PORT'),
     ],
 )
 def test_bad_metrics_settings_name_the_key(metrics: Any, message: str) -> None:

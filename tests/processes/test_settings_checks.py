@@ -44,13 +44,13 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
         "unknown key under POLLER",
         {"POLLER": {"INTERVAL": 500}},
         "durable_flow.E001",
-        'DURABLE_FLOW["POLLER"]: unknown key(s) INTERVAL',
+        'DURABLE_FLOW["POLLER"]: unknown option(s) INTERVAL',
     ),
     (
         "unknown key under HEARTBEAT",
         {"HEARTBEAT": {"TTL": 30}},
         "durable_flow.E001",
-        'DURABLE_FLOW["HEARTBEAT"]: unknown key(s) TTL',
+        'DURABLE_FLOW["HEARTBEAT"]: unknown option(s) TTL',
     ),
     (
         "heartbeat TTL below its interval",
@@ -68,7 +68,7 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
         "fractional batch size",
         {"POLLER": {"BATCH_SIZE": 0.5}},
         "durable_flow.E001",
-        'DURABLE_FLOW["POLLER"]: BATCH_SIZE must be an integer from 1 to 10000, got 0.5',
+        'DURABLE_FLOW["POLLER"]["BATCH_SIZE"]: must be an integer from 1 to 10000, got 0.5',
     ),
     (
         "absurd concurrency",
@@ -80,13 +80,13 @@ MALFORMED: list[tuple[str, dict[str, Any], str, str]] = [
         "samples more than once a second",
         {"POLLER": {"SAMPLE_INTERVAL_S": 0.5}},
         "durable_flow.E006",
-        'DURABLE_FLOW["POLLER"]: SAMPLE_INTERVAL_S must be a number from 1 to 3600 (seconds), got 0.5',
+        'DURABLE_FLOW["POLLER"]["SAMPLE_INTERVAL_S"]: must be a number from 1 to 3600 (seconds), got 0.5',
     ),
     (
         "samples kept less than the charts' hour",
         {"POLLER": {"SAMPLE_RETENTION_S": 600}},
         "durable_flow.E006",
-        'DURABLE_FLOW["POLLER"]: SAMPLE_RETENTION_S must be a number from 3600 to 31536000 (seconds), got 600',
+        'DURABLE_FLOW["POLLER"]["SAMPLE_RETENTION_S"]: must be a number from 3600 to 31536000 (seconds), got 600',
     ),
     (
         "misspelt transport option",
@@ -162,16 +162,16 @@ def queue(fields: Build) -> Build:
 TEN_YEARS_S = 10 * 365 * 86_400
 # (DURABLE_FLOW for a value, check id, the setting as the message names it, other values refused)
 NUMERIC_SETTINGS: list[tuple[Build, str, str, tuple[object, ...]]] = [
-    (under("POLLER", "INTERVAL_MS"), "E001", 'DURABLE_FLOW["POLLER"]: INTERVAL_MS', (0, -1, 3_600_001)),
-    (under("POLLER", "BATCH_SIZE"), "E001", 'DURABLE_FLOW["POLLER"]: BATCH_SIZE', (0, -1, 2.5, 10_001)),
-    (under("POLLER", "MAINTENANCE_S"), "E001", 'DURABLE_FLOW["POLLER"]: MAINTENANCE_S', (0, -1, 3601)),
-    (under("POLLER", "SAMPLE_INTERVAL_S"), "E006", 'DURABLE_FLOW["POLLER"]: SAMPLE_INTERVAL_S', (0, 0.5, 3601)),
-    (under("POLLER", "SAMPLE_RETENTION_S"), "E006", 'DURABLE_FLOW["POLLER"]: SAMPLE_RETENTION_S', (0, 600, 10**8)),
-    (under("HEARTBEAT", "INTERVAL_S", TTL_S=86_400), "E001", 'DURABLE_FLOW["HEARTBEAT"]: INTERVAL_S', (0, -1, 3601)),
-    (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]: TTL_S', (0, -1, 86_401)),
+    (under("POLLER", "INTERVAL_MS"), "E001", 'DURABLE_FLOW["POLLER"]["INTERVAL_MS"]:', (0, -1, 3_600_001)),
+    (under("POLLER", "BATCH_SIZE"), "E001", 'DURABLE_FLOW["POLLER"]["BATCH_SIZE"]:', (0, -1, 2.5, 10_001)),
+    (under("POLLER", "MAINTENANCE_S"), "E001", 'DURABLE_FLOW["POLLER"]["MAINTENANCE_S"]:', (0, -1, 3601)),
+    (under("POLLER", "SAMPLE_INTERVAL_S"), "E006", 'DURABLE_FLOW["POLLER"]["SAMPLE_INTERVAL_S"]:', (0, 0.5, 3601)),
+    (under("POLLER", "SAMPLE_RETENTION_S"), "E006", 'DURABLE_FLOW["POLLER"]["SAMPLE_RETENTION_S"]:', (0, 600, 10**8)),
+    (under("HEARTBEAT", "INTERVAL_S", TTL_S=86_400), "E001", 'DURABLE_FLOW["HEARTBEAT"]["INTERVAL_S"]:', (0, -1, 3601)),
+    (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]["TTL_S"]:', (0, -1, 86_401)),
     (top("MAX_PAYLOAD_BYTES"), "E001", 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]:', (0, -1, 1.5, 2**30 + 1)),
     (top("REDISPATCH_AFTER_S"), "E001", 'DURABLE_FLOW["REDISPATCH_AFTER_S"]:', (0, -1, 7 * 86_400 + 1)),
-    (under("METRICS", "WINDOW_S"), "E001", 'DURABLE_FLOW["METRICS"]: WINDOW_S', (0, -1, 86_401)),
+    (under("METRICS", "WINDOW_S"), "E001", 'DURABLE_FLOW["METRICS"]["WINDOW_S"]:', (0, -1, 86_401)),
     (queue(lambda v: {"concurrency": v}), "E001", "'q'.concurrency:", (0, -1, 2**31)),
     (queue(lambda v: {"retry_ms": v}), "E001", "'q'.retry_ms:", (0, -1)),
     (queue(lambda v: {"rate_limit": {"limit": v, "period_ms": 1000}}), "E001", "'q'.rate_limit.limit:", (0, 2**31)),
@@ -239,7 +239,7 @@ def test_a_process_with_a_bad_setting_refuses_to_start_with_the_check_error(
     assert process.proc.wait(60) != 0
     output = process.output()
     assert "SystemCheckError" in output and "durable_flow.E001" in output
-    assert 'DURABLE_FLOW["HEARTBEAT"]: TTL_S must be ' in output and "HINT:" in output
+    assert 'DURABLE_FLOW["HEARTBEAT"]["TTL_S"]: must be ' in output and "HINT:" in output
 
 
 @pytest.mark.django_db

@@ -71,7 +71,7 @@ def test_spec_defaults_and_string_form() -> None:
         ({"tick_ms": 0}, '["tick_ms"]'),
         ({"ram_ceiling_pct": 150}, '["ram_ceiling_pct"]'),
         ({"cpu_ceiling_pct": True}, '["cpu_ceiling_pct"]'),
-        ({"ceiling": 3}, "unknown adaptive field(s) ceiling"),
+        ({"ceiling": 3}, ": unknown option(s) ceiling (known: mode, min"),
     ],
 )
 def test_invalid_spec_names_the_setting_and_field(spec: dict[str, object], field: str) -> None:

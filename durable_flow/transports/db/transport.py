@@ -35,7 +35,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from durable_flow.config.options import Option, boolean, number, parse_options
+from durable_flow.config.options import Option, boolean, parse_options, seconds
 from durable_flow.config.validation import DAY_S, MINUTE_S
 from durable_flow.models import Task, TaskKind
 from durable_flow.store import tasks as task_rows
@@ -104,11 +104,11 @@ class DatabaseTransport(Transport):
         "CONCURRENCY": CONCURRENCY_OPTION,
         "VISIBILITY_TIMEOUT_S": Option(
             "Lease (s) on a claimed task; renewed by the worker's heartbeat. Above 0, at most a day.",
-            number(0, DAY_S, above_minimum=True, unit="seconds"),
+            seconds(DAY_S),
         ),
         "POLL_INTERVAL_S": Option(
             "Pause (s) between claims when the table is empty. Above 0, at most a minute.",
-            number(0, MINUTE_S, above_minimum=True, unit="seconds"),
+            seconds(MINUTE_S),
         ),
         "OPTIMISTIC_FIRST_STEP": Option(
             "Whether a run's first step, when it is a plain one (no queue, step concurrency, timeout or "

@@ -73,7 +73,7 @@ from rq.job import JobStatus, Retry
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
-from durable_flow.config.options import Option, Validator, boolean, non_empty_str, number
+from durable_flow.config.options import Option, Validator, boolean, non_empty_str, number, optional
 from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.engine import get_engine
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
@@ -88,12 +88,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("durable_flow.transports.rq")
 
 SETTING = 'DURABLE_FLOW["TRANSPORT"]'
-_TTL: Validator = number(-1, MAX_DURATION_MS // 1000, integer=True, unit="seconds, -1: forever")
-
-
-def _ttl(value: object) -> str | None:
-    """RESULT_TTL / FAILURE_TTL: whole seconds up to ten years, -1 (forever) or None (RQ's)."""
-    return None if value is None else _TTL(value)
+#: RESULT_TTL / FAILURE_TTL: whole seconds up to ten years, -1 (forever) or None (RQ's).
+_ttl: Validator = optional(number(-1, MAX_DURATION_MS // 1000, integer=True, unit="seconds, -1: forever"))
 
 
 def tier_for(priority: int) -> str:
