@@ -19,7 +19,8 @@ For each Django version (5.2 LTS on Python 3.11, the newest 6.x on Python >= 3.1
    and daphne (the guide's command) as subprocesses; the guide's `start(...)` snippet in
    `manage.py shell`, waiting until the run is `completed`; then, logged in through the admin's
    login form, the dashboard's overview and run page and the admin's run page over HTTP: 200,
-   the run id on the run pages.
+   the run id on the run pages; and the dashboard's WebSocket through the guide's asgi.py (a 101
+   and a first tick).
 
 Every process is stopped on every way out. One PASS/FAIL line per version; exit status 1 if any
 failed. Usage: `python .ci/host_project.py [--only 5.2|6] [--python-django52 PY] [--python-django6 PY]`
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import contextlib
 import hashlib
 import http.cookiejar
@@ -437,7 +439,8 @@ class Browser:
 
     def __init__(self, base: str) -> None:
         self.base = base
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -460,6 +463,53 @@ class Browser:
         with self.opener.open(request, timeout=TIMEOUT_S) as response:
             if not response.url.endswith("/admin/"):
                 raise HostProjectError(f"the admin login did not land on /admin/ but {response.url}")
+
+
+def check_live_socket(port: int, browser: Browser) -> None:
+    """The dashboard's WebSocket through the guide's asgi.py: a 101, then a first tick (a text
+    frame the channel layer carried), with the logged-in session's cookie."""
+    cookie = "; ".join(f"{c.name}={c.value}" for c in browser.jar)
+    key = base64.b64encode(os.urandom(16)).decode()
+    origin = f"http://127.0.0.1:{port}"
+    request = (
+        "GET /ws/live/?topic=overview HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\nOrigin: {origin}\r\nCookie: {cookie}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(request.encode())
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+        head, _, rest = received.partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0].decode(errors="replace")
+        if " 101 " not in f"{status} ":
+            raise HostProjectError(f"WebSocket /ws/live/: {status!r}, not 101 Switching Protocols")
+
+        def take(size: int) -> bytes:
+            nonlocal rest
+            while len(rest) < size:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise HostProjectError("WebSocket /ws/live/: closed before its first frame")
+                rest += chunk
+            taken, rest = rest[:size], rest[size:]
+            return taken
+
+        first, second = take(2)
+        length = second & 0x7F
+        if length == 126:
+            length = int.from_bytes(take(2))
+        elif length == 127:
+            length = int.from_bytes(take(8))
+        payload = take(length)
+    if first & 0x0F != 1:  # a close frame (opcode 8) is the consumer refusing
+        raise HostProjectError(f"WebSocket /ws/live/: first frame opcode {first & 0x0F}, not text: {payload[:200]!r}")
+    print(f"  WebSocket /ws/live/?topic=overview: 101, first tick ({length} bytes)")
 
 
 def check_page(browser: Browser, path: str, must_contain: str | None, what: str) -> None:
@@ -525,8 +575,13 @@ def host_project(label: str, python: str, constraints: Path, guide: Guide, wheel
             [*manage, "shell", "-c", snippet.code + WAIT_FOR_RUN.replace("__TIMEOUT_S__", str(TIMEOUT_S))],
             one_shot=True,
         )
+        deadline = time.monotonic() + 2 * TIMEOUT_S  # the shell's own wait, and its start-up
         while shell.poll() is None:
             processes.check_alive()
+            if time.monotonic() > deadline:
+                raise HostProjectError(
+                    f"manage.py shell still running after {2 * TIMEOUT_S:.0f} s:\n{tail(site / 'shell.log')}"
+                )
             time.sleep(0.5)
         log = site / "shell.log"
         found = re.search(r"^HOSTPROJECT (.*)$", log.read_text(), re.MULTILINE)
@@ -546,6 +601,7 @@ def host_project(label: str, python: str, constraints: Path, guide: Guide, wheel
         check_page(browser, result["index_url"], None, "the dashboard")
         check_page(browser, result["run_url"], result["id"], "the dashboard's run page")
         check_page(browser, result["admin_url"], result["id"], "the admin's run page")
+        check_live_socket(port, browser)
         processes.check_alive()
 
 
