@@ -13,7 +13,7 @@ DOCS_PORT ?= 8001
 # from counting warnings, so a broken link would pass.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: demo test test-postgresql test-django6 lint docs venv venv-django6 lock clean
+.PHONY: demo test test-postgresql test-django6 test-host-project lint docs venv venv-django6 lock clean
 
 $(VENV)/.installed: requirements.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -46,10 +46,12 @@ demo: venv
 	DEMO_PORT=$(PORT) exec $(PY) -m examples.demo
 
 ## Lint, then the whole suite on SQLite, the database-dependent tests (marked `postgresql`,
-## see tests/conftest.py) on PostgreSQL, and the tasks tests on Django 6, side by side
-## (.ci/test-passes; TEST_PASSES=serial for one after the other). Redis and PostgreSQL are
-## started if down. `make test-postgresql` runs the whole suite on PostgreSQL; `make
-## test-django6` the tasks tests on Django 6 alone.
+## see tests/conftest.py) on PostgreSQL, the tasks tests on Django 6, and the host-project test
+## (the wheel in a fresh `startproject` wired by docs/add-to-your-project.md, Django 5.2 and 6.x),
+## side by side (.ci/test-passes; TEST_PASSES=serial for one after the other). Redis and
+## PostgreSQL are started if down. `make test-postgresql` runs the whole suite on PostgreSQL;
+## `make test-django6` the tasks tests on Django 6 alone; `make test-host-project` the
+## host-project test alone.
 test: venv venv-django6
 	bash .ci/ensure-services
 	bash .ci/ensure-browser
@@ -57,7 +59,8 @@ test: venv venv-django6
 	$(VENV)/bin/lint-imports
 	$(MKDOCS) build --strict
 	$(PY) manage.py makemigrations --check --dry-run --settings=settings.test
-	VENV=$(VENV) VENV_DJANGO6=$(VENV_DJANGO6) PG_URL=$(PG_URL) bash .ci/test-passes
+	VENV=$(VENV) VENV_DJANGO6=$(VENV_DJANGO6) PG_URL=$(PG_URL) PYTHON=$(PYTHON) \
+		PYTHON_DJANGO6=$(PYTHON_DJANGO6) bash .ci/test-passes
 
 test-postgresql: venv
 	bash .ci/ensure-services
@@ -66,6 +69,9 @@ test-postgresql: venv
 test-django6: venv-django6
 	bash .ci/ensure-services
 	VENV_DJANGO6=$(VENV_DJANGO6) TEST_PASSES=django6 bash .ci/test-passes
+
+test-host-project: venv
+	VENV=$(VENV) PYTHON=$(PYTHON) PYTHON_DJANGO6=$(PYTHON_DJANGO6) TEST_PASSES=host bash .ci/test-passes
 
 lint: venv
 	$(VENV)/bin/ruff check .
