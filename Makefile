@@ -15,7 +15,7 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
 .PHONY: demo test test-postgresql test-django6 test-host-project lint docs venv venv-django6 lock clean
 
-$(VENV)/.installed: requirements.txt requirements.lock
+$(VENV)/.installed: requirements.txt requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -23,11 +23,12 @@ $(VENV)/.installed: requirements.txt requirements.lock
 
 venv: $(VENV)/.installed
 
-$(VENV_DJANGO6)/.installed: requirements-django6.txt
+$(VENV_DJANGO6)/.installed: requirements-django6.txt pyproject.toml
 	@test -n "$(PYTHON_DJANGO6)" || { echo "Django 6 needs Python >= 3.12: none found (set PYTHON_DJANGO6)" >&2; exit 1; }
 	$(PYTHON_DJANGO6) -m venv $(VENV_DJANGO6)
 	$(VENV_DJANGO6)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_DJANGO6)/bin/python -m pip install --quiet -r requirements-django6.txt
+	$(VENV_DJANGO6)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
 venv-django6: $(VENV_DJANGO6)/.installed

@@ -62,7 +62,8 @@ APP = "shop"  # the guide's `myapp`
 PLACEHOLDERS = {"mysite": PROJECT, "myapp": APP}
 MERGED_FILES = ("settings.py", "urls.py")  # a snippet of these adds to the project's file
 PROJECT_FILES = ("settings.py", "urls.py", "asgi.py", "wsgi.py")  # live in the project package
-PACKAGES = ("durable_flow", "dashboard")
+#: Each app's folder in the repository, and the import name it is installed under.
+PACKAGES = {"durable_flow": "durable_flow", "dashboard": "durable_flow_dashboard"}
 # Waits for something to happen (a run to complete, a server to listen), not verdicts on speed:
 # generous, since `make test` runs this beside the other passes on a busy machine.
 TIMEOUT_S = float(os.environ.get("HOST_PROJECT_TIMEOUT_S", "180"))
@@ -298,11 +299,13 @@ def build_wheel() -> Path:
     missing = [
         name
         for name in filter(None, listed.split("\0"))
-        if name.split("/")[0] in PACKAGES and (ROOT / name).is_file() and name not in packaged
+        if name.split("/")[0] in PACKAGES
+        and (ROOT / name).is_file()
+        and "/".join([PACKAGES[name.split("/")[0]], *name.split("/")[1:]]) not in packaged
     ]
     if missing:
         raise HostProjectError(f"{wheel.name} lacks files of the packages (pyproject.toml's package data?): {missing}")
-    print(f"  built {wheel.relative_to(ROOT)} ({len(packaged)} files, every file of {' and '.join(PACKAGES)})")
+    print(f"  built {wheel.relative_to(ROOT)} ({len(packaged)} files, every file of {' and '.join(PACKAGES.values())})")
     return wheel
 
 

@@ -2,9 +2,9 @@ from django.apps import AppConfig
 
 
 class DashboardConfig(AppConfig):
-    name = "dashboard"
-    # Not "dashboard": a host project's own app of that name would clash. The app has no models,
-    # so the label names no table, content type or permission.
+    # Its folder is `dashboard/`; its import name and label are `durable_flow_dashboard`, so a
+    # host project's own `dashboard` app never clashes with it. The app has no models.
+    name = "durable_flow_dashboard"
     label = "durable_flow_dashboard"
     verbose_name = "durable_flow dashboard"
 

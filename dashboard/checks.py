@@ -17,16 +17,17 @@ from typing import Any
 
 from django.core import checks
 
-from dashboard.flow import MAX_BURST, burst_problem
 from durable_flow.checks import missing_templates
+
+from .flow import MAX_BURST, burst_problem
 
 HINTS = {
     "E001": 'Set CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}: each web '
     "process feeds its own tabs, so the in-memory layer serves one or many (docs/add-to-your-project.md).",
     "E002": 'Set ASGI_APPLICATION to a channels ProtocolTypeRouter with a "websocket" route to '
-    "dashboard.routing.websocket_urlpatterns (the asgi.py of docs/add-to-your-project.md).",
+    "durable_flow_dashboard.routing.websocket_urlpatterns (the asgi.py of docs/add-to-your-project.md).",
     "E003": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
-    "E004": 'Add path("", include("dashboard.urls")) to the project\'s URLs (docs/add-to-your-project.md).',
+    "E004": 'Add path("", include("durable_flow_dashboard.urls")) to the project URLs (docs/add-to-your-project.md).',
     "E005": f'DASHBOARD_BURST is {{"WORKFLOW": <workflow name>, "QUEUE": <queue name>, "SIZE": 1 to {MAX_BURST}, '
     '"INPUT": {...}}, each key optional (see docs/dashboard-and-admin.md, the flow view); NaN, infinities and '
     "True/False are refused.",

@@ -18,7 +18,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
 
-from dashboard.live import broadcaster, group_name, parse_topic
+from .live import broadcaster, group_name, parse_topic
 
 #: Close codes the page's script understands. 4401: the session no longer logs this user in
 #: (logged out, expired, flushed, the password changed, the user deactivated or deleted): log

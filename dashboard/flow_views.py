@@ -11,8 +11,6 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from dashboard.access import allowed, require, staff_page
-from dashboard.flow import DEFAULT_BURST, MAX_BURST, burst_config, burst_inputs
 from durable_flow.config.limits import QUEUE_NAME_LENGTH
 from durable_flow.config.validation import storable_text
 from durable_flow.contrib.http import error_response
@@ -20,6 +18,9 @@ from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.observe.queues import queue_flow, queue_names
 from durable_flow.operations import api
 from durable_flow.operations.audit import record_operation
+
+from .access import allowed, require, staff_page
+from .flow import DEFAULT_BURST, MAX_BURST, burst_config, burst_inputs
 
 
 def _shown_burst() -> dict[str, Any]:

@@ -23,12 +23,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from dashboard import pages
-from dashboard.flow import burst_config
-from dashboard.snapshot import snapshot
 from durable_flow.config.validation import storable_text
 from durable_flow.exceptions import InvalidInput
 from durable_flow.observe.queues import queue_flow
+
+from . import pages
+from .flow import burst_config
+from .snapshot import snapshot
 
 logger = logging.getLogger("dashboard.live")
 

@@ -13,12 +13,13 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from dashboard import charts
 from durable_flow.config.settings import get_settings
 from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.observe.admission import key_windows, step_concurrency, throttle_buckets
 from durable_flow.observe.history import SPAN, History, Sample, history
 from durable_flow.observe.queues import admissions_since, busiest_keys
+
+from . import charts
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 

@@ -1,5 +1,5 @@
 from django.urls import path
 
-from dashboard.consumers import LiveConsumer
+from .consumers import LiveConsumer
 
 websocket_urlpatterns = [path("ws/live/", LiveConsumer.as_asgi())]

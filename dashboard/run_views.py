@@ -14,7 +14,6 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from dashboard.access import allowed, require, staff_page
 from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.observe.queues import queue_names
@@ -26,6 +25,8 @@ from durable_flow.operations import bulk as bulk_operations
 from durable_flow.operations.audit import record_operation
 from durable_flow.operations.forms import SignalForm, StartForm
 from durable_flow.operations.runs import RETRYABLE
+
+from .access import allowed, require, staff_page
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
 PAGE_SIZE = 50

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import flow_views, run_views, views
+from . import flow_views, run_views, views
 
 app_name = "dashboard"
 urlpatterns = [

@@ -13,13 +13,14 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from dashboard import pages
-from dashboard.access import staff_page
-from dashboard.snapshot import snapshot
 from durable_flow.exceptions import DurableFlowError, QueueNotFound
 from durable_flow.observe.queues import stored_queue
 from durable_flow.operations import api
 from durable_flow.operations.audit import record_operation
+
+from . import pages
+from .access import staff_page
+from .snapshot import snapshot
 
 View = Callable[..., HttpResponse]
 QUEUE_PERMISSION = "durable_flow.change_flowqueue"

@@ -70,8 +70,8 @@ def story_once() -> None:
 
 
 def burst() -> None:
-    from dashboard.flow import burst_config, burst_inputs
     from durable_flow import start
+    from durable_flow_dashboard.flow import burst_config, burst_inputs
 
     config = burst_config()
     for payload in burst_inputs(config["SIZE"]):

@@ -25,7 +25,7 @@ INSTALLED_APPS = [
     "django_rq",
     "channels",
     "durable_flow",
-    "dashboard",
+    "durable_flow_dashboard",
     # Django's tasks framework: the `django-tasks` backport is an app on 5.2 (its checks, and
     # `override_settings(TASKS=...)`); Django 6 has it built in.
     *(["django_tasks"] if django.VERSION < (6,) else []),

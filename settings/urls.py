@@ -9,5 +9,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("durable_flow.urls")),
     path("metrics/", metrics_view, name="metrics"),
-    path("", include("dashboard.urls")),
+    path("", include("durable_flow_dashboard.urls")),
 ]

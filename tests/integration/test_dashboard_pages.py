@@ -22,14 +22,14 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard import live
-from dashboard.snapshot import human_period, snapshot
 from durable_flow import start
 from durable_flow.engine import Engine
 from durable_flow.models import FlowQueue, QueueSample, WorkerHeartbeat, WorkerSample
 from durable_flow.observe.sampling import aligned, prune_samples, take_samples
 from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
+from durable_flow_dashboard import live
+from durable_flow_dashboard.snapshot import human_period, snapshot
 from tests import workflows
 from tests.engine_support import ManualTransport
 

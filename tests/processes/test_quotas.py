@@ -485,8 +485,8 @@ def test_a_worker_killed_mid_run_leaves_only_the_runs_own_status_counted(
 
 
 def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: Engine) -> None:
-    from dashboard.snapshot import snapshot
     from durable_flow.observe.quotas import usage
+    from durable_flow_dashboard.snapshot import snapshot
 
     start("quota.turn", "acme")
     start("quota.turn", "acme")
