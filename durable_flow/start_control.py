@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from durable_flow.exceptions import InvalidInput, RegistrationError
 from durable_flow.keys import MAX_KEY_LENGTH, Key, evaluate_key, parse_key
@@ -41,7 +41,6 @@ from durable_flow.quotas import lock_key
 from durable_flow.validation import duration_problem
 
 if TYPE_CHECKING:
-    from durable_flow.engine import Engine
     from durable_flow.models import WorkflowRun
     from durable_flow.registry import WorkflowDefinition
 
@@ -52,6 +51,16 @@ IN_PROGRESS: tuple[str, ...] = ("pending", "running", "suspended")
 #: `StartCounter.outcome` values: a start folded into a debounced run, skipped by a singleton,
 #: or one that cancelled the singleton's run in progress.
 OUTCOMES: tuple[str, ...] = ("debounced", "skipped", "replaced")
+
+
+class Runs(Protocol):
+    """What a gate asks of the engine starting the run (`engine.lifecycle.Lifecycle`)."""
+
+    def now(self) -> datetime:
+        """The engine's clock."""
+
+    def cancel(self, run_id: str) -> object:
+        """Cancel a run (a singleton's `cancel` mode replaces the run in progress)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ class StartGate:
         kind = "debounce" if isinstance(self.control, DebounceSpec) else "singleton"
         return f"{kind}:{self.workflow}:{self.key}"
 
-    def apply(self, engine: Engine, fields: dict[str, Any]) -> WorkflowRun | None:
+    def apply(self, runs: Runs, fields: dict[str, Any]) -> WorkflowRun | None:
         """Under the key's lock: the run this start resolves to without creating one (a
         debounced run it was folded into, or the singleton's run in progress when skipping),
         or None, having set in `fields` what the new run needs (its key; `debounced` status and
@@ -143,15 +152,15 @@ class StartGate:
         lock_key(self.lock_name)
         fields["start_key"] = self.key
         if isinstance(self.control, DebounceSpec):
-            return self._debounce(engine, self.control, fields)
-        return self._singleton(engine, self.control)
+            return self._debounce(runs, self.control, fields)
+        return self._singleton(runs, self.control)
 
-    def _debounce(self, engine: Engine, spec: DebounceSpec, fields: dict[str, Any]) -> WorkflowRun | None:
+    def _debounce(self, runs: Runs, spec: DebounceSpec, fields: dict[str, Any]) -> WorkflowRun | None:
         from durable_flow.counters import count_start
         from durable_flow.engine.locking import one
         from durable_flow.models import RunStatus, WorkflowRun
 
-        now = engine.now()
+        now = runs.now()
         waiting = WorkflowRun.objects.select_for_update().filter(
             start_key=self.key, status=RunStatus.DEBOUNCED, workflow=self.workflow, wake_at__gt=now
         )
@@ -168,7 +177,7 @@ class StartGate:
         run.start_outcome = "debounced"  # type: ignore[attr-defined]
         return run
 
-    def _singleton(self, engine: Engine, spec: SingletonSpec) -> WorkflowRun | None:
+    def _singleton(self, runs: Runs, spec: SingletonSpec) -> WorkflowRun | None:
         from durable_flow.counters import count_start
         from durable_flow.models import WorkflowRun
 
@@ -184,7 +193,7 @@ class StartGate:
             current[0].start_outcome = "skipped"  # type: ignore[attr-defined]
             return current[0]
         for run in current:
-            engine.cancel(run.pk)
+            runs.cancel(run.pk)
         count_start(self.label, "replaced")
         return None
 
