@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from durable_flow.options import Configurable, Option
 
 if TYPE_CHECKING:
-    from durable_flow.engine import Engine
+    from durable_flow.engine.core import Engine
     from durable_flow.transports.runner import TaskSource
 
 CONCURRENCY_OPTION = Option("Worker threads: a positive integer, 'adaptive' or an adaptive spec dict.")
