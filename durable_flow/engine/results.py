@@ -1,5 +1,6 @@
 """Results: execute one attempt of a dispatched step on a worker, and record its result
-exactly once (a duplicate is kept on `late_result` and changes nothing else).
+exactly once (a duplicate is kept on `late_result` and changes nothing else). An attempt whose
+slot was lost before it started goes back through admission (`readmit`).
 
 The database is the source of truth for a result: recording it never depends on a backend
 whose state lives elsewhere. With such an admission backend (`redis`) a completed or failed
@@ -46,7 +47,8 @@ logger = logging.getLogger("durable_flow.engine")
 
 
 class Results:
-    """Running step attempts and checkpointing what they return."""
+    """Running step attempts and checkpointing what they return. Re-admission lives here, not
+    with dispatch, because it ends a cancelling run and wakes the run, as a result does."""
 
     def __init__(
         self,
