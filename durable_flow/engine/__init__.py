@@ -1,16 +1,31 @@
 """The engine: starts runs, replays turns, admits and dispatches steps, records results.
 
-`Engine` (in `core`) is the facade; its parts are one module per responsibility:
+`Engine` (in `core`) holds the parts below, built in this order, each given only what it calls
+(none calls back up the list), and hands each operation other code calls to its owner:
 
-- `locking`: `retry_on_conflict`, `one`, `locked_run` (lock the run row, then a checkpoint),
-  `locked_run_for_result` (the run row, then a result's checkpoint, or all of a lone call's);
-- `lifecycle`: start, child start, finish, cancel, signals;
-- `turns`: replay, the inline continuation, wake;
-- `dispatch`: step checkpoint creation, admission (or parking in the line), dispatch, re-admission;
-- `handoff`: slots granted to parked waiters, dispatched from their checkpoints with no replay;
-  the grant timer for reopening rate windows; the start window; the poller's safety net;
-- `results`: executing a step attempt and recording its result exactly once;
-- `step_start`: starting a step attempt on a worker in one `UPDATE ... RETURNING`.
+- `dispatch`: `Dispatcher`, a step call's checkpoint and a new attempt sent out (to the
+  transport, or inline to the worker thread that dispatched it; `inline_handoff`);
+- `handoff`: `Grants`, room the admission backend grants dispatched from the waiters'
+  checkpoints with no replay; `GrantTimer`, which grants a rate window's room when it reopens;
+  the poller's safety net (re-offer, stray slots);
+- `release_order`: `Releases`, a settled call's slot (or place in line) given back, after its
+  run's inline turn or at that turn's first admission;
+- `admit`: `Admitter`, a step call's slot, or its place in the queue's waiting line;
+- `start_window`: `StartWindow`, a granted step's start counted in its rate window right
+  before the call (each queue's margin: `start_margins`);
+- `wake`: `Waker`, a parked run set pending with a turn queued;
+- `lifecycle`: `Lifecycle`, start, child start, finish, cancel, signals;
+- `calls`: `TurnCalls`, what a replaying workflow's calls (`ctx`) reach in the parts above;
+- `turns`: `Turns`, a run's replay, queued or taken inline after a result;
+- `results`: `Results`, a step attempt run and its result recorded exactly once; a step whose
+  slot was lost sent back through admission;
+- `optimistic`: `FirstTurns`, a run's first plain step run before anything is written and
+  recorded with its result.
+
+Below them: `locking` (`retry_on_conflict`, `one`, `locked_run`: the run row, then a
+checkpoint), `statements` (the hottest statements, built once per process), `step_start`
+(starting an attempt on a worker in one `UPDATE ... RETURNING`), `user_code` (which exceptions
+are user code's failure) and `base` (status groups, the clock's type, `settle`).
 """
 
 from durable_flow.config.settings import build_backend

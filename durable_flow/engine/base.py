@@ -1,45 +1,42 @@
-"""What every part of the engine shares: its settings, backends and clock.
-
-The engine's responsibilities live in mixins (`lifecycle`, `turns`, `dispatch`, `results`)
-combined by `Engine` in `core`; this base declares the state they all read, so each module can
-be read on its own.
-"""
+"""What the engine's parts share that is not a part: the clock's type, what they ask of a
+transport, and how a checkpoint is settled. (The run and step status groups they test are in
+`durable_flow.models.runs`, beside the statuses.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from durable_flow.store.statements import save_fields
 
-if TYPE_CHECKING:
-    from durable_flow.admission.base import AdmissionBackend
-    from durable_flow.config.settings import DurableFlowSettings
-    from durable_flow.store.pausing import PausedQueues
-    from durable_flow.transports.base import Transport
+#: The engine's clock: each part that reads the time is given it (tests drive time with it).
+Clock = Callable[[], datetime]
 
 
-class EngineBase:
-    """The state shared by the engine's parts (set by `Engine.__init__`)."""
+class TaskQueue(Protocol):
+    """What the engine's parts ask of a transport: to queue a turn or a step attempt, inside
+    the transaction that records it (`transports.base.Transport` implements it). Declared here
+    so the parts need nothing of the transports, which sit above the engine."""
 
-    settings: DurableFlowSettings
-    admission: AdmissionBackend
-    transport: Transport
-    clock: Callable[[], datetime]
-    sleep: Callable[[float], None]
-    paused_queues: PausedQueues
+    def enqueue_turn(self, run_id: str) -> None:
+        """Queue the run's next turn."""
 
-    def now(self) -> datetime:
-        """The engine's clock (injectable for tests)."""
-        return self.clock()
+    def enqueue_first_turn(self, run_id: str, priority: int) -> None:
+        """Queue a new run's first turn at `priority`."""
 
-    def settle(self, cp: Any, status: str, output: Any = None, error: Any = None, fields: Iterable[str] = ()) -> None:
-        """Write a checkpoint's final status and result (and `fields` the caller changed, in
-        the same UPDATE)."""
-        cp.status = status
-        cp.output = output
-        cp.error = error
-        cp.wake_at = None
-        cp.finished_at = self.now()
-        save_fields(cp, ["status", "output", "error", "wake_at", "finished_at", *fields])
+    def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        """Queue attempt `attempt` of the run's step `step_key`."""
+
+
+def settle(
+    cp: Any, status: str, at: datetime, output: Any = None, error: Any = None, fields: Iterable[str] = ()
+) -> None:
+    """Write a checkpoint's final status and result, finished `at` (and `fields` the caller
+    changed, in the same UPDATE)."""
+    cp.status = status
+    cp.output = output
+    cp.error = error
+    cp.wake_at = None
+    cp.finished_at = at
+    save_fields(cp, ["status", "output", "error", "wake_at", "finished_at", *fields])

@@ -28,23 +28,20 @@ from django.db import close_old_connections, transaction
 from durable_flow.admission.base import AdmissionRequest, Grant, Ticket, system_clock_ms
 from durable_flow.definitions.step_concurrency import constraints_of
 from durable_flow.engine import inline_handoff
-from durable_flow.engine.base import EngineBase
 from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.start_margins import StartMargins
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.store.statements import lock_step_and_run_now, save_fields, writes_together
 
 if TYPE_CHECKING:
-    from durable_flow.engine.core import Engine
+    from durable_flow.admission.base import AdmissionBackend
+    from durable_flow.engine.dispatch import Dispatcher
+    from durable_flow.store.pausing import PausedQueues
 
 logger = logging.getLogger("durable_flow.engine")
 
 #: How far past a reopening instant the timer looks again when the backend's clock (the
 #: database's or Redis's) ran behind this host's and the window was still full.
 CLOCK_SKEW_RETRY_MS = 5
-#: How many times a start counted longer ago than its window's margin is counted again before
-#: the step is called anyway (each late count uses up a place in the window).
-LATE_START_RECOUNTS = 2
 
 
 class GrantTimer:
@@ -125,13 +122,18 @@ class GrantTimer:
                 close_old_connections()
 
 
-class HandoffMixin(EngineBase):
-    """Granting room to parked waiters and dispatching them from their checkpoints."""
+class Grants:
+    """Granting room to parked waiters and dispatching them from their checkpoints; the
+    poller's safety net (`reoffer_waiting`, `release_strays`). Owns the grant timer."""
 
-    grant_timer: GrantTimer
-    start_margins: StartMargins
+    def __init__(self, admission: AdmissionBackend, paused_queues: PausedQueues, dispatcher: Dispatcher) -> None:
+        """`dispatcher` sends a granted step out (its admission is the grant)."""
+        self.admission = admission
+        self.paused_queues = paused_queues
+        self.dispatcher = dispatcher
+        self.timer = GrantTimer(self.grant)
 
-    def grant(self: Engine, queue: str) -> int:
+    def grant(self, queue: str) -> int:
         """Grant whatever room `queue` has now and dispatch the granted steps; how many. The
         grant and its dispatches are one transaction (a rate window reopening for 20 waiters
         costs one commit, not 21); a granted step whose run is locked elsewhere is dispatched
@@ -143,7 +145,7 @@ class HandoffMixin(EngineBase):
             later = tuple(ticket for ticket in grant.tickets if not self._dispatch_grant_here(queue, ticket))
             return len(grant.tickets) - len(later) + self.take_grant(queue, Grant(later, grant.retry_at_ms))
 
-    def release_ticket(self: Engine, queue: str, ticket: str) -> None:
+    def release_ticket(self, queue: str, ticket: str) -> None:
         """Free a ticket's slot (or withdraw it as a waiter) and hand the room on. Inside a
         transaction (a result, a cancel), the first granted step of another run is dispatched
         in it when its run is not locked elsewhere (`_dispatch_grant_here`): the slot then
@@ -156,16 +158,16 @@ class HandoffMixin(EngineBase):
                 grant = Grant(tuple(rest), grant.retry_at_ms)
         self.take_grant(queue, grant)
 
-    def take_grant(self: Engine, queue: str, grant: Grant) -> int:
+    def take_grant(self, queue: str, grant: Grant) -> int:
         """Act on a grant: dispatch its steps once the granting transaction commits (at once
         outside one), and have the timer come back when the rate window reopens."""
         if grant.retry_at_ms is not None:
-            self.grant_timer.schedule(queue, grant.retry_at_ms)
+            self.timer.schedule(queue, grant.retry_at_ms)
         if grant.tickets:
             transaction.on_commit(partial(self.dispatch_granted, queue, grant.tickets))
         return len(grant.tickets)
 
-    def _dispatch_grant_here(self: Engine, queue: str, ticket: str) -> bool:
+    def _dispatch_grant_here(self, queue: str, ticket: str) -> bool:
         """Dispatch a granted step inside the granting transaction, if its run's row can be
         locked without waiting (`SKIP LOCKED`: this transaction holds the queue's lock, and a
         run locked elsewhere may be waiting for that lock, so waiting here could deadlock).
@@ -183,11 +185,11 @@ class HandoffMixin(EngineBase):
             return False
         cp.holds_slot = True
         with writes_together():  # the dispatch's three writes in one round trip
-            self.dispatch(cp, inline_to=inline_handoff.taker())
+            self.dispatcher.dispatch(cp, inline_to=inline_handoff.taker())
             self._mark_running(run, cp.wake_at)
         return True
 
-    def dispatch_granted(self: Engine, queue: str, tickets: Iterable[str]) -> None:
+    def dispatch_granted(self, queue: str, tickets: Iterable[str]) -> None:
         for ticket in tickets:
             try:
                 self._dispatch_grant(queue, ticket)
@@ -195,7 +197,7 @@ class HandoffMixin(EngineBase):
                 logger.exception("dispatching granted %s on queue %r failed", ticket, queue)
 
     @retry_on_conflict
-    def _dispatch_grant(self: Engine, queue: str, ticket: str) -> bool:
+    def _dispatch_grant(self, queue: str, ticket: str) -> bool:
         """Dispatch a granted step from its `waiting` checkpoint, with no replay. A grant that
         finds no waiting call (cancelled, or its turn rolled back) is handed on."""
         run_id, key = Ticket.parse(ticket)
@@ -208,7 +210,7 @@ class HandoffMixin(EngineBase):
                 if cp.status == StepStatus.WAITING and run.status not in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES):
                     cp.holds_slot = True
                     with writes_together():
-                        self.dispatch(cp, inline_to=inline_handoff.taker())
+                        self.dispatcher.dispatch(cp, inline_to=inline_handoff.taker())
                         self._mark_running(run, cp.wake_at)
                     return True
                 if cp.holds_slot:
@@ -229,7 +231,7 @@ class HandoffMixin(EngineBase):
         if fields:
             save_fields(run, [*fields, "updated_at"])
 
-    def reoffer_waiting(self: Engine, queue: str) -> int:
+    def reoffer_waiting(self, queue: str) -> int:
         """The safety net (poller maintenance): every call parked on `queue` is offered to the
         backend again. One that holds a slot already (its grant's dispatch was lost) is
         dispatched; one the backend does not know (lost with a process, or with Redis) joins
@@ -271,7 +273,7 @@ class HandoffMixin(EngineBase):
                 dispatched += self._dispatch_grant(queue, ticket)
         return dispatched + self.grant(queue)
 
-    def release_strays(self: Engine, queue: str) -> int:
+    def release_strays(self, queue: str) -> int:
         """Free the backend slots of `queue` whose call holds no slot in the database (settled,
         retrying, or gone): a release lost to an outage of a backend outside the database.
         Returns how many were freed. The backend lists its holders (bounded by the
@@ -297,7 +299,7 @@ class HandoffMixin(EngineBase):
         return freed
 
     @retry_on_conflict
-    def release_stray(self: Engine, queue: str, ticket: str) -> bool:
+    def release_stray(self, queue: str, ticket: str) -> bool:
         """Free `ticket`'s backend slot on `queue` unless its checkpoint, read under its run's
         row lock, holds one or is a live waiter (whose grant's dispatch is under way or lost:
         the re-offer dispatches it). Every path that takes a slot for a ticket writes
@@ -313,40 +315,3 @@ class HandoffMixin(EngineBase):
                 return False
             self.release_ticket(queue, ticket)
         return True
-
-    def await_start(self: Engine, cp: StepCheckpoint) -> None:
-        """A granted step is about to run: count its start in its queue's rate window, waiting
-        in this worker until the window has room. The admission window already paces grants,
-        so the wait is at most the transport's jitter (bounded by one period).
-
-        The count happened after the backend told this worker it was about to read its clock
-        (`on_count`, after any lock it waited for), and at most half the window's margin before
-        that moment (`windows.start_mark`), so a step called within the other half of it is within
-        the margin of its count (`start_margins`). One called later
-        (the worker was descheduled, the backend slow to answer) is counted again: the late
-        count stays in the window as a start that never ran, erring on the safe side."""
-        margin_ms = self.start_margins.ms(cp.queue)
-        sent = self.now()
-
-        def counting() -> None:
-            nonlocal sent
-            sent = self.now()
-
-        for attempt in range(1, LATE_START_RECOUNTS + 2):
-            sent = self.now()
-            while (wait_ms := self.admission.try_start(cp.queue, cp.ticket, cp.fairness_key, on_count=counting)) > 0:
-                self.sleep(wait_ms / 1000)
-                sent = self.now()
-            late_ms = (self.now() - sent).total_seconds() * 1000
-            if margin_ms is None or late_ms <= margin_ms:
-                return
-            again = attempt <= LATE_START_RECOUNTS
-            logger.log(
-                logging.INFO if again else logging.WARNING,
-                "start of %s on %r: %.0f ms after its count (%d ms allowed); %s",
-                cp.ticket,
-                cp.queue,
-                late_ms,
-                margin_ms,
-                "counting it again" if again else "calling it anyway",
-            )

@@ -1,10 +1,15 @@
-"""A run's life: start (and child start), finish, cancel, and signals."""
+"""A run's life: start (and child start), finish, cancel, and signals.
+
+A run that ends withdraws its parked calls from their queues (`release_order`), cancels its
+unfinished children and reports to its parent, waking it when its wave has settled (`wake`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +22,7 @@ from durable_flow.definitions.quotas import QuotaSpec
 from durable_flow.definitions.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.definitions.serialization import ensure_json
 from durable_flow.engine import start_gate
-from durable_flow.engine.base import EngineBase
+from durable_flow.engine.base import settle
 from durable_flow.engine.locking import locked_run, one, retry_on_conflict
 from durable_flow.engine.turn import PENDING
 from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, InvalidInput, RunNotFound
@@ -37,19 +42,46 @@ from durable_flow.store import quotas as quota_store
 from durable_flow.store.statements import save_fields
 
 if TYPE_CHECKING:
-    from durable_flow.engine.core import Engine
+    from durable_flow.admission.base import AdmissionBackend
+    from durable_flow.config.settings import DurableFlowSettings
+    from durable_flow.engine.base import Clock, TaskQueue
+    from durable_flow.engine.release_order import Releases
+    from durable_flow.engine.wake import Waker
 
 logger = logging.getLogger("durable_flow.engine")
 
 MAX_TAG = 200  # tags live in a JSON list; the bound keeps a `concurrency:<key>` tag storable anywhere
 
 
-class LifecycleMixin(EngineBase):
+class Lifecycle:
     """Starting, finishing and cancelling runs; delivering signals."""
+
+    def __init__(
+        self,
+        settings: DurableFlowSettings,
+        admission: AdmissionBackend,
+        transport: TaskQueue,
+        clock: Clock,
+        releases: Releases,
+        waker: Waker,
+    ) -> None:
+        """`admission` plans a run's step-concurrency constraints; `releases` frees the tickets
+        of the calls a finish or a cancel withdraws; `waker` wakes a run a signal or a child's
+        end lets go on."""
+        self.settings = settings
+        self.admission = admission
+        self.transport = transport
+        self.clock = clock
+        self.releases = releases
+        self.waker = waker
+
+    def now(self) -> datetime:
+        """The engine's clock (a start's gate reads it: `start_gate`)."""
+        return self.clock()
 
     @retry_on_conflict
     def start(
-        self: Engine,
+        self,
         workflow: WorkflowDefinition | str,
         input: Any = None,
         run_id: str | None = None,
@@ -115,7 +147,7 @@ class LifecycleMixin(EngineBase):
         return run
 
     def start_child(
-        self: Engine,
+        self,
         parent: WorkflowRun,
         *,
         key: str,
@@ -131,8 +163,8 @@ class LifecycleMixin(EngineBase):
             # Deep or long ids: stay deterministic (a replay must find the same child) and short.
             child_id = f"{hashlib.sha256(parent.id.encode()).hexdigest()[:40]}:{key}"
         child_checkpoint = partial(
-            self.create_checkpoint,
-            parent,
+            StepCheckpoint.objects.create,
+            run=parent,
             key=key,
             sequence=sequence,
             kind=StepKind.CHILD,
@@ -140,7 +172,7 @@ class LifecycleMixin(EngineBase):
             input=input,
             group=group,
             child_run_id=child_id,
-            dispatched_at=self.now(),
+            dispatched_at=self.clock(),
         )
         check = None
         constraints: list[dict[str, Any]] = []
@@ -158,7 +190,7 @@ class LifecycleMixin(EngineBase):
                 # Recorded on the parent's checkpoint: a replay raises the same refusal at
                 # `ctx.child` instead of starting the child later.
                 return child_checkpoint(
-                    status=StepStatus.FAILED, error=quotas.refusal_error(exc), finished_at=self.now()
+                    status=StepStatus.FAILED, error=quotas.refusal_error(exc), finished_at=self.clock()
                 )
         child, created = WorkflowRun.objects.get_or_create(
             pk=child_id,
@@ -187,8 +219,8 @@ class LifecycleMixin(EngineBase):
             self._record_child_outcome(cp, child)
         return cp
 
-    def _finish(
-        self: Engine,
+    def finish(
+        self,
         run: WorkflowRun,
         status: str,
         output: Any = None,
@@ -203,7 +235,7 @@ class LifecycleMixin(EngineBase):
         run.output = output
         run.error = error
         run.wake_at = None
-        run.finished_at = self.now()
+        run.finished_at = self.clock()
         save_fields(run, ["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
         # A run that ends (say, failing on one child of a fan) takes its unfinished children
         # with it, rather than leave them running for nobody.
@@ -217,10 +249,10 @@ class LifecycleMixin(EngineBase):
             # A step waiting for a slot or its backoff will never run now: leave no waiter behind
             # to be granted a slot it cannot use.
             if cp.queue or run.step_concurrency:
-                self.release_settled(cp.queue, cp.ticket)
+                self.releases.release_settled(cp.queue, cp.ticket)
             cp.holds_slot = False
             cp.save(update_fields=["holds_slot"])
-            self.settle(cp, StepStatus.CANCELLED)
+            settle(cp, StepStatus.CANCELLED, self.clock())
         if children:
             for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
                 self.cancel(child_id)
@@ -230,18 +262,18 @@ class LifecycleMixin(EngineBase):
             _, parent_cp = locked_run(run.parent_id, run.parent_step_key)
             if parent_cp is not None:
                 self._record_child_outcome(parent_cp, run)
-                self._wake_if_group_settled(parent_cp)
+                self.waker.wake_if_group_settled(parent_cp)
 
-    def _record_child_outcome(self: Engine, cp: StepCheckpoint, child: WorkflowRun) -> None:
+    def _record_child_outcome(self, cp: StepCheckpoint, child: WorkflowRun) -> None:
         if cp.status in SETTLED_STEP_STATUSES:
             return
         if child.status == RunStatus.COMPLETED:
-            self.settle(cp, StepStatus.COMPLETED, output=child.output)
+            settle(cp, StepStatus.COMPLETED, self.clock(), output=child.output)
         else:
-            self.settle(cp, StepStatus.FAILED, error={"status": child.status, "error": child.error})
+            settle(cp, StepStatus.FAILED, self.clock(), error={"status": child.status, "error": child.error})
 
     @retry_on_conflict
-    def cancel(self: Engine, run_id: str) -> WorkflowRun:
+    def cancel(self, run_id: str) -> WorkflowRun:
         """Cancel a run and its children. A run with a step executing goes to `cancelling`
         and becomes `cancelled` when that step's (ignored) result lands."""
         with transaction.atomic():
@@ -256,10 +288,10 @@ class LifecycleMixin(EngineBase):
                     in_flight = True
                     continue
                 if cp.kind == StepKind.STEP and (cp.queue or run.step_concurrency):
-                    self.release_settled(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
+                    self.releases.release_settled(cp.queue, cp.ticket)  # withdraw a waiter / free a slot
                     cp.holds_slot = False
                     cp.save(update_fields=["holds_slot"])
-                self.settle(cp, StepStatus.CANCELLED)
+                settle(cp, StepStatus.CANCELLED, self.clock())
             for child_id in run.children.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("id", flat=True):
                 self.cancel(child_id)
             if in_flight:
@@ -267,17 +299,17 @@ class LifecycleMixin(EngineBase):
                 run.wake_at = None
                 run.save(update_fields=["status", "wake_at", "updated_at"])
             else:
-                self._finish(run, RunStatus.CANCELLED, error={"type": "Cancelled", "message": "cancelled"})
+                self.finish(run, RunStatus.CANCELLED, error={"type": "Cancelled", "message": "cancelled"})
             return run
 
-    def _finish_cancelling(self: Engine, run: WorkflowRun) -> None:
+    def finish_cancelling(self, run: WorkflowRun) -> None:
         if run.status != RunStatus.CANCELLING:
             return
         if not run.checkpoints.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED).exists():
-            self._finish(run, RunStatus.CANCELLED, error={"type": "Cancelled", "message": "cancelled"})
+            self.finish(run, RunStatus.CANCELLED, error={"type": "Cancelled", "message": "cancelled"})
 
     @retry_on_conflict
-    def send_signal(self: Engine, run_id: str, name: str, payload: Any = None) -> None:
+    def send_signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; kept until the run waits for it, so one sent early is not lost."""
         storable_text(name, "signal name", SIGNAL_NAME_LENGTH)
         ensure_json(payload, f"payload of signal {name!r}", self.settings.max_payload_bytes)
@@ -290,9 +322,9 @@ class LifecycleMixin(EngineBase):
             Signal.objects.create(run=run, name=name, payload=payload)
             waiting = run.checkpoints.filter(kind=StepKind.SIGNAL, name=name, status=StepStatus.DISPATCHED)
             if waiting.exists():
-                self.wake(run)
+                self.waker.wake(run)
 
-    def consume_signal(self: Engine, run: WorkflowRun, name: str, key: str) -> Any:
+    def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
         """The oldest unconsumed signal `name` for the run, marked as taken by call `key`;
         `PENDING` when none has arrived."""
         signal = Signal.objects.filter(run=run, name=name, consumed_by="").order_by("id").first()

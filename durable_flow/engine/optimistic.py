@@ -19,8 +19,8 @@ turn task's first claim: `Task.deliveries` is 1), its task row deleted in the tr
 records the step. What it costs:
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
   checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
-  pages and the poller read it there (`durable_flow.store.queries.running_steps`: "Executing
-  now", and no turn sent again for a pending run whose first step a live worker runs).
+  pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn
+  sent again for a pending run whose first step a live worker runs).
 - A crash mid-step leaves no attempt behind. The turn's job (task row) is still the
   transport's, so it is run again (the poller re-queues a dead worker's jobs and gives up its
   task rows; a lapsed lease is taken again); a turn delivered a second time takes the
@@ -29,9 +29,9 @@ records the step. What it costs:
 - Two deliveries of one turn at once may both run the step (a step is at-least-once anyway):
   the first result to lock the run is recorded, the other is dropped.
 - A probe that finds nothing to run (the first call is a queued step, a sleep...; the turn is
-  not the run's first) costs an unlocked read and a partial replay for nothing, on the path of
-  every queued workflow (`bench/peer_dbos.py`; see docs/benchmark-history.md). `ProbeGate` stops
-  probing every first delivery once many probes in a row found nothing, and resumes on a find.
+  not the run's first) cost an unlocked read and a partial replay for nothing (`bench/peer_dbos.py`
+  measures it). `ProbeGate` stops probing every first delivery once many probes in a row found
+  nothing, and resumes on a find.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from durable_flow.definitions.current import running_step
 from durable_flow.definitions.registry import WorkflowDefinition, get_step, get_workflow, step_backoff
 from durable_flow.definitions.serialization import ensure_json, error_info, readable
 from durable_flow.definitions.step_concurrency import constraints_of
-from durable_flow.engine.base import EngineBase
 from durable_flow.engine.context import WorkflowContext
 from durable_flow.engine.locking import retry_on_conflict
 from durable_flow.engine.turn import InlineTurnFailed, StepOptions, Unwind
@@ -68,7 +67,11 @@ from durable_flow.store.statements import (
 )
 
 if TYPE_CHECKING:
-    from durable_flow.engine.core import Engine
+    from durable_flow.admission.base import AdmissionBackend
+    from durable_flow.config.settings import DurableFlowSettings
+    from durable_flow.engine.base import Clock
+    from durable_flow.engine.dispatch import Dispatcher
+    from durable_flow.engine.turns import Turns
 
 logger = logging.getLogger("durable_flow.engine")
 
@@ -87,14 +90,17 @@ class _NotOptimistic(Unwind):
 
 
 class _Probe:
-    """The engine as a probing replay's `ctx` sees it: a plain step's call stops the replay
-    with the step in hand; every other call stops it too, before anything is written."""
+    """The engine as a probing replay's `ctx` sees it (`turn.TurnEngine`): a plain step's call
+    stops the replay with the step in hand; every other call stops it too, before anything is
+    written."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, dispatcher: Dispatcher, admission: AdmissionBackend, clock: Clock) -> None:
+        self._dispatcher = dispatcher
+        self._admission = admission
+        self._clock = clock
 
     def now(self) -> datetime:
-        return self._engine.now()
+        return self._clock()
 
     def create_step_checkpoint(self, run: WorkflowRun, **call: Any) -> StepCheckpoint:
         """The engine's (unsaved) checkpoint, unless the call is a fan-out's wave or a step with a
@@ -102,10 +108,10 @@ class _Probe:
         options: StepOptions = call["options"]
         if call["group"] or options.timeout is not None or call["step"].timeout is not None:
             raise _NotOptimistic
-        return self._engine.create_step_checkpoint(run, **call)
+        return self._dispatcher.create_step_checkpoint(run, **call)
 
     def admit(self, cp: StepCheckpoint) -> bool:
-        gated = bool(cp.queue) and self._engine.admission.handles(cp.queue)
+        gated = bool(cp.queue) and self._admission.handles(cp.queue)
         if gated or constraints_of(cp.run.step_concurrency):
             raise _NotOptimistic  # admission decides, and a slot is written down
         return True
@@ -168,13 +174,29 @@ class _Ran:
     error: dict[str, Any] | None = None
 
 
-class OptimisticMixin(EngineBase):
-    """A run's first turn and first step, written once, with the step's result."""
+class FirstTurns:
+    """A run's first turn and first step, written once, with the step's result. Owns the
+    probe gate."""
 
-    probe_gate: ProbeGate
+    def __init__(
+        self,
+        settings: DurableFlowSettings,
+        admission: AdmissionBackend,
+        clock: Clock,
+        dispatcher: Dispatcher,
+        turns: Turns,
+    ) -> None:
+        """`dispatcher` builds the probed step's checkpoint; `turns` takes the run's next turn
+        once the step is recorded."""
+        self.settings = settings
+        self.admission = admission
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.turns = turns
+        self.probe_gate = ProbeGate()
 
     def run_first_turn(
-        self: Engine,
+        self,
         run_id: str,
         worker_id: str,
         *,
@@ -198,7 +220,7 @@ class OptimisticMixin(EngineBase):
         ran = self._run_first_step(cp, worker_id)
         return self._record_first_step(run_id, ran, also)
 
-    def _probe_first_call(self: Engine, run_id: str) -> StepCheckpoint | None:
+    def _probe_first_call(self, run_id: str) -> StepCheckpoint | None:
         """The run's first call (unsaved) when it is a plain step and this is the run's first
         turn (the run pending, no turn taken), read without the run's lock; else None."""
         run = read_run(run_id)
@@ -207,17 +229,17 @@ class OptimisticMixin(EngineBase):
         definition = self._probe_definition(run)
         return None if definition is None else self._probe(run, definition)
 
-    def _probe_definition(self: Engine, run: WorkflowRun) -> WorkflowDefinition | None:
+    def _probe_definition(self, run: WorkflowRun) -> WorkflowDefinition | None:
         try:
             definition = get_workflow(run.workflow)
         except DurableFlowError:
             return None  # the locked path fails the run
         return definition if definition.version == run.version else None
 
-    def _probe(self: Engine, run: WorkflowRun, definition: WorkflowDefinition) -> StepCheckpoint | None:
+    def _probe(self, run: WorkflowRun, definition: WorkflowDefinition) -> StepCheckpoint | None:
         """Replay the workflow up to its first call, writing nothing: that call's checkpoint
         (unsaved) when it is a plain step, else None."""
-        ctx = WorkflowContext(_Probe(self), run, {})
+        ctx = WorkflowContext(_Probe(self.dispatcher, self.admission, self.clock), run, {})
         try:
             definition.fn(ctx, readable(run.input, f"input of run {run.id!r}"))
         except _FirstStep as first:
@@ -230,9 +252,9 @@ class OptimisticMixin(EngineBase):
             return None
         return None  # finished without a call: the locked path records the output
 
-    def _run_first_step(self: Engine, cp: StepCheckpoint, worker_id: str) -> _Ran:
+    def _run_first_step(self, cp: StepCheckpoint, worker_id: str) -> _Ran:
         """Run attempt 1 of the step on this thread, as `execute_step` runs a claimed one."""
-        now = self.now()
+        now = self.clock()
         cp.attempt, cp.status, cp.dispatched_at, cp.worker = 1, StepStatus.DISPATCHED, now, worker_id
         ran = _Ran(cp=cp, started_at=now)
         try:
@@ -247,7 +269,7 @@ class OptimisticMixin(EngineBase):
             ran.output, ran.error = None, error_info(exc)
         return ran
 
-    def _record_first_step(self: Engine, run_id: str, ran: _Ran, also: Callable[[], object] | None = None) -> str:
+    def _record_first_step(self, run_id: str, ran: _Ran, also: Callable[[], object] | None = None) -> str:
         """Record the step as it ended, with the first turn, then take the next turn inline; if
         that turn fails, record again with the turn queued (as `record_result` does). A result
         the database refuses (a value it cannot store) is recorded as the attempt's failure,
@@ -268,7 +290,7 @@ class OptimisticMixin(EngineBase):
 
     @retry_on_conflict
     def _write_first_step(
-        self: Engine, run_id: str, ran: _Ran, *, inline: bool, also: Callable[[], object] | None = None
+        self, run_id: str, ran: _Ran, *, inline: bool, also: Callable[[], object] | None = None
     ) -> str:
         with transaction.atomic(), writes_together():
             run, drawn_id = lock_run_drawing_id(run_id, StepCheckpoint)
@@ -285,7 +307,7 @@ class OptimisticMixin(EngineBase):
             cp.run = run
             run.turns = 1  # the turn that dispatched the step; the inline turn below is the second
             retrying = ran.error is not None and cp.attempt < cp.max_attempts
-            now = self.now()
+            now = self.clock()
             if retrying:
                 cp.status, cp.error = StepStatus.RETRYING, ran.error
                 cp.wake_at = now + step_backoff(cp.name, cp.attempt)
@@ -311,5 +333,5 @@ class OptimisticMixin(EngineBase):
             run.status = RunStatus.RUNNING  # what the dispatching turn would have left
             if not inline:
                 save_fields(run, ["status", "turns", "updated_at"])  # so `wake` finds it parked
-            self._continue(run, {cp.key: cp}, inline=inline)
+            self.turns.continue_inline(run, {cp.key: cp}, inline=inline)
             return str(run.status)

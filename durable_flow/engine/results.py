@@ -1,5 +1,6 @@
 """Results: execute one attempt of a dispatched step on a worker, and record its result
-exactly once (a duplicate is kept on `late_result` and changes nothing else).
+exactly once (a duplicate is kept on `late_result` and changes nothing else). An attempt whose
+slot was lost before it started goes back through admission (`readmit`).
 
 The database is the source of truth for a result: recording it never depends on a backend
 whose state lives elsewhere. With such an admission backend (`redis`) a completed or failed
@@ -17,39 +18,63 @@ from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.db import DataError, close_old_connections, transaction
+from django.db import DataError, transaction
 
 from durable_flow.definitions.current import running_step
 from durable_flow.definitions.registry import get_step, step_backoff
 from durable_flow.definitions.serialization import ensure_json, error_info, readable
-from durable_flow.engine.base import EngineBase
-from durable_flow.engine.locking import locked_run_for_result, retry_on_conflict
+from durable_flow.engine.base import settle
+from durable_flow.engine.locking import locked_run, locked_run_for_result, retry_on_conflict
 from durable_flow.engine.turn import InlineTurnFailed
 from durable_flow.engine.user_code import is_code_failure
+from durable_flow.engine.wake import group_settled
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.store.attempts import attempt_finished, attempt_started, set_retry_at
-from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.statements import writes_together
 from durable_flow.store.step_start import start_attempt
 
 if TYPE_CHECKING:
-    from durable_flow.engine.core import Engine
+    from durable_flow.admission.base import AdmissionBackend
+    from durable_flow.config.settings import DurableFlowSettings
+    from durable_flow.engine.base import Clock
+    from durable_flow.engine.lifecycle import Lifecycle
+    from durable_flow.engine.release_order import Releases
+    from durable_flow.engine.start_window import StartWindow
+    from durable_flow.engine.turns import Turns
+    from durable_flow.engine.wake import Waker
 
 logger = logging.getLogger("durable_flow.engine")
 
 
-class ResultsMixin(EngineBase):
-    """Running step attempts and checkpointing what they return."""
+class Results:
+    """Running step attempts and checkpointing what they return. Re-admission lives here, not
+    with dispatch, because it ends a cancelling run and wakes the run, as a result does."""
 
-    #: Releases after commit that failed because the admission backend was unreachable: logged
-    #: once per outage (set by `Engine.__init__`).
-    release_outage: Outage
-    #: The wait before a step's start (its rate-window count) riding out an outage of the
-    #: admission backend, logged once per outage (set by `Engine.__init__`).
-    start_outage: Outage
+    def __init__(
+        self,
+        settings: DurableFlowSettings,
+        admission: AdmissionBackend,
+        clock: Clock,
+        start_window: StartWindow,
+        releases: Releases,
+        lifecycle: Lifecycle,
+        turns: Turns,
+        waker: Waker,
+    ) -> None:
+        """`admission` adopts a claimed attempt's slot; `start_window` counts its start;
+        `releases` gives its slot back; `lifecycle` ends a cancelling run; `turns` takes the
+        run's next turn inline; `waker` queues it instead."""
+        self.settings = settings
+        self.admission = admission
+        self.clock = clock
+        self.start_window = start_window
+        self.releases = releases
+        self.lifecycle = lifecycle
+        self.turns = turns
+        self.waker = waker
 
     def execute_step(
-        self: Engine,
+        self,
         run_id: str,
         key: str,
         attempt: int,
@@ -79,7 +104,7 @@ class ResultsMixin(EngineBase):
                 if cp is not None and adopted and not cancelled:
                     # Written when the worker picks the attempt up, before the rate window's start
                     # wait: no write may come between the window counting the start and the call.
-                    attempt_started(cp, attempt, worker_id, self.now())
+                    attempt_started(cp, attempt, worker_id, self.clock())
         if cp is None:
             return "skipped" if StepCheckpoint.objects.filter(run_id=run_id, key=key).exists() else "missing"
         if cancelled:
@@ -93,7 +118,7 @@ class ResultsMixin(EngineBase):
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
-                self._await_start_through_outages(cp)  # the window counts the start: right before the call
+                self.start_window.await_start_through_outages(cp)  # the window counts the start: right before the call
             with running_step(run_id, key, attempt):  # for durable_flow.current_step()
                 output = definition.fn(readable(cp.input, f"input of step {cp.name!r}"))
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
@@ -111,24 +136,9 @@ class ResultsMixin(EngineBase):
             return "failed"
         return "completed"
 
-    def _await_start_through_outages(self: Engine, cp: StepCheckpoint) -> None:
-        """`await_start`, waiting out an outage of the admission backend (Redis, or the database
-        for `db`) with backoff: the step has not started, so the backend being down is not the
-        step's failure and must not spend one of its attempts (or fail its run)."""
-        while True:
-            try:
-                self.await_start(cp)
-            except transient_errors() as exc:
-                self.sleep(self.start_outage.failed(exc))
-                if not transaction.get_connection().in_atomic_block:
-                    close_old_connections()  # a connection the database dropped is reopened
-                continue
-            self.start_outage.recovered()
-            return
-
     @retry_on_conflict
     def record_result(
-        self: Engine,
+        self,
         run_id: str,
         key: str,
         attempt: int,
@@ -142,7 +152,7 @@ class ResultsMixin(EngineBase):
 
         A duplicate (an RQ job retried, a timed-out attempt answering late) is kept on
         `late_result` and changes nothing else. The run's next turn is taken inline, in the same
-        transaction (`TurnsMixin._continue`); if that turn fails, the transaction rolls back and
+        transaction (`Turns.continue_inline`); if that turn fails, the transaction rolls back and
         the result is recorded again with the turn queued for a worker instead.
         """
         record = partial(
@@ -155,7 +165,7 @@ class ResultsMixin(EngineBase):
             record(inline=False)
 
     def _record_result(
-        self: Engine,
+        self,
         run_id: str,
         key: str,
         attempt: int,
@@ -178,7 +188,7 @@ class ResultsMixin(EngineBase):
                 return
             stale = cp.status != StepStatus.DISPATCHED or (error is not None and cp.attempt != attempt)
             ignored = cancelled or run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED) or run.is_terminal
-            attempt_finished(cp, attempt, self.now(), error=error, cancelled=ignored and not stale, late=stale)
+            attempt_finished(cp, attempt, self.clock(), error=error, cancelled=ignored and not stale, late=stale)
             if stale:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
                 cp.save(update_fields=["late_result"])
@@ -193,59 +203,49 @@ class ResultsMixin(EngineBase):
             released = ("holds_slot",) if held else ()
             if ignored:
                 cp.late_result = {"attempt": attempt, "output": output, "error": error}
-                self.settle(cp, StepStatus.CANCELLED, fields=("late_result", *released))
+                settle(cp, StepStatus.CANCELLED, self.clock(), fields=("late_result", *released))
                 if held:
-                    self.release_settled(cp.queue, cp.ticket, guarded=False)
-                self._finish_cancelling(run)
+                    self.releases.release_settled(cp.queue, cp.ticket, guarded=False)
+                self.lifecycle.finish_cancelling(run)
                 return
             if retrying:
                 cp.status = StepStatus.RETRYING
                 cp.error = error
-                cp.wake_at = self.now() + step_backoff(cp.name, cp.attempt)
+                cp.wake_at = self.clock() + step_backoff(cp.name, cp.attempt)
                 cp.save(update_fields=["status", "error", "wake_at", "holds_slot"])
                 set_retry_at(cp, attempt, cp.wake_at)
                 if held:
-                    self.release_settled(cp.queue, cp.ticket, guarded=True)
+                    self.releases.release_settled(cp.queue, cp.ticket, guarded=True)
                 # Parks it until the backoff is up.
-                self._continue(run, checkpoints if not cp.group else None, inline=inline)
+                self.turns.continue_inline(run, checkpoints if not cp.group else None, inline=inline)
                 return
             if error is not None:
-                self.settle(cp, StepStatus.FAILED, error=error, fields=released)
+                settle(cp, StepStatus.FAILED, self.clock(), error=error, fields=released)
             else:
-                self.settle(cp, StepStatus.COMPLETED, output=output, fields=released)
+                settle(cp, StepStatus.COMPLETED, self.clock(), output=output, fields=released)
             # The slot goes back after the inline turn (or at its first admission), so the
             # queue's lock is not held over the turn (`engine/release_order.py`).
-            with self.release_after_turn(cp.queue, cp.ticket) if held else nullcontext():
+            with self.releases.release_after_turn(cp.queue, cp.ticket) if held else nullcontext():
                 if not cp.group:
-                    self._continue(run, checkpoints, inline=inline)  # every checkpoint of the run is in hand
-                elif self._group_settled(cp):
-                    self._continue(run, inline=inline)
+                    self.turns.continue_inline(run, checkpoints, inline=inline)  # all of the run's checkpoints in hand
+                elif group_settled(cp):
+                    self.turns.continue_inline(run, inline=inline)
 
-    def release_settled(self: Engine, queue: str, ticket: str, *, guarded: bool = False) -> None:
-        """Free the ticket of a call this transaction settles (its slot, or its place in line):
-        now on a backend in the database (which grants it on with this transaction), else once
-        this commits, so the backend being down cannot roll the caller's transaction back. A
-        cancel uses it too, so it succeeds while Redis is down: a slot it could not free is the
-        maintenance's (`release_strays`), a place in line is handed on when it is granted.
-        `guarded`: the ticket may be re-admitted before the commit's callback runs (a retry), so
-        that release re-checks the checkpoint first."""
-        if self.admission.RELEASES_IN_TRANSACTION:
-            self.release_ticket(queue, ticket)
-        else:
-            transaction.on_commit(partial(self._release_after_commit, queue, ticket, guarded))
-
-    def _release_after_commit(self: Engine, queue: str, ticket: str, guarded: bool) -> None:
-        """Release a settled step's slot on a backend outside the database. It must not fail
-        the caller (its result is recorded): a backend outage is logged once and the slot left
-        to the poller's maintenance (`release_strays`)."""
-        try:
-            if guarded:
-                self.release_stray(queue, ticket)
-            else:
-                self.release_ticket(queue, ticket)
-        except transient_errors() as exc:
-            self.release_outage.failed(exc)
-        except Exception:  # the result is committed; the repair frees the slot
-            logger.exception("releasing %s on queue %r failed; the poller's maintenance frees it", ticket, queue)
-        else:
-            self.release_outage.recovered()
+    @retry_on_conflict
+    def readmit(self, run_id: str, key: str, attempt: int) -> None:
+        """Send a dispatched attempt whose slot was lost back to admission (a new attempt follows)."""
+        with transaction.atomic():
+            run, cp = locked_run(run_id, key)
+            if run is None or cp is None or cp.status != StepStatus.DISPATCHED or cp.attempt != attempt:
+                return
+            if run.status == RunStatus.CANCELLING or run.is_terminal:
+                # Cancelled meanwhile: the attempt that never ran is the last thing it waited for.
+                cp.holds_slot = False
+                cp.save(update_fields=["holds_slot"])
+                settle(cp, StepStatus.CANCELLED, self.clock())
+                self.lifecycle.finish_cancelling(run)
+                return
+            cp.status, cp.holds_slot, cp.wake_at = StepStatus.WAITING, False, None
+            cp.max_attempts += 1  # the lost attempt never ran; it does not use up a retry
+            cp.save(update_fields=["status", "holds_slot", "wake_at", "max_attempts"])
+            self.waker.wake(run)

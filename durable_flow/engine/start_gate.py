@@ -6,7 +6,8 @@ passes. The declarations (`DebounceSpec`, `SingletonSpec`) live in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_flow.definitions.keys import MAX_KEY_LENGTH, evaluate_key
 from durable_flow.definitions.start_control import IN_PROGRESS, DebounceSpec, SingletonSpec, StartControl
@@ -18,7 +19,16 @@ from durable_flow.store.quotas import lock_key
 
 if TYPE_CHECKING:
     from durable_flow.definitions.registry import WorkflowDefinition
-    from durable_flow.engine import Engine
+
+
+class Runs(Protocol):
+    """What a gate asks of the engine starting the run (`engine.lifecycle.Lifecycle`)."""
+
+    def now(self) -> datetime:
+        """The engine's clock."""
+
+    def cancel(self, run_id: str) -> object:
+        """Cancel a run (a singleton's `cancel` mode replaces the run in progress)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +46,7 @@ class StartGate:
         kind = "debounce" if isinstance(self.control, DebounceSpec) else "singleton"
         return f"{kind}:{self.workflow}:{self.key}"
 
-    def apply(self, engine: Engine, fields: dict[str, Any]) -> WorkflowRun | None:
+    def apply(self, runs: Runs, fields: dict[str, Any]) -> WorkflowRun | None:
         """Under the key's lock: the run this start resolves to without creating one (a
         debounced run it was folded into, or the singleton's run in progress when skipping),
         or None, having set in `fields` what the new run needs (its key; `debounced` status and
@@ -45,12 +55,12 @@ class StartGate:
         lock_key(self.lock_name)
         fields["start_key"] = self.key
         if isinstance(self.control, DebounceSpec):
-            return self._debounce(engine, self.control, fields)
-        return self._singleton(engine, self.control)
+            return self._debounce(runs, self.control, fields)
+        return self._singleton(runs, self.control)
 
-    def _debounce(self, engine: Engine, spec: DebounceSpec, fields: dict[str, Any]) -> WorkflowRun | None:
+    def _debounce(self, runs: Runs, spec: DebounceSpec, fields: dict[str, Any]) -> WorkflowRun | None:
 
-        now = engine.now()
+        now = runs.now()
         waiting = WorkflowRun.objects.select_for_update().filter(
             start_key=self.key, status=RunStatus.DEBOUNCED, workflow=self.workflow, wake_at__gt=now
         )
@@ -67,7 +77,7 @@ class StartGate:
         run.start_outcome = "debounced"  # type: ignore[attr-defined]
         return run
 
-    def _singleton(self, engine: Engine, spec: SingletonSpec) -> WorkflowRun | None:
+    def _singleton(self, runs: Runs, spec: SingletonSpec) -> WorkflowRun | None:
 
         current = list(
             WorkflowRun.objects.filter(start_key=self.key, workflow=self.workflow, status__in=IN_PROGRESS).order_by(
@@ -81,7 +91,7 @@ class StartGate:
             current[0].start_outcome = "skipped"  # type: ignore[attr-defined]
             return current[0]
         for run in current:
-            engine.cancel(run.pk)
+            runs.cancel(run.pk)
         count_start(self.label, "replaced")
         return None
 

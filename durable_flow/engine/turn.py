@@ -43,7 +43,7 @@ class EngineUnavailable(Unwind):
 class InlineTurnFailed(Unwind):
     """A run's inline turn (taken in the transaction that recorded a step's result) failed
     with `EngineUnavailable` (its `__cause__`). The transaction is rolled back whole and the
-    result recorded again with the turn queued instead (`ResultsMixin.record_result`).
+    result recorded again with the turn queued instead (`Results.record_result`).
 
     An `Unwind`, like `EngineUnavailable`: nothing between the turn and the result's
     transaction may take it for an error of its own."""
@@ -72,7 +72,7 @@ class StepOptions:
 
 
 class TurnEngine(Protocol):
-    """The engine as a turn's context sees it (implemented by `durable_flow.engine.Engine`)."""
+    """The engine as a turn's context sees it (implemented by `durable_flow.engine.calls.TurnCalls`)."""
 
     def now(self) -> datetime:
         """The engine's clock."""

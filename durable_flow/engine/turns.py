@@ -1,4 +1,9 @@
-"""Turns: replay a run's workflow from the top, continue it inline after a result, wake it."""
+"""Turns: replay a run's workflow from the top, or continue it inline after a result.
+
+A replay runs the workflow's code over the run's checkpoints; what its calls do (admit and
+dispatch a step, write a sleep's checkpoint, start a child) is the `calls` it is given
+(`engine/calls.py`), so the replay itself decides only how the turn ends.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +15,36 @@ from django.db import DatabaseError, transaction
 
 from durable_flow.definitions.registry import get_workflow
 from durable_flow.definitions.serialization import ensure_json, error_info, readable
-from durable_flow.engine.base import EngineBase
 from durable_flow.engine.context import WorkflowContext
 from durable_flow.engine.locking import locked_run, retry_on_conflict
-from durable_flow.engine.turn import EngineUnavailable, InlineTurnFailed, Suspend
+from durable_flow.engine.turn import EngineUnavailable, InlineTurnFailed, Suspend, TurnEngine
 from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
-from durable_flow.models import (
-    SETTLED_STEP_STATUSES,
-    TERMINAL_RUN_STATUSES,
-    RunStatus,
-    StepCheckpoint,
-    WorkflowRun,
-)
+from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, WorkflowRun
 from durable_flow.models.runs import WAKEABLE
 from durable_flow.store.statements import save_fields, writes_together
 
 if TYPE_CHECKING:
-    from durable_flow.engine.core import Engine
+    from durable_flow.config.settings import DurableFlowSettings
+    from durable_flow.engine.lifecycle import Lifecycle
+    from durable_flow.engine.wake import Waker
 
 logger = logging.getLogger("durable_flow.engine")
 
 
-class TurnsMixin(EngineBase):
-    """Replaying runs and queuing their turns."""
+class Turns:
+    """Replaying runs: a queued turn, or the one a result takes inline."""
+
+    def __init__(self, settings: DurableFlowSettings, calls: TurnEngine, lifecycle: Lifecycle, waker: Waker) -> None:
+        """`calls` is what the workflow's calls reach (`ctx.step`, `ctx.sleep`, ...: `calls`);
+        `lifecycle` finishes a run its replay ends; `waker` queues a turn not taken inline."""
+        self.settings = settings
+        self.calls = calls
+        self.lifecycle = lifecycle
+        self.waker = waker
 
     @retry_on_conflict
-    def run_turn(self: Engine, run_id: str, *, also: Callable[[], object] | None = None) -> WorkflowRun | None:
+    def run_turn(self, run_id: str, *, also: Callable[[], object] | None = None) -> WorkflowRun | None:
         """Replay the run's workflow from the top until it finishes or must wait.
 
         `also` runs inside the turn's transaction, after the run's row is locked: the `db`
@@ -50,13 +58,13 @@ class TurnsMixin(EngineBase):
                     also()
                 if run is None:
                     return None
-                return self._replay(run)
+                return self.replay(run)
         except EngineUnavailable as exc:
             # Rolled back, run untouched: surface the real error so the caller retries the turn
             # (a lock conflict is retried here; a worker leaves the task to be claimed again).
             raise (exc.__cause__ or DatabaseError(str(exc))) from None
 
-    def _replay(self: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None) -> WorkflowRun:
+    def replay(self, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None) -> WorkflowRun:
         """One turn of a run whose row this transaction has locked. `checkpoints`, when given,
         are all of the run's, read under this lock (a result's transaction has them already);
         a run's first turn has none to read."""
@@ -65,18 +73,18 @@ class TurnsMixin(EngineBase):
         try:
             definition = get_workflow(run.workflow)
         except DurableFlowError as exc:
-            self._finish(run, RunStatus.FAILED, error=error_info(exc))
+            self.lifecycle.finish(run, RunStatus.FAILED, error=error_info(exc))
             return run
         if definition.version != run.version:
             exc = NonDeterminismError(
                 f"run {run.id} started under version {run.version!r} of {run.workflow!r}, "
                 f"but this process has version {definition.version!r}"
             )
-            self._finish(run, RunStatus.FAILED, error=error_info(exc))
+            self.lifecycle.finish(run, RunStatus.FAILED, error=error_info(exc))
             return run
         if checkpoints is None:
             checkpoints = {cp.key: cp for cp in run.checkpoints.all()} if run.turns else {}
-        ctx = WorkflowContext(self, run, checkpoints)
+        ctx = WorkflowContext(self.calls, run, checkpoints)
         run.turns += 1
         try:
             output = definition.fn(ctx, readable(run.input, f"input of run {run.id!r}"))
@@ -94,13 +102,13 @@ class TurnsMixin(EngineBase):
             if not is_code_failure(exc, f"workflow {run.workflow!r} of run {run.id}"):
                 raise  # the engine's own unwinding, or a signal's stop (`engine/user_code.py`)
             logger.info("run %s failed: %s", run.id, exc)
-            self._finish(run, RunStatus.FAILED, error=error_info(exc), checkpoints=checkpoints)
+            self.lifecycle.finish(run, RunStatus.FAILED, error=error_info(exc), checkpoints=checkpoints)
             return run
-        self._finish(run, RunStatus.COMPLETED, output=output, checkpoints=checkpoints)
+        self.lifecycle.finish(run, RunStatus.COMPLETED, output=output, checkpoints=checkpoints)
         return run
 
-    def _continue(
-        self: Engine, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None, *, inline: bool = True
+    def continue_inline(
+        self, run: WorkflowRun, checkpoints: dict[str, StepCheckpoint] | None = None, *, inline: bool = True
     ) -> None:
         """A result is in: take the run's next turn now, in the transaction that recorded it and
         under the lock it holds, instead of queuing a turn for a worker to pick up later. Saves
@@ -114,35 +122,9 @@ class TurnsMixin(EngineBase):
         if run.status not in WAKEABLE:
             return
         if not inline:
-            self.wake(run)
+            self.waker.wake(run)
             return
         try:
-            self._replay(run, checkpoints)
+            self.replay(run, checkpoints)
         except EngineUnavailable as exc:
             raise InlineTurnFailed(run.id) from exc
-
-    @staticmethod
-    def _group_settled(cp: StepCheckpoint) -> bool:
-        """Whether every call of `cp`'s fan-out wave has settled (a lone call is its own wave)."""
-        return not cp.group or not (
-            StepCheckpoint.objects.filter(run_id=cp.run_id, group=cp.group)
-            .exclude(status__in=SETTLED_STEP_STATUSES)
-            .exists()
-        )
-
-    def _wake_if_group_settled(self: Engine, cp: StepCheckpoint) -> None:
-        if self._group_settled(cp):
-            self.wake(cp.run_id)
-
-    def wake(self: Engine, run: WorkflowRun | str) -> bool:
-        """Queue a turn for a parked run now. False if it is not parked (finished, or a turn is
-        already queued)."""
-        run_id = run if isinstance(run, str) else run.id
-        woken = WorkflowRun.objects.filter(pk=run_id, status__in=WAKEABLE).update(
-            status=RunStatus.PENDING, wake_at=None, updated_at=self.now()
-        )
-        if woken:
-            if not isinstance(run, str):
-                run.status, run.wake_at = RunStatus.PENDING, None
-            self.transport.enqueue_turn(run_id)
-        return bool(woken)

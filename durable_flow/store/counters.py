@@ -5,7 +5,7 @@ in process memory.
 The engine calls `count_admission(queue)` once per admitted step attempt (`engine/dispatch.py`,
 where an attempt holding a slot is dispatched: a direct admission and a grant to a waiter both
 pass there), and `count_parked(queue)` once per attempt that joins a queue's waiting line
-(`DispatchMixin._park`, when the call is first written as waiting or goes back to waiting). An
+(`Admitter._park`, when the call is first written as waiting or goes back to waiting). An
 attempt that parked and was later granted counts once under each. The increment runs after the
 admitting transaction commits, in its own short autocommit UPDATE: a turn that rolls back counts
 nothing, and the counter row is locked for one statement only, never for the length of a turn.

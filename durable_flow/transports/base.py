@@ -17,7 +17,7 @@ from durable_flow.config.concurrency import parse_concurrency
 from durable_flow.config.options import Configurable, Option
 
 if TYPE_CHECKING:
-    from durable_flow.engine import Engine
+    from durable_flow.engine.core import Engine
     from durable_flow.transports.runner import TaskSource
 
 CONCURRENCY_OPTION = Option("Worker threads: a positive integer, 'adaptive' or an adaptive spec dict.")

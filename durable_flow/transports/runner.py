@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from durable_flow.engine import Engine
+    from durable_flow.engine.core import Engine
 
 #: A callable a runner runs inside the engine's transaction that settles a task.
 Also = Callable[[], object] | None

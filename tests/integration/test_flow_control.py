@@ -200,7 +200,7 @@ def test_a_step_starts_only_when_the_start_window_has_room(
         slept.append(seconds)
         clock.advance(milliseconds=round(seconds * 1000))
 
-    engine.sleep = sleep
+    engine.start_window.sleep = sleep
     register_queue("api", rate_limit={"limit": 2, "period_ms": 1000, "algorithm": "sliding"})
     runs = [start("tests.queued", queued("api", i)) for i in range(2)]
     clock.advance(milliseconds=1000)

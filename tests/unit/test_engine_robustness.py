@@ -129,7 +129,7 @@ def test_an_admission_outage_before_a_step_starts_is_waited_out_not_an_attempt(
     transport = transport_of(engine)
     transport.run_turns()
     slept: list[float] = []
-    engine.sleep = slept.append
+    engine.start_window.sleep = slept.append
     backend.fail_starts = 3
     assert transport.execute(transport.take()) == "completed"
     assert slept == [0.1, 0.2, 0.4]  # the outage backoff, then the start

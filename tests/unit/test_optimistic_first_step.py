@@ -168,12 +168,12 @@ def test_a_run_cancelled_while_its_first_step_runs_drops_the_result(queued_turns
     engine, _ = queued_turns
     run = start("tests.three_steps", 1)
     definition = get_workflow(run.workflow)
-    probed = engine._probe(WorkflowRun.objects.get(pk=run.id), definition)
+    probed = engine.first_turns._probe(WorkflowRun.objects.get(pk=run.id), definition)
     assert probed is not None and probed.pk is None
-    ran = engine._run_first_step(probed, "w1")
+    ran = engine.first_turns._run_first_step(probed, "w1")
     assert ran.output == 2
     cancel(run.id)  # a pending run with nothing in flight is cancelled at once
-    assert engine._record_first_step(run.id, ran) == RunStatus.CANCELLED
+    assert engine.first_turns._record_first_step(run.id, ran) == RunStatus.CANCELLED
     assert not StepCheckpoint.objects.filter(run=run).exists()
 
 
@@ -182,11 +182,11 @@ def test_a_turn_another_delivery_took_meanwhile_keeps_that_ones_result(
 ) -> None:
     engine, transport = queued_turns
     run = start("tests.slow_one", {"id": "dup", "seconds": 0})
-    probed = engine._probe(WorkflowRun.objects.get(pk=run.id), get_workflow(run.workflow))
+    probed = engine.first_turns._probe(WorkflowRun.objects.get(pk=run.id), get_workflow(run.workflow))
     assert probed is not None
-    ran = engine._run_first_step(probed, "w1")
+    ran = engine.first_turns._run_first_step(probed, "w1")
     engine.run_turn(run.id)  # the other delivery, on the locked path: the step goes out
-    assert engine._record_first_step(run.id, ran) == RunStatus.RUNNING  # dropped: the run moved on
+    assert engine.first_turns._record_first_step(run.id, ran) == RunStatus.RUNNING  # dropped: the run moved on
     (cp,) = StepCheckpoint.objects.filter(run=run)
     assert (cp.status, cp.attempt, cp.worker) == (StepStatus.DISPATCHED, 1, "")
     assert engine.execute_step(*transport.steps[0], worker_id="w2") == "completed"
@@ -215,7 +215,7 @@ def test_a_thinned_gate_sends_a_first_delivery_to_the_locked_path_without_a_read
     paying an unlocked read and a partial replay for each; a plain first step is still run on
     the locked path, correctly, only not optimistically."""
     engine, _ = queued_turns
-    engine.probe_gate = ProbeGate(misses_to_thin=2, thinned_every=1000)
+    engine.first_turns.probe_gate = ProbeGate(misses_to_thin=2, thinned_every=1000)
     for _ in range(2):
         sleeper = start("tests.sleeper", 5)
         assert engine.run_first_turn(sleeper.id, "w1") is None  # probed: a sleep is written first
