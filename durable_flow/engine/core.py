@@ -150,9 +150,11 @@ class Engine:
         """Queue a turn for a parked run now (`Waker.wake`)."""
         return self.waker.wake(run)
 
-    def run_turn(self, run_id: str, *, also: Callable[[], object] | None = None) -> WorkflowRun | None:
+    def run_turn(
+        self, run_id: str, *, in_settling_transaction: Callable[[], object] | None = None
+    ) -> WorkflowRun | None:
         """Replay the run's workflow until it finishes or must wait (`Turns.run_turn`)."""
-        return self.turns.run_turn(run_id, also=also)
+        return self.turns.run_turn(run_id, in_settling_transaction=in_settling_transaction)
 
     def run_first_turn(
         self,
@@ -160,10 +162,12 @@ class Engine:
         worker_id: str,
         *,
         on_step: Callable[[str], object] | None = None,
-        also: Callable[[], object] | None = None,
+        in_settling_transaction: Callable[[], object] | None = None,
     ) -> str | None:
         """Take a run's first turn optimistically (`FirstTurns.run_first_turn`)."""
-        return self.first_turns.run_first_turn(run_id, worker_id, on_step=on_step, also=also)
+        return self.first_turns.run_first_turn(
+            run_id, worker_id, on_step=on_step, in_settling_transaction=in_settling_transaction
+        )
 
     # Step attempts (`results`, `dispatch`).
     def execute_step(
@@ -173,11 +177,13 @@ class Engine:
         attempt: int,
         worker_id: str = "",
         *,
-        also: Callable[[], object] | None = None,
+        in_settling_transaction: Callable[[], object] | None = None,
         dispatched: StepCheckpoint | None = None,
     ) -> str:
         """Run one attempt of a dispatched step and record its result (`Results.execute_step`)."""
-        return self.results.execute_step(run_id, key, attempt, worker_id, also=also, dispatched=dispatched)
+        return self.results.execute_step(
+            run_id, key, attempt, worker_id, in_settling_transaction=in_settling_transaction, dispatched=dispatched
+        )
 
     def record_result(
         self,
@@ -188,10 +194,18 @@ class Engine:
         output: Any = None,
         error: dict[str, Any] | None = None,
         cancelled: bool = False,
-        also: Callable[[], object] | None = None,
+        in_settling_transaction: Callable[[], object] | None = None,
     ) -> None:
         """Checkpoint a step attempt's result exactly once (`Results.record_result`)."""
-        self.results.record_result(run_id, key, attempt, output=output, error=error, cancelled=cancelled, also=also)
+        self.results.record_result(
+            run_id,
+            key,
+            attempt,
+            output=output,
+            error=error,
+            cancelled=cancelled,
+            in_settling_transaction=in_settling_transaction,
+        )
 
     def redispatch_pending(self, run_id: str, older_than_s: float = 0.0, keys: Iterable[str] | None = None) -> int:
         """Re-send the run's in-flight steps (`Dispatcher.redispatch_pending`)."""

@@ -201,13 +201,13 @@ class FirstTurns:
         worker_id: str,
         *,
         on_step: Callable[[str], object] | None = None,
-        also: Callable[[], object] | None = None,
+        in_settling_transaction: Callable[[], object] | None = None,
     ) -> str | None:
         """Take a run's first turn optimistically (see the module's docstring). Returns the
         run's status afterwards, or None when this turn must take the locked path (nothing was
-        written, `also` was not called, and the step, if any, did not run). `on_step` gets the
+        written, `in_settling_transaction` was not called, and the step, if any, did not run). `on_step` gets the
         step's key right before it runs (the worker lists it as running in its heartbeat);
-        `also` runs in the transaction that records the step, as in `run_turn`'s (the `db`
+        `in_settling_transaction` runs in the transaction that records the step, as in `run_turn`'s (the `db`
         source deletes its task row there). Probed as `probe_gate` says (see `ProbeGate`)."""
         if not self.probe_gate.should_probe():
             return None
@@ -218,7 +218,7 @@ class FirstTurns:
         if on_step is not None:
             on_step(cp.key)
         ran = self._run_first_step(cp, worker_id)
-        return self._record_first_step(run_id, ran, also)
+        return self._record_first_step(run_id, ran, in_settling_transaction)
 
     def _probe_first_call(self, run_id: str) -> StepCheckpoint | None:
         """The run's first call (unsaved) when it is a plain step and this is the run's first
@@ -269,7 +269,9 @@ class FirstTurns:
             ran.output, ran.error = None, error_info(exc)
         return ran
 
-    def _record_first_step(self, run_id: str, ran: _Ran, also: Callable[[], object] | None = None) -> str:
+    def _record_first_step(
+        self, run_id: str, ran: _Ran, in_settling_transaction: Callable[[], object] | None = None
+    ) -> str:
         """Record the step as it ended, with the first turn, then take the next turn inline; if
         that turn fails, record again with the turn queued (as `record_result` does). A result
         the database refuses (a value it cannot store) is recorded as the attempt's failure,
@@ -279,7 +281,9 @@ class FirstTurns:
         inline = True
         while True:
             try:
-                return self._write_first_step(run_id, ran, inline=inline, also=also)
+                return self._write_first_step(
+                    run_id, ran, inline=inline, in_settling_transaction=in_settling_transaction
+                )
             except InlineTurnFailed as failed:
                 logger.warning("run %s: inline turn failed (%s); queuing it instead", run_id, failed.__cause__)
             except DataError as exc:
@@ -290,12 +294,13 @@ class FirstTurns:
 
     @retry_on_conflict
     def _write_first_step(
-        self, run_id: str, ran: _Ran, *, inline: bool, also: Callable[[], object] | None = None
+        self, run_id: str, ran: _Ran, *, inline: bool, in_settling_transaction: Callable[[], object] | None = None
     ) -> str:
         with transaction.atomic(), writes_together():
             run, drawn_id = lock_run_drawing_id(run_id, StepCheckpoint)
-            if also is not None:
-                also()  # the turn's task is done whatever this finds: recorded, or answered by another
+            if in_settling_transaction is not None:
+                # The turn's task is done whatever this finds: recorded, or answered by another.
+                in_settling_transaction()
             if run is None:
                 return "missing"
             if run.status != RunStatus.PENDING or run.turns:

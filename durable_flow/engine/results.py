@@ -80,11 +80,11 @@ class Results:
         attempt: int,
         worker_id: str = "",
         *,
-        also: Callable[[], object] | None = None,
+        in_settling_transaction: Callable[[], object] | None = None,
         dispatched: StepCheckpoint | None = None,
     ) -> str:
         """Run one attempt of a dispatched step and record its result. Returns what happened:
-        `completed`, `failed`, `skipped` (stale or cancelled) or `missing`. `also` runs inside
+        `completed`, `failed`, `skipped` (stale or cancelled) or `missing`. `in_settling_transaction` runs inside
         the transaction that records the result (see `run_turn`). `dispatched`: the attempt
         was started by the transaction that dispatched it to this thread (`inline_handoff`)."""
         if dispatched is not None:
@@ -108,7 +108,7 @@ class Results:
         if cp is None:
             return "skipped" if StepCheckpoint.objects.filter(run_id=run_id, key=key).exists() else "missing"
         if cancelled:
-            self.record_result(run_id, key, attempt, cancelled=True, also=also)
+            self.record_result(run_id, key, attempt, cancelled=True, in_settling_transaction=in_settling_transaction)
             return "skipped"
         if not adopted:
             # The slot went with a dead process and may be someone else's now: running anyway
@@ -125,14 +125,18 @@ class Results:
         except BaseException as exc:  # a step's failure is data, recorded durably
             if not is_code_failure(exc, f"step {cp.name!r} of run {run_id} (attempt {attempt})"):
                 raise  # the engine's own unwinding, or a signal's stop (`engine/user_code.py`)
-            self.record_result(run_id, key, attempt, error=error_info(exc), also=also)
+            self.record_result(
+                run_id, key, attempt, error=error_info(exc), in_settling_transaction=in_settling_transaction
+            )
             return "failed"
         try:
-            self.record_result(run_id, key, attempt, output=output, also=also)
+            self.record_result(run_id, key, attempt, output=output, in_settling_transaction=in_settling_transaction)
         except DataError as exc:
             # The database refused the output (a value it cannot store): a failed attempt, not a
             # result to re-run the step for forever.
-            self.record_result(run_id, key, attempt, error=error_info(exc), also=also)
+            self.record_result(
+                run_id, key, attempt, error=error_info(exc), in_settling_transaction=in_settling_transaction
+            )
             return "failed"
         return "completed"
 
@@ -146,7 +150,7 @@ class Results:
         output: Any = None,
         error: dict[str, Any] | None = None,
         cancelled: bool = False,
-        also: Callable[[], object] | None = None,
+        in_settling_transaction: Callable[[], object] | None = None,
     ) -> None:
         """Checkpoint a step attempt's result exactly once, release its slot, wake the run.
 
@@ -156,7 +160,14 @@ class Results:
         the result is recorded again with the turn queued for a worker instead.
         """
         record = partial(
-            self._record_result, run_id, key, attempt, output=output, error=error, cancelled=cancelled, also=also
+            self._record_result,
+            run_id,
+            key,
+            attempt,
+            output=output,
+            error=error,
+            cancelled=cancelled,
+            in_settling_transaction=in_settling_transaction,
         )
         try:
             record(inline=True)
@@ -173,7 +184,7 @@ class Results:
         output: Any,
         error: dict[str, Any] | None,
         cancelled: bool,
-        also: Callable[[], object] | None,
+        in_settling_transaction: Callable[[], object] | None,
         inline: bool,
     ) -> None:
         """One try of `record_result`, with the run's next turn taken inline or queued."""
@@ -181,8 +192,8 @@ class Results:
         # for each, on the path between a step's end and the next step's start in its slot.
         with transaction.atomic(), writes_together():
             run, checkpoints = locked_run_for_result(run_id, key)
-            if also is not None:
-                also()
+            if in_settling_transaction is not None:
+                in_settling_transaction()
             cp = checkpoints.get(key)
             if run is None or cp is None:
                 return

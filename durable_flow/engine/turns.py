@@ -44,18 +44,20 @@ class Turns:
         self.waker = waker
 
     @retry_on_conflict
-    def run_turn(self, run_id: str, *, also: Callable[[], object] | None = None) -> WorkflowRun | None:
+    def run_turn(
+        self, run_id: str, *, in_settling_transaction: Callable[[], object] | None = None
+    ) -> WorkflowRun | None:
         """Replay the run's workflow from the top until it finishes or must wait.
 
-        `also` runs inside the turn's transaction, after the run's row is locked: the `db`
+        `in_settling_transaction` runs inside the turn's transaction, after the run's row is locked: the `db`
         transport deletes its task row there, saving a transaction per task."""
         try:
             # The turn's writes after its last read (the dispatched step's attempt row, the run's
             # update) go to the database in one round trip (`writes_together`).
             with transaction.atomic(), writes_together():
                 run, _ = locked_run(run_id)
-                if also is not None:
-                    also()
+                if in_settling_transaction is not None:
+                    in_settling_transaction()
                 if run is None:
                     return None
                 return self.replay(run)

@@ -39,7 +39,7 @@ from durable_flow.runtime.heartbeat import Heartbeat, WorkerStats, new_worker_id
 from durable_flow.store import counters
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.queries import idle_peer_exists
-from durable_flow.transports.runner import Also, ClaimedTask, EngineRunner, TaskSource
+from durable_flow.transports.runner import ClaimedTask, EngineRunner, SettlingHook, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -208,17 +208,20 @@ class WorkerRuntime(EngineRunner):
             self.source.hand_back(self.worker_id, leftover)
         return len(unfinished)
 
-    def run_turn(self, run_id: str, *, also: Also = None) -> str:
+    def run_turn(self, run_id: str, *, in_settling_transaction: SettlingHook = None) -> str:
         """Run a turn; unless stopping, on a source that allows it (`turn_steps_inline`), this
         thread accepts the first step the turn admits and runs it next
         (`engine/inline_handoff.py`): no step task, no second claim."""
         if self._stop.is_set() or not self.source.turn_steps_inline:
-            return super().run_turn(run_id, also=also)
+            return super().run_turn(run_id, in_settling_transaction=in_settling_transaction)
         task: ClaimedTask | None = getattr(self._handed, "task", None)
         if self.source.optimistic_first_step and task is not None and task.first_delivery:
             try:
                 status = self.engine.run_first_turn(
-                    run_id, self.worker_id, on_step=partial(setattr, task, "optimistic_step"), also=also
+                    run_id,
+                    self.worker_id,
+                    on_step=partial(setattr, task, "optimistic_step"),
+                    in_settling_transaction=in_settling_transaction,
                 )
             finally:
                 task.optimistic_step = ""
@@ -226,19 +229,34 @@ class WorkerRuntime(EngineRunner):
                 return status
         with inline_handoff.accepting(self.worker_id, turns=True) as taken:
             try:
-                return super().run_turn(run_id, also=also)
+                return super().run_turn(run_id, in_settling_transaction=in_settling_transaction)
             finally:
                 self._handed.steps = taken
 
-    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
+    def run_step(
+        self, run_id: str, step_key: str, attempt: int, *, in_settling_transaction: SettlingHook = None
+    ) -> str:
         """Run a step attempt; unless stopping, this thread accepts the step its result's
         release is granted to, and runs it next (`engine/inline_handoff.py`)."""
-        return self._run_step(run_id, step_key, attempt, also=also)
+        return self._run_step(run_id, step_key, attempt, in_settling_transaction=in_settling_transaction)
 
-    def _run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None, dispatched: Any = None) -> str:
+    def _run_step(
+        self,
+        run_id: str,
+        step_key: str,
+        attempt: int,
+        *,
+        in_settling_transaction: SettlingHook = None,
+        dispatched: Any = None,
+    ) -> str:
         def execute() -> str:
             return self.engine.execute_step(
-                run_id, step_key, attempt, worker_id=self.worker_id, also=also, dispatched=dispatched
+                run_id,
+                step_key,
+                attempt,
+                worker_id=self.worker_id,
+                in_settling_transaction=in_settling_transaction,
+                dispatched=dispatched,
             )
 
         if self._stop.is_set():

@@ -17,8 +17,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from durable_flow.engine.core import Engine
 
-#: A callable a runner runs inside the engine's transaction that settles a task.
-Also = Callable[[], object] | None
+#: The `in_settling_transaction=` argument of the run methods: a callable the engine calls inside
+#: the transaction that settles the task (records the turn, or the step's result), after the run's
+#: row is locked, so whatever it writes commits or rolls back with the outcome. The `db` source
+#: deletes its task row there: no task is left behind a recorded outcome, and none is lost
+#: before one. `None`: nothing to add.
+SettlingHook = Callable[[], object] | None
 
 
 @dataclass
@@ -75,22 +79,26 @@ class TaskRunner(ABC):
         """How long one heartbeat vouches for this worker (a source sizes its leases on it)."""
 
     @abstractmethod
-    def run_turn(self, run_id: str, *, also: Also = None) -> str:
-        """Replay the run's next turn; the run's status afterwards, or `missing`. `also` runs
+    def run_turn(self, run_id: str, *, in_settling_transaction: SettlingHook = None) -> str:
+        """Replay the run's next turn; the run's status afterwards, or `missing`. `in_settling_transaction` runs
         inside the turn's transaction (the `db` source deletes its task row there)."""
 
     @abstractmethod
-    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
+    def run_step(
+        self, run_id: str, step_key: str, attempt: int, *, in_settling_transaction: SettlingHook = None
+    ) -> str:
         """Run one attempt of a step as this worker and record its result exactly once; the
-        outcome (`completed`, `failed`, `skipped`, ...). `also` runs inside the transaction
+        outcome (`completed`, `failed`, `skipped`, ...). `in_settling_transaction` runs inside the transaction
         that records the result."""
 
-    def run_task(self, task: ClaimedTask, *, also: Also = None) -> bool:
+    def run_task(self, task: ClaimedTask, *, in_settling_transaction: SettlingHook = None) -> bool:
         """Run a claimed turn or step and set its outcome; True unless the step failed."""
         if task.kind == "turn":
-            task.outcome = self.run_turn(task.run_id, also=also)
+            task.outcome = self.run_turn(task.run_id, in_settling_transaction=in_settling_transaction)
             return True
-        task.outcome = self.run_step(task.run_id, task.step_key, task.attempt, also=also)
+        task.outcome = self.run_step(
+            task.run_id, task.step_key, task.attempt, in_settling_transaction=in_settling_transaction
+        )
         return task.outcome != "failed"
 
 
@@ -105,12 +113,16 @@ class EngineRunner(TaskRunner):
     def heartbeat_ttl_s(self) -> float:
         return self.engine.settings.heartbeat_ttl_s
 
-    def run_turn(self, run_id: str, *, also: Also = None) -> str:
-        run = self.engine.run_turn(run_id, also=also)
+    def run_turn(self, run_id: str, *, in_settling_transaction: SettlingHook = None) -> str:
+        run = self.engine.run_turn(run_id, in_settling_transaction=in_settling_transaction)
         return run.status if run is not None else "missing"
 
-    def run_step(self, run_id: str, step_key: str, attempt: int, *, also: Also = None) -> str:
-        return self.engine.execute_step(run_id, step_key, attempt, worker_id=self.worker_id, also=also)
+    def run_step(
+        self, run_id: str, step_key: str, attempt: int, *, in_settling_transaction: SettlingHook = None
+    ) -> str:
+        return self.engine.execute_step(
+            run_id, step_key, attempt, worker_id=self.worker_id, in_settling_transaction=in_settling_transaction
+        )
 
 
 class TaskSource(ABC):

@@ -326,7 +326,7 @@ class DatabaseTaskSource(TaskSource):
             task_rows.delete_claimed(task.handle, runner.worker_id)
             transaction.on_commit(lambda: setattr(task, "done_in_engine", True))
 
-        return runner.run_task(task, also=delete_task)
+        return runner.run_task(task, in_settling_transaction=delete_task)
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
         if not task.done_in_engine:
