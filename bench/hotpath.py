@@ -31,6 +31,7 @@ With one worker thread each claim takes one task, the worst case for the claim's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -283,16 +284,17 @@ def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool
         tasks = source.claim(runtime.worker_id, runs, 0)
         assert all(task.kind == "turn" for task in tasks) and len(tasks) == runs, tasks
         # These turns run outside the worker loop, which is what runs a step a turn hands to its
-        # own thread (`turn_steps_inline`): the admitted run's step would be stamped with this
-        # worker and never run. Sent through the transport instead, the worker claims it.
-        source.turn_steps_inline = False
+        # own thread (`SourceCapabilities.turn_steps_inline`): the admitted run's step would be
+        # stamped with this worker and never run. Sent through the transport instead, the worker claims it.
+        capabilities = source.capabilities
+        source.capabilities = dataclasses.replace(capabilities, turn_steps_inline=False)
         try:
             for task in tasks:
                 with COUNTER.tagged("turn"):
                     source.execute(runtime, task)
                 source.done(runtime.worker_id, task)
         finally:
-            del source.turn_steps_inline
+            source.capabilities = capabilities
     try:
         runtime.run(burst=True)
     finally:

@@ -85,7 +85,7 @@ class WorkerRuntime(EngineRunner):
         self._tidy = threading.local()
         self._handed = threading.local()  # the step a result's release handed to this thread
         #: Another worker of this transport ran nothing at its last heartbeat (read with ours,
-        #: on a transport that `spreads_handoffs`): see `_spreading`.
+        #: on a source whose capabilities include `spreads_handoffs`): see `_spreading`.
         self._peer_idle = False
         self._peer_idle_lock = threading.Lock()
 
@@ -209,13 +209,14 @@ class WorkerRuntime(EngineRunner):
         return len(unfinished)
 
     def run_turn(self, run_id: str, *, in_settling_transaction: SettlingHook = None) -> str:
-        """Run a turn; unless stopping, on a source that allows it (`turn_steps_inline`), this
-        thread accepts the first step the turn admits and runs it next
-        (`engine/inline_handoff.py`): no step task, no second claim."""
-        if self._stop.is_set() or not self.source.turn_steps_inline:
+        """Run a turn; unless stopping, on a source that allows it
+        (`SourceCapabilities.turn_steps_inline`), this thread accepts the first step the turn
+        admits and runs it next (`engine/inline_handoff.py`): no step task, no second claim."""
+        capabilities = self.source.capabilities
+        if self._stop.is_set() or not capabilities.turn_steps_inline:
             return super().run_turn(run_id, in_settling_transaction=in_settling_transaction)
         task: ClaimedTask | None = getattr(self._handed, "task", None)
-        if self.source.optimistic_first_step and task is not None and task.first_delivery:
+        if capabilities.optimistic_first_step and task is not None and task.first_delivery:
             try:
                 status = self.engine.run_first_turn(
                     run_id,
@@ -384,7 +385,7 @@ class WorkerRuntime(EngineRunner):
         try:
             self.source.renew(self.worker_id, [task for task in running if not task.inline])
             self.heartbeat.beat(running=[step for task in running if (step := task.running_step)], seen_at=seen_at)
-            if self.source.spreads_handoffs:
+            if self.source.capabilities.spreads_handoffs:
                 cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
                 idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
                 with self._peer_idle_lock:

@@ -125,28 +125,46 @@ class EngineRunner(TaskRunner):
         )
 
 
-class TaskSource(ABC):
-    """The consuming side of a transport, served by a worker (`WorkerRuntime`).
+@dataclass(frozen=True)
+class SourceCapabilities:
+    """What a source lets the worker do past it: the fast paths the worker runtime consults.
 
-    Subclasses implement `claim`, `done`, `hand_back` and `renew`; `open`, `close`, `execute`
-    and `failed` have defaults that suit a source with nothing to register or report.
+    A source declares them (`TaskSource.capabilities`); the engine and the runtime decide when
+    to take each. All off by default, so a source opts in to each.
     """
 
-    transport: str = ""
-    queues: list[str] = []
     #: Whether the step a turn dispatches may run next on the turn's worker thread instead of
-    #: going out through this transport (`engine/inline_handoff.py`). Off by default, so a
-    #: source opts in: the `db` source always, the `rq` source with `EAGER_STEPS` (its users may
-    #: want every step as a job, in RQ's registries and handed back at shutdown).
+    #: going out through this transport (`engine/inline_handoff.py`): the `db` source always,
+    #: the `rq` source with `EAGER_STEPS` (its users may want every step as a job, in RQ's
+    #: registries and handed back at shutdown).
     turn_steps_inline: bool = False
-    #: Whether a run's first turn, on its first delivery, may run its first step before writing
-    #: anything (`engine/optimistic.py`): the `rq` source with `OPTIMISTIC_FIRST_STEP`.
+    #: Whether a run's first turn, on its first delivery (`ClaimedTask.first_delivery`), may run
+    #: its first step before writing anything (`engine/optimistic.py`): the `db` source with
+    #: `OPTIMISTIC_FIRST_STEP`, the `rq` source with `OPTIMISTIC_FIRST_STEP` (and `EAGER_STEPS`).
+    #: Taken only with `turn_steps_inline`.
     optimistic_first_step: bool = False
     #: Whether a task sent through this transport may be taken by another worker process, so a
     #: worker that runs two steps while another worker sits idle sends the step its result
     #: grants through it rather than running it next itself (`WorkerRuntime._spreading`), and
-    #: the idle process takes it. See `sent_elsewhere`.
+    #: the idle process takes it (see `TaskSource.sent_elsewhere`).
     spreads_handoffs: bool = False
+
+
+NO_CAPABILITIES = SourceCapabilities()
+
+
+class TaskSource(ABC):
+    """The consuming side of a transport, served by a worker (`WorkerRuntime`).
+
+    Subclasses implement `claim`, `done`, `hand_back` and `renew`; `open`, `close`, `execute`,
+    `failed` and `sent_elsewhere` have defaults that suit a source with nothing to register or
+    report, and `capabilities` declares which of the engine's fast paths it allows.
+    """
+
+    transport: str = ""
+    queues: list[str] = []
+    #: The engine's fast paths this source lets the worker take (none by default).
+    capabilities: SourceCapabilities = NO_CAPABILITIES
 
     def sent_elsewhere(self) -> AbstractContextManager[None]:
         """Around the work whose dispatches are meant for another process (a handoff this

@@ -346,7 +346,7 @@ def test_by_default_a_one_step_workflow_is_one_task_and_costs_at_most_eight_stat
     the checkpoint and its attempt as they ended, finish the run (5). The step is recorded once:
     one INSERT of its checkpoint, no UPDATE."""
     engine, source = db_default
-    assert source.optimistic_first_step
+    assert source.capabilities.optimistic_first_step
     run = start("tests.echo_flow", "hello")
     runtime = worker(engine, source)
     with capture() as sent:
@@ -405,7 +405,8 @@ def test_a_step_task_is_never_a_first_delivery(db_default: tuple[Engine, Databas
 
 
 def test_optimistic_first_step_is_a_checked_option_of_the_db_transport() -> None:
-    assert DatabaseTransport.from_options({}).source().optimistic_first_step
-    assert not DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": False}).source().optimistic_first_step
+    assert DatabaseTransport.from_options({}).source().capabilities.optimistic_first_step
+    off = DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": False}).source()
+    assert not off.capabilities.optimistic_first_step
     with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]'):
         DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": "yes"})

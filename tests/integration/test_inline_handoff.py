@@ -362,7 +362,7 @@ def spreading_runtime(engine: Engine) -> WorkerRuntime:
     transport = engine.transport
     assert isinstance(transport, DatabaseTransport)
     source = transport.source()
-    assert source.spreads_handoffs  # the `db` source spreads (and `rq`'s: see `RQTaskSource`)
+    assert source.capabilities.spreads_handoffs  # the `db` source spreads (and `rq`'s: see `RQTaskSource`)
     return WorkerRuntime(engine, source, build_controller(2), worker_id="busy")
 
 

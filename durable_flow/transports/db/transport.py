@@ -41,7 +41,7 @@ from durable_flow.models import Task, TaskKind
 from durable_flow.store import tasks as task_rows
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.db import notify as db_notify
-from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
+from durable_flow.transports.runner import ClaimedTask, SourceCapabilities, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
     from durable_flow.engine import Engine
@@ -213,9 +213,6 @@ class DatabaseTaskSource(TaskSource):
     """Consumer side: claim with a lease, delete when done."""
 
     transport = "db"
-    #: A step task costs an INSERT, a claim and a DELETE: the turn's thread runs the step instead.
-    turn_steps_inline = True
-    spreads_handoffs = True
 
     def sent_elsewhere(self) -> AbstractContextManager[None]:
         """A step task this thread sends while declining a handoff wakes no claimer of this
@@ -232,7 +229,11 @@ class DatabaseTaskSource(TaskSource):
         *,
         optimistic_first_step: bool = False,
     ) -> None:
-        self.optimistic_first_step = optimistic_first_step
+        #: A step task costs an INSERT, a claim and a DELETE: the turn's thread runs the step
+        #: instead (`turn_steps_inline`).
+        self.capabilities = SourceCapabilities(
+            turn_steps_inline=True, optimistic_first_step=optimistic_first_step, spreads_handoffs=True
+        )
         self.visibility = timedelta(seconds=visibility_timeout_s)
         self.poll_interval_s = poll_interval_s
         self.queues = ["db"]

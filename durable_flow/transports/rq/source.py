@@ -30,7 +30,7 @@ from rq.worker import SimpleWorker
 
 from durable_flow.transports.rq.claims import ClaimBook, Popped
 from durable_flow.transports.rq.common import HIGH, JOB_KINDS, LOW, NORMAL, running_as
-from durable_flow.transports.runner import ClaimedTask, TaskRunner, TaskSource
+from durable_flow.transports.runner import ClaimedTask, SourceCapabilities, TaskRunner, TaskSource
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -60,7 +60,6 @@ class RQTaskSource(TaskSource):
     """Consumer side: pop jobs high → normal → low, keep RQ's registries and worker record."""
 
     transport = "rq"
-    spreads_handoffs = True
 
     def __init__(
         self,
@@ -70,8 +69,11 @@ class RQTaskSource(TaskSource):
     ) -> None:
         self.rq = transport
         self._monotonic = monotonic
-        self.turn_steps_inline = transport.eager_steps
-        self.optimistic_first_step = transport.optimistic_first_step
+        self.capabilities = SourceCapabilities(
+            turn_steps_inline=transport.eager_steps,
+            optimistic_first_step=transport.optimistic_first_step,
+            spreads_handoffs=True,
+        )
         self.ordered = [transport.tiers[HIGH], transport.tiers[NORMAL], transport.tiers[LOW]]
         self.queues = [queue.name for queue in self.ordered]
         self._by_key = {queue.key: queue for queue in self.ordered}
