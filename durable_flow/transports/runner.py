@@ -36,9 +36,6 @@ class ClaimedTask:
     handle: Any = field(default=None, repr=False)
     #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runner).
     outcome: str = ""
-    #: The engine's transaction already did what `done` does (the `db` source deletes its
-    #: task row there); set once that transaction committed.
-    done_in_engine: bool = False
     #: Handed to this worker's thread by the engine (`engine/inline_handoff.py`), not claimed
     #: from the source: no transport holds it, so it is never done, renewed or handed back there.
     inline: bool = False

@@ -79,11 +79,11 @@ def test_the_task_row_goes_in_the_transaction_that_settles_it(db_locked: tuple[E
     run = start("tests.echo_flow", "hello")
     turn = claim_one(source)
     source.execute(EngineRunner(engine, "w"), turn)
-    assert turn.done_in_engine
+    assert not Task.objects.filter(pk=turn.handle).exists()  # before `done`
     assert list(Task.objects.values_list("kind", flat=True)) == ["step"]
     step = claim_one(source)
     source.execute(EngineRunner(engine, "w"), step)
-    assert step.done_in_engine
+    assert not Task.objects.filter(pk=step.handle).exists()
     assert not Task.objects.exists()
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
@@ -98,7 +98,7 @@ def test_a_step_whose_checkpoint_is_gone_leaves_its_row_to_done(db_locked: tuple
     WorkflowRun.objects.filter(pk=run.pk).delete()  # the checkpoint goes with it
     source.execute(EngineRunner(engine, "w"), step)
     assert step.outcome == "missing"
-    assert not step.done_in_engine
+    assert Task.objects.filter(pk=step.handle).exists()
     source.done("w", step)
     assert not Task.objects.exists()
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from django.db import IntegrityError, transaction
@@ -235,6 +236,9 @@ class DatabaseTaskSource(TaskSource):
             turn_steps_inline=True, optimistic_first_step=optimistic_first_step, spreads_handoffs=True
         )
         self.visibility = timedelta(seconds=visibility_timeout_s)
+        #: The task rows `execute` deleted in the transaction that settled them, once it
+        #: committed: `done` has nothing left to delete for them.
+        self._deleted: set[int] = set()
         self.poll_interval_s = poll_interval_s
         self.queues = ["db"]
         self._notifications: db_notify.TaskNotifications | None = None
@@ -325,16 +329,23 @@ class DatabaseTaskSource(TaskSource):
 
         def delete_task() -> None:
             task_rows.delete_claimed(task.handle, runner.worker_id)
-            transaction.on_commit(lambda: setattr(task, "done_in_engine", True))
+            transaction.on_commit(partial(self._deleted.add, task.handle))
 
         return runner.run_task(task, in_settling_transaction=delete_task)
 
     def done(self, worker_id: str, task: ClaimedTask) -> None:
-        if not task.done_in_engine:
+        if task.handle in self._deleted:
+            self._deleted.discard(task.handle)
+        else:
             task_rows.delete_claimed(task.handle, worker_id)
+
+    def failed(self, worker_id: str, task: ClaimedTask, exc: BaseException) -> None:
+        """As by default (the task stays leased), forgetting a deletion its run committed."""
+        self._deleted.discard(task.handle)
 
     def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
         for task in tasks:
+            self._deleted.discard(task.handle)
             give_up(task.handle, worker_id)
 
     def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
