@@ -259,15 +259,6 @@ def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool
 
     source.execute = execute_tagged  # type: ignore[method-assign]
     runtime = WorkerRuntime(engine, source, FixedConcurrency(concurrency), grace_s=5)
-    run_task = runtime.run_task
-
-    def run_task_tagged(task: Any, **kwargs: Any) -> bool:
-        if not task.inline:
-            return run_task(task, **kwargs)
-        with COUNTER.tagged("step"):  # handed over in-thread by a result (`inline_handoff`)
-            return run_task(task, **kwargs)
-
-    runtime.run_task = run_task_tagged  # type: ignore[method-assign]
     runtime.heartbeat.beat = COUNTER.wrap("heartbeat", runtime.heartbeat.beat)  # type: ignore[method-assign]
     # A step handed to the thread that dispatched it (`engine/inline_handoff.py`) runs past the source.
     runtime._run_inline = COUNTER.wrap("step", runtime._run_inline)  # type: ignore[method-assign]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.db import transaction
@@ -54,7 +54,7 @@ class HandedStep:
     attempt: int
     #: The checkpoint as dispatched, when the attempt was started in the dispatching
     #: transaction (no slot to adopt): the thread runs it without reading it back.
-    dispatched: StepCheckpoint | None = None
+    dispatched: StepCheckpoint | None = field(default=None, repr=False)
 
 
 class _Sink:

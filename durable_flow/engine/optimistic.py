@@ -18,7 +18,7 @@ first delivery: RQ has not stamped its `started_at`); on the `db` transport, on 
 turn task's first claim: `Task.deliveries` is 1), its task row deleted in the transaction that
 records the step. What it costs:
 - While the step runs, the run's rows do not say so: the run reads `pending` with no
-  checkpoint; only the worker's heartbeat lists it (`ClaimedTask.running_step`), and the run's
+  checkpoint; only the worker's heartbeat lists it (told through `on_step`), and the run's
   pages and the poller read it there (`queries.running_steps`: "Executing now", and no turn
   sent again for a pending run whose first step a live worker runs).
 - A crash mid-step leaves no attempt behind. The turn's job (task row) is still the

@@ -76,7 +76,12 @@ class WorkerRuntime(EngineRunner):
         self.heartbeat = Heartbeat(self.worker_id, source.transport, source.queues, self.stats, controller)
         self._stop = threading.Event()
         self._changed = threading.Condition()
-        self._running: dict[int, ClaimedTask] = {}
+        #: What this process runs: tasks claimed from the source, and steps the engine handed
+        #: to a thread (`inline_handoff.HandedStep`: no transport holds them).
+        self._running: dict[int, ClaimedTask | inline_handoff.HandedStep] = {}
+        #: The step a turn runs before writing anything (`engine/optimistic.py`), by the turn's
+        #: task, while it runs: listed as running in the heartbeat, the one place that shows it.
+        self._optimistic_steps: dict[int, str] = {}
         self._running_lock = threading.Lock()
         self._handed_back: set[int] = set()
         #: Tasks handed back at shutdown whose threads were left running.
@@ -202,7 +207,7 @@ class WorkerRuntime(EngineRunner):
                 self._handed_back.add(id(task))
         # A step handed over in-process has no transport task to give back: it is stamped with
         # this worker, whose stopped heartbeat has the poller re-drive it.
-        leftover = [task for task in unfinished if not task.inline]
+        leftover = [task for task in unfinished if isinstance(task, ClaimedTask)]
         if leftover:
             logger.warning("handing back %d unfinished task(s)", len(leftover))
             self.source.hand_back(self.worker_id, leftover)
@@ -221,11 +226,11 @@ class WorkerRuntime(EngineRunner):
                 status = self.engine.run_first_turn(
                     run_id,
                     self.worker_id,
-                    on_step=partial(setattr, task, "optimistic_step"),
+                    on_step=partial(self._optimistic_steps.__setitem__, id(task)),
                     in_settling_transaction=in_settling_transaction,
                 )
             finally:
-                task.optimistic_step = ""
+                self._optimistic_steps.pop(id(task), None)
             if status is not None:
                 return status
         with inline_handoff.accepting(self.worker_id, turns=True) as taken:
@@ -290,77 +295,73 @@ class WorkerRuntime(EngineRunner):
                 return True
             return False
 
-    def _run_inline(self, task: ClaimedTask) -> bool:
-        """A step handed to this thread (no transport task); True unless it failed."""
-        task.outcome = self._run_step(task.run_id, task.step_key, task.attempt, dispatched=task.dispatched)
-        return task.outcome != "failed"
+    def _run_inline(self, step: inline_handoff.HandedStep) -> bool:
+        """A step the engine handed to this thread (no transport task); True unless it failed."""
+        outcome = self._run_step(step.run_id, step.step_key, step.attempt, dispatched=step.dispatched)
+        return outcome != "failed"
 
     def _execute(self, task: ClaimedTask) -> None:
-        """Run a claimed task, then each step handed to this thread in turn."""
-        current: ClaimedTask | None = task
+        """Run a claimed task, then each step the engine handed to this thread in turn."""
+        current: ClaimedTask | inline_handoff.HandedStep | None = task
         while current is not None:
             self._execute_one(current)
             current = self._take_handed()
 
-    def _take_handed(self) -> ClaimedTask | None:
+    def _take_handed(self) -> inline_handoff.HandedStep | None:
         steps: list[inline_handoff.HandedStep] = getattr(self._handed, "steps", None) or []
         self._handed.steps = None
         if not steps:
             return None
         step = steps[0]
-        task = ClaimedTask(
-            kind="step",
-            run_id=step.run_id,
-            step_key=step.step_key,
-            attempt=step.attempt,
-            inline=True,
-            dispatched=step.dispatched,
-        )
         self.stats.started()
         with self._running_lock:
-            self._running[id(task)] = task
-        return task
+            self._running[id(step)] = step
+        return step
 
-    def _execute_one(self, task: ClaimedTask) -> None:
+    def _execute_one(self, task: ClaimedTask | inline_handoff.HandedStep) -> None:
         started = time.monotonic()
         ok = False
+        inline = isinstance(task, inline_handoff.HandedStep)
         self._handed.steps = None
-        self._handed.task = task  # what `run_turn` is running (its delivery)
+        self._handed.task = None if inline else task  # what `run_turn` is running (its delivery)
         try:
             self._tidy_connection()
-            ok = self._run_inline(task) if task.inline else self.source.execute(self, task)
+            if isinstance(task, inline_handoff.HandedStep):
+                ok = self._run_inline(task)
+            else:
+                ok = self.source.execute(self, task)
         except BaseException as exc:  # anything: the pool keeps it on a future nobody reads
             self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides
             # (`failed`); by default the task stays leased and is re-claimed when its lease
             # lapses. Either way the step's result is idempotent.
             logger.exception("task %s failed in the engine", task)
-            if task.inline:
+            if isinstance(task, inline_handoff.HandedStep):
                 self._resend_handed(task)
             elif id(task) not in self._handed_back:
                 self._report(self.source.failed, task, exc)
         else:
-            if id(task) not in self._handed_back and not task.inline:
+            if id(task) not in self._handed_back and not inline:
                 self._report(self.source.done, task)
         finally:
             with self._running_lock:
                 self._running.pop(id(task), None)
             latency_ms = (time.monotonic() - started) * 1000
             self.stats.finished(latency_ms)
-            self.controller.record(latency_ms, ok, task.kind)
+            self.controller.record(latency_ms, ok, "step" if inline else task.kind)
             with self._changed:
                 self._changed.notify_all()
 
-    def _resend_handed(self, task: ClaimedTask) -> None:
+    def _resend_handed(self, step: inline_handoff.HandedStep) -> None:
         """A handed step the engine failed on (a deadlock, a dropped connection) has no transport
         task to be retried from, and its worker is alive, so the dead-worker pass never re-drives
         it: send it through the transport now, as a new attempt that keeps its slot (a result
         already recorded makes this a no-op). If that fails too (the database is down), the
         `REDISPATCH_AFTER_S` check is left to re-drive it."""
         try:
-            self.engine.redispatch_pending(task.run_id, keys=[task.step_key])
+            self.engine.redispatch_pending(step.run_id, keys=[step.step_key])
         except Exception:
-            logger.exception("could not re-send handed step %s through the transport", task)
+            logger.exception("could not re-send handed step %s through the transport", step)
 
     def _tidy_connection(self) -> None:
         """`close_old_connections()` at most every `TIDY_EVERY_S` per thread (see there)."""
@@ -383,8 +384,10 @@ class WorkerRuntime(EngineRunner):
         with self._running_lock:
             running = list(self._running.values())
         try:
-            self.source.renew(self.worker_id, [task for task in running if not task.inline])
-            self.heartbeat.beat(running=[step for task in running if (step := task.running_step)], seen_at=seen_at)
+            self.source.renew(self.worker_id, [task for task in running if isinstance(task, ClaimedTask)])
+            self.heartbeat.beat(
+                running=[step for task in running if (step := self._running_step(task))], seen_at=seen_at
+            )
             if self.source.capabilities.spreads_handoffs:
                 cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
                 idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)
@@ -397,6 +400,15 @@ class WorkerRuntime(EngineRunner):
             logger.exception("heartbeat failed")
         else:
             self._beat_outage.recovered()
+
+    def _running_step(self, task: ClaimedTask | inline_handoff.HandedStep) -> str:
+        """`run_id/key/attempt` of the step a running task executes, or "" (a turn that runs
+        none: a turn's optimistic first step is listed while it runs)."""
+        if isinstance(task, inline_handoff.HandedStep) or task.kind == "step":
+            return f"{task.run_id}/{task.step_key}/{task.attempt}"
+        if step_key := self._optimistic_steps.get(id(task), ""):
+            return f"{task.run_id}/{step_key}/1"
+        return ""
 
     def _tick(self) -> None:
         adjustment = self.controller.tick(int(time.time() * 1000), self.heartbeat.sample())

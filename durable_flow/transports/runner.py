@@ -36,27 +36,10 @@ class ClaimedTask:
     handle: Any = field(default=None, repr=False)
     #: What the engine said: `completed`, `failed`, `skipped`, ... (set by the runner).
     outcome: str = ""
-    #: Handed to this worker's thread by the engine (`engine/inline_handoff.py`), not claimed
-    #: from the source: no transport holds it, so it is never done, renewed or handed back there.
-    inline: bool = False
-    #: For an inline step started by the transaction that dispatched it: its checkpoint, so the
-    #: worker runs it without a start statement (`Engine.execute_step(dispatched=...)`).
-    dispatched: Any = field(default=None, repr=False)
-    #: A turn the source knows it never handed out before (not re-queued from a dead or stopping
-    #: worker, not retried): it may be taken optimistically (`engine/optimistic.py`).
+    #: The source knows it never handed this turn out before (not re-queued from a dead or
+    #: stopping worker, not retried): a fact about the delivery, for the worker to use as its
+    #: source's capabilities allow (`SourceCapabilities.optimistic_first_step`). Never on a step.
     first_delivery: bool = False
-    #: The key of the step a turn runs before writing anything (`engine/optimistic.py`), while it
-    #: runs: listed as running in the worker's heartbeat, the one place that shows it then.
-    optimistic_step: str = ""
-
-    @property
-    def running_step(self) -> str:
-        """`run_id/key/attempt` of the step this task is executing, or "" (a turn)."""
-        if self.kind == "step":
-            return f"{self.run_id}/{self.step_key}/{self.attempt}"
-        if self.optimistic_step:
-            return f"{self.run_id}/{self.optimistic_step}/1"
-        return ""
 
 
 class TaskRunner(ABC):
