@@ -16,7 +16,9 @@ module transports know of the worker). A source may implement optional hooks: `o
 `close(worker_id)` around the loop (RQ registers its worker record), `execute(runner, task) ->
 bool` to run a task its own way (RQ goes through `Job.perform`), and `failed(worker_id, task,
 exc)` when the engine could not record an outcome (RQ retries or parks the job; without the
-hook the task is left to its lease).
+hook the task is left to its lease). Which of the engine's fast paths the runtime takes is the
+source's declared `capabilities`; a step the engine hands this process's thread
+(`inline_handoff.HandedStep`) is run here next and never reaches the source.
 """
 
 from __future__ import annotations
