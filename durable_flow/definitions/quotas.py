@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asgiref.sync import async_to_sync
 
@@ -34,9 +34,6 @@ from durable_flow.config.validation import MAX_COUNT, number_problem, storable_t
 from durable_flow.definitions.cel import compile_cel, evaluate_cel
 from durable_flow.definitions.serialization import error_info
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput, InvalidQuota, RegistrationError
-
-if TYPE_CHECKING:
-    from durable_flow.models import StepCheckpoint, WorkflowRun
 
 # Literal status names rather than `RunStatus`: `@workflow` parses quotas at import time, before
 # Django's app registry is ready, so this module must not import the models at the top.
@@ -215,32 +212,6 @@ def plan(
     return QuotaCheck(key=key, limit=spec.resolve_limit(key), count_statuses=spec.count_statuses, workflow=workflow)
 
 
-def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck | None:
-    """The check a retry of `run` passes before the run is active again, or None when the run
-    started unlimited: the key it started under (`concurrency_key`), with the workflow's limit
-    for that key now and its counted statuses, or, when a per-start quota gave the key, the limit
-    that start stored. A retried run takes a slot as a start does; it never takes one it was not
-    started with."""
-    key = run.concurrency_key
-    if not key:
-        return None
-    if workflow_quota is not None:
-        try:
-            own = workflow_quota.resolve_key(run.input) == key
-        except InvalidQuota:
-            own = False
-        if own:
-            return QuotaCheck(
-                key=key,
-                limit=workflow_quota.resolve_limit(key),
-                count_statuses=workflow_quota.count_statuses,
-                workflow=run.workflow,
-            )
-    if run.concurrency_limit is None:  # a row from before limits were stored: none to check against
-        return None
-    return QuotaCheck(key=key, limit=run.concurrency_limit, count_statuses=ACTIVE_STATUSES, workflow=run.workflow)
-
-
 def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
     """The run's quota columns: its key and the `concurrency:<key>` tag."""
     if check is None:
@@ -256,16 +227,3 @@ def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
         "error": error_info(exc),
         "quota": {"key": exc.key, "limit": exc.limit, "active": exc.active, "workflow": exc.workflow},
     }
-
-
-def is_refusal(cp: StepCheckpoint) -> bool:
-    """Whether a child checkpoint records a refused start (no child run was created)."""
-    error = cp.error if isinstance(cp.error, dict) else {}
-    return cp.status == "failed" and error.get("status") == REFUSED
-
-
-def raise_if_refused(cp: StepCheckpoint) -> None:
-    """Inside the parent's `ctx.child`: re-raise a recorded refusal as `ConcurrencyLimitError`."""
-    if is_refusal(cp):
-        quota = cp.error["quota"]
-        raise ConcurrencyLimitError(quota["key"], quota["limit"], quota["active"], quota["workflow"])

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from asgiref.sync import async_to_sync
 
@@ -21,9 +21,6 @@ from durable_flow.definitions.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.definitions.start_control import StartControl, parse_start_control
 from durable_flow.definitions.step_concurrency import ConcurrencySpec, parse_concurrency
 from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
-
-if TYPE_CHECKING:
-    from durable_flow.engine.start_gate import StartGate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -95,9 +92,10 @@ class StartChecks(Protocol):
         """The debounce or singleton a run of `input` started under (a retry checks it again)."""
         ...
 
-    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, StartGate | None]:
-        """The start quota (its key resolved) and the gate a new run `run_id` of `input`
-        passes (a re-run passes them as `start` would)."""
+    def checks(self, input: Any, run_id: str) -> tuple[QuotaSpec | None, Any]:
+        """The start quota (its key resolved) and the gate (a `durable_flow.engine.start_gate.
+        StartGate`, or None) a new run `run_id` of `input` passes (a re-run passes them as
+        `start` would). The gate is typed `Any` here: it is the engine's, a layer above."""
         ...
 
 

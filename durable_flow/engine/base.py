@@ -29,6 +29,15 @@ class TaskQueue(Protocol):
         """Queue attempt `attempt` of the run's step `step_key`."""
 
 
+class TransportPort(TaskQueue, Protocol):
+    """The transport as the engine holds it: what it queues, and `bind`, which hands it the
+    engine once (`transports.base.Transport` implements it; the engine imports nothing of the
+    transports, which sit above it)."""
+
+    def bind(self, engine: Any) -> None:
+        """Remember the engine this transport serves."""
+
+
 def settle(
     cp: Any, status: str, at: datetime, output: Any = None, error: Any = None, fields: Iterable[str] = ()
 ) -> None:

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from durable_flow.config.limits import FAIRNESS_KEY_LENGTH, QUEUE_NAME_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.config.validation import MAX_COUNT, MAX_DURATION, duration_problem, number_problem, storable_text
-from durable_flow.definitions import quotas
 from durable_flow.definitions.registry import (
     MAX_RETRIES,
     StepDefinition,
@@ -37,6 +36,7 @@ from durable_flow.models import (
     StepStatus,
     WorkflowRun,
 )
+from durable_flow.store import quotas as quota_store
 
 __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
 
@@ -361,7 +361,7 @@ class WorkflowContext:
         if cp.status == StepStatus.COMPLETED:
             return cp.output
         if cp.status in (StepStatus.FAILED, StepStatus.CANCELLED):
-            quotas.raise_if_refused(cp)
+            quota_store.raise_if_refused(cp)
             error = cp.error or {}
             raise ChildFailed(cp.child_run_id, str(error.get("status", cp.status)), error.get("error"))
         return PENDING

@@ -21,6 +21,7 @@ from durable_flow.admission.base import AdmissionBackend
 from durable_flow.config.queues import QueueConfig
 from durable_flow.config.settings import DurableFlowSettings, build_backend, get_settings
 from durable_flow.engine.admit import Admitter
+from durable_flow.engine.base import TransportPort
 from durable_flow.engine.calls import TurnCalls
 from durable_flow.engine.dispatch import Dispatcher
 from durable_flow.engine.handoff import Grants, GrantTimer
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from durable_flow.definitions.quotas import QuotaSpec
     from durable_flow.definitions.registry import WorkflowDefinition
     from durable_flow.engine.start_gate import StartGate
-    from durable_flow.transports.base import Transport
 
 
 class Engine:
@@ -61,7 +61,7 @@ class Engine:
     def __init__(
         self,
         admission: AdmissionBackend,
-        transport: Transport,
+        transport: TransportPort,
         settings: DurableFlowSettings | None = None,
         clock: Callable[[], datetime] = timezone.now,
         sleep: Callable[[float], None] = time.sleep,

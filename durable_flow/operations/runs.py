@@ -17,7 +17,6 @@ from django.db.models import Max
 from durable_flow.config.limits import QUEUE_NAME_LENGTH
 from durable_flow.config.queues import QueueConfig, RateLimit, Throttle, queue_from_dict, resized_windows
 from durable_flow.config.validation import storable_text
-from durable_flow.definitions import quotas
 from durable_flow.definitions.registry import get_step, get_workflow
 from durable_flow.engine import get_engine, one, retry_on_conflict, start_gate
 from durable_flow.exceptions import (
@@ -107,7 +106,7 @@ def _reset(run_id: str, *, top_level: bool, plans: Mapping[str, QuotaCheck | Non
             cp.status, cp.holds_slot, cp.wake_at, cp.finished_at = StepStatus.WAITING, False, None, None
             cp.max_attempts = cp.attempt + attempt_budget(cp.name)
             cp.save(update_fields=["status", "holds_slot", "wake_at", "finished_at", "max_attempts"])
-        elif cp.kind == StepKind.CHILD and quotas.is_refusal(cp):
+        elif cp.kind == StepKind.CHILD and quota_store.is_refusal(cp):
             # No child was created. A refusal that ended the run (its last call) is asked again:
             # the replay starts the child if there is room now, or is refused as the first time.
             # One the workflow caught and went on from stays in its history.
@@ -142,7 +141,7 @@ def _quota_plans(run_id: str) -> dict[str, QuotaCheck | None]:
         definition = get_workflow(run.workflow)
     except WorkflowNotFound:
         return {}
-    return {run.pk: quotas.retry_plan(run, definition.quota)}
+    return {run.pk: quota_store.retry_plan(run, definition.quota)}
 
 
 def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mapping[str, QuotaCheck | None]) -> None:
@@ -156,7 +155,7 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
             f"run {run.pk!r}: run {other!r} of its singleton key {run.start_key!r} is in progress; "
             f"retry it once that run has finished"
         )
-    check = plans[run.pk] if run.pk in plans else quotas.retry_plan(run, definition.quota)
+    check = plans[run.pk] if run.pk in plans else quota_store.retry_plan(run, definition.quota)
     if check is not None:
         quota_store.enforce(check, excluding=run.pk)
 

@@ -13,9 +13,9 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from durable_flow.definitions.quotas import ACTIVE_STATUSES, QuotaCheck
-from durable_flow.exceptions import ConcurrencyLimitError
-from durable_flow.models import QuotaRefusal, WorkflowRun
+from durable_flow.definitions.quotas import ACTIVE_STATUSES, REFUSED, QuotaCheck, QuotaSpec
+from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
+from durable_flow.models import QuotaRefusal, StepCheckpoint, WorkflowRun
 
 
 def lock_key(key: str) -> None:
@@ -57,3 +57,42 @@ def enforce(check: QuotaCheck, *, excluding: str | None = None) -> None:
     active = count_active(check.key, check.count_statuses, excluding=excluding)
     if active >= check.limit:
         raise ConcurrencyLimitError(check.key, check.limit, active, check.workflow)
+
+
+def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck | None:
+    """The check a retry of `run` passes before the run is active again, or None when the run
+    started unlimited: the key it started under (`concurrency_key`), with the workflow's limit
+    for that key now and its counted statuses, or, when a per-start quota gave the key, the limit
+    that start stored. A retried run takes a slot as a start does; it never takes one it was not
+    started with."""
+    key = run.concurrency_key
+    if not key:
+        return None
+    if workflow_quota is not None:
+        try:
+            own = workflow_quota.resolve_key(run.input) == key
+        except InvalidQuota:
+            own = False
+        if own:
+            return QuotaCheck(
+                key=key,
+                limit=workflow_quota.resolve_limit(key),
+                count_statuses=workflow_quota.count_statuses,
+                workflow=run.workflow,
+            )
+    if run.concurrency_limit is None:  # a row from before limits were stored: none to check against
+        return None
+    return QuotaCheck(key=key, limit=run.concurrency_limit, count_statuses=ACTIVE_STATUSES, workflow=run.workflow)
+
+
+def is_refusal(cp: StepCheckpoint) -> bool:
+    """Whether a child checkpoint records a refused start (no child run was created)."""
+    error = cp.error if isinstance(cp.error, dict) else {}
+    return cp.status == "failed" and error.get("status") == REFUSED
+
+
+def raise_if_refused(cp: StepCheckpoint) -> None:
+    """Inside the parent's `ctx.child`: re-raise a recorded refusal as `ConcurrencyLimitError`."""
+    if is_refusal(cp):
+        quota = cp.error["quota"]
+        raise ConcurrencyLimitError(quota["key"], quota["limit"], quota["active"], quota["workflow"])
