@@ -295,7 +295,7 @@ class DurableFlowBackend(BaseTaskBackend):
         return self._result(run)
 
     def check(self, **kwargs: Any) -> Iterable[CheckMessage]:
-        """`durable_flow.contrib.tasks.E001`: the `durable_flow` app is not installed, so nothing runs
+        """`durable_flow.tasks.E001`: the `durable_flow` app is not installed, so nothing runs
         the enqueued runs (no models, no workflows, no worker command). Run by the framework's
         own check (`manage.py check`, with `django_tasks` installed on Django 5.2)."""
         from django.apps import apps
@@ -306,7 +306,7 @@ class DurableFlowBackend(BaseTaskBackend):
             yield checks.Error(
                 f"TASKS[{self.alias!r}] uses DurableFlowBackend but 'durable_flow' is not in INSTALLED_APPS.",
                 hint="Add 'durable_flow' to INSTALLED_APPS: tasks run as its workflows, on its workers.",
-                id="durable_flow.contrib.tasks.E001",
+                id="durable_flow.tasks.E001",
             )
 
     def call_declared_task(self, payload: Mapping[str, Any], func: Callable[..., Any]) -> Any:

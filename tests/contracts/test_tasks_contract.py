@@ -290,5 +290,5 @@ def test_check_finds_nothing_wrong_in_this_project() -> None:
 def test_check_is_an_error_when_durable_flow_is_not_installed() -> None:
     with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
         errors = list(default_task_backend.check())
-    assert [error.id for error in errors] == ["durable_flow.contrib.tasks.E001"]
+    assert [error.id for error in errors] == ["durable_flow.tasks.E001"]
     assert "durable_flow" in (errors[0].hint or "")

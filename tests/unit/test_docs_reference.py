@@ -115,7 +115,7 @@ def test_the_walk_finds_the_backends_options() -> None:
 
 
 #: A check id written out in full: `durable_flow.E001`, `durable_flow_dashboard.W002`,
-#: `durable_flow.contrib.tasks.E001`.
+#: `durable_flow.tasks.E001`.
 FULL_CHECK_ID = re.compile(r"\bdurable_flow(?:_dashboard|\.contrib\.tasks)?\.[EWIC]\d{3}\b")
 #: A module that builds its ids from a prefix and a bare code: `id=f"durable_flow.{check_id}"`.
 CHECK_ID_PREFIX = re.compile(r"""\bid=f["'](durable_flow\w*)\.\{\w+\}["']""")
@@ -140,7 +140,7 @@ def test_the_check_ids_are_found() -> None:
         "durable_flow.E004",
         "durable_flow.W002",
         "durable_flow_dashboard.E005",
-        "durable_flow.contrib.tasks.E001",
+        "durable_flow.tasks.E001",
     } <= check_ids()
 
 
