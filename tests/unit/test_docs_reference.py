@@ -116,7 +116,7 @@ def test_the_walk_finds_the_backends_options() -> None:
 
 #: A check id written out in full: `durable_flow.E001`, `durable_flow_dashboard.W002`,
 #: `durable_flow.tasks.E001`.
-FULL_CHECK_ID = re.compile(r"\bdurable_flow(?:_dashboard|\.contrib\.tasks)?\.[EWIC]\d{3}\b")
+FULL_CHECK_ID = re.compile(r"\bdurable_flow(?:_dashboard|\.tasks)?\.[EWIC]\d{3}\b")
 #: A module that builds its ids from a prefix and a bare code: `id=f"durable_flow.{check_id}"`.
 CHECK_ID_PREFIX = re.compile(r"""\bid=f["'](durable_flow\w*)\.\{\w+\}["']""")
 BARE_CHECK_ID = re.compile(r"""["']([EWIC]\d{3})["']""")
