@@ -20,6 +20,7 @@ from durable_flow.admission.base import AdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import DurableFlowSettings, get_settings, reset_settings
 from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.models import Task
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
 from tests.support.engine_pairs import DB_DB, ENGINE_PAIRS, db_engine
@@ -185,15 +186,18 @@ def local_engine(clock: MovableClock, transport: Any, settings: DurableFlowSetti
 
 
 @pytest.fixture(params=ENGINE_PAIRS)
-def engine(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Engine:
+def engine(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Iterator[Engine]:
     """The engine a test runs on, once per pair: `inline-local` (the inline transport runs
     turns and steps in this process on commit; local admission) and `db-db` (the embedded
     default: `db` admission and transport, its tasks run by a real burst worker in this process
     on commit, `tests.support.engine_pairs`). A test about the inline pair only is marked
     `@pytest.mark.inline_only("why")`."""
-    if request.param == DB_DB:
-        return db_engine(clock)
-    return local_engine(clock, InlineTransport())
+    if request.param != DB_DB:
+        yield local_engine(clock, InlineTransport())
+        return
+    yield db_engine(clock)
+    # The burst workers ran every task the test's work sent: none is left behind.
+    assert not Task.objects.exists(), "db-db: tasks left unrun"
 
 
 @pytest.fixture

@@ -33,6 +33,10 @@ INLINE_LOCAL = "inline-local"
 DB_DB = "db-db"
 ENGINE_PAIRS = (INLINE_LOCAL, DB_DB)
 
+#: The id of the burst workers (a real worker's is random: `new_worker_id`); one id, so a test
+#: can name the worker its steps ran on (`worker_of`).
+WORKER_ID = "db-db-worker"
+
 #: Bursts one settle may run before it gives up (a task no burst takes would loop forever).
 MAX_BURSTS = 20
 
@@ -75,8 +79,10 @@ class SettlingDatabaseTransport(DatabaseTransport):
             if not self._settling.acquire(blocking=False):
                 return
             try:
-                source = self.source()
-                WorkerRuntime(engine, source, build_controller(1), idle_wait_s=0.01).run(burst=True)
+                runtime = WorkerRuntime(
+                    engine, self.source(), build_controller(1), worker_id=WORKER_ID, idle_wait_s=0.01
+                )
+                runtime.run(burst=True)
                 self.bursts += 1
             finally:
                 # The worker starts the grant timer, which reads the system clock: the test's
@@ -98,3 +104,8 @@ def db_engine(clock: MovableClock) -> Engine:
     )
     set_engine(engine)
     return engine
+
+
+def worker_of(engine: Engine) -> str:
+    """The worker id the engine's steps are recorded with: `inline`'s, or the burst worker's."""
+    return WORKER_ID if isinstance(engine.transport, SettlingDatabaseTransport) else "inline"
