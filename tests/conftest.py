@@ -20,8 +20,10 @@ from durable_flow.admission.base import AdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import DurableFlowSettings, get_settings, reset_settings
 from durable_flow.engine import Engine, build_backend, set_engine
+from durable_flow.models import Task
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
+from tests.support.engine_pairs import DB_DB, ENGINE_PAIRS, db_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,11 +91,20 @@ POSTGRESQL_PASS = (
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`);
+    leave out the `db-db` case of a test marked `inline_only` (it is about the inline pair)."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         if item.nodeid.startswith(POSTGRESQL_PASS):
             item.add_marker(pytest.mark.postgresql)
+        callspec = getattr(item, "callspec", None)
+        on_db = callspec is not None and callspec.params.get("engine") == DB_DB
+        (dropped if on_db and item.get_closest_marker("inline_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def use_redis_admission(settings: Any) -> AdmissionBackend:
@@ -174,10 +185,19 @@ def local_engine(clock: MovableClock, transport: Any, settings: DurableFlowSetti
     return engine
 
 
-@pytest.fixture
-def engine(clock: MovableClock, transactional_db: None) -> Engine:
-    """An inline engine (steps run in this process on commit) with local admission."""
-    return local_engine(clock, InlineTransport())
+@pytest.fixture(params=ENGINE_PAIRS)
+def engine(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Iterator[Engine]:
+    """The engine a test runs on, once per pair: `inline-local` (the inline transport runs
+    turns and steps in this process on commit; local admission) and `db-db` (the embedded
+    default: `db` admission and transport, its tasks run by a real burst worker in this process
+    on commit, `tests.support.engine_pairs`). A test about the inline pair only is marked
+    `@pytest.mark.inline_only("why")`."""
+    if request.param != DB_DB:
+        yield local_engine(clock, InlineTransport())
+        return
+    yield db_engine(clock)
+    # The burst workers ran every task the test's work sent: none is left behind.
+    assert not Task.objects.exists(), "db-db: tasks left unrun"
 
 
 @pytest.fixture

@@ -151,6 +151,7 @@ def test_an_optimistic_probe_leaves_a_workflows_system_exit_to_the_locked_path(
     assert run.status == RunStatus.FAILED and run.error["type"] == "builtins.SystemExit"
 
 
+@pytest.mark.inline_only("the step runs on the caller's main thread: only the inline transport does that")
 def test_a_real_ctrl_c_on_the_main_thread_still_stops_the_program(engine: Engine) -> None:
     """With Python's own SIGINT handler a `KeyboardInterrupt` on the main thread is how Ctrl-C
     arrives: it is not the step's failure, and it carries on up to the caller."""
@@ -162,6 +163,7 @@ def test_a_real_ctrl_c_on_the_main_thread_still_stops_the_program(engine: Engine
     assert not StepAttempt.objects.filter(status=AttemptStatus.FAILED).exists()
 
 
+@pytest.mark.inline_only("the step runs on the caller's main thread: only the inline transport does that")
 def test_an_exception_a_signal_handler_raises_into_a_step_is_not_the_steps_failure(engine: Engine) -> None:
     """A program's handler that exits on a signal (a web server's on SIGQUIT) raises from its own
     frame, on the main thread, in the middle of whatever runs there: a stop, not a failure."""

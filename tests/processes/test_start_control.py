@@ -84,6 +84,12 @@ def _forget_begun() -> None:
     BEGUN.clear()
 
 
+def began_with(input: dict[str, Any]) -> bool:
+    """The debounced body ran, each time with `input` only. It is replay code: on `db-db` the
+    worker's optimistic first turn replays it before the locked turn that records its end."""
+    return bool(BEGUN) and all(begun == input for begun in BEGUN)
+
+
 def runs(name: str) -> list[WorkflowRun]:
     return list(WorkflowRun.objects.filter(workflow=name).order_by("created_at"))
 
@@ -106,7 +112,7 @@ def test_fifty_starts_in_two_seconds_make_one_run_with_the_last_input(engine: En
     assert poller.tick() == [run.pk]
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED and run.output == 49
-    assert BEGUN == [{"user": "ann", "n": 49}]
+    assert began_with({"user": "ann", "n": 49})
     assert start_outcomes()[("sc.debounced", "debounced")] == 49
 
 
@@ -453,7 +459,7 @@ def test_concurrent_debounced_starts_make_one_run(engine: Engine, clock: Movable
     clock.advance(seconds=5)
     TimerPoller(engine).tick()
     run.refresh_from_db()
-    assert run.status == RunStatus.COMPLETED and BEGUN == [run.input]
+    assert run.status == RunStatus.COMPLETED and began_with(run.input)
 
 
 def test_concurrent_singleton_skips_leave_one_run(engine: Engine) -> None:

@@ -171,11 +171,14 @@ def test_a_task_in_an_installed_apps_tasks_module_is_found_by_the_scan(
 ) -> None:
     assert "tests.taskapp.tasks" not in sys.modules
     settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "tests.taskapp"]
-    run = engine.start(TASK_WORKFLOW, task_payload("tests.taskapp.tasks.ping", 7))
-    assert (WorkflowRun.objects.get(pk=run.pk).status, WorkflowRun.objects.get(pk=run.pk).output) == (
-        RunStatus.COMPLETED,
-        "pong 7",
-    )
+    try:
+        run = engine.start(TASK_WORKFLOW, task_payload("tests.taskapp.tasks.ping", 7))
+        assert (WorkflowRun.objects.get(pk=run.pk).status, WorkflowRun.objects.get(pk=run.pk).output) == (
+            RunStatus.COMPLETED,
+            "pong 7",
+        )
+    finally:
+        sys.modules.pop("tests.taskapp.tasks", None)  # unscanned again for the next engine pair
 
 
 def test_a_task_of_another_backend_is_not_declared(engine: Engine, rescan: None) -> None:

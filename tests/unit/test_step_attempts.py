@@ -12,6 +12,7 @@ from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
 from tests import workflows
 from tests.conftest import MovableClock
+from tests.support.engine_pairs import worker_of
 
 
 def test_a_step_that_failed_twice_then_succeeded_keeps_all_three_attempts(engine: Engine, clock: MovableClock) -> None:
@@ -33,7 +34,7 @@ def test_a_step_that_failed_twice_then_succeeded_keeps_all_three_attempts(engine
     assert all("Traceback" in a.error["traceback"] for a in attempts[:2])
     assert attempts[2].error is None
     for a in attempts:
-        assert a.run_id == run.id and a.worker == "inline"
+        assert a.run_id == run.id and a.worker == worker_of(engine)
         assert a.dispatched_at is not None and a.dispatched_at <= a.started_at <= a.finished_at
     # Each failure's backoff ends where the next attempt may start (1 s, then 2 s).
     assert attempts[0].retry_at == attempts[0].finished_at + timedelta(seconds=1)
