@@ -56,23 +56,6 @@ if TYPE_CHECKING:
         update_queue,
     )
 
-#: The API functions, loaded from `durable_flow.operations.api` on first use.
-API = frozenset(
-    {
-        "cancel",
-        "get_run",
-        "pause_queue",
-        "redispatch_pending",
-        "register_queue",
-        "rerun",
-        "resume_queue",
-        "retry",
-        "send_signal",
-        "start",
-        "update_queue",
-    }
-)
-
 __all__ = [
     "ChildFailed",
     "ConcurrencyLimitError",
@@ -107,6 +90,11 @@ __all__ = [
     "update_queue",
     "workflow",
 ]
+
+
+#: The API functions: the names above not bound yet, loaded from `durable_flow.operations.api`
+#: on first use.
+API = frozenset(name for name in __all__ if name not in globals())
 
 
 def __getattr__(name: str) -> object:
