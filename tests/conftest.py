@@ -23,7 +23,7 @@ from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.models import Task
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
-from tests.support.engine_pairs import DB_DB, ENGINE_PAIRS, db_engine
+from tests.support.engine_pairs import DB_DB, ENGINE_PAIRS, INLINE_LOCAL, db_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,15 +92,19 @@ POSTGRESQL_PASS = (
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`);
+    """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`;
+    of an engine-pair test, its `db-db` case);
     leave out the `db-db` case of a test marked `inline_only` (it is about the inline pair)."""
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
-        if item.nodeid.startswith(POSTGRESQL_PASS):
-            item.add_marker(pytest.mark.postgresql)
         callspec = getattr(item, "callspec", None)
-        on_db = callspec is not None and callspec.params.get("engine") == DB_DB
+        pair = callspec.params.get("engine") if callspec is not None else None
+        # An engine-pair test's `db-db` case goes to the PostgreSQL pass (the embedded default,
+        # whose SQL is what differs between the databases); its `inline-local` case runs on SQLite.
+        if item.nodeid.startswith(POSTGRESQL_PASS) and pair != INLINE_LOCAL:
+            item.add_marker(pytest.mark.postgresql)
+        on_db = pair == DB_DB
         (dropped if on_db and item.get_closest_marker("inline_only") else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
