@@ -226,7 +226,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: a confirmation page; POST (CSRF-checked by the admin view): cancel."""
-
         run = self._run(request, object_id)
         if not self.has_cancel_permission(request):
             raise PermissionDenied
@@ -240,7 +239,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def rerun_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: start a new run with the same workflow and input."""
-
         original = self._run(request, object_id)
         if not self.has_start_permission(request):
             raise PermissionDenied
@@ -253,7 +251,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: resume a failed or cancelled run from where it stopped."""
-
         run = self._run(request, object_id)
         if not self.has_retry_permission(request):
             raise PermissionDenied
@@ -268,7 +265,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """A form to send a named signal with a JSON payload to the run."""
-
         run = self._run(request, object_id)
         if not self.has_signal_permission(request):
             raise PermissionDenied
@@ -288,7 +284,6 @@ class WorkflowRunAdmin(BulkByFilterMixin, UrlSafeAdmin):
 
     def start_view(self, request: HttpRequest) -> HttpResponse:
         """A form listing the registered workflows, with a JSON input field."""
-
         if not self.has_start_permission(request):
             raise PermissionDenied
         form = StartForm(request.POST or None)
@@ -345,7 +340,6 @@ class FlowQueueAdmin(UrlSafeAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Beside the queues: the busiest keys of each step-concurrency constraint."""
-
         return super().changelist_view(request, {**(extra_context or {}), "constraints": step_concurrency()})
 
     @admin.display(description="Waiting now")
@@ -401,7 +395,6 @@ class QuotaRefusalAdmin(UrlSafeAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QuotaRefusal]:
         """Each row's key's active runs and latest limit, in the list's one query (not two per row)."""
-
         return quotas.with_key_usage(super().get_queryset(request))
 
     @admin.display(description="Active now", ordering="active_runs")

@@ -50,7 +50,7 @@ class AdaptiveSpec:
     cpu_ceiling_pct: float | None = None
 
 
-def parse_concurrency(spec: object, setting: str = DEFAULT_SETTING) -> int | AdaptiveSpec:
+def parse_worker_concurrency(spec: object, setting: str = DEFAULT_SETTING) -> int | AdaptiveSpec:
     """A fixed thread count or an `AdaptiveSpec`; `ImproperlyConfigured` names the setting."""
     if spec == "adaptive" or (isinstance(spec, Mapping) and spec.get("mode") == "adaptive"):
         return _adaptive(spec if isinstance(spec, Mapping) else {}, setting)

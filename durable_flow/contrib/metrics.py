@@ -126,7 +126,6 @@ class DurableFlowCollector(Collector):
         """Step attempts per named queue and decision, ever: `admitted` (a direct admission or a
         grant to a waiter) and `parked` (joined the waiting line). The persisted `QueueCounter`
         rows, which every process adds to; 0 for a registered queue that saw nothing yet."""
-
         family = CounterMetricFamily(
             "durable_flow_admissions",
             "Step attempts through a named queue: decision=admitted (a direct admission or a grant to a "
@@ -142,7 +141,6 @@ class DurableFlowCollector(Collector):
     def _start_outcomes() -> Metric:
         """Starts debounce or singleton handled without a new run of their own (`debounced`,
         `skipped`) or by cancelling the key's run (`replaced`): the persisted `StartCounter` rows."""
-
         family = CounterMetricFamily(
             "durable_flow_start_outcomes",
             "Starts folded into a debounced run, skipped by a singleton, or replacing its run.",

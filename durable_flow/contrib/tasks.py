@@ -365,7 +365,6 @@ def _executing(run_id: str) -> tuple[str, datetime] | None:
     """The live worker whose heartbeat lists `run_id`'s step as executing, and that heartbeat's
     time (the step started no later), or None: an optimistic first step, before any row
     records it (`queries.running_steps`)."""
-
     cutoff = dead_worker_cutoff(get_settings().heartbeat_ttl_s, timezone.now())
     for worker, running, seen in queries.live_workers(cutoff).values_list("worker_id", "running", "last_seen"):
         if any(queries.parse_running(item)[0] == run_id for item in running):

@@ -174,7 +174,6 @@ def check_limit(limit: object, minimum: int = 0) -> int:
 
 def parse_workflow_quota(name: str, value: QuotaSpec | Mapping[str, Any] | None) -> QuotaSpec | None:
     """Parse `@workflow(..., quota=...)`; a bad quota is a `RegistrationError` naming the workflow."""
-
     if value is None:
         return None
     try:
@@ -221,7 +220,6 @@ def run_fields(check: QuotaCheck | None, tags: list[str]) -> dict[str, Any]:
 
 def refusal_error(exc: ConcurrencyLimitError) -> dict[str, Any]:
     """What a refused child's checkpoint records, so a replay raises the same error."""
-
     return {
         "status": REFUSED,
         "error": error_info(exc),

@@ -100,7 +100,6 @@ def retry_conflict(control: StartControl | None, run: WorkflowRun) -> str | None
     """Under the key's lock: the id of another run of `run`'s singleton key in progress, which a
     retry of `run` would make two of, or None. `control` is the one `run` started under (its
     workflow's, or its task's). Must run in the retry's transaction."""
-
     if not isinstance(control, SingletonSpec) or not run.start_key:
         return None
     gate = StartGate(control=control, key=run.start_key, workflow=run.workflow, label=run.workflow)

@@ -19,7 +19,6 @@ from durable_flow.definitions.registry import workflows
 def constraint_rows(admission: AdmissionBackend, environment: str, top: int = 10) -> list[dict[str, Any]]:
     """Per declared constraint: its scope, key expression(s), the workflows declaring it with
     their limits, and its `top` busiest keys (`key`, `resource`, `active`, `waiting`)."""
-
     rows: dict[str, dict[str, Any]] = {}
     for name, definition in sorted(workflows().items()):
         for spec in definition.concurrency:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 def _run_id(run_id: object) -> str:
     """A run id the database can look up; `InvalidInput` otherwise (never a bare DataError)."""
-
     return storable_text(run_id, "run_id", RUN_ID_LENGTH)
 
 
@@ -48,7 +47,6 @@ def start(
     `quota` (`{"key": "tenant:acme", "limit": 8}`) overrides the workflow's start quota for this
     start; over it, `ConcurrencyLimitError` is raised at once and nothing is created.
     """
-
     # Run id and tags are checked by the engine, which every start path goes through.
     return get_engine().start(startable_workflow(workflow), input, run_id=run_id, tags=tags, quota=quota)
 
@@ -56,13 +54,11 @@ def start(
 def cancel(run_id: str) -> WorkflowRun:
     """Cancel a run (and its children). Mid-step it goes to `cancelling`, then `cancelled`
     when the step's result lands; that late result is recorded and ignored."""
-
     return get_engine().cancel(_run_id(run_id))
 
 
 def get_run(run_id: str) -> WorkflowRun:
     """The run with that id, or `RunNotFound`."""
-
     try:
         return WorkflowRun.objects.get(pk=_run_id(run_id))
     except WorkflowRun.DoesNotExist:
@@ -71,7 +67,6 @@ def get_run(run_id: str) -> WorkflowRun:
 
 def send_signal(run_id: str, name: str, payload: Any = None) -> None:
     """Deliver signal `name` to a run; a signal sent before the run waits for it is kept."""
-
     get_engine().send_signal(_run_id(run_id), name, payload)
 
 
@@ -79,7 +74,6 @@ def retry(run_id: str) -> WorkflowRun:
     """Resume a failed or cancelled run from where it stopped: completed steps keep their
     results, failed or cancelled calls get a new attempt budget, and the run replays.
     `RetryRefused` for a run in another state or whose workflow version changed."""
-
     return runs.retry(_run_id(run_id))
 
 
@@ -87,7 +81,6 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
     """Start a new run of the same workflow with the same input; the new run keeps a link to
     the original (`rerun_of`). Idempotent on `new_run_id`, like `start`. A task run's re-run
     passes its task's quota, debounce and singleton, as `enqueue` does."""
-
     original = get_run(run_id)
     if new_run_id is not None:
         new_run_id = _run_id(new_run_id)
@@ -115,7 +108,6 @@ def rerun(run_id: str, *, new_run_id: str | None = None) -> WorkflowRun:
 
 def redispatch_pending(run_id: str) -> int:
     """Re-send a run's in-flight steps whose jobs were lost; returns how many."""
-
     return get_engine().redispatch_pending(_run_id(run_id))
 
 
@@ -131,7 +123,6 @@ def register_queue(
 ) -> QueueConfig:
     """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values.
     `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window."""
-
     config = QueueConfig.build(
         name=name,
         concurrency=concurrency,
@@ -147,20 +138,17 @@ def register_queue(
 def pause_queue(name: str) -> FlowQueue:
     """Pause a queue: every process stops admitting to it within one poll; running steps finish
     and waiting calls keep waiting. `QueueNotFound` for an unknown name."""
-
     return runs.pause_queue(name)
 
 
 def resume_queue(name: str) -> FlowQueue:
     """Resume a paused queue; its waiters are handed free slots within one poll."""
-
     return runs.resume_queue(name)
 
 
 def update_queue(name: str, **changes: Any) -> QueueConfig:
     """Resize a queue live: `concurrency=`, `rate_limit=` and/or `throttle=` (None removes one).
     Shrinking never revokes running steps; growing admits waiters at once."""
-
     unknown = sorted(set(changes) - {"concurrency", "rate_limit", "throttle"})
     if unknown:
         raise InvalidInput(

@@ -42,10 +42,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
-from typing import Any
 
-from durable_flow.config.concurrency import AdaptiveSpec, parse_concurrency
+from durable_flow.config.concurrency import AdaptiveSpec
 from durable_flow.runtime.concurrency import Adjustment, ResourceSample
 
 
@@ -101,14 +99,6 @@ class AdaptiveConcurrency:
         self._last_completion_ms: int | None = None
 
     # -- configuration -------------------------------------------------------------------------
-    @classmethod
-    def from_spec(cls, options: Mapping[str, Any], setting: str) -> AdaptiveConcurrency:
-        """Build from `"adaptive"` (options empty) or `{"mode": "adaptive", "min": ..., ...}`;
-        an invalid field raises `ImproperlyConfigured` naming the setting and the field."""
-        spec = parse_concurrency({"mode": "adaptive", **options}, setting)
-        assert isinstance(spec, AdaptiveSpec)
-        return cls.from_parsed(spec)
-
     @classmethod
     def from_parsed(cls, spec: AdaptiveSpec) -> AdaptiveConcurrency:
         """Build from a parsed `AdaptiveSpec` (`durable_flow.config.concurrency`)."""

@@ -9,14 +9,14 @@ both controllers so that `concurrency` and `adaptive` never import each other bo
 
 from __future__ import annotations
 
-from durable_flow.config.concurrency import DEFAULT_SETTING, parse_concurrency
+from durable_flow.config.concurrency import DEFAULT_SETTING, parse_worker_concurrency
 from durable_flow.runtime.adaptive import AdaptiveConcurrency
 from durable_flow.runtime.concurrency import ConcurrencyController, FixedConcurrency
 
 
 def build_controller(spec: object, setting: str = DEFAULT_SETTING) -> ConcurrencyController:
     """Parse a CONCURRENCY setting into its controller; `ImproperlyConfigured` names the setting."""
-    parsed = parse_concurrency(spec, setting)
+    parsed = parse_worker_concurrency(spec, setting)
     if isinstance(parsed, int):
         return FixedConcurrency(parsed)
     return AdaptiveConcurrency.from_parsed(parsed)

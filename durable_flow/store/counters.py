@@ -160,7 +160,6 @@ def stop_background_writes() -> None:
 
 def add_count(queue: str, column: Decision, count: int) -> None:
     """Add `count` to `queue`'s `column`: one UPDATE, plus an INSERT the first time."""
-
     _increment(QueueCounter, {"queue": queue}, column, count)
 
 
@@ -179,25 +178,21 @@ def count_start(workflow: str, outcome: str) -> None:
     `skipped`) or by cancelling the key's run (`replaced`), in the start's own transaction: it
     already holds the key's lock and is short, so the count commits (or rolls back) with what it
     counts, at no extra commit."""
-
     _increment(StartCounter, {"workflow": workflow, "outcome": outcome}, "starts", 1)
 
 
 def start_outcomes() -> dict[tuple[str, str], int]:
     """Every `(workflow, outcome)` start count so far."""
-
     return {(w, o): n for w, o, n in StartCounter.objects.values_list("workflow", "outcome", "starts")}
 
 
 def admissions() -> dict[str, int]:
     """Every queue's admissions so far."""
-
     return dict(QueueCounter.objects.values_list("queue", "admissions"))
 
 
 def decisions() -> dict[str, dict[str, int]]:
     """Every queue's counts so far: `{queue: {"admitted": n, "parked": m}}`."""
-
     return {
         queue: {"admitted": admitted, "parked": parked}
         for queue, admitted, parked in QueueCounter.objects.values_list("queue", "admissions", "parked")

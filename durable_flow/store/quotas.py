@@ -1,8 +1,9 @@
-"""Start quotas in the database: the key's transaction-scoped lock, the count of its active runs,
-the check a start or a retry passes inside its transaction, and refused starts counted per minute.
+"""Start quotas over the rows: the key's transaction-scoped lock, the count of its active runs,
+the check a start or a retry passes inside its transaction, refused starts counted per minute,
+and what a run's or a child checkpoint's quota columns say (a retry's check, a recorded refusal).
 
 The rules (`QuotaSpec`, `QuotaCheck`, what a refusal records) are declarations, in
-`durable_flow.definitions.quotas`; this module is what they cost in SQL.
+`durable_flow.definitions.quotas`; this module reads and writes them in the database.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ def lock_key(key: str) -> None:
 def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES, *, excluding: str | None = None) -> int:
     """Runs of `key` occupying a slot (but run `excluding`): one COUNT(*) on the
     (concurrency_key, status) index."""
-
     runs = WorkflowRun.objects.filter(concurrency_key=key, status__in=list(statuses))
     if excluding is not None:
         runs = runs.exclude(pk=excluding)
@@ -38,7 +38,6 @@ def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES, *, excludi
 def record_refusal(exc: ConcurrencyLimitError) -> None:
     """Count a refused start against its key's current minute (outside the refused start's
     transaction, which rolled back)."""
-
     minute = timezone.now().replace(second=0, microsecond=0)
     QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
     QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from durable_flow.config.concurrency import parse_concurrency
+from durable_flow.config.concurrency import parse_worker_concurrency
 from durable_flow.config.options import Configurable, Option
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Transport(Configurable, ABC):
     def check_concurrency(cls, spec: object) -> None:
         """`ImproperlyConfigured` unless `spec` is a CONCURRENCY the worker can run with. The
         form is `durable_flow.config.concurrency`'s; a transport only carries the value."""
-        parse_concurrency(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
+        parse_worker_concurrency(spec, setting=f'{cls.SETTING}["CONCURRENCY"]')
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Any:
