@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from durable_flow.admission.base import AdmissionRequest, Grant
 from durable_flow.definitions.step_concurrency import constraints_of
+from durable_flow.engine.wait_causes import Cause, admission_cause, paused_cause
 from durable_flow.models import StepCheckpoint, StepStatus
 from durable_flow.store.counters import count_parked
 from durable_flow.store.statements import insert
@@ -60,7 +61,7 @@ class Admitter:
             if self.admission.reoffer(cp.queue, [request]):
                 cp.holds_slot = True
                 return True
-            self._park(cp)
+            self._park(cp, paused_cause(cp.queue))
             return False
         decision = self.admission.try_admit(request)
         reopens = decision.retry_at_ms if decision.reason == "rate_limited" else None
@@ -68,17 +69,26 @@ class Admitter:
         if decision.admitted:
             cp.holds_slot = True
             return True
-        self._park(cp)
+        self._park(cp, admission_cause(decision, cp.queue, cp.run.workflow, cp.fairness_key))
         return False
 
-    def _park(self, cp: StepCheckpoint) -> None:
-        """Record the call as waiting for a grant (counted once per attempt that joins the line:
-        durable_flow_admissions_total{decision="parked"})."""
+    def _park(self, cp: StepCheckpoint, cause: Cause) -> None:
+        """Record the call as waiting for a grant, and why (`wait_causes`), in the statement
+        that parks it (counted once per attempt that joins the line:
+        durable_flow_admissions_total{decision="parked"}). A call already in line whose cause
+        changed (a cap that became a rate window) has it rewritten: one UPDATE, on the parked
+        path only."""
+        before = (cp.wait_cause, cp.wait_detail)
+        cp.wait_cause, detail = cause
+        cp.wait_detail = {"cause": cp.wait_cause, **detail}
         if cp.pk is None:
             insert(cp)
         elif cp.status != StepStatus.WAITING:
             cp.status = StepStatus.WAITING
-            cp.save(update_fields=["status"])
+            cp.save(update_fields=["status", "wait_cause", "wait_detail"])
         else:
-            return  # already in line (a re-offer that found no slot): counted when it joined
+            # Already in line (a re-offer that found no slot): counted when it joined.
+            if before != (cp.wait_cause, cp.wait_detail):
+                cp.save(update_fields=["wait_cause", "wait_detail"])
+            return
         count_parked(cp.queue)

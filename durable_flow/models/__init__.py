@@ -22,6 +22,7 @@ from durable_flow.models.admission import (
 from durable_flow.models.history import QueueSample, WorkerSample
 from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal
 from durable_flow.models.runs import (
+    ADMISSION_CAUSES,
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
     AttemptStatus,
@@ -32,6 +33,7 @@ from durable_flow.models.runs import (
     StepCheckpoint,
     StepKind,
     StepStatus,
+    WaitCause,
     WorkflowRun,
     new_run_id,
 )
@@ -40,6 +42,7 @@ from durable_flow.models.tasks import Task, TaskKind
 from durable_flow.models.workers import WorkerHeartbeat, dead_worker_cutoff
 
 __all__ = [
+    "ADMISSION_CAUSES",
     "SETTLED_STEP_STATUSES",
     "TERMINAL_RUN_STATUSES",
     "AdmissionHold",
@@ -68,6 +71,7 @@ __all__ = [
     "StepStatus",
     "Task",
     "TaskKind",
+    "WaitCause",
     "WorkerHeartbeat",
     "WorkerSample",
     "WorkflowRun",
