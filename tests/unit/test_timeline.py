@@ -98,7 +98,7 @@ def test_a_cancelled_run_draws_no_final_turn() -> None:
     assert turn_bars(run) == [(0, 1)]
 
 
-def test_an_operator_retry_shows_their_delay_then_the_next_attempts_queue_wait(
+def test_an_operator_retry_shows_their_delay_then_the_retrys_turn_and_numbers_attempts_per_round(
     manual: Engine, clock: MovableClock
 ) -> None:
     transport = transport_of(manual)
@@ -118,8 +118,13 @@ def test_an_operator_retry_shows_their_delay_then_the_next_attempts_queue_wait(
     assert [(r.attempt, r.status) for r in rows] == [(1, "failed"), (2, "completed")]
     assert [(s.kind, s.seconds) for s in rows[0].segments][-1] == ("operator", 5.0)
     assert rows[0].segments[-1].label == "operator's delay (stopped until retried)"
-    assert (rows[1].segments[0].kind, rows[1].segments[0].seconds) == ("queue", 2.0)
+    # Its step has no queue: the wait after the retry is the retry's turn, never a "queue wait".
+    assert (rows[1].segments[0].kind, rows[1].segments[0].seconds) == ("retried", 2.0)
+    assert not [s for r in rows for s in r.segments if s.kind == "queue"]
     assert second.operator_retry_at is None
+    # The first round's "attempt 1 of 1" stays as it was; the retry is a round of its own.
+    budget = second.checkpoint.max_attempts - 1  # what the retry gave the step
+    assert [r.attempt_label for r in rows] == ["attempt 1 of 1", f"retry 1 · attempt 1 of {budget}"]
 
 
 def test_a_bulk_retry_stamps_the_operator_retry_too(engine: Engine, clock: MovableClock) -> None:
