@@ -206,7 +206,7 @@ def _step_rows(cp: StepCheckpoint, attempts: list[StepAttempt], now: datetime) -
         if after and cp.wait_cause in ("", "backoff"):
             row.segments.append(Segment("poller" if after == "backoff" else "retried", begin, max(now, begin)))
         else:
-            row.segments.append(Segment("queue", begin, max(now, begin), describe(cp.wait_detail, now)))
+            row.segments.append(Segment("queue", begin, max(now, begin), detail=describe(cp.wait_detail, now)))
         rows.append(row)
     _number_rounds(rows, attempts, cp.max_attempts)
     return rows
@@ -219,7 +219,7 @@ def _wait(row: Row, ready: datetime | None, dispatched: datetime, waited: Any, a
     if ready is None or ready >= dispatched:
         return
     if isinstance(waited, dict) and waited:
-        row.segments.append(Segment("queue", ready, dispatched, describe(waited, now)))
+        row.segments.append(Segment("queue", ready, dispatched, detail=describe(waited, now)))
     elif after == "backoff":
         row.segments.append(Segment("poller", ready, dispatched))
     elif after == "retried":
