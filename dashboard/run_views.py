@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -125,7 +126,10 @@ def _run_page(
 
 
 def _signal_widgets(form: SignalForm) -> None:
-    """The signal form's fields as the page lays them out (ids the page's labels and tests use)."""
+    """The signal form's fields as the page lays them out (ids the page's labels and tests use);
+    an empty payload shows empty, not as JSON's `null`."""
+    if not form.is_bound:
+        form.initial["payload"] = InvalidJSONInput("")
     form.fields["name"].widget.attrs.update({"id": "signal-name", "size": "12", "list": "awaited-signals"})
     form.fields["payload"].widget.attrs.update({"id": "signal-payload", "placeholder": '{"by": "me"}', "rows": "1"})
 

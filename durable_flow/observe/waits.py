@@ -130,7 +130,7 @@ def current_waits(run: WorkflowRun, checkpoints: list[StepCheckpoint], now: date
         if cp.status in SETTLED:
             continue
         if cp.wait_cause:
-            text = describe(cp.wait_detail, now)
+            text = describe(cp.wait_detail, now, with_queue=False)  # the page names the queue beside it
             due = cp.wake_at is not None and cp.wake_at <= now
             if due and cp.wait_cause in (WaitCause.SLEEP, WaitCause.BACKOFF):
                 text = f"{POLLER}; {text}"
