@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal, NamedTuple
 
 from durable_flow.config.limits import TICKET_SEPARATOR, ticket_text
@@ -102,14 +102,16 @@ class AdmissionDecision:
 
     For a blocked call, what the backend knew when it decided, so the engine can record why the
     call waits: `limits`, the queue's config it decided with (None when the backend does not
-    say), and `full`, the step-concurrency constraint that had no room (for `step_concurrency`)."""
+    say), and `full`, the step-concurrency constraint that had no room (for `step_concurrency`).
+    Neither takes part in comparing decisions: backends that agree on the decision agree, whether
+    or not they say these (the contract kit compares decisions)."""
 
     admitted: bool
     retry_at_ms: int | None = None
     reason: BlockReason | None = None
     granted: tuple[str, ...] = ()
-    limits: QueueConfig | None = None
-    full: Constraint | None = None
+    limits: QueueConfig | None = field(default=None, compare=False)
+    full: Constraint | None = field(default=None, compare=False)
 
     @classmethod
     def admit(cls, granted: tuple[str, ...] = ()) -> AdmissionDecision:

@@ -69,7 +69,7 @@ class Admitter:
         if decision.admitted:
             cp.holds_slot = True
             return True
-        self._park(cp, admission_cause(decision, cp.queue, cp.run.workflow, cp.fairness_key))
+        self._park(cp, admission_cause(decision, cp.queue, cp.run.workflow, cp.fairness_key, constraints))
         return False
 
     def _park(self, cp: StepCheckpoint, cause: Cause) -> None:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_flow.admission.base import AdmissionDecision
+from durable_flow.definitions.step_concurrency import Constraint
 from durable_flow.models import WaitCause
 from durable_flow.models.runs import WAIT_DETAIL_TEXT
 
@@ -51,12 +52,19 @@ def key_of(resource: str, workflow: str) -> tuple[str, str]:
     return "fn", resource
 
 
-def admission_cause(decision: AdmissionDecision, queue: str, workflow: str, fairness_key: str) -> Cause:
-    """Why admission left the call waiting, from its decision."""
+def admission_cause(
+    decision: AdmissionDecision,
+    queue: str,
+    workflow: str,
+    fairness_key: str,
+    constraints: Sequence[Constraint] = (),
+) -> Cause:
+    """Why admission left the call waiting, from its decision (`constraints`: the call's; a
+    backend that does not name the full one is known to mean the only one, if there is one)."""
     detail: dict[str, Any] = {"queue": _text(queue)}
     limits = decision.limits
     if decision.reason == "step_concurrency":
-        full = decision.full
+        full = decision.full or (constraints[0] if len(constraints) == 1 else None)
         if full is not None:
             scope, key = key_of(full.resource, workflow)
             detail |= {"resource": _text(full.resource), "key": _text(key), "scope": scope, "limit": full.limit}
