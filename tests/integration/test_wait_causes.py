@@ -143,3 +143,22 @@ def test_the_run_page_names_the_wait_and_the_signal_it_waits_for(engine: Engine,
     assert 'value="approve"' in page  # the form offers the awaited name
     listed = admin_client.get("/dashboard/runs/?waiting=cap").content.decode()
     assert parked.id in listed and waiter.id not in listed
+
+
+def test_a_keys_own_rate_limit_is_recorded_with_the_key(engine: Engine, clock: MovableClock) -> None:
+    register_queue("per-tenant", rate_limit={"limit": 1, "period_ms": 60_000, "per": "key"}, fairness="key")
+    first = start("tests.queued", queued("per-tenant", "a", key="cust-7"))
+    other = start("tests.queued", queued("per-tenant", "b", key="cust-8"))
+    second = start("tests.queued", queued("per-tenant", "c", key="cust-7"))
+    assert WorkflowRun.objects.get(pk=first.id).status == RunStatus.COMPLETED
+    assert WorkflowRun.objects.get(pk=other.id).status == RunStatus.COMPLETED  # another key: its own window
+    cp = step_of(second)
+    assert cp.wait_cause == "key_rate"
+    assert {k: cp.wait_detail[k] for k in ("queue", "key", "limit", "period_ms")} == {
+        "queue": "per-tenant",
+        "key": "cust-7",
+        "limit": 1,
+        "period_ms": 60_000,
+    }
+    assert describe(cp.wait_detail, clock()).startswith("queue `per-tenant`: key `cust-7` limit 1 per 60 s until ")
+    assert waiting_for("key_rate") == {second.id}
