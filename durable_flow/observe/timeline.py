@@ -11,7 +11,8 @@ A queue wait is drawn only where the engine recorded one (the attempt's `waited`
 waiting call's `wait_detail`), labelled with its queue and cause; a call admitted at once has
 none, whatever its queue. A long stretch where nothing but people are awaited (an operator's
 delay, a signal, a sleep) is compressed to a short break marked with its duration, so it does
-not squash the attempts around it to slivers. Attempts are numbered per retry round: an
+not squash the attempts around it to slivers (a stretch where nothing is drawn at all is
+compressed the same way). Attempts are numbered per retry round: an
 operator's retry gives the step a fresh budget, so its attempts read "retry 1 · attempt 1 of 2"
 and the rows drawn before it keep their "attempt 2 of 2".
 """
@@ -131,7 +132,7 @@ class Break:
 
     @property
     def label(self) -> str:
-        return f"{_amount((self.end - self.start).total_seconds())} idle (compressed)"
+        return f"{_amount((self.end - self.start).total_seconds())} idle"
 
 
 @dataclass

@@ -168,7 +168,7 @@ def test_an_operators_long_delay_is_compressed_and_the_axis_has_one_unit() -> No
     attempt(cp, 2, dispatched_at=601, started_at=601, finished_at=602)
     timeline = build_timeline(run, now=at(700))
     (stretch,) = timeline.breaks
-    assert (stretch.start, stretch.end) == (at(1), at(601)) and stretch.label == "10.0 min idle (compressed)"
+    assert (stretch.start, stretch.end) == (at(1), at(601)) and stretch.label == "10.0 min idle"
     assert stretch.width == pytest.approx(6.0)
     rows = [r for r in timeline.rows if r.key == "1"]
     executions = [s for r in rows for s in r.segments if s.kind in ("execution", "failed")]
