@@ -75,20 +75,23 @@ class Admitter:
     def _park(self, cp: StepCheckpoint, cause: Cause) -> None:
         """Record the call as waiting for a grant, and why (`wait_causes`), in the statement
         that parks it (counted once per attempt that joins the line:
-        durable_flow_admissions_total{decision="parked"}). A call already in line whose cause
-        changed (a cap that became a rate window) has it rewritten: one UPDATE, on the parked
-        path only."""
-        before = (cp.wait_cause, cp.wait_detail)
+        durable_flow_admissions_total{decision="parked"}). A call already in line (a turn's
+        replay asks again) is rewritten only when its cause changed or the instant its detail
+        named has passed (a rate window that reopened and filled again): one UPDATE, on the
+        parked path only, at most once per window for a call that keeps waiting."""
+        before, until = cp.wait_cause, (cp.wait_detail or {}).get("until")
         cp.wait_cause, detail = cause
-        cp.wait_detail = {"cause": cp.wait_cause, **detail}
-        if cp.pk is None:
-            insert(cp)
-        elif cp.status != StepStatus.WAITING:
-            cp.status = StepStatus.WAITING
-            cp.save(update_fields=["status", "wait_cause", "wait_detail"])
-        else:
-            # Already in line (a re-offer that found no slot): counted when it joined.
-            if before != (cp.wait_cause, cp.wait_detail):
+        fresh = {"cause": cp.wait_cause, **detail}
+        if cp.pk is not None and cp.status == StepStatus.WAITING:
+            # Already in line: counted when it joined.
+            if before != cp.wait_cause or (until is not None and until < fresh.get("until", until)):
+                cp.wait_detail = fresh
                 cp.save(update_fields=["wait_cause", "wait_detail"])
             return
+        cp.wait_detail = fresh
+        if cp.pk is None:
+            insert(cp)
+        else:
+            cp.status = StepStatus.WAITING
+            cp.save(update_fields=["status", "wait_cause", "wait_detail"])
         count_parked(cp.queue)

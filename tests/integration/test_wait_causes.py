@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.test import Client
 
 from durable_flow import pause_queue, register_queue, resume_queue, send_signal, start
@@ -23,6 +24,7 @@ from durable_flow.runtime.poller import TimerPoller
 from tests import sc_workflows  # noqa: F401 - registers the step-concurrency workflows
 from tests.conftest import MovableClock
 from tests.support.held import queued
+from tests.support.statements import capture
 
 
 def step_of(run: Any) -> StepCheckpoint:
@@ -162,3 +164,21 @@ def test_a_keys_own_rate_limit_is_recorded_with_the_key(engine: Engine, clock: M
     }
     assert describe(cp.wait_detail, clock()).startswith("queue `per-tenant`: key `cust-7` limit 1 per 60 s until ")
     assert waiting_for("key_rate") == {second.id}
+
+
+def test_asking_again_for_a_parked_call_rewrites_its_cause_only_when_it_changed(engine: Engine) -> None:
+    """A turn's replay asks admission again for each call still in line: an unchanged cause
+    costs no write (a fan-out's parked calls would otherwise each cost an UPDATE per turn); a
+    changed one is rewritten."""
+    register_queue("render", concurrency=1)
+    hold(engine, "render", "holder/1")
+    run = start("tests.queued", queued("render", "a"))
+    cp = StepCheckpoint.objects.select_related("run").get(run_id=run.id, kind=StepKind.STEP)
+    with transaction.atomic(), capture() as sent:
+        assert not engine.admitter.admit(cp)
+    assert not sent.writes_to(StepCheckpoint)
+    pause_queue("render")
+    with transaction.atomic(), capture() as sent:
+        assert not engine.admitter.admit(cp)
+    assert len(sent.writes_to(StepCheckpoint)) == 1
+    assert StepCheckpoint.objects.get(pk=cp.pk).wait_cause == "paused"
