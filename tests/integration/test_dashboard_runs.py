@@ -23,6 +23,8 @@ from durable_flow.observe.queues import queue_flow as flow_snapshot
 from durable_flow.observe.timeline import build_timeline
 from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
+from durable_flow_dashboard import consumers  # noqa: F401 - the consumer registers the run page's topic
+from durable_flow_dashboard.live import render_topic
 from tests import workflows
 from tests.conftest import MovableClock
 from tests.engine_support import transport_of
@@ -231,3 +233,14 @@ def test_a_run_page_shows_a_step_only_a_live_workers_heartbeat_lists(manual: Any
     transport_of(manual).run_turns()  # the step written as dispatched (the locked path): recorded
     page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
     assert "step 1, attempt 1, on worker w-opt" in page and "not recorded yet" not in page
+
+
+def test_the_run_page_is_a_live_topic_whose_fragments_follow_the_run(engine: Any) -> None:
+    run = api.start("tests.signal_waiter", None)
+    before = render_topic({}, f"run:{run.id}")
+    assert before is not None and "suspended" in before["run-badge"] and "signal `approve`" in before["run-waits"]
+    api.send_signal(run.id, "approve", None)
+    after = render_topic({}, f"run:{run.id}")
+    assert after is not None and "completed" in after["run-badge"]
+    assert "Nothing: the run has finished." in after["run-waits"]
+    assert render_topic({}, "run:no-such-run") is None  # gone: the page says so
