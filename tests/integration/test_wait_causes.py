@@ -6,6 +6,7 @@ The run list filters by it, and the run page names it in operator words."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -14,8 +15,11 @@ from django.test import Client
 
 from durable_flow import pause_queue, register_queue, resume_queue, send_signal, start
 from durable_flow.admission.base import AdmissionRequest
+from durable_flow.admission.redis.backend import RedisAdmissionBackend
+from durable_flow.config.queues import QueueConfig
 from durable_flow.definitions.step_concurrency import Constraint
 from durable_flow.engine import Engine
+from durable_flow.engine.wait_causes import admission_cause
 from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.observe.run_filters import filtered_runs
 from durable_flow.observe.timeline import build_timeline
@@ -24,6 +28,7 @@ from durable_flow.runtime.poller import TimerPoller
 from tests import sc_workflows  # noqa: F401 - registers the step-concurrency workflows
 from tests.conftest import MovableClock
 from tests.support.held import queued
+from tests.support.redis_keys import delete_keys
 from tests.support.statements import capture
 
 
@@ -182,3 +187,18 @@ def test_asking_again_for_a_parked_call_rewrites_its_cause_only_when_it_changed(
         assert not engine.admitter.admit(cp)
     assert len(sent.writes_to(StepCheckpoint)) == 1
     assert StepCheckpoint.objects.get(pk=cp.pk).wait_cause == "paused"
+
+
+def test_the_redis_backend_tells_the_limits_a_parked_call_waits_for() -> None:
+    prefix = f"df:t:{uuid.uuid4().hex[:8]}"
+    backend = RedisAdmissionBackend.from_options({"CONNECTION": "default", "KEY_PREFIX": prefix})
+    try:
+        backend.register(QueueConfig(name="capped", concurrency=2))
+        for ticket in ("a/1", "b/1"):
+            assert backend.try_admit(AdmissionRequest("capped", ticket)).admitted
+        blocked = backend.try_admit(AdmissionRequest("capped", "c/1"))
+        cause, detail = admission_cause(blocked, "capped", "wf", "")
+        assert describe({"cause": cause, **detail}) == "queue `capped`: cap 2/2"
+    finally:
+        delete_keys(backend.redis, f"{prefix}:*")
+        backend.close()
