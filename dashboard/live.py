@@ -189,19 +189,23 @@ class Broadcaster:
         self.sent_fragments += len(changed)
         return {"topic": topic, "at": at, "fragments": changed, "gone": False}
 
-    async def _run(self) -> None:
+    async def tick(self) -> None:
+        """One tick: every subscribed topic rendered once, and its changes sent to its group."""
         layer = get_channel_layer()
+        at, rendered = await database_sync_to_async(compute_tick)(list(self.subscribers))
+        self.computed += 1
+        for topic, fragments in rendered.items():
+            if topic not in self.subscribers:
+                continue  # its last tab left while the tick was computed
+            message = self.changes(topic, fragments, at)
+            await layer.group_send(group_name(topic), {"type": "dashboard.tick", "data": message})
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self.subscribers:
             started = loop.time()
             try:
-                at, rendered = await database_sync_to_async(compute_tick)(list(self.subscribers))
-                self.computed += 1
-                for topic, fragments in rendered.items():
-                    if topic not in self.subscribers:
-                        continue  # its last tab left while the tick was computed
-                    message = self.changes(topic, fragments, at)
-                    await layer.group_send(group_name(topic), {"type": "dashboard.tick", "data": message})
+                await self.tick()
             except Exception:
                 logger.exception("live dashboard tick failed; trying again next tick")
             wake = self._wake
