@@ -16,7 +16,6 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
-from durable_flow.models import RunStatus
 from durable_flow.observe.run_filters import RANGES, RunFilterForm, filtered_runs
 from durable_flow.operations import bulk as bulk_operations
 
@@ -35,12 +34,11 @@ def _when(value: datetime) -> str:
 def filter_words(data: dict[str, Any]) -> list[str]:
     """A valid run filter as an operator reads it: one phrase per condition, in the filter
     bar's order (`status is failed or cancelled`, `workflow is examples.import`, ...)."""
-    labels = dict(RunStatus.choices)
     words = []
     if data.get("q"):
         words.append(f"run id starting with “{data['q']}”, or input containing it")
     if data.get("status"):
-        words.append("status is " + " or ".join(str(labels.get(s, s)) for s in data["status"]))
+        words.append("status is " + " or ".join(data["status"]))
     if data.get("workflow"):
         words.append(f"workflow is {data['workflow']}")
     if data.get("queue"):
