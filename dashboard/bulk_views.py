@@ -103,10 +103,11 @@ def _report(request: HttpRequest, action: str, result: bulk_operations.BulkResul
     text = result.summary(BULK_ACTIONS[action])
     if result.skipped:
         text += (
-            " The runs already finished ended on their own after you confirmed, so there was nothing to cancel."
+            f" The {result.skipped} already finished had ended on their own after you confirmed: nothing was left"
+            " to cancel."
             if action == "cancel"
-            else " The runs no longer failed or cancelled were retried or changed after you confirmed, so they were"
-            " left as they are."
+            else f" The {result.skipped} no longer failed or cancelled were retried or changed after you confirmed,"
+            " so they were left as they are."
         )
     messages.success(request, text)
     if result.refused:

@@ -144,9 +144,9 @@ class BulkByFilterMixin:
         text = result.summary(op.verb)[:-1] + how + "."
         if result.skipped:
             text += (
-                " The runs already finished ended on their own before the cancel reached them."
+                f" The {result.skipped} already finished had ended on their own before the cancel reached them."
                 if operation == "cancel"
-                else " The runs no longer failed or cancelled changed before the retry reached them."
+                else f" The {result.skipped} no longer failed or cancelled changed before the retry reached them."
             )
         self.message_user(request, text, messages.SUCCESS)  # type: ignore[attr-defined]
         if result.refused:
