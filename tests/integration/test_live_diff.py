@@ -18,6 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.operations import api
 from durable_flow_dashboard import live
 
 TOPIC = "runs:workflow=tests.diff"
@@ -133,3 +134,25 @@ def test_a_process_renders_a_bounded_number_of_topics(monkeypatch: pytest.Monkey
     broadcaster.subscribers.update({"runs:": 1, "runs:status=failed": 1})
     assert broadcaster.subscribe("runs:status=running") is False  # a third topic: refused
     assert "runs:status=running" not in broadcaster.subscribers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flow_topic_carries_the_queues_limits_as_configured_now(engine: Any) -> None:
+    api.register_queue("resized-live", concurrency=6, rate_limit={"limit": 60, "period_ms": 60_000})
+    broadcaster = live.Broadcaster()
+    topic = "flow:resized-live"
+    broadcaster.subscribers[topic] = 1
+
+    def tick() -> dict[str, Any]:
+        at, rendered = live.compute_tick([topic])
+        return broadcaster.changes(topic, rendered[topic], at)
+
+    first = tick()
+    assert '<span id="n-cap">6</span>' in first["fragments"]["flow-gate"]
+    assert '<span id="n-rate">60</span>' in first["fragments"]["flow-gate"]
+    assert tick()["fragments"] == {}  # an idle queue: neither its gate nor its dots are sent again
+    api.update_queue("resized-live", concurrency=2, rate_limit={"limit": 20, "period_ms": 60_000})
+    resized = tick()["fragments"]
+    assert set(resized) == {"flow-gate", "flow-data"}  # the gate and the JSON's limits
+    assert '<span id="n-cap">2</span>' in resized["flow-gate"]
+    assert '<span id="n-rate">20</span>' in resized["flow-gate"]
