@@ -29,6 +29,7 @@ from durable_flow.observe.queues import queue_flow
 
 from . import pages
 from .flow import burst_config
+from .limit_pages import keys_topic, quotas_topic
 from .snapshot import snapshot
 
 logger = logging.getLogger("dashboard.live")
@@ -156,6 +157,8 @@ register_topic("overview", _overview)
 register_topic("queues", _queues)
 register_topic("queue", _queue)
 register_topic("workers", _workers)
+register_topic("quotas", quotas_topic)
+register_topic("keys", keys_topic)
 
 
 def _flow(snap: Mapping[str, Any], queue: str) -> dict[str, str]:
