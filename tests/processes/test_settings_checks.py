@@ -215,7 +215,7 @@ def test_every_numeric_setting_refuses_non_finite_and_out_of_bounds_values(
     [pytest.param(names, build, id=names) for build, _, names, _ in NUMERIC_SETTINGS],
 )
 def test_every_numeric_setting_accepts_a_value_within_its_bounds(names: str, durable_flow: Build) -> None:
-    sane = {"SAMPLE_RETENTION_S": 7200, "tick_ms": 2000, "RESULT_TTL": -1}
+    sane = {"SAMPLE_RETENTION_S": 7200, "REFUSAL_RETENTION_S": 7200, "tick_ms": 2000, "RESULT_TTL": -1}
     value = next((value for key, value in sane.items() if key in names), 20)
     with override_settings(DURABLE_FLOW=durable_flow(value)):
         assert reported() == []
