@@ -60,12 +60,13 @@ def test_busy_keys_show_in_the_workflows_terms(busy: dict[str, list[str]], admin
     text = visible_text(table)
     assert "sc:fn:" not in text and "sc:acct:" not in text  # no internal names on screen
     assert "sc.per_account: key input.account, limit 2" in text
-    assert "workflow sc.per_account" in text  # the scope, in words
-    assert "every workflow of every environment" in text  # sc.two's shared "openai" key
+    assert "scope: workflow sc.per_account" in text  # the scope, in words
+    assert 'sc.two, sc.wide: key "openai", limit 5 to 50 · scope: every workflow of every environment' in text
     # The value, executing / limit, waiting.
-    assert visible_text(key_row(table, "sc:fn:sc.per_account:a")).endswith("a 2 / 2 2")
+    assert visible_text(key_row(table, "sc:fn:sc.per_account:a")) == "a 2 / 2 2"
     assert visible_text(key_row(table, "sc:fn:sc.per_account:b")) == "b 1 / 2 0"
-    assert visible_text(key_row(table, "sc:fn:sc.two:a")).endswith("workflow sc.two a 1 / 2 0")
+    assert visible_text(key_row(table, "sc:fn:sc.two:a")) == "a 1 / 2 0"
+    assert "sc.two: key input.account, limit 2 · scope: workflow sc.two" in text
 
 
 def runs_linked(admin_client: Any, html: str, resource: str) -> set[str]:

@@ -93,8 +93,8 @@ def test_declared_limits_show_while_nothing_runs(engine: Engine, admin_client: A
     assert page.status_code == 200
     row = row_of(page.content.decode(), SLEEPER)
     assert '"sleeper:" + input.tenant' in row.replace("&quot;", '"')
-    assert re.search(r'class="usage num"[^>]*>0 / 1<', row)
-    assert "none now" in row
+    assert re.search(r'class="limit num"[^>]*>1<', row)
+    assert "none now (0 / 1)" in row
 
 
 def test_keys_in_use_and_refusals_show_in_user_terms_and_filter(engine: Engine, admin_client: Any) -> None:
@@ -103,8 +103,9 @@ def test_keys_in_use_and_refusals_show_in_user_terms_and_filter(engine: Engine, 
     refuse("acme", "s2")
     html = admin_client.get("/dashboard/quotas/").content.decode()
     row = row_of(html, SLEEPER)
-    assert re.search(r'class="usage num"[^>]*>2 / 1<', row)  # two keys in use, each at its limit
-    assert '<li data-key="sleeper:acme">' in row and "1 / 1" in row
+    assert re.search(r'class="limit num"[^>]*>1<', row)
+    for key in ("sleeper:acme", "sleeper:globex"):  # two keys in use, each at its limit
+        assert re.search(rf'<li data-key="{key}">.*?class="key-usage">1 / 1<', row)
     assert re.search(r'class="refused num"[^>]*><a [^>]*>1</a>', row)
     history = html[html.index('id="quota-refusals"') :]
     assert history.count("data-refusal=") == 1
@@ -123,7 +124,8 @@ def test_the_quota_page_is_a_live_topic_under_its_filter(engine: Engine) -> None
     snap = snapshot()
     everything = render_topic(snap, "quotas:")
     assert everything is not None and "data-refusal=" in everything["quota-refusals"]
-    assert 'data-workflow="tests.quota_sleeper"' in everything["quota-declared"]
+    declared = row_of(everything["quota-declared"], SLEEPER)
+    assert re.search(r'class="refused num"[^>]*><a [^>]*>1</a>', declared)
     other = render_topic(snap, "quotas:key=sleeper%3Aglobex")
     assert other is not None and "data-refusal=" not in other["quota-refusals"]
     # The chart counts the refusal in its minute.
