@@ -22,7 +22,7 @@ from durable_flow.models import QuotaRefusal, StartRefusal, WorkflowRun
 def usage(top: int = 20) -> list[dict[str, Any]]:
     """The busiest quota keys: active runs (every non-terminal status), the limit the latest of
     them started under, and refusals in the last minute. Keys refused lately but with nothing
-    active are listed too."""
+    active are listed too, with the limit they were refused at."""
     active = (
         WorkflowRun.objects.filter(concurrency_key__isnull=False, status__in=ACTIVE_STATUSES)
         .values("concurrency_key")
@@ -45,9 +45,22 @@ def usage(top: int = 20) -> list[dict[str, Any]]:
         }
         for row in active
     }
-    for key, total in sorted(refused.items(), key=lambda item: -item[1]):
-        if key not in rows and len(rows) < top:
-            rows[key] = {"key": key, "active": 0, "limit": None, "refused_per_min": total}
+    idle = [key for key, _ in sorted(refused.items(), key=lambda item: -item[1]) if key not in rows][: top - len(rows)]
+    # A key refused with nothing active: the limit its refusals were checked against (kept in
+    # the refusal rows of that minute), not "—".
+    limits = (
+        dict(
+            StartRefusal.objects.filter(key__in=idle, at__gte=since.replace(second=0, microsecond=0))
+            .values("key")
+            .annotate(limit=Max("limit"))
+            .order_by()
+            .values_list("key", "limit")
+        )
+        if idle
+        else {}
+    )
+    for key in idle:
+        rows[key] = {"key": key, "active": 0, "limit": limits.get(key), "refused_per_min": refused[key]}
     return list(rows.values())
 
 

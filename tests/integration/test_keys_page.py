@@ -15,7 +15,7 @@ from durable_flow import start
 from durable_flow.admission.base import AdmissionBackend
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.observe.run_filters import key_resources
+from durable_flow.observe.run_filters import key_resources, runs_from_json
 from durable_flow_dashboard.live import render_topic
 from durable_flow_dashboard.snapshot import snapshot
 from tests import sc_workflows  # noqa: F401 - registers the sc.* workflows
@@ -109,3 +109,11 @@ def test_a_key_filter_names_the_resources_of_its_scope(
     value: str, scope: str, workflow: str, resources: list[str]
 ) -> None:
     assert key_resources(value, scope, workflow) == resources
+
+
+def test_the_api_filter_takes_the_key_too(busy: dict[str, list[str]], admin_client: Any) -> None:
+    matched = runs_from_json({"key": "a", "key_scope": "fn", "workflow": "sc.per_account"})
+    assert set(matched.values_list("id", flat=True)) == set(busy["a"])
+    every_scope = runs_from_json({"key": "a"})  # both workflows' per-workflow "a"
+    assert set(every_scope.values_list("id", flat=True)) == set(busy["a"]) | set(busy["two"])
+    assert admin_client.get("/dashboard/runs/", {"key": "a", "key_scope": "galaxy"}).status_code == 400

@@ -130,3 +130,13 @@ def test_the_quota_page_is_a_live_topic_under_its_filter(engine: Engine) -> None
     assert other is not None and "data-refusal=" not in other["quota-refusals"]
     # The chart counts the refusal in its minute.
     assert "refused / min" in everything["quota-refusals"]
+
+
+def test_the_overview_shows_an_idle_refused_keys_limit_not_a_dash(engine: Engine, admin_client: Any) -> None:
+    sleeper("acme", "s1")
+    refuse("acme", "s2")
+    api.cancel("s1")  # nothing of the key is active now; its refusal is in the last minute
+    html = admin_client.get("/").content.decode()
+    row = re.search(r'<tr data-quota="sleeper:acme">(.*?)</tr>', html, re.DOTALL)
+    assert row and re.search(r'class="active num">0 / 1<', row.group(1))
+    assert 'href="/dashboard/quotas/"' in html
