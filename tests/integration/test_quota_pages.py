@@ -140,3 +140,12 @@ def test_the_overview_shows_an_idle_refused_keys_limit_not_a_dash(engine: Engine
     row = re.search(r'<tr data-quota="sleeper:acme">(.*?)</tr>', html, re.DOTALL)
     assert row and re.search(r'class="active num">0 / 1<', row.group(1))
     assert 'href="/dashboard/quotas/"' in html
+
+
+def test_the_admin_lists_refused_starts_read_only(engine: Engine, admin_client: Any) -> None:
+    sleeper("acme", "s1")
+    refuse("acme", "s2")
+    page = admin_client.get("/admin/durable_flow/startrefusal/", {"q": "sleeper:acme"})
+    assert page.status_code == 200
+    assert [(r.workflow, r.key) for r in page.context["cl"].result_list] == [(SLEEPER, "sleeper:acme")]
+    assert admin_client.get("/admin/durable_flow/startrefusal/add/").status_code == 403
