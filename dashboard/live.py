@@ -37,6 +37,7 @@ from durable_flow.observe.queues import queue_flow
 
 from . import pages, runs_list
 from .flow import burst_config
+from .limit_pages import keys_topic, quotas_topic
 from .snapshot import snapshot
 
 logger = logging.getLogger("dashboard.live")
@@ -254,3 +255,5 @@ register_topic("queue", _queue)
 register_topic("workers", _workers)
 register_topic("flow", _flow, uses_snapshot=False)
 register_topic("runs", runs_list.render_topic, argument=runs_list.canonical_query, uses_snapshot=False)
+register_topic("quotas", quotas_topic)
+register_topic("keys", keys_topic)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import bulk_views, flow_views, run_views, views
+from . import bulk_views, flow_views, limit_views, run_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -25,4 +25,6 @@ urlpatterns = [
     path("dashboard/queues/<path:name>/resize/", views.queue_resize, name="queue-resize"),
     path("dashboard/queues/<path:name>/", views.queue_detail, name="queue"),
     path("dashboard/workers/", views.workers, name="workers"),
+    path("dashboard/quotas/", limit_views.quotas, name="quotas"),
+    path("dashboard/keys/", limit_views.keys, name="keys"),
 ]

@@ -19,7 +19,7 @@ from durable_flow.config.validation import storable_text
 from durable_flow.contrib.admin_attempts import StepAttemptInline
 from durable_flow.contrib.admin_bulk import BulkByFilterMixin
 from durable_flow.exceptions import DurableFlowError, InvalidInput
-from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import FlowQueue, QuotaRefusal, StartRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from durable_flow.observe import queues, quotas, runs, workers
 from durable_flow.observe.admission import step_concurrency
 from durable_flow.operations.api import cancel, pause_queue, rerun, resume_queue, retry, send_signal, start
@@ -404,3 +404,20 @@ class QuotaRefusalAdmin(UrlSafeAdmin):
     @admin.display(description="Limit (latest start)")
     def limit_now(self, obj: Any) -> int | None:
         return obj.latest_limit
+
+
+@admin.register(StartRefusal)
+class StartRefusalAdmin(UrlSafeAdmin):
+    """Each refused start (the dashboard's quota page shows them with filters and a chart),
+    found by exact workflow or key; read-only, newest first, no full count of the history."""
+
+    list_display = ["at", "workflow", "key", "active", "limit"]
+    search_fields = ["=key", "=workflow"]
+    ordering = ["-at", "-id"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

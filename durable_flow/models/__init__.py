@@ -20,7 +20,7 @@ from durable_flow.models.admission import (
     AdmissionWaiter,
 )
 from durable_flow.models.history import QueueSample, WorkerSample
-from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal
+from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal, StartRefusal
 from durable_flow.models.runs import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -62,6 +62,7 @@ __all__ = [
     "RunStatus",
     "Signal",
     "StartCounter",
+    "StartRefusal",
     "StepAttempt",
     "StepCheckpoint",
     "StepKind",

@@ -497,7 +497,8 @@ def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: E
     rows = {row["key"]: row for row in usage()}
     assert rows["tenant:acme"] == {"key": "tenant:acme", "active": 2, "limit": 2, "refused_per_min": 2}
     assert rows["tenant:globex"]["active"] == 1 and rows["tenant:globex"]["refused_per_min"] == 0
-    assert rows["tenant:initech"] == {"key": "tenant:initech", "active": 0, "limit": None, "refused_per_min": 1}
+    # Nothing active: the limit it was refused at (0), not None.
+    assert rows["tenant:initech"] == {"key": "tenant:initech", "active": 0, "limit": 0, "refused_per_min": 1}
     assert snapshot()["quotas"] == usage()
 
     admin = Client()
