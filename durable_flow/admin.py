@@ -1,4 +1,4 @@
-"""The Django admin: runs to inspect and cancel, queues, worker heartbeats."""
+"""The Django admin: runs to inspect and cancel, queues, worker heartbeats, the JSON API's access tokens."""
 
 from __future__ import annotations
 
@@ -18,8 +18,16 @@ from django.urls import path, reverse
 from durable_flow.config.validation import storable_text
 from durable_flow.contrib.admin_attempts import StepAttemptInline
 from durable_flow.contrib.admin_bulk import BulkByFilterMixin
+from durable_flow.contrib.admin_tokens import AccessTokenAdminMixin
 from durable_flow.exceptions import DurableFlowError, InvalidInput
-from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import (
+    AccessToken,
+    FlowQueue,
+    QuotaRefusal,
+    StepCheckpoint,
+    WorkerHeartbeat,
+    WorkflowRun,
+)
 from durable_flow.observe import queues, quotas, runs, workers
 from durable_flow.observe.admission import step_concurrency
 from durable_flow.operations.api import cancel, pause_queue, rerun, resume_queue, retry, send_signal, start
@@ -404,3 +412,8 @@ class QuotaRefusalAdmin(UrlSafeAdmin):
     @admin.display(description="Limit (latest start)")
     def limit_now(self, obj: Any) -> int | None:
         return obj.latest_limit
+
+
+@admin.register(AccessToken)
+class AccessTokenAdmin(AccessTokenAdminMixin, UrlSafeAdmin):
+    """Personal access tokens of the JSON API: created (shown once) and revoked here."""
