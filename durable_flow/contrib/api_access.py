@@ -31,6 +31,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import Resolver404, resolve
 from django.utils import timezone
 
 from durable_flow.config.validation import StrictJSONDecoder
@@ -187,8 +188,15 @@ def endpoint(*, public: bool = False, **handlers: Handler) -> Endpoint:
 
 
 def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
-    """Any other path under the API's prefix: a JSON 404 (not Django's HTML page)."""
-    return error_json(404, "NotFound", f"no API route at {request.path!r}")
+    """Any other path under the API's prefix: a JSON 404 (not Django's HTML page), naming the
+    route with a trailing slash when that is one (an API answers no redirect to it)."""
+    message = f"no API route at {request.path!r}"
+    try:
+        if resolve(request.path_info + "/").url_name != "not_found":
+            message += f"; did you mean {request.path + '/'!r}?"
+    except Resolver404:
+        pass
+    return error_json(404, "NotFound", message)
 
 
 def requires(permission: str) -> Callable[[Handler], Handler]:

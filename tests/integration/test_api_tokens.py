@@ -22,6 +22,8 @@ from durable_flow.models import AccessToken, RunStatus, WorkflowRun
 from durable_flow.operations import api
 from tests.support.clients import create_user, logged_in
 
+pytestmark = pytest.mark.inline_only("about who may call the API; the engine pair does not change it")
+
 TOKEN = re.compile(r"dfp_[A-Za-z0-9_-]{43}")
 
 
