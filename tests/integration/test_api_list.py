@@ -16,13 +16,12 @@ from django.utils import timezone
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 from tests.support.clients import logged_in_client
 
-pytestmark = pytest.mark.inline_only("reads rows; the engine pair does not change it")
-
 BASE = timezone.now().replace(microsecond=0) - timedelta(days=1)
 
 
 @pytest.fixture
-def client(engine: Any) -> Client:
+def client(db: None) -> Client:
+    """The list reads rows: no engine needed."""
     return logged_in_client("lister")
 
 
