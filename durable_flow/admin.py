@@ -95,13 +95,16 @@ class UrlSafeAdmin(admin.ModelAdmin):
             return queryset.none(), False
         return super().get_search_results(request, queryset, search_term)
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
         """A ticked id with a NUL (only a forged form sends one) names no row: the action does
-        nothing and says why, instead of a query PostgreSQL refuses."""
+        nothing and says why, instead of a query PostgreSQL refuses. Django 6.1's
+        `action_location` (and whatever a later version adds) is passed on."""
         if any("\x00" in pk for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)):
             self.message_user(request, "A selected id contains a NUL character; nothing was done.", messages.ERROR)
             return None
-        return super().response_action(request, queryset)
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         """None (the admin's "doesn't exist") for a text key the database cannot store, as for

@@ -33,6 +33,7 @@ class AccessTokenAdminMixin:
     search_fields = ["^prefix", "name", "user__username"]
     ordering = ["-created_at"]
     actions = ["revoke_selected"]
+    raw_id_fields = ["user"]  # a superuser picks any user: no select of every user on the page
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AccessToken]:
         tokens = super().get_queryset(request).select_related("user")  # type: ignore[misc]
