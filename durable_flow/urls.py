@@ -10,10 +10,11 @@ from django.urls import path, re_path
 
 from durable_flow.contrib import views
 from durable_flow.contrib.api_access import endpoint, not_found
+from durable_flow.contrib.openapi import openapi_view
 
 app_name = "durable_flow"
 urlpatterns = [
-    path("openapi.json", endpoint(GET=views.openapi_document, public=True), name="openapi"),
+    path("openapi.json", endpoint(GET=openapi_view, public=True), name="openapi"),
     path("runs/", endpoint(GET=views.list_runs, POST=views.start_run), name="runs"),
     path("runs/<path:run_id>/cancel/", endpoint(POST=views.cancel_run), name="cancel"),
     path("runs/<path:run_id>/retry/", endpoint(POST=views.retry_run), name="retry"),

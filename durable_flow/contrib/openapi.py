@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from durable_flow.config.limits import RUN_ID_LENGTH
+from durable_flow.contrib.api_access import MAX_BODY_BYTES
+from durable_flow.contrib.views import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from durable_flow.models import RunStatus
 
 JSON = "application/json"
@@ -35,7 +40,7 @@ ERROR_RESPONSES: dict[int, tuple[str, str]] = {
     403: ("Forbidden", "Not staff, without the operation's permission, or a session request failing CSRF."),
     404: ("NotFound", "No such run, workflow or queue."),
     405: ("MethodNotAllowed", "The route does not serve this method (`Allow` lists those it does)."),
-    413: ("PayloadTooLarge", "The request body is over 2,000,000 bytes."),
+    413: ("PayloadTooLarge", f"The request body is over {MAX_BODY_BYTES:,} bytes."),
     429: ("TooManyRequests", "The workflow's start quota is full."),
 }
 
@@ -44,7 +49,7 @@ RUN_ID = {
     "in": "path",
     "required": True,
     "description": "The run's id.",
-    "schema": {"type": "string", "maxLength": 200},
+    "schema": {"type": "string", "maxLength": RUN_ID_LENGTH},
 }
 
 TIMESTAMP = {"type": "string", "format": "date-time"}
@@ -178,12 +183,16 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "workflow": {"type": "string", "description": "A registered workflow's name."},
             "input": {"description": "The run's JSON input."},
-            "run_id": {"type": "string", "maxLength": 200, "description": "Starting an id that exists returns it."},
+            "run_id": {
+                "type": "string",
+                "maxLength": RUN_ID_LENGTH,
+                "description": "Starting an id that exists returns it.",
+            },
         },
     },
     "RerunRequest": {
         "type": "object",
-        "properties": {"run_id": {"type": "string", "maxLength": 200, "description": "The new run's id."}},
+        "properties": {"run_id": {"type": "string", "maxLength": RUN_ID_LENGTH, "description": "The new run's id."}},
     },
     "SignalRequest": {
         "type": "object",
@@ -278,8 +287,12 @@ LIST_PARAMETERS = [
     list_parameter("tag", "Runs carrying this tag.", {"type": "string"}),
     list_parameter("created_after", "Runs created at or after this time (ISO 8601).", TIMESTAMP),
     list_parameter("created_before", "Runs created at or before this time (ISO 8601).", TIMESTAMP),
-    list_parameter("id_prefix", "Runs whose id starts with this.", {"type": "string", "maxLength": 200}),
-    list_parameter("limit", "Runs on the page.", {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}),
+    list_parameter("id_prefix", "Runs whose id starts with this.", {"type": "string", "maxLength": RUN_ID_LENGTH}),
+    list_parameter(
+        "limit",
+        "Runs on the page.",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE, "default": DEFAULT_PAGE_SIZE},
+    ),
     list_parameter("cursor", "The `next_cursor` of the page before.", {"type": "string"}),
 ]
 
@@ -455,3 +468,9 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             },
         },
     }
+
+
+def openapi_view(request: HttpRequest) -> HttpResponse:
+    """The document, its server the prefix this API is included under (`/api` for `api/`)."""
+    prefix = request.path.removesuffix("openapi.json").rstrip("/")
+    return JsonResponse(document(server_url=prefix or "/"))

@@ -1,7 +1,8 @@
 """A small JSON API for staff and their scripts: list, start, inspect, cancel, re-run and signal
 runs, act on runs by filter, steer queues. A session (with CSRF) or a personal access token
 (`Authorization: Bearer`) authenticates; `durable_flow.contrib.api_access` holds those rules and
-the JSON errors; `durable_flow.contrib.openapi` describes every route (served at `openapi.json`).
+the JSON errors; `durable_flow.contrib.openapi` describes every route (and serves that at
+`openapi.json`).
 
 GET  /api/runs/                  ?status=&workflow=&queue=&tag=&created_after=&created_before=&id_prefix=
                                  &limit=&cursor= → {"runs": [...], "next_cursor"}, newest first
@@ -35,7 +36,6 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from durable_flow.config.limits import RUN_ID_LENGTH
 from durable_flow.config.validation import storable_text
 from durable_flow.contrib.api_access import ApiError, json_body, requires
-from durable_flow.contrib.openapi import document
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import WorkflowRun
 from durable_flow.observe.queues import stored_queue
@@ -272,9 +272,3 @@ def steer_queue(request: HttpRequest, name: str, operation: str) -> HttpResponse
     queue = stored_queue(name)  # as stored, whichever operation ran
     record_operation(request.user, queue, f"{operation.capitalize()}d from the JSON API: {queue.config}")
     return JsonResponse({"name": queue.name, "paused": queue.paused, "config": queue.config})
-
-
-def openapi_document(request: HttpRequest) -> HttpResponse:
-    """The OpenAPI document, its server the prefix this API is included under."""
-    prefix = request.path.removesuffix("openapi.json").rstrip("/")
-    return JsonResponse(document(server_url=prefix or "/"))
