@@ -192,7 +192,7 @@ def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     route with a trailing slash when that is one (an API answers no redirect to it)."""
     message = f"no API route at {request.path!r}"
     try:
-        if resolve(request.path_info + "/").url_name != "not_found":
+        if not request.path_info.endswith("/") and resolve(request.path_info + "/").url_name != "not_found":
             message += f"; did you mean {request.path + '/'!r}?"
     except Resolver404:
         pass
