@@ -50,6 +50,7 @@ POSTGRESQL_PASS = (
     "tests/integration/test_admission_db_clock.py",
     "tests/integration/test_admission_redis_outage.py",
     "tests/integration/test_admission_resources_equivalence.py",
+    "tests/integration/test_api_list.py",
     "tests/integration/test_bulk_operations.py",
     "tests/integration/test_engine_statements.py",
     "tests/integration/test_flow_control.py",

@@ -20,6 +20,9 @@ from durable_flow.definitions.quotas import ACTIVE_STATUSES, REFUSED, QuotaCheck
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.models import QuotaRefusal, StartRefusal, StepCheckpoint, WorkflowRun
 
+#: Run statuses a run leaves at its `wake_at`, for `pending` (the poller wakes it then).
+PARKED_STATUSES = ("debounced", "suspended")
+
 
 def lock_key(key: str) -> None:
     """Take the key's transaction-scoped lock (PostgreSQL); SQLite's write lock is already held."""
@@ -83,11 +86,26 @@ def enforce(check: QuotaCheck, *, excluding: str | None = None) -> None:
     held until that transaction ends, so the next start on the key counts this run.
     """
     if check.limit <= 0:
-        raise ConcurrencyLimitError(check.key, check.limit, 0, check.workflow)
+        raise ConcurrencyLimitError(check.key, check.limit, 0, check.workflow)  # never frees: no retry_at
     lock_key(check.key)
     active = count_active(check.key, check.count_statuses, excluding=excluding)
     if active >= check.limit:
-        raise ConcurrencyLimitError(check.key, check.limit, active, check.workflow)
+        raise ConcurrencyLimitError(check.key, check.limit, active, check.workflow, retry_at=slot_frees_at(check))
+
+
+def slot_frees_at(check: QuotaCheck) -> datetime | None:
+    """When a slot of the key frees as planned now, or None when that is not known.
+
+    A parked run (`debounced`, or `suspended` on a timer) holding a slot becomes `pending` at its
+    `wake_at`; if the quota does not count `pending`, its slot frees then. A run that is pending,
+    running or cancelling ends when its code does, which nothing knows in advance, so a quota
+    counting every active status (the default) has no such time. One query on the
+    `(concurrency_key, status)` index, run only when a start is refused."""
+    parked = [status for status in PARKED_STATUSES if status in check.count_statuses]
+    if "pending" in check.count_statuses or not parked:
+        return None
+    runs = WorkflowRun.objects.filter(concurrency_key=check.key, status__in=parked, wake_at__isnull=False)
+    return runs.order_by("wake_at").values_list("wake_at", flat=True).first()
 
 
 def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck | None:
