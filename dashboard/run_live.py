@@ -14,4 +14,4 @@ def _run(_: Mapping[str, Any], run_id: str) -> dict[str, str] | None:
     return run_fragments(run_id)
 
 
-register_topic("run", _run)
+register_topic("run", _run, uses_snapshot=False)  # reads only its run

@@ -1,7 +1,8 @@
 """What durable_flow persists, one module per concept: runs and what they record (`runs`), the
 `db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
 (`workers`), the dashboard's history (`history`), debounce and singleton counters
-(`start_control`) and the `db` admission backend's rows (`admission`).
+(`start_control`), the `db` admission backend's rows (`admission`) and the JSON API's personal
+access tokens (`tokens`).
 
 A run's state lives here, never only in memory. Django finds the models through this package,
 which names every one of them."""
@@ -20,7 +21,7 @@ from durable_flow.models.admission import (
     AdmissionWaiter,
 )
 from durable_flow.models.history import QueueSample, WorkerSample
-from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal
+from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal, StartRefusal
 from durable_flow.models.runs import (
     ADMISSION_CAUSES,
     SETTLED_STEP_STATUSES,
@@ -39,12 +40,14 @@ from durable_flow.models.runs import (
 )
 from durable_flow.models.start_control import StartCounter
 from durable_flow.models.tasks import Task, TaskKind
+from durable_flow.models.tokens import AccessToken
 from durable_flow.models.workers import WorkerHeartbeat, dead_worker_cutoff
 
 __all__ = [
     "ADMISSION_CAUSES",
     "SETTLED_STEP_STATUSES",
     "TERMINAL_RUN_STATUSES",
+    "AccessToken",
     "AdmissionHold",
     "AdmissionKeyMark",
     "AdmissionKeyServed",
@@ -65,6 +68,7 @@ __all__ = [
     "RunStatus",
     "Signal",
     "StartCounter",
+    "StartRefusal",
     "StepAttempt",
     "StepCheckpoint",
     "StepKind",
