@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow.observe.run_filters import RANGES, RunFilterForm, filtered_runs
+from durable_flow.observe.waits import FILTER_CHOICES as WAIT_FILTERS
 from durable_flow.operations import bulk as bulk_operations
 
 from .access import require, staff_page
@@ -45,6 +46,8 @@ def filter_words(data: dict[str, Any]) -> list[str]:
         words.append(f"has a step on queue {data['queue']}")
     if data.get("tag"):
         words.append(f"tagged “{data['tag']}”")
+    if data.get("waiting"):
+        words.append(f"waiting because of {dict(WAIT_FILTERS).get(data['waiting'], data['waiting'])}")
     if data.get("range") in RANGES:
         words.append(f"started in the last {data['range']}")
     if data.get("since"):

@@ -9,12 +9,14 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
+from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound, UnexpectedSignal
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.observe.queues import queue_names
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
@@ -29,6 +31,8 @@ from durable_flow.operations.runs import RETRYABLE
 from .access import allowed, require, staff_page
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
+#: The run page's parts its live topic (`run:<id>`) re-renders every tick.
+RUN_FRAGMENTS = ["run-badge", "run-facts", "run-waits", "run-timeline"]
 PAGE_SIZE = 50
 
 
@@ -93,15 +97,51 @@ def _bulk(request: HttpRequest, action: str, matching: QuerySet[WorkflowRun]) ->
 @staff_page
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     """A run: its timeline, attempts with errors, input/output, parent/children, signals, actions."""
-    run = _run_or_404(run_id)
+    return _run_page(request, _run_or_404(run_id))
+
+
+def _run_page(
+    request: HttpRequest,
+    run: WorkflowRun,
+    signal_form: SignalForm | None = None,
+    status: int = 200,
+    unexpected: UnexpectedSignal | None = None,
+) -> HttpResponse:
+    """The run's page; after a signal that was not sent, with the form as it was typed (and the
+    question whether to send a name the run does not wait for)."""
+    detail = run_page(run)
+    awaited = detail["awaited_signals"]
+    if signal_form is None:
+        signal_form = SignalForm(initial={"name": awaited[0] if awaited else ""})
+    _signal_widgets(signal_form)
     context = {
         "run": run,
-        **run_page(run),
-        "signal_form": SignalForm(),
+        **detail,
+        "signal_form": signal_form,
+        "unexpected": unexpected,
         "retryable": run.status in RETRYABLE,
         **allowed(request),
     }
-    return render(request, "dashboard/run_detail.html", context)
+    return render(request, "dashboard/run_detail.html", context, status=status)
+
+
+def _signal_widgets(form: SignalForm) -> None:
+    """The signal form's fields as the page lays them out (ids the page's labels and tests use);
+    an empty payload shows empty, not as JSON's `null`."""
+    if not form.is_bound:
+        form.initial["payload"] = InvalidJSONInput("")
+    form.fields["name"].widget.attrs.update({"id": "signal-name", "size": "12", "list": "awaited-signals"})
+    form.fields["payload"].widget.attrs.update({"id": "signal-payload", "placeholder": '{"by": "me"}', "rows": "1"})
+
+
+def run_fragments(run_id: str) -> dict[str, str] | None:
+    """The run page's live fragments (`run:<id>`): its badge, facts, waits and timeline; None
+    once the run is gone."""
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return None
+    context = {"run": run, **run_page(run)}
+    return {name: render_to_string(f"dashboard/fragments/{name}.html", context) for name in RUN_FRAGMENTS}
 
 
 def _run_or_404(run_id: str) -> WorkflowRun:
@@ -160,16 +200,21 @@ def rerun(request: HttpRequest, run_id: str) -> HttpResponse:
 @staff_page
 @require_POST
 def signal(request: HttpRequest, run_id: str) -> HttpResponse:
+    """Send a signal. A form that does not validate (bad JSON) comes back as typed, with the
+    error; a name the run does not wait for comes back with a question, and is sent by a
+    second POST with `confirm=1`."""
     run = _run_or_404(run_id)
     require(request, "signal")
     form = SignalForm(request.POST)
     if not form.is_valid():
         errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
         messages.error(request, f"Signal not sent: {errors}")
-        return _back(run.pk)
+        return _run_page(request, run, form, status=400)
     name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
     try:
-        api.send_signal(run.pk, name, payload)
+        api.send_signal(run.pk, name, payload, confirm=request.POST.get("confirm") == "1")
+    except UnexpectedSignal as exc:
+        return _run_page(request, run, form, status=409, unexpected=exc)
     except DurableFlowError as exc:
         messages.error(request, f"Signal not sent: {exc}")
     else:

@@ -38,6 +38,7 @@ from durable_flow.exceptions import (
     StepFailed,
     StepNotFound,
     TaskNotDeclared,
+    UnexpectedSignal,
     WorkflowNotFound,
 )
 
@@ -74,6 +75,7 @@ __all__ = [
     "StepInfo",
     "StepNotFound",
     "TaskNotDeclared",
+    "UnexpectedSignal",
     "WorkflowNotFound",
     "cancel",
     "current_step",

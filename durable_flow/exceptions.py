@@ -101,6 +101,17 @@ class ConcurrencyLimitError(DurableFlowError):
         super().__init__(f"quota {key!r} is full for {workflow!r}: {active} active, limit {limit}")
 
 
+class UnexpectedSignal(DurableFlowError):
+    """`send_signal(..., confirm=False)`: the run does not wait for a signal of that name now.
+    Sent anyway (`confirm=True`), it is kept until the run waits for it, so a misspelt name
+    would sit there unnoticed. `.name`, `.awaited` (the names the run waits for)."""
+
+    def __init__(self, run_id: str, name: str, awaited: list[str]) -> None:
+        self.name, self.awaited = name, awaited
+        waits = ", ".join(repr(n) for n in awaited) if awaited else "no signal"
+        super().__init__(f"run {run_id!r} does not wait for signal {name!r} (it waits for {waits})")
+
+
 class RetryRefused(DurableFlowError):
     """The run cannot be retried (not failed/cancelled, its workflow's version changed, or its
     parent has finished); the message says which."""

@@ -65,6 +65,7 @@ POSTGRESQL_PASS = (
     "tests/integration/test_step_concurrency.py",
     "tests/integration/test_task_notifications.py",
     "tests/integration/test_url_input.py",
+    "tests/integration/test_wait_causes.py",
     "tests/processes/test_base_exceptions.py",
     "tests/processes/test_current_step.py",
     "tests/processes/test_flow_control_processes.py",

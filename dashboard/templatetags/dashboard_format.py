@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 
 from durable_flow.config.validation import TooDeep
+from durable_flow.observe.waits import when
 
 register = template.Library()
 
@@ -35,6 +36,12 @@ def ms_time(value: datetime | None) -> str:
     if value is None:
         return "—"
     return value.strftime("%H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+
+
+@register.filter
+def at_when(value: datetime | None) -> str:
+    """A time to the millisecond (UTC), with its date when it is not today's."""
+    return when(value)
 
 
 @register.filter

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal, NamedTuple
 
 from durable_flow.config.limits import TICKET_SEPARATOR, ticket_text
@@ -98,20 +98,40 @@ class Grant:
 class AdmissionDecision:
     """The answer to `try_admit`: admitted, or parked as a waiter. `retry_at_ms` (epoch ms) is
     when the blocking condition may lift (the window reopening, for `rate_limited`);
-    `granted` are *other* waiters this decision handed a slot to, for the engine to dispatch."""
+    `granted` are *other* waiters this decision handed a slot to, for the engine to dispatch.
+
+    For a blocked call, what the backend knew when it decided, so the engine can record why the
+    call waits: `limits`, the queue's config it decided with (None when the backend does not
+    say), and `full`, the step-concurrency constraint that had no room (for `step_concurrency`).
+    Neither takes part in comparing decisions: backends that agree on the decision agree, whether
+    or not they say these (the contract kit compares decisions)."""
 
     admitted: bool
     retry_at_ms: int | None = None
     reason: BlockReason | None = None
     granted: tuple[str, ...] = ()
+    limits: QueueConfig | None = field(default=None, compare=False)
+    full: Constraint | None = field(default=None, compare=False)
 
     @classmethod
     def admit(cls, granted: tuple[str, ...] = ()) -> AdmissionDecision:
         return cls(admitted=True, granted=granted)
 
     @classmethod
-    def block(cls, retry_at_ms: int, reason: BlockReason, granted: tuple[str, ...] = ()) -> AdmissionDecision:
-        return cls(admitted=False, retry_at_ms=retry_at_ms, reason=reason, granted=granted)
+    def block(
+        cls,
+        retry_at_ms: int,
+        reason: BlockReason,
+        granted: tuple[str, ...] = (),
+        limits: QueueConfig | None = None,
+        full: Constraint | None = None,
+    ) -> AdmissionDecision:
+        return cls(admitted=False, retry_at_ms=retry_at_ms, reason=reason, granted=granted, limits=limits, full=full)
+
+
+def first_full(constraints: Sequence[Constraint], active: Callable[[str], int]) -> Constraint | None:
+    """The first of `constraints` with no room (`active(resource)` slots held), or None."""
+    return next((c for c in constraints if active(c.resource) >= c.limit), None)
 
 
 class AdmissionBackend(Configurable, ABC):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from durable_flow.admission.base import AdmissionRequest, Grant
 from durable_flow.definitions.step_concurrency import constraints_of
+from durable_flow.engine.wait_causes import Cause, admission_cause, paused_cause
 from durable_flow.models import StepCheckpoint, StepStatus
 from durable_flow.store.counters import count_parked
 from durable_flow.store.statements import insert
@@ -60,7 +61,7 @@ class Admitter:
             if self.admission.reoffer(cp.queue, [request]):
                 cp.holds_slot = True
                 return True
-            self._park(cp)
+            self._park(cp, paused_cause(cp.queue))
             return False
         decision = self.admission.try_admit(request)
         reopens = decision.retry_at_ms if decision.reason == "rate_limited" else None
@@ -68,17 +69,29 @@ class Admitter:
         if decision.admitted:
             cp.holds_slot = True
             return True
-        self._park(cp)
+        self._park(cp, admission_cause(decision, cp.queue, cp.run.workflow, cp.fairness_key, constraints))
         return False
 
-    def _park(self, cp: StepCheckpoint) -> None:
-        """Record the call as waiting for a grant (counted once per attempt that joins the line:
-        durable_flow_admissions_total{decision="parked"})."""
+    def _park(self, cp: StepCheckpoint, cause: Cause) -> None:
+        """Record the call as waiting for a grant, and why (`wait_causes`), in the statement
+        that parks it (counted once per attempt that joins the line:
+        durable_flow_admissions_total{decision="parked"}). A call already in line (a turn's
+        replay asks again) is rewritten only when its cause changed or the instant its detail
+        named has passed (a rate window that reopened and filled again): one UPDATE, on the
+        parked path only, at most once per window for a call that keeps waiting."""
+        before, until = cp.wait_cause, (cp.wait_detail or {}).get("until")
+        cp.wait_cause, detail = cause
+        fresh = {"cause": cp.wait_cause, **detail}
+        if cp.pk is not None and cp.status == StepStatus.WAITING:
+            # Already in line: counted when it joined.
+            if before != cp.wait_cause or (until is not None and until < fresh.get("until", until)):
+                cp.wait_detail = fresh
+                cp.save(update_fields=["wait_cause", "wait_detail"])
+            return
+        cp.wait_detail = fresh
         if cp.pk is None:
             insert(cp)
-        elif cp.status != StepStatus.WAITING:
-            cp.status = StepStatus.WAITING
-            cp.save(update_fields=["status"])
         else:
-            return  # already in line (a re-offer that found no slot): counted when it joined
+            cp.status = StepStatus.WAITING
+            cp.save(update_fields=["status", "wait_cause", "wait_detail"])
         count_parked(cp.queue)

@@ -48,4 +48,5 @@ def settle(
     cp.error = error
     cp.wake_at = None
     cp.finished_at = at
-    save_fields(cp, ["status", "output", "error", "wake_at", "finished_at", *fields])
+    cp.wait_cause = ""  # settled: waiting for nothing (a queue wait's detail stays with its attempt)
+    save_fields(cp, ["status", "output", "error", "wake_at", "finished_at", "wait_cause", *fields])

@@ -22,6 +22,7 @@ from durable_flow.definitions.registry import (
 )
 from durable_flow.definitions.serialization import readable
 from durable_flow.engine.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
+from durable_flow.engine.wait_causes import signal_wait, timed
 from durable_flow.exceptions import (
     ChildFailed,
     InvalidInput,
@@ -34,6 +35,7 @@ from durable_flow.models import (
     StepCheckpoint,
     StepKind,
     StepStatus,
+    WaitCause,
     WorkflowRun,
 )
 from durable_flow.store import quotas as quota_store
@@ -328,7 +330,9 @@ class WorkflowContext:
         return PENDING
 
     def _new_wait(self, key: str, kind: str, name: str, wake_at: datetime | None) -> StepCheckpoint:
-        """Checkpoint a sleep or a signal wait: pending until `wake_at` (or forever, if None)."""
+        """Checkpoint a sleep or a signal wait: pending until `wake_at` (or forever, if None),
+        with why it waits (the signal's name and its timeout; a sleep's end) in the same INSERT."""
+        cause, detail = signal_wait([name], wake_at) if kind == StepKind.SIGNAL else timed(WaitCause.SLEEP, wake_at)
         cp = self._engine.create_checkpoint(
             self._run,
             key=key,
@@ -337,6 +341,8 @@ class WorkflowContext:
             name=name,
             status=StepStatus.DISPATCHED,
             wake_at=wake_at,
+            wait_cause=cause,
+            wait_detail=detail,
         )
         self._checkpoints[key] = cp
         return cp

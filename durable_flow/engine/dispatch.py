@@ -23,7 +23,7 @@ from durable_flow.engine.base import Clock, TaskQueue
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.turn import StepOptions
 from durable_flow.exceptions import RunNotFound, StepNotFound
-from durable_flow.models import RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.models import ADMISSION_CAUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
 from durable_flow.store.attempts import attempt_started
 from durable_flow.store.counters import count_admission
 from durable_flow.store.statements import insert, save_fields
@@ -110,12 +110,18 @@ class Dispatcher:
         cp.status = StepStatus.DISPATCHED
         cp.dispatched_at = now
         cp.worker = inline_to
+        # Admitted: no longer waiting. The detail of a queue wait stays, for this attempt's
+        # history row (`attempt_started` copies it); any other wait's is dropped.
+        if timeout_redispatch or cp.wait_cause not in ADMISSION_CAUSES:
+            cp.wait_detail = None
+        cp.wait_cause = ""
         timeout = self.step_timeout(cp)
         cp.wake_at = now + timedelta(seconds=timeout) if timeout else None
         if cp.pk is None:
             insert(cp)
         else:
-            save_fields(cp, ["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"])
+            fields = ["attempt", "max_attempts", "status", "dispatched_at", "worker", "wake_at", "holds_slot"]
+            save_fields(cp, [*fields, "wait_cause", "wait_detail"])
         if cp.holds_slot and not timeout_redispatch:
             count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
         if inline_to:

@@ -54,6 +54,7 @@ from durable_flow.engine.context import WorkflowContext
 from durable_flow.engine.locking import retry_on_conflict
 from durable_flow.engine.turn import InlineTurnFailed, StepOptions, Unwind
 from durable_flow.engine.user_code import is_code_failure
+from durable_flow.engine.wait_causes import backoff
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.store.attempts import attempt_finished
@@ -316,6 +317,7 @@ class FirstTurns:
             if retrying:
                 cp.status, cp.error = StepStatus.RETRYING, ran.error
                 cp.wake_at = now + step_backoff(cp.name, cp.attempt)
+                cp.wait_cause, cp.wait_detail = backoff(cp.wake_at)
             else:
                 cp.status = StepStatus.FAILED if ran.error is not None else StepStatus.COMPLETED
                 cp.output, cp.error, cp.wake_at, cp.finished_at = ran.output, ran.error, None, now

@@ -27,6 +27,7 @@ from durable_flow.engine.base import settle
 from durable_flow.engine.locking import locked_run, locked_run_for_result, retry_on_conflict
 from durable_flow.engine.turn import InlineTurnFailed
 from durable_flow.engine.user_code import is_code_failure
+from durable_flow.engine.wait_causes import backoff
 from durable_flow.engine.wake import group_settled
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.store.attempts import attempt_finished, attempt_started, set_retry_at
@@ -223,7 +224,8 @@ class Results:
                 cp.status = StepStatus.RETRYING
                 cp.error = error
                 cp.wake_at = self.clock() + step_backoff(cp.name, cp.attempt)
-                cp.save(update_fields=["status", "error", "wake_at", "holds_slot"])
+                cp.wait_cause, cp.wait_detail = backoff(cp.wake_at)
+                cp.save(update_fields=["status", "error", "wake_at", "holds_slot", "wait_cause", "wait_detail"])
                 set_retry_at(cp, attempt, cp.wake_at)
                 if held:
                     self.releases.release_settled(cp.queue, cp.ticket, guarded=True)

@@ -23,6 +23,7 @@ from durable_flow.models.admission import (
 from durable_flow.models.history import QueueSample, WorkerSample
 from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal, StartRefusal
 from durable_flow.models.runs import (
+    ADMISSION_CAUSES,
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
     AttemptStatus,
@@ -33,6 +34,7 @@ from durable_flow.models.runs import (
     StepCheckpoint,
     StepKind,
     StepStatus,
+    WaitCause,
     WorkflowRun,
     new_run_id,
 )
@@ -42,6 +44,7 @@ from durable_flow.models.tokens import AccessToken
 from durable_flow.models.workers import WorkerHeartbeat, dead_worker_cutoff
 
 __all__ = [
+    "ADMISSION_CAUSES",
     "SETTLED_STEP_STATUSES",
     "TERMINAL_RUN_STATUSES",
     "AccessToken",
@@ -72,6 +75,7 @@ __all__ = [
     "StepStatus",
     "Task",
     "TaskKind",
+    "WaitCause",
     "WorkerHeartbeat",
     "WorkerSample",
     "WorkflowRun",

@@ -168,6 +168,27 @@ class StepStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class WaitCause(models.TextChoices):
+    """Why a call is parked, as the engine recorded it when it parked the call (the first five
+    are admission's answer; the others the call's own wait)."""
+
+    CAP = "cap", "Queue's cap full"
+    RATE = "rate", "Rate window full"
+    KEY_RATE = "key_rate", "Key's own rate limit"
+    KEY = "key", "Key's step-concurrency limit"
+    PAUSED = "paused", "Queue paused"
+    TURN = "turn", "Others ahead in line"
+    SIGNAL = "signal", "Waiting for a signal"
+    SLEEP = "sleep", "Sleeping"
+    BACKOFF = "backoff", "Retry backoff"
+
+
+#: The causes admission gives: a queue wait's, kept on its attempt (`StepAttempt.waited`).
+ADMISSION_CAUSES = frozenset({"cap", "rate", "key_rate", "key", "paused", "turn"})
+#: How many characters of text a wait's detail keeps per value (names, keys).
+WAIT_DETAIL_TEXT = 200
+
+
 SETTLED_STEP_STATUSES = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED)
 #: Steps parked in a queue's line or waiting out a retry's backoff: no attempt is running.
 PARKED_STEP_STATUSES = (StepStatus.WAITING, StepStatus.RETRYING)
@@ -205,6 +226,20 @@ class StepCheckpoint(models.Model):
     child_run_id = models.CharField(max_length=200, blank=True, default="")
     worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker executing the attempt.")
     late_result = BoundedJSONField(default=None, null=True, blank=True)
+    wait_cause = models.CharField(
+        max_length=8,
+        choices=WaitCause.choices,
+        blank=True,
+        default="",
+        help_text="Why the call is parked now, recorded when it was parked; empty once it is admitted.",
+    )
+    wait_detail = models.JSONField(
+        default=None,
+        null=True,
+        blank=True,
+        help_text="The parked call's cause with its figures (limits, until when, key, signal names); "
+        "after an admission, the queue wait its attempt had.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -215,6 +250,11 @@ class StepCheckpoint(models.Model):
         indexes = [
             models.Index(fields=["queue", "status"], name="df_checkpoint_queue_status"),
             models.Index(fields=["status", "dispatched_at"], name="df_checkpoint_status_disp"),
+            # "Waiting because of X": only parked calls are in it, so a call admitted at once
+            # (most) never writes an entry.
+            models.Index(
+                fields=["wait_cause", "run"], name="df_checkpoint_wait_cause", condition=~models.Q(wait_cause="")
+            ),
         ]
 
     def __str__(self) -> str:
@@ -274,6 +314,12 @@ class StepAttempt(models.Model):
         null=True,
         blank=True,
         help_text="When an operator retried the run after this attempt failed for good or was cancelled.",
+    )
+    waited = models.JSONField(
+        default=None,
+        null=True,
+        blank=True,
+        help_text="Why this attempt waited in its queue before it was admitted (the engine's record), if it did.",
     )
 
     class Meta:

@@ -18,6 +18,7 @@ from durable_flow.config.settings import get_settings
 from durable_flow.definitions.registry import workflows
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
+from durable_flow.observe.waits import FILTER_CHOICES, waiting_because
 
 #: The time-range presets of the filter bar, as `?range=` values.
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -33,6 +34,7 @@ class RunFilterForm(forms.Form):
     workflow = forms.CharField(required=False, max_length=200)
     queue = forms.CharField(required=False, max_length=100)
     tag = forms.CharField(required=False, max_length=200)
+    waiting = forms.ChoiceField(required=False, choices=[("", "anything"), *FILTER_CHOICES], label="Waiting because of")
     key = forms.CharField(required=False, max_length=200, label="Step-concurrency key")
     key_scope = forms.ChoiceField(required=False, choices=[("", "any scope"), *KEY_SCOPES.items()], label="Key scope")
     range = forms.ChoiceField(
@@ -62,6 +64,7 @@ def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
         # A JSON list's text holds `"tag"` (quoted) on SQLite and PostgreSQL alike; JSON
         # containment is not available on SQLite.
         runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(tags_text__contains=json.dumps(data["tag"]))
+    runs = filter_waiting(runs, data.get("waiting") or "")
     if data.get("key") or data.get("key_scope"):
         runs = holding_key(runs, data.get("key") or "", data.get("key_scope") or "", data.get("workflow") or "")
     if data.get("range"):
@@ -76,6 +79,12 @@ def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
             Q(pk=text) | Q(pk__startswith=text) | Q(input_text__icontains=text)
         )
     return runs.order_by("-created_at", "pk")
+
+
+def filter_waiting(runs: QuerySet[WorkflowRun], cause: str) -> QuerySet[WorkflowRun]:
+    """Unfinished runs with a call waiting because of `cause` (`waits.FILTER_CHOICES`; "" for
+    any run), as the engine recorded it when it parked the call."""
+    return runs.filter(waiting_because(cause)) if cause else runs
 
 
 def key_resources(value: str, scope: str, workflow: str) -> list[str]:

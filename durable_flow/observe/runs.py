@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from durable_flow.config.settings import get_settings
 from durable_flow.models import RunStatus, Signal, StepAttempt, StepCheckpoint, WorkflowRun, dead_worker_cutoff
-from durable_flow.observe.timeline import build_timeline
+from durable_flow.observe.timeline import MAX_ROWS, build_timeline
+from durable_flow.observe.waits import awaited_signals, current_waits, when
 from durable_flow.store import queries
 
 #: Children and signals a run's page lists at most.
@@ -54,17 +55,29 @@ def executing_now(run_id: str, now: datetime | None = None) -> list[str]:
 
 def run_detail(run: WorkflowRun, now: datetime | None = None) -> dict[str, Any]:
     """A run's page: its timeline, the attempts that failed (with their errors), its children
-    and signals, and what is executing for it now."""
+    and signals, what is executing for it now, what its calls wait for and why (`waits`), the
+    signal names it waits for, and when it wakes (with the date when not today)."""
+    now = now or timezone.now()
     executing = executing_now(run.pk, now)
+    unsettled = list(StepCheckpoint.objects.filter(run=run, finished_at__isnull=True).order_by("sequence")[:MAX_ROWS])
     attempts = (
         StepAttempt.objects.filter(run=run).select_related("checkpoint").order_by("checkpoint__sequence", "attempt")
     )
+    timeline = build_timeline(run, now=now, executing=bool(executing))
+    labels = {(row.key, row.attempt): row.attempt_label for row in timeline.rows if row.attempt}
+    failed = [a for a in attempts if a.error]
+    for a in failed:
+        a.label = labels.get((a.checkpoint.key, a.attempt), f"attempt {a.attempt}")  # type: ignore[attr-defined]
     return {
-        "timeline": build_timeline(run, now=now, executing=bool(executing)),
+        "timeline": timeline,
         "executing": executing,
-        "failed_attempts": [a for a in attempts if a.error],
+        "failed_attempts": failed,
         "children": run.children.order_by("created_at")[:DETAIL_ROWS],
         "signals": Signal.objects.filter(run=run).order_by("id")[:DETAIL_ROWS],
+        "waits": current_waits(run, unsettled, now),
+        "awaited_signals": [] if run.is_terminal else awaited_signals(unsettled),
+        "wakes_at": when(run.wake_at, now) if run.wake_at and not run.is_terminal else "",
+        "finished_at": when(run.finished_at, now) if run.finished_at else "",
     }
 
 

@@ -16,8 +16,9 @@ from durable_flow.config.queues import QueueConfig
 from durable_flow.config.validation import storable_text
 from durable_flow.definitions.registry import WorkflowDefinition, get_workflow, startable_workflow
 from durable_flow.engine import get_engine
-from durable_flow.exceptions import InvalidInput, RunNotFound
+from durable_flow.exceptions import InvalidInput, RunNotFound, UnexpectedSignal
 from durable_flow.models import FlowQueue, WorkflowRun
+from durable_flow.observe.waits import signal_names_awaited
 from durable_flow.operations import runs
 
 if TYPE_CHECKING:
@@ -65,9 +66,18 @@ def get_run(run_id: str) -> WorkflowRun:
         raise RunNotFound(f"no run with id {run_id!r}") from None
 
 
-def send_signal(run_id: str, name: str, payload: Any = None) -> None:
-    """Deliver signal `name` to a run; a signal sent before the run waits for it is kept."""
-    get_engine().send_signal(_run_id(run_id), name, payload)
+def send_signal(run_id: str, name: str, payload: Any = None, *, confirm: bool = True) -> None:
+    """Deliver signal `name` to a run; a signal sent before the run waits for it is kept.
+    `confirm=False` (an operator's form) first checks the run waits for `name` now, and raises
+    `UnexpectedSignal` (naming what it waits for) if not, so a misspelt name is asked about
+    before it is kept for good."""
+    run_id = _run_id(run_id)
+    if not confirm:
+        awaited = signal_names_awaited(run_id)
+        if name not in awaited:
+            get_run(run_id)  # RunNotFound first
+            raise UnexpectedSignal(run_id, name, awaited)
+    get_engine().send_signal(run_id, name, payload)
 
 
 def retry(run_id: str) -> WorkflowRun:

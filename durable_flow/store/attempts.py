@@ -27,9 +27,11 @@ def attempt_started(cp: StepCheckpoint, attempt: int, worker: str, now: datetime
             dispatched_at=cp.dispatched_at if cp.attempt == attempt else None,
             started_at=now,
             status=AttemptStatus.RUNNING,
+            # The queue wait this attempt had, as the engine recorded it when it parked the call.
+            waited=cp.wait_detail if cp.attempt == attempt and not cp.wait_cause else None,
         ),
         unique=["checkpoint", "attempt"],
-        update=["run", "worker", "dispatched_at", "started_at", "status"],
+        update=["run", "worker", "dispatched_at", "started_at", "status", "waited"],
     )
 
 

@@ -24,23 +24,24 @@ def _statement() -> str:
         f"UPDATE {checkpoints} SET {q('worker')} = %s "
         f"WHERE {q('run_id')} = %s AND {q('key')} = %s AND {q('attempt')} = %s AND {q('status')} = %s "
         f"RETURNING {q('id')}, {q('name')}, {q('input')}, {q('queue')}, {q('holds_slot')}, {q('dispatched_at')}, "
-        f"{q('fairness_key')}, "
+        f"{q('fairness_key')}, {q('wait_detail')}, "
         f"(SELECT {q('status')} FROM {runs} WHERE {q('id')} = %s)"
     )
 
 
 def start_attempt(run_id: str, key: str, attempt: int, worker_id: str) -> tuple[StepCheckpoint | None, str]:
     """Mark attempt `attempt` of the step as run by `worker_id` if it is still the dispatched
-    one. Returns the checkpoint (its id, name, input, queue, fairness_key, holds_slot and
-    dispatched_at loaded) and the run's status, or `(None, "")` when no such attempt is in
+    one. Returns the checkpoint (its id, name, input, queue, fairness_key, holds_slot,
+    dispatched_at and wait_detail loaded) and the run's status, or `(None, "")` when no such attempt is in
     flight (stale, settled or missing)."""
     with connection.cursor() as cursor:
         cursor.execute(_statement(), [worker_id, run_id, key, attempt, StepStatus.DISPATCHED.value, run_id])
         row = cursor.fetchone()
     if row is None:
         return None, ""
-    pk, name, raw_input, queue, holds_slot, dispatched_at, fairness_key, run_status = row
+    pk, name, raw_input, queue, holds_slot, dispatched_at, fairness_key, raw_waited, run_status = row
     input_field = StepCheckpoint._meta.get_field("input")
+    detail_field = StepCheckpoint._meta.get_field("wait_detail")
     cp = StepCheckpoint(
         pk=pk,
         run_id=run_id,
@@ -54,6 +55,7 @@ def start_attempt(run_id: str, key: str, attempt: int, worker_id: str) -> tuple[
         attempt=attempt,
         status=StepStatus.DISPATCHED,
         worker=worker_id,
+        wait_detail=detail_field.from_db_value(raw_waited, None, connection),  # the attempt's queue wait
     )
     cp._state.adding = False
     return cp, run_status

@@ -141,3 +141,11 @@ def test_a_retry_counts_runs_no_longer_failed_when_their_batch_locks_them(db_tra
     assert bulk.BulkResult(done=2, skipped=1, refused=["r"]).summary("Retry") == (
         "Retry: 2 done, 1 no longer failed or cancelled, 1 failed."
     )
+
+
+def test_a_waiting_filter_is_said_in_words_not_taken_for_no_filter(db_transport_engine: Engine) -> None:
+    make("w", 2)
+    html = operator().get(reverse("dashboard:bulk", args=["cancel"]) + "?waiting=cap").content.decode()
+    assert "waiting because of the queue&#x27;s cap" in html or "waiting because of the queue's cap" in html
+    assert 'id="bulk-everything"' not in html and "No filter" not in html
+    assert '<b id="bulk-count">0</b>' in html  # none of them is parked behind a cap

@@ -17,11 +17,14 @@ from django.utils import timezone
 
 from durable_flow import register_queue
 from durable_flow.config.settings import get_settings
-from durable_flow.models import RunStatus, WorkerHeartbeat, WorkflowRun
+from durable_flow.exceptions import UnexpectedSignal
+from durable_flow.models import RunStatus, Signal, WorkerHeartbeat, WorkflowRun
 from durable_flow.observe.queues import queue_flow as flow_snapshot
 from durable_flow.observe.timeline import build_timeline
 from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
+from durable_flow_dashboard import consumers  # noqa: F401 - the consumer registers the run page's topic
+from durable_flow_dashboard.live import render_topic
 from tests import workflows
 from tests.conftest import MovableClock
 from tests.engine_support import transport_of
@@ -118,7 +121,7 @@ def test_run_detail_shows_every_attempt_with_its_error_and_a_timeline(
     assert steps[0].segments[-1].seconds == 1.0
     assert steps[1].segments[-1].seconds == 2.0
     page = admin_client.get(f"/dashboard/runs/{run.id}/").content.decode()
-    assert page.count("attempt 1 of 4") == 1 and "attempt 3 of 4" in page
+    assert "attempt 1 of 4" in page and "attempt 3 of 4" in page
     assert "flaky t failing, 2 left" in page and "flaky t failing, 1 left" in page
     assert "<pre>Traceback" in page
     assert admin_client.get("/dashboard/runs/nope/").status_code == 404
@@ -146,11 +149,39 @@ def test_operations_need_their_permission_and_are_audited(engine: Any, staff_cli
     assert WorkflowRun.objects.get(pk=other.id).status == RunStatus.CANCELLED
 
 
-def test_a_bad_signal_payload_is_refused_with_a_message(engine: Any, admin_client: Client) -> None:
+def test_a_bad_signal_payload_is_refused_and_the_form_keeps_what_was_typed(engine: Any, admin_client: Client) -> None:
     run = api.start("tests.signal_waiter", None)
-    response = admin_client.post(f"/dashboard/runs/{run.id}/signal/", {"name": "go", "payload": "{nope"}, follow=True)
-    assert response.status_code == 200 and "Signal not sent" in response.content.decode()
+    response = admin_client.post(f"/dashboard/runs/{run.id}/signal/", {"name": "approve", "payload": "{nope"})
+    page = response.content.decode()
+    assert response.status_code == 400 and "Signal not sent" in page
+    assert 'value="approve"' in page and "{nope</textarea>" in page  # both fields as typed
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED
+
+
+def test_a_signal_name_the_run_does_not_wait_for_asks_for_confirmation(engine: Any, admin_client: Client) -> None:
+    run = api.start("tests.signal_waiter", None)
+    url = f"/dashboard/runs/{run.id}/signal/"
+    asked = admin_client.post(url, {"name": "aprove", "payload": '{"by": "me"}'})
+    page = asked.content.decode()
+    assert asked.status_code == 409 and 'id="signal-confirm"' in page
+    assert "does not wait for <code>aprove</code> (it waits for <code>approve</code>)" in page
+    assert not Signal.objects.filter(run_id=run.id).exists()  # nothing sent yet
+    sent = admin_client.post(url, {"name": "aprove", "payload": '{"by": "me"}', "confirm": "1"})
+    assert sent.status_code == 302
+    assert list(Signal.objects.filter(run_id=run.id).values_list("name", "payload")) == [("aprove", {"by": "me"})]
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED  # still waits for approve
+    # The name it waits for goes at once, no question.
+    assert admin_client.post(url, {"name": "approve"}).status_code == 302
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+
+
+def test_the_operations_layer_refuses_an_unexpected_signal_unless_confirmed(engine: Any) -> None:
+    run = api.start("tests.signal_waiter", None)
+    with pytest.raises(UnexpectedSignal) as refused:
+        api.send_signal(run.id, "aprove", None, confirm=False)
+    assert (refused.value.name, refused.value.awaited) == ("aprove", ["approve"])
+    api.send_signal(run.id, "approve", {"ok": True}, confirm=False)
+    assert WorkflowRun.objects.get(pk=run.id).output == {"got": {"ok": True}}
 
 
 def test_start_form_starts_a_run(engine: Any, admin_client: Client) -> None:
@@ -202,3 +233,14 @@ def test_a_run_page_shows_a_step_only_a_live_workers_heartbeat_lists(manual: Any
     transport_of(manual).run_turns()  # the step written as dispatched (the locked path): recorded
     page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
     assert "step 1, attempt 1, on worker w-opt" in page and "not recorded yet" not in page
+
+
+def test_the_run_page_is_a_live_topic_whose_fragments_follow_the_run(engine: Any) -> None:
+    run = api.start("tests.signal_waiter", None)
+    before = render_topic({}, f"run:{run.id}")
+    assert before is not None and "suspended" in before["run-badge"] and "signal `approve`" in before["run-waits"]
+    api.send_signal(run.id, "approve", None)
+    after = render_topic({}, f"run:{run.id}")
+    assert after is not None and "completed" in after["run-badge"]
+    assert "Nothing: the run has finished." in after["run-waits"]
+    assert render_topic({}, "run:no-such-run") is None  # gone: the page says so

@@ -238,7 +238,7 @@ def test_a_signal_form_with_nan_or_infinity_in_its_payload_is_refused_with_the_r
     run = api.start("tests.signal_waiter", None)
     form = {"name": "approve", "payload": f"[{constant}]"}
     response = admin_client.post(f"/dashboard/runs/{run.id}/signal/", form, follow=True)
-    assert response.status_code == 200 and f"{constant} is not a JSON number" in response.content.decode()
+    assert response.status_code == 400 and f"{constant} is not a JSON number" in response.content.decode()
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.SUSPENDED
 
 

@@ -98,7 +98,7 @@ def test_a_cancelled_run_draws_no_final_turn() -> None:
     assert turn_bars(run) == [(0, 1)]
 
 
-def test_an_operator_retry_shows_their_delay_then_the_next_attempts_queue_wait(
+def test_an_operator_retry_shows_their_delay_then_the_retrys_turn_and_numbers_attempts_per_round(
     manual: Engine, clock: MovableClock
 ) -> None:
     transport = transport_of(manual)
@@ -118,8 +118,13 @@ def test_an_operator_retry_shows_their_delay_then_the_next_attempts_queue_wait(
     assert [(r.attempt, r.status) for r in rows] == [(1, "failed"), (2, "completed")]
     assert [(s.kind, s.seconds) for s in rows[0].segments][-1] == ("operator", 5.0)
     assert rows[0].segments[-1].label == "operator's delay (stopped until retried)"
-    assert (rows[1].segments[0].kind, rows[1].segments[0].seconds) == ("queue", 2.0)
+    # Its step has no queue: the wait after the retry is the retry's turn, never a "queue wait".
+    assert (rows[1].segments[0].kind, rows[1].segments[0].seconds) == ("retried", 2.0)
+    assert not [s for r in rows for s in r.segments if s.kind == "queue"]
     assert second.operator_retry_at is None
+    # The first round's "attempt 1 of 1" stays as it was; the retry is a round of its own.
+    budget = second.checkpoint.max_attempts - 1  # what the retry gave the step
+    assert [r.attempt_label for r in rows] == ["attempt 1 of 1", f"retry 1 · attempt 1 of {budget}"]
 
 
 def test_a_bulk_retry_stamps_the_operator_retry_too(engine: Engine, clock: MovableClock) -> None:
@@ -137,3 +142,64 @@ def test_a_bulk_retry_stamps_the_operator_retry_too(engine: Engine, clock: Movab
 def _reset_failures() -> Any:
     yield
     workflows.FAILURES_LEFT.clear()
+
+
+def attempt(cp: StepCheckpoint, n: int, **times: float) -> None:
+    """An attempt's history row, with its times in seconds from `at(0)`."""
+    StepAttempt.objects.create(
+        checkpoint=cp,
+        run_id=cp.run_id,
+        attempt=n,
+        status="failed" if "retry_at" in times or "operator_retry_at" in times else "completed",
+        **{name: at(value) for name, value in times.items()},
+    )
+
+
+@pytest.mark.django_db
+def test_an_operators_long_delay_is_compressed_and_the_axis_has_one_unit() -> None:
+    """Two 1 s attempts around a 10-minute operator's delay: uncompressed, each would be a
+    sixth of a percent of the axis; compressed, each keeps a visible share, and every tick
+    reads in the one unit the whole span calls for."""
+    run = make_run(RunStatus.COMPLETED, finished=603)
+    make_call(run, 1, StepKind.STEP, created=0, finished=603, dispatched_at=601)
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    StepCheckpoint.objects.filter(pk=cp.pk).update(attempt=2, max_attempts=2)
+    attempt(cp, 1, dispatched_at=0, started_at=0, finished_at=1, operator_retry_at=601)
+    attempt(cp, 2, dispatched_at=601, started_at=601, finished_at=602)
+    timeline = build_timeline(run, now=at(700))
+    (stretch,) = timeline.breaks
+    assert (stretch.start, stretch.end) == (at(1), at(601)) and stretch.label == "10.0 min idle"
+    assert stretch.width == pytest.approx(6.0)
+    rows = [r for r in timeline.rows if r.key == "1"]
+    executions = [s for r in rows for s in r.segments if s.kind in ("execution", "failed")]
+    assert all(s.width > 20 for s in executions)  # not slivers
+    assert timeline.unit == "min" and all(label.endswith(" min") for _, label in timeline.ticks)
+    assert timeline.ticks[-1][1] == "+10.1 min"
+    assert [r.attempt_label for r in rows] == ["attempt 1 of 1", "retry 1 · attempt 1 of 1"]
+
+
+@pytest.mark.django_db
+def test_a_step_admitted_at_once_has_no_queue_wait_and_a_recorded_one_names_its_cause() -> None:
+    run = make_run(RunStatus.COMPLETED, finished=10)
+    make_call(run, 1, StepKind.STEP, created=0, finished=2, dispatched_at=0.5)  # no queue, no park
+    make_call(run, 2, StepKind.STEP, created=2, finished=10, dispatched_at=8)
+    first, second = StepCheckpoint.objects.filter(run=run).order_by("sequence")
+    attempt(first, 1, dispatched_at=0.5, started_at=0.6, finished_at=2)
+    StepAttempt.objects.create(
+        checkpoint=second,
+        run_id=run.pk,
+        attempt=1,
+        status="completed",
+        dispatched_at=at(8),
+        started_at=at(9),
+        finished_at=at(10),
+        waited={"cause": "rate", "queue": "api", "limit": 20, "period_ms": 1000, "until": at(8).isoformat()},
+    )
+    rows = {r.key: r for r in build_timeline(run, now=at(10)).rows}
+    assert [s.kind for s in rows["1"].segments] == ["transport", "execution"]
+    queue_wait, claim, _ = rows["2"].segments
+    assert (queue_wait.kind, queue_wait.seconds) == ("queue", 6.0)
+    assert queue_wait.label == "queue wait: queue `api`: rate window 20/20 per 1 s until 09:00:08.000"
+    tomorrow = {r.key: r for r in build_timeline(run, now=at(86_400)).rows}
+    assert tomorrow["2"].segments[0].detail.endswith("until 2026-12-01 09:00:08.000")  # not today: dated
+    assert claim.label == "no worker free (dispatched, not yet claimed)"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from django.db import connection, transaction
 
@@ -42,6 +43,7 @@ from durable_flow.admission.base import (
     Clock,
     Grant,
     OnCount,
+    first_full,
     system_clock_ms,
 )
 from durable_flow.admission.db import heads as db_heads
@@ -202,8 +204,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             others = tuple(t for t in granted.tickets if t != request.ticket)
             if request.ticket in granted.tickets:
                 return AdmissionDecision.admit(others)
-            if not counts.fits(request.constraints):
-                return AdmissionDecision.block(now + config.retry_ms, "step_concurrency", others)
+            if (full := first_full(request.constraints, counts.active)) is not None:
+                return AdmissionDecision.block(now + config.retry_ms, "step_concurrency", others, config, full)
             # The slots held now: those counted before, plus one per grant this decision made.
             in_flight = state.slots + len(granted.tickets)
             return self._blocked(config, marks, now, others, request.key, in_flight)
@@ -468,12 +470,13 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         the slots held), or others ahead."""
         rate = config.rate_limit
         if rate is not None and (retry_at := window_retry_at(rate, marks, now)) is not None:
-            return AdmissionDecision.block(retry_at, "rate_limited", granted)
+            return AdmissionDecision.block(retry_at, "rate_limited", granted, config)
         if config.keyed and (retry_at := db_keyed.blocked_until(config, key, now)):
-            return AdmissionDecision.block(retry_at, "rate_limited", granted)
+            # The queue's window has room (checked above): the key's own limits hold it back.
+            return AdmissionDecision.block(retry_at, "rate_limited", granted, replace(config, rate_limit=None))
         if config.concurrency is not None and in_flight >= config.concurrency:
-            return AdmissionDecision.block(now + config.retry_ms, "concurrency", granted)
-        return AdmissionDecision.block(now + config.retry_ms, "waiting_turn", granted)
+            return AdmissionDecision.block(now + config.retry_ms, "concurrency", granted, config)
+        return AdmissionDecision.block(now + config.retry_ms, "waiting_turn", granted, config)
 
     def _waiter_for(
         self, row: FlowQueue, config: QueueConfig, request: AdmissionRequest, now: int, waiter_id: int | None

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 
 from django.db.models import Count
 
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Constraint, Grant, ResourceUsage
+from durable_flow.admission.base import (
+    AdmissionDecision,
+    AdmissionRequest,
+    Constraint,
+    Grant,
+    ResourceUsage,
+    first_full,
+)
 from durable_flow.admission.db import heads as db_heads
 from durable_flow.admission.rules.resource_line import NEVER_SERVED
 from durable_flow.admission.rules.resources import MAX_SCAN, group_of, key_full, top_usage
@@ -198,7 +205,8 @@ class ResourceGateMixin:
             },
         )
         wait(request.ticket, FREE_QUEUE, request.priority, request.constraints)
-        return AdmissionDecision.block(now + 1000, "step_concurrency")
+        full = first_full(request.constraints, counts.active)
+        return AdmissionDecision.block(now + 1000, "step_concurrency", full=full)
 
     def _grant_freed(self, freed: list[str], now: int, skip_queue: str | None) -> tuple[str, ...]:
         """`resources.grant_freed` in SQL: each freed resource offered to its waiters (`_offer`)."""

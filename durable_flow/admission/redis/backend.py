@@ -350,7 +350,23 @@ class RedisAdmissionBackend(AdmissionBackend):
         granted = tuple(_text(t) for t in reply[4:])
         if int(reply[0]) == 1:
             return AdmissionDecision.admit(granted), now
-        return AdmissionDecision.block(int(reply[2]), _text(reply[3]), granted), now  # type: ignore[arg-type]
+        reason = _text(reply[3])
+        limits = self._blocking_limits(request.queue, reason)
+        return AdmissionDecision.block(int(reply[2]), reason, granted, limits), now  # type: ignore[arg-type]
+
+    def _blocking_limits(self, queue: str, reason: str) -> QueueConfig | None:
+        """The queue's limits a blocked call is told (why it waits, for the engine's record):
+        read on the blocked path only, one HGET. None when the script's reason cannot say which
+        limit held it: a rate window on a queue with both a global and a per-key one."""
+        if reason == "step_concurrency" or not queue:
+            return None
+        try:
+            config = self._stored_config(queue)
+        except Exception:  # noqa: BLE001 - only the record of why is lost, never the decision
+            return None
+        if config is not None and reason == "rate_limited" and config.rate_limit is not None and config.keyed:
+            return None
+        return config
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         """Free the ticket's slot whoever owns it, withdraw it as a waiter, and grant the room

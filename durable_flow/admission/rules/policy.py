@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from dataclasses import replace
 
-from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Grant
+from durable_flow.admission.base import AdmissionDecision, AdmissionRequest, Grant, first_full
 from durable_flow.admission.rules import keyed
 from durable_flow.admission.rules.queue_state import QueueState, room, take_slot
 from durable_flow.admission.rules.resources import ResourceState
@@ -141,16 +142,17 @@ def decide(
     if request.ticket in granted.tickets:
         return AdmissionDecision(admitted=True, granted=others)
     config = state.config
-    if resources is not None and not resources.fits(request.constraints):
-        return AdmissionDecision.block(now_ms + config.retry_ms, "step_concurrency", others)
+    if resources is not None and (full := first_full(request.constraints, resources.active)) is not None:
+        return AdmissionDecision.block(now_ms + config.retry_ms, "step_concurrency", others, config, full)
     rate = config.rate_limit
     if rate is not None and (retry_at := window_retry_at(rate, state.marks, now_ms)) is not None:
-        return AdmissionDecision.block(retry_at, "rate_limited", others)
+        return AdmissionDecision.block(retry_at, "rate_limited", others, config)
     if config.keyed and (retry_at := keyed_block(state, request.key, now_ms)) is not None:
-        return AdmissionDecision.block(retry_at, "rate_limited", others)
+        # The queue's window has room (checked above): the key's own limits hold it back.
+        return AdmissionDecision.block(retry_at, "rate_limited", others, replace(config, rate_limit=None))
     if config.concurrency is not None and len(state.slots) >= config.concurrency:
-        return AdmissionDecision.block(now_ms + config.retry_ms, "concurrency", others)
-    return AdmissionDecision.block(now_ms + config.retry_ms, "waiting_turn", others)
+        return AdmissionDecision.block(now_ms + config.retry_ms, "concurrency", others, config)
+    return AdmissionDecision.block(now_ms + config.retry_ms, "waiting_turn", others, config)
 
 
 def release(
