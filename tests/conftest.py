@@ -21,6 +21,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import DurableFlowSettings, get_settings, reset_settings
 from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.models import Task
+from durable_flow.store import metric_counts
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
 from tests.support.engine_pairs import DB_DB, ENGINE_PAIRS, INLINE_LOCAL, db_engine
@@ -167,8 +168,11 @@ def _close_stray_connections(django_db_setup: None, django_db_blocker: Any) -> I
 def _clean_state() -> Iterator[None]:
     workflows.EXECUTIONS.clear()
     workflows.FAILURES_LEFT.clear()
+    metric_counts.discard()  # counts a previous test made belong to its database, not this one's
     yield
     set_engine(None)
+    metric_counts.discard()
+    metric_counts.set_process(None)  # an in-process worker named this process's metric rows
 
 
 @pytest.fixture

@@ -56,6 +56,7 @@ from durable_flow.engine.turn import InlineTurnFailed, StepOptions, Unwind
 from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.store import metric_counts
 from durable_flow.store.attempts import attempt_finished
 from durable_flow.store.statements import (
     insert,
@@ -315,6 +316,7 @@ class FirstTurns:
             now = self.clock()
             if retrying:
                 cp.status, cp.error = StepStatus.RETRYING, ran.error
+                metric_counts.count(metric_counts.STEP_RETRIES, {"step": cp.name})
                 cp.wake_at = now + step_backoff(cp.name, cp.attempt)
             else:
                 cp.status = StepStatus.FAILED if ran.error is not None else StepStatus.COMPLETED

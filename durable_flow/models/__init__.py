@@ -1,6 +1,6 @@
 """What durable_flow persists, one module per concept: runs and what they record (`runs`), the
 `db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
-(`workers`), the dashboard's history (`history`), debounce and singleton counters
+(`workers`), the dashboard's history (`history`), the Prometheus counters (`metrics`), debounce and singleton counters
 (`start_control`) and the `db` admission backend's rows (`admission`).
 
 A run's state lives here, never only in memory. Django finds the models through this package,
@@ -20,6 +20,7 @@ from durable_flow.models.admission import (
     AdmissionWaiter,
 )
 from durable_flow.models.history import QueueSample, WorkerSample
+from durable_flow.models.metrics import MetricCount
 from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal
 from durable_flow.models.runs import (
     SETTLED_STEP_STATUSES,
@@ -56,6 +57,7 @@ __all__ = [
     "AttemptStatus",
     "BoundedJSONField",
     "FlowQueue",
+    "MetricCount",
     "QueueCounter",
     "QueueSample",
     "QuotaRefusal",

@@ -24,7 +24,7 @@ from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
-from durable_flow.store import queries
+from durable_flow.store import metric_counts, queries
 from durable_flow.store.outage import Outage, transient_errors
 
 logger = logging.getLogger("durable_flow.runtime.poller")
@@ -145,6 +145,8 @@ class TimerPoller:
                     self.engine.transport.enqueue_turn(run_id)
         if redriven:
             logger.info("re-dispatched %d step(s) lost with their worker", redriven)
+        metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
+        metric_counts.retire(now)  # fold the metric rows of processes long gone
         return redriven
 
     def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
@@ -210,3 +212,4 @@ class TimerPoller:
                 outage.recovered()
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)
+        metric_counts.flush_quietly()  # a graceful stop loses no count

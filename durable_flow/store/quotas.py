@@ -17,6 +17,7 @@ from django.utils import timezone
 from durable_flow.definitions.quotas import ACTIVE_STATUSES, REFUSED, QuotaCheck, QuotaSpec
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.models import QuotaRefusal, StepCheckpoint, WorkflowRun
+from durable_flow.store import metric_counts
 
 
 def lock_key(key: str) -> None:
@@ -41,6 +42,7 @@ def record_refusal(exc: ConcurrencyLimitError) -> None:
     minute = timezone.now().replace(second=0, microsecond=0)
     QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
     QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)
+    metric_counts.count(metric_counts.STARTS_REFUSED, {"workflow": exc.workflow})
 
 
 def enforce(check: QuotaCheck, *, excluding: str | None = None) -> None:

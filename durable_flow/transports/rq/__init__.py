@@ -276,6 +276,10 @@ class RQTransport(Transport):
             self.claims.ring(pipeline)
             pipeline.execute()
 
+    def backlog(self) -> int:
+        """Jobs waiting on the tiers' RQ queues (not popped by a worker yet)."""
+        return sum(queue.count for queue in self.tiers.values())
+
     # -- recovery ----------------------------------------------------------------------------
     def reclaim_from(self, dead_workers: list[str]) -> int:
         """Put the jobs that dead workers had popped back at the head of their queues now.
