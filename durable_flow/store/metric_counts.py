@@ -120,7 +120,7 @@ def observe(histogram: str, labels: Mapping[str, str], seconds: float) -> None:
     le = bound_label(bounds[index]) if index < len(bounds) else "+Inf"
     series = _labels(labels)
     items = [
-        (f"{histogram}_bucket", (*series, ("le", le)), 1.0),
+        (f"{histogram}_bucket", _labels({**labels, "le": le}), 1.0),
         (f"{histogram}_count", series, 1.0),
         (f"{histogram}_sum", series, seconds),
     ]

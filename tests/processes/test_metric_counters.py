@@ -61,8 +61,10 @@ def test_counters_and_histograms_follow_real_runs(
     spawn("durable_worker", "--concurrency", "3", env=PROCESS_ENV)
     finished = [r.id for r in done] + [failing.id]
     wait_for(
-        lambda: WorkflowRun.objects.filter(pk__in=finished, status__in=[RunStatus.COMPLETED, RunStatus.FAILED]).count()
-        == len(finished),
+        lambda: (
+            WorkflowRun.objects.filter(pk__in=finished, status__in=[RunStatus.COMPLETED, RunStatus.FAILED]).count()
+            == len(finished)
+        ),
         timeout=60,
         what="the runs to finish",
     )
@@ -71,9 +73,12 @@ def test_counters_and_histograms_follow_real_runs(
 
     def counted() -> Scrape | None:
         now = scrape(staff_client)
-        return now if delta(before, now, "durable_flow_step_duration_seconds_count", step="tests.file_gate") == 4 and (
-            delta(before, now, "durable_flow_runs_finished_total", status="failed", workflow="tests.fails") == 1
-        ) else None
+        return (
+            now
+            if delta(before, now, "durable_flow_step_duration_seconds_count", step="tests.file_gate") == 4
+            and (delta(before, now, "durable_flow_runs_finished_total", status="failed", workflow="tests.fails") == 1)
+            else None
+        )
 
     after = wait_for(counted, timeout=30, what="the worker's counts to be flushed on its heartbeat")
     runs = "durable_flow_runs_finished_total"
