@@ -114,6 +114,10 @@ class TimerPoller:
             lost_by_run.setdefault(run_id, []).append(key)
         for run_id, key in self._dropped_by_live_workers(dead_cutoff, lost_after):
             lost_by_run.setdefault(run_id, []).append(key)
+        # A worker restarted under its name: what its previous process ran is lost with it.
+        earlier = queries.steps_of_earlier_processes(queries.live_workers(dead_cutoff))
+        for run_id, key in earlier.values_list("run_id", "key")[: self.batch_size]:
+            lost_by_run.setdefault(run_id, []).append(key)
         redriven = 0
         for run_id, keys in lost_by_run.items():
             redriven += self.engine.redispatch_pending(run_id, keys=keys)
