@@ -133,7 +133,8 @@ def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn
 def test_sigkill_mid_step_loses_nothing(rq_engine: Engine, spawn, marker: Path) -> None:
     """The locked path: the step was written as running, stamped with its worker. (An optimistic
     first step's kill: `test_over_rq_a_turn_redelivered_after_a_kill_takes_the_locked_path`.)"""
-    victim = worker(spawn, marker, "--concurrency", "2", env=LOCKED)
+    # Named: a survivor starting past the TTL (a loaded machine) would take a default name back.
+    victim = worker(spawn, marker, "--concurrency", "2", "--name", "victim", env=LOCKED)
     run = start("tests.slow_one", {"id": "k", "seconds": 2.0})
     wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
     victim_id = live_heartbeat(victim).worker_id
