@@ -68,6 +68,9 @@ class Command(BaseCommand):
             raise CommandError(
                 f"the {engine.transport.name!r} transport runs work in-process; durable_worker serves db and rq"
             )
+        name = options["name"]
+        if name is not None and (not name.strip() or len(name) > 100 or any(c.isspace() for c in name)):
+            raise CommandError("--name: 1 to 100 characters, no spaces")
         spec: object = options["concurrency"]
         setting = "--concurrency"
         if spec is None:
@@ -96,10 +99,16 @@ class Command(BaseCommand):
         settings = engine.settings
         try:
             worker_id = claim_worker_id(
-                options["name"], engine.transport.name, settings.heartbeat_ttl_s, settings.heartbeat_interval_s
+                name, engine.transport.name, settings.heartbeat_ttl_s, settings.heartbeat_interval_s
             )
         except WorkerNameTaken as exc:
             raise CommandError(str(exc)) from exc
+        try:
+            # Jobs a crashed earlier process of this name had claimed: claimable now, not when
+            # their leases lapse (it is dead by the poller's own rule, or the name was not free).
+            engine.transport.reclaim_from([worker_id])
+        except transient_errors():
+            logger.warning("could not reclaim the jobs of %s's earlier process; their leases lapse", worker_id)
         runtime = WorkerRuntime(engine, source, controller, worker_id=worker_id, grace_s=options["grace"])
         runtime.install_signal_handlers()
         self.stdout.write(
