@@ -101,3 +101,13 @@ def test_an_observation_lands_in_its_bucket_and_one_past_the_last_bound_in_inf()
     metric_counts.flush()
     buckets = metric_counts.totals()[f"{STEP_DURATION}_bucket"]
     assert buckets == {(("le", "0.005"), ("step", "s")): 1, (("le", "+Inf"), ("step", "s")): 1}
+
+
+def test_a_web_process_writes_what_it_counted_at_the_end_of_a_request() -> None:
+    """`request_finished` flushes (wired in the app's `ready()`): a request that counted something
+    (a start a quota refused, a cancel) leaves it in the database, scraped or not."""
+    metric_counts.count(RUNS_FINISHED, {"workflow": "w", "status": "cancelled"})
+    assert not MetricCount.objects.exists()
+    assert Client().get("/metrics/").status_code == 401  # any request; this one reads nothing
+    assert metric_counts.pending() == {}
+    assert list(MetricCount.objects.values_list("metric", "value")) == [(RUNS_FINISHED, 1.0)]
