@@ -15,11 +15,11 @@ from durable_flow.config.settings import get_settings
 from durable_flow.engine import get_engine
 from durable_flow.models import WorkerHeartbeat, dead_worker_cutoff
 from durable_flow.store import metric_counts, queries
-from durable_flow.store.metric_counts import HISTOGRAMS, RETIRED, Labels, bound_label
+from durable_flow.store.metric_counts import HISTOGRAMS, Labels, bound_label
 
 logger = logging.getLogger("durable_flow.contrib.metrics")
 
-__all__ = ["HISTOGRAMS", "RETIRED", "Labels", "backlog", "bound_label", "counted", "flush_own", "reported_workers"]
+__all__ = ["HISTOGRAMS", "Labels", "backlog", "bound_label", "counted", "flush_own", "reported_workers"]
 
 
 def flush_own(**_: object) -> None:
