@@ -18,13 +18,21 @@ from django.conf import settings
 from redis import Redis
 from rq import Retry
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
-from rq.worker import Worker
+from rq.worker import SimpleWorker, Worker
 
 from durable_flow import start
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun, dead_worker_cutoff
+from durable_flow.models import (
+    MetricCount,
+    RunStatus,
+    StepCheckpoint,
+    StepStatus,
+    WorkerHeartbeat,
+    WorkflowRun,
+    dead_worker_cutoff,
+)
 from durable_flow.testing.clock import FakeMonotonic
 from durable_flow.transports.rq import RQTransport, run_step_job, run_turn_job, tier_for
 from durable_flow.transports.rq.common import HIGH, JOB_KINDS, LOW, NORMAL
@@ -89,6 +97,20 @@ def test_enqueue_waits_for_commit_and_rolls_back_with_the_transaction(rq_engine:
     run = start("tests.three_steps", 1)
     assert queue.count == 1
     assert queue.jobs[0].func_name == "durable_flow.transports.rq.run_turn_job" and queue.jobs[0].args == (run.id,)
+
+
+def test_a_plain_rq_worker_writes_its_metric_counts_after_each_job(rq_engine: Engine, redis_conn: Redis) -> None:
+    """No heartbeat, a forked process per job: each job writes what it counted, under the RQ
+    worker's name (one row per series however many jobs it runs)."""
+    runs = [start("tests.three_steps", n) for n in (1, 2)]
+    plain = SimpleWorker(list(rq_engine.transport.tiers.values()), connection=redis_conn)
+    for _ in range(10):
+        plain.work(burst=True)
+        if all(run_status(run.id) == RunStatus.COMPLETED for run in runs):
+            break
+    rows = MetricCount.objects.filter(metric="durable_flow_runs_finished_total")
+    assert list(rows.values_list("process", "value")) == [(f"rq:{plain.name}", 2.0)]
+    assert set(MetricCount.objects.values_list("process", flat=True)) == {f"rq:{plain.name}"}
 
 
 def test_a_tasks_first_turn_is_queued_on_its_prioritys_tier(rq_engine: Engine) -> None:
