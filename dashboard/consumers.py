@@ -18,12 +18,13 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
 
-from .live import broadcaster, group_name, parse_topic
+from .live import broadcaster, canonical_topic, group_name
 
 #: Close codes the page's script understands. 4401: the session no longer logs this user in
 #: (logged out, expired, flushed, the password changed, the user deactivated or deleted): log
-#: in again. 4403: signed in, but not staff. 4400: no such live topic.
-BAD_TOPIC, SESSION_EXPIRED, FORBIDDEN = 4400, 4401, 4403
+#: in again. 4403: signed in, but not staff. 4400: no such live topic. 4429: this server
+#: already renders as many distinct topics as it will (`live.MAX_TOPICS`).
+BAD_TOPIC, SESSION_EXPIRED, FORBIDDEN, TOO_MANY_TOPICS = 4400, 4401, 4403, 4429
 
 
 class _SessionData(dict[str, Any]):
@@ -62,9 +63,10 @@ def refusal(user: Any, opened_by: Any = None) -> int | None:
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     """Refuses the handshake of anonymous, inactive and non-staff users (HTTP 403); accepts and
-    closes an unknown topic with 4400, so the page can tell it from a drop. Before every tick
-    (one a second, `broadcaster.interval_s`) it re-checks the session's user (two primary-key
-    reads) and closes with 4401 or 4403 instead of forwarding it."""
+    closes an unknown or invalid topic with 4400, so the page can tell it from a drop. On
+    joining, the tab gets its topic's latest fragments at once (then only what changes). Before
+    every tick (one a second, `broadcaster.interval_s`) it re-checks the session's user (two
+    primary-key reads) and closes with 4401 or 4403 instead of forwarding it."""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -72,15 +74,22 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=FORBIDDEN)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode("utf-8", "replace"))
-        topic = (query.get("topic") or ["overview"])[0]
+        topic = canonical_topic((query.get("topic") or ["overview"])[0])
         await self.accept()
-        if parse_topic(topic) is None:
+        if topic is None:
             await self.close(code=BAD_TOPIC)
             return
-        self.topic = topic
         self.closing = False
+        if not broadcaster.subscribe(topic):
+            await self.close(code=TOO_MANY_TOPICS)
+            return
+        self.topic = topic
+        # Joined before the latest fragments are read: a tick sent in between reaches this tab
+        # too, so it never misses a change (at worst it gets one twice).
         await self.channel_layer.group_add(group_name(topic), self.channel_name)
-        broadcaster.subscribe(topic)
+        first = broadcaster.joined(topic)
+        if first is not None:
+            await self.send_json(first)
 
     async def disconnect(self, code: int) -> None:
         topic = getattr(self, "topic", None)

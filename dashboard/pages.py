@@ -15,11 +15,12 @@ from django.utils.dateparse import parse_datetime
 
 from durable_flow.config.settings import get_settings
 from durable_flow.config.validation import MAX_DURATION_MS
-from durable_flow.observe.admission import key_windows, step_concurrency, throttle_buckets
+from durable_flow.observe.admission import key_windows, throttle_buckets
 from durable_flow.observe.history import SPAN, History, Sample, history
 from durable_flow.observe.queues import admissions_since, busiest_keys
 
 from . import charts
+from .limit_pages import keys_context
 
 RUN_STATUS_ORDER = ["failed", "running", "pending", "debounced", "suspended", "cancelling", "completed", "cancelled"]
 
@@ -164,8 +165,8 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
 
 def queues_context(snap: Mapping[str, Any]) -> dict[str, Any]:
     """The queues page: the queue table with backlog sparklines, and the busiest keys of each
-    step-concurrency constraint (from the admission backend)."""
-    return {"snap": snap, "queue_table": _queue_table(snap, history(_at(snap))), "constraints": step_concurrency()}
+    step-concurrency constraint (from the admission backend), linked to their runs."""
+    return {**keys_context(snap, top=10), "queue_table": _queue_table(snap, history(_at(snap)))}
 
 
 def workers_context(snap: Mapping[str, Any]) -> dict[str, Any]:

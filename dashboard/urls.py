@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import flow_views, run_views, views
+from . import bulk_views, flow_views, limit_views, run_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -9,7 +9,7 @@ urlpatterns = [
     path("dashboard/snapshot.json", views.snapshot_json, name="snapshot"),
     path("dashboard/runs/", run_views.runs, name="runs"),
     path("dashboard/runs/start/", run_views.start, name="start"),
-    path("dashboard/runs/bulk/<str:action>/", run_views.bulk, name="bulk"),
+    path("dashboard/runs/bulk/<str:action>/", bulk_views.bulk, name="bulk"),
     path("dashboard/runs/<path:run_id>/cancel/", run_views.cancel, name="cancel"),
     path("dashboard/runs/<path:run_id>/retry/", run_views.retry, name="retry"),
     path("dashboard/runs/<path:run_id>/rerun/", run_views.rerun, name="rerun"),
@@ -25,4 +25,6 @@ urlpatterns = [
     path("dashboard/queues/<path:name>/resize/", views.queue_resize, name="queue-resize"),
     path("dashboard/queues/<path:name>/", views.queue_detail, name="queue"),
     path("dashboard/workers/", views.workers, name="workers"),
+    path("dashboard/quotas/", limit_views.quotas, name="quotas"),
+    path("dashboard/keys/", limit_views.keys, name="keys"),
 ]

@@ -1,4 +1,4 @@
-"""The Django admin: runs to inspect and cancel, queues, worker heartbeats."""
+"""The Django admin: runs to inspect and cancel, queues, worker heartbeats, the JSON API's access tokens."""
 
 from __future__ import annotations
 
@@ -18,8 +18,17 @@ from django.urls import path, reverse
 from durable_flow.config.validation import storable_text
 from durable_flow.contrib.admin_attempts import StepAttemptInline
 from durable_flow.contrib.admin_bulk import BulkByFilterMixin
+from durable_flow.contrib.admin_tokens import AccessTokenAdminMixin
 from durable_flow.exceptions import DurableFlowError, InvalidInput
-from durable_flow.models import FlowQueue, QuotaRefusal, StepCheckpoint, WorkerHeartbeat, WorkflowRun
+from durable_flow.models import (
+    AccessToken,
+    FlowQueue,
+    QuotaRefusal,
+    StartRefusal,
+    StepCheckpoint,
+    WorkerHeartbeat,
+    WorkflowRun,
+)
 from durable_flow.observe import queues, quotas, runs, workers
 from durable_flow.observe.admission import step_concurrency
 from durable_flow.operations.api import cancel, pause_queue, rerun, resume_queue, retry, send_signal, start
@@ -87,13 +96,16 @@ class UrlSafeAdmin(admin.ModelAdmin):
             return queryset.none(), False
         return super().get_search_results(request, queryset, search_term)
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
         """A ticked id with a NUL (only a forged form sends one) names no row: the action does
-        nothing and says why, instead of a query PostgreSQL refuses."""
+        nothing and says why, instead of a query PostgreSQL refuses. Django 6.1's
+        `action_location` (and whatever a later version adds) is passed on."""
         if any("\x00" in pk for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)):
             self.message_user(request, "A selected id contains a NUL character; nothing was done.", messages.ERROR)
             return None
-        return super().response_action(request, queryset)
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         """None (the admin's "doesn't exist") for a text key the database cannot store, as for
@@ -404,3 +416,25 @@ class QuotaRefusalAdmin(UrlSafeAdmin):
     @admin.display(description="Limit (latest start)")
     def limit_now(self, obj: Any) -> int | None:
         return obj.latest_limit
+
+
+@admin.register(StartRefusal)
+class StartRefusalAdmin(UrlSafeAdmin):
+    """Each refused start (the dashboard's quota page shows them with filters and a chart),
+    found by exact workflow or key; read-only, newest first, no full count of the history."""
+
+    list_display = ["at", "workflow", "key", "active", "limit"]
+    search_fields = ["=key", "=workflow"]
+    ordering = ["-at", "-id"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(AccessToken)
+class AccessTokenAdmin(AccessTokenAdminMixin, UrlSafeAdmin):
+    """Personal access tokens of the JSON API: created (shown once) and revoked here."""

@@ -7,6 +7,8 @@
   without building it or connecting to anything;
 - `durable_flow.E006`: the dashboard's sampling (`POLLER["SAMPLE_INTERVAL_S"]`,
   `POLLER["SAMPLE_RETENTION_S"]`) is out of range;
+- `durable_flow.E009`: the refusal history's retention (`POLLER["REFUSAL_RETENTION_S"]`) is out
+  of range;
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -26,7 +28,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from durable_flow.config.options import Configurable
-from durable_flow.config.settings import TRANSPORT_BACKENDS, SamplingMisconfigured, parse_settings
+from durable_flow.config.settings import (
+    TRANSPORT_BACKENDS,
+    RefusalRetentionMisconfigured,
+    SamplingMisconfigured,
+    parse_settings,
+)
 from durable_flow.definitions.registry import workflows
 
 HINTS = {
@@ -40,6 +47,7 @@ HINTS = {
     "E006": (
         "SAMPLE_INTERVAL_S is 1 to 3600 s, SAMPLE_RETENTION_S 3600 s (the charts show an hour) to a year (31536000 s)."
     ),
+    "E009": "REFUSAL_RETENTION_S is 3600 s (the quota page's chart shows an hour) to a year (31536000 s).",
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -64,6 +72,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         config = parse_settings(getattr(settings, "DURABLE_FLOW", {}))
     except SamplingMisconfigured as exc:
         return [_error(str(exc), "E006")]
+    except RefusalRetentionMisconfigured as exc:
+        return [_error(str(exc), "E009")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.exceptions import SuspiciousOperation
 
 
@@ -84,13 +86,18 @@ class SignalTimeout(DurableFlowError, TimeoutError):
 
 
 class ConcurrencyLimitError(DurableFlowError):
-    """A start was refused at once because its quota is full (mapped to HTTP 429)."""
+    """A start was refused at once because its quota is full (mapped to HTTP 429).
 
-    def __init__(self, key: str, limit: int, active: int, workflow: str) -> None:
+    `retry_at` is when a slot frees as planned now (a run holding one is parked until a known
+    time and leaves the counted statuses then), or None when no holder has a known end: a
+    running run's end is not known."""
+
+    def __init__(self, key: str, limit: int, active: int, workflow: str, *, retry_at: datetime | None = None) -> None:
         self.key = key
         self.limit = limit
         self.active = active
         self.workflow = workflow
+        self.retry_at = retry_at
         super().__init__(f"quota {key!r} is full for {workflow!r}: {active} active, limit {limit}")
 
 

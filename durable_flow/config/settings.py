@@ -78,6 +78,8 @@ class DurableFlowSettings:
     sample_interval_s: float = 10.0
     #: How long samples are kept; older ones are pruned by the poller.
     sample_retention_s: float = 86_400.0
+    #: How long refused starts (`StartRefusal`, `QuotaRefusal`) are kept; the poller deletes older ones.
+    refusal_retention_s: float = 7 * 86_400.0
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
@@ -89,6 +91,10 @@ class DurableFlowSettings:
 
 class SamplingMisconfigured(ImproperlyConfigured):
     """POLLER's SAMPLE_INTERVAL_S / SAMPLE_RETENTION_S are wrong (`manage.py check`: E006)."""
+
+
+class RefusalRetentionMisconfigured(ImproperlyConfigured):
+    """POLLER's REFUSAL_RETENTION_S is wrong (`manage.py check`: E009)."""
 
 
 def backend(aliases: Mapping[str, str]) -> Validator:
@@ -160,6 +166,12 @@ POLLER_OPTIONS = {
     "SAMPLE_RETENTION_S": Option(
         "How long samples are kept.", number(HOUR_S, 365 * DAY_S, unit="seconds"), SamplingMisconfigured
     ),
+    # From an hour (the quota page's chart) to a year.
+    "REFUSAL_RETENTION_S": Option(
+        "How long refused starts are kept (the quota page's history).",
+        number(HOUR_S, 365 * DAY_S, unit="seconds"),
+        RefusalRetentionMisconfigured,
+    ),
 }
 HEARTBEAT_OPTIONS = {
     "INTERVAL_S": Option("How often a worker beats.", seconds(HOUR_S)),
@@ -193,6 +205,7 @@ _FIELDS = {
         "maintenance_s": "poller_maintenance_s",
         "sample_interval_s": "sample_interval_s",
         "sample_retention_s": "sample_retention_s",
+        "refusal_retention_s": "refusal_retention_s",
     },
     "heartbeat": {"interval_s": "heartbeat_interval_s", "ttl_s": "heartbeat_ttl_s"},
     "metrics": {"token": "metrics_token"},
@@ -206,6 +219,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "poller_maintenance_s": float,
     "sample_interval_s": float,
     "sample_retention_s": float,
+    "refusal_retention_s": float,
     "redispatch_after_s": float,
 }
 

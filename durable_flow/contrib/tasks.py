@@ -276,7 +276,9 @@ class DurableFlowBackend(BaseTaskBackend):
                 priority=task.priority,  # the first turn's: uncontended tasks run by priority too
             )
         except ConcurrencyLimitError as exc:
-            raise ConcurrencyLimitError(exc.key, exc.limit, exc.active, task.module_path) from None
+            raise ConcurrencyLimitError(
+                exc.key, exc.limit, exc.active, task.module_path, retry_at=exc.retry_at
+            ) from None
         if run.pk != result_id:  # folded into a debounced call, or skipped by a singleton
             return self._result(run)
         object.__setattr__(result, "enqueued_at", run.created_at)

@@ -1,7 +1,8 @@
 """What durable_flow persists, one module per concept: runs and what they record (`runs`), the
 `db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
-(`workers`), the dashboard's history (`history`), the Prometheus counters (`metrics`), debounce and singleton counters
-(`start_control`) and the `db` admission backend's rows (`admission`).
+(`workers`), the dashboard's history (`history`), the Prometheus counters (`metrics`), debounce and
+singleton counters (`start_control`), the `db` admission backend's rows (`admission`) and the JSON
+API's personal access tokens (`tokens`).
 
 A run's state lives here, never only in memory. Django finds the models through this package,
 which names every one of them."""
@@ -21,7 +22,7 @@ from durable_flow.models.admission import (
 )
 from durable_flow.models.history import QueueSample, WorkerSample
 from durable_flow.models.metrics import MetricCount
-from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal
+from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal, StartRefusal
 from durable_flow.models.runs import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -38,11 +39,13 @@ from durable_flow.models.runs import (
 )
 from durable_flow.models.start_control import StartCounter
 from durable_flow.models.tasks import Task, TaskKind
+from durable_flow.models.tokens import AccessToken
 from durable_flow.models.workers import WorkerHeartbeat, dead_worker_cutoff
 
 __all__ = [
     "SETTLED_STEP_STATUSES",
     "TERMINAL_RUN_STATUSES",
+    "AccessToken",
     "AdmissionHold",
     "AdmissionKeyMark",
     "AdmissionKeyServed",
@@ -64,6 +67,7 @@ __all__ = [
     "RunStatus",
     "Signal",
     "StartCounter",
+    "StartRefusal",
     "StepAttempt",
     "StepCheckpoint",
     "StepKind",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from durable_flow.config.limits import (
-    QUEUE_NAME_LENGTH,
-)
+from durable_flow.config.limits import QUEUE_NAME_LENGTH, QUOTA_KEY_LENGTH, WORKFLOW_NAME_LENGTH
 
 
 class FlowQueue(models.Model):
@@ -55,3 +53,27 @@ class QuotaRefusal(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["key", "minute"], name="df_refusal_key_minute")]
         indexes = [models.Index(fields=["minute"], name="df_refusal_minute")]
+
+
+class StartRefusal(models.Model):
+    """One start a quota refused: which workflow, under which key, when, and the count it was
+    refused at (`active` runs of the key against its `limit`). Written once per refusal
+    (`durable_flow.store.quotas.record_refusal`); the poller deletes rows older than
+    `POLLER["REFUSAL_RETENTION_S"]`."""
+
+    workflow = models.CharField(max_length=WORKFLOW_NAME_LENGTH)
+    key = models.CharField(max_length=QUOTA_KEY_LENGTH)
+    at = models.DateTimeField()
+    active = models.PositiveIntegerField(help_text="Runs of the key occupying a slot when the start was refused.")
+    limit = models.PositiveIntegerField(help_text="The key's limit for that start.")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["at"], name="df_srefusal_at"),
+            models.Index(fields=["workflow", "at"], name="df_srefusal_workflow_at"),
+            models.Index(fields=["key", "at"], name="df_srefusal_key_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.key} {self.at:%Y-%m-%d %H:%M:%S}"

@@ -9,15 +9,20 @@ from datetime import timedelta
 from typing import Any
 
 from django import forms
+from django.db import connection
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from durable_flow.config.settings import get_settings
+from durable_flow.definitions.registry import workflows
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
 
 #: The time-range presets of the filter bar, as `?range=` values.
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+#: A step-concurrency key's scopes, as `?key_scope=` values.
+KEY_SCOPES = {"fn": "one workflow", "env": "environment", "account": "account"}
 
 
 class RunFilterForm(forms.Form):
@@ -28,6 +33,8 @@ class RunFilterForm(forms.Form):
     workflow = forms.CharField(required=False, max_length=200)
     queue = forms.CharField(required=False, max_length=100)
     tag = forms.CharField(required=False, max_length=200)
+    key = forms.CharField(required=False, max_length=200, label="Step-concurrency key")
+    key_scope = forms.ChoiceField(required=False, choices=[("", "any scope"), *KEY_SCOPES.items()], label="Key scope")
     range = forms.ChoiceField(
         required=False, choices=[("", "any time")] + [(key, f"last {key}") for key in RANGES], label="Started"
     )
@@ -36,7 +43,7 @@ class RunFilterForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        for name in ("q", "workflow", "queue", "tag"):
+        for name in ("q", "workflow", "queue", "tag", "key"):
             if "\x00" in (data.get(name) or ""):
                 self.add_error(name, "must not contain a NUL character")
         return data
@@ -55,6 +62,8 @@ def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
         # A JSON list's text holds `"tag"` (quoted) on SQLite and PostgreSQL alike; JSON
         # containment is not available on SQLite.
         runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(tags_text__contains=json.dumps(data["tag"]))
+    if data.get("key") or data.get("key_scope"):
+        runs = holding_key(runs, data.get("key") or "", data.get("key_scope") or "", data.get("workflow") or "")
     if data.get("range"):
         runs = runs.filter(created_at__gte=timezone.now() - RANGES[data["range"]])
     if data.get("since"):
@@ -67,6 +76,43 @@ def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
             Q(pk=text) | Q(pk__startswith=text) | Q(input_text__icontains=text)
         )
     return runs.order_by("-created_at", "pk")
+
+
+def key_resources(value: str, scope: str, workflow: str) -> list[str]:
+    """The admission resources a step-concurrency key names (`step_concurrency.ConcurrencySpec.
+    resource`): `value` in `scope` ("" for every scope); of `workflow`, or of every workflow that
+    declares a per-workflow constraint, for the `fn` scope. An empty `value` in the `fn` scope is
+    a workflow's keyless constraint."""
+    resources = []
+    if scope in ("", "fn"):
+        names = (
+            [workflow]
+            if workflow
+            else [n for n, d in workflows().items() if any(s.scope == "fn" for s in d.concurrency)]
+        )
+        resources += [f"sc:fn:{name}:{value}" if value else f"sc:fn:{name}" for name in names]
+    if value and scope in ("", "env"):
+        resources.append(f"sc:env:{get_settings().environment}:{value}")
+    if value and scope in ("", "account"):
+        resources.append(f"sc:acct:{value}")
+    return resources
+
+
+def holding_key(runs: QuerySet[WorkflowRun], value: str, scope: str, workflow: str) -> QuerySet[WorkflowRun]:
+    """The runs whose steps take a slot of the key (`WorkflowRun.step_concurrency` names its
+    resource): JSON containment where the database has it (PostgreSQL), else the stored JSON's
+    text, which holds `"resource": "<name>"` exactly as Django wrote it."""
+    resources = key_resources(value, scope, workflow)
+    if not resources:
+        return runs.none()
+    match = Q()
+    if connection.features.supports_json_field_contains:
+        for resource in resources:
+            match |= Q(step_concurrency__contains=[{"resource": resource}])
+        return runs.filter(match)
+    for resource in resources:
+        match |= Q(sc_text__contains=f'"resource": {json.dumps(resource)}')
+    return runs.annotate(sc_text=Cast("step_concurrency", TextField())).filter(match)
 
 
 def runs_from_json(body: dict[str, Any]) -> QuerySet[WorkflowRun]:

@@ -14,6 +14,13 @@ under a start quota or a singleton (each passes them again, counting the runs re
 
 Each processed run gets its own admin `LogEntry` (so its History shows who cancelled or retried
 it), written with one bulk INSERT per batch.
+
+The result counts what happened to each run selected: `done`, `skipped` (it no longer needed it
+when its batch reached it: a run to cancel that finished by then, a run to retry that is no
+longer failed or cancelled) and `failed` (refused, with a reason each). An operator confirms a
+count first; `confirmed_at` (when that count was shown) keeps the selection to the runs that
+count was about: started by then, and for a cancel unfinished then, so the runs that finished
+in between are counted as skipped instead of silently missing from the total.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, F, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from durable_flow.definitions.registry import get_workflow
 from durable_flow.engine import get_engine, retry_on_conflict
@@ -49,15 +58,34 @@ from durable_flow.store.attempts import operator_retried
 BATCH_SIZE = 500
 CANCELLED_ERROR = {"type": "Cancelled", "message": "cancelled"}
 LIVE_PARENT_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+#: A confirmation time this far ahead of the server's clock is not one a confirmation page wrote.
+CLOCK_SLACK = timedelta(minutes=5)
 
 
 @dataclass
 class BulkResult:
-    """What a bulk operation did: `done` runs changed, and why others were refused."""
+    """What a bulk operation did: `done` runs changed, `skipped` runs that no longer needed it
+    when their batch reached them (finished by then, for a cancel), and why others were refused
+    (`failed` of them)."""
 
     done: int = 0
     refused: list[str] = field(default_factory=list)
     batches: int = 0
+    skipped: int = 0
+
+    @property
+    def failed(self) -> int:
+        return len(self.refused)
+
+    def summary(self, verb: str) -> str:
+        """`Cancel: 45 done, 7 already finished.` — every count that is not zero, in words."""
+        parts = [f"{self.done} done"]
+        if self.skipped:
+            why = "already finished" if verb == "Cancel" else "no longer failed or cancelled"
+            parts.append(f"{self.skipped} {why}")
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        return f"{verb}: {', '.join(parts)}."
 
 
 def cancellable(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
@@ -65,9 +93,39 @@ def cancellable(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
     return runs.exclude(status__in=TERMINAL_RUN_STATUSES)
 
 
+def unfinished_at(
+    runs: QuerySet[WorkflowRun], confirmed_at: datetime, statuses: Sequence[str] = ()
+) -> QuerySet[WorkflowRun]:
+    """The runs of `runs` a cancel confirmed at `confirmed_at` was about, as the rows tell it
+    now: started by then, and either still unfinished (in `statuses`, when the operator's filter
+    named some) or finished since (the ones a cancel reports as already finished). `runs` must
+    not be filtered by status itself (a finished run no longer has the status it had then):
+    pass the filter's statuses here. A status filter naming only finished statuses selects
+    nothing to cancel."""
+    started = runs.filter(created_at__lte=confirmed_at)
+    live = [status for status in statuses if status not in TERMINAL_RUN_STATUSES]
+    if statuses and not live:
+        return started.none()
+    unfinished = ~Q(status__in=TERMINAL_RUN_STATUSES) & (Q(status__in=live) if live else Q())
+    finished_since = Q(status__in=TERMINAL_RUN_STATUSES, finished_at__gte=confirmed_at)
+    return started.filter(unfinished | finished_since)
+
+
 def retryable(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
     """The runs of `runs` a retry would consider (failed or cancelled)."""
     return runs.filter(status__in=RETRYABLE)
+
+
+def confirmation_time(raw: str | None) -> datetime | None:
+    """When a confirmation page showed its count, as its form sends it back (ISO 8601 with an
+    offset); None for anything else, a time without an offset or one in the future."""
+    try:
+        value = parse_datetime(raw) if isinstance(raw, str) and len(raw) <= 64 else None
+    except ValueError:  # well formed, but no such date
+        return None
+    if value is None or timezone.is_naive(value) or value > timezone.now() + CLOCK_SLACK:
+        return None
+    return value
 
 
 def matching_batches(runs: QuerySet[WorkflowRun], size: int = BATCH_SIZE) -> Iterator[list[str]]:
@@ -83,35 +141,62 @@ def matching_batches(runs: QuerySet[WorkflowRun], size: int = BATCH_SIZE) -> Ite
         last = ids[-1]
 
 
-def cancel_matching(runs: QuerySet[WorkflowRun], user: Any = None, message: str = "Cancelled (bulk)") -> BulkResult:
-    """Cancel every non-terminal run `runs` matches, batch by batch (see the module doc)."""
+def cancel_matching(
+    runs: QuerySet[WorkflowRun],
+    user: Any = None,
+    message: str = "Cancelled (bulk)",
+    *,
+    confirmed_at: datetime | None = None,
+    statuses: Sequence[str] = (),
+) -> BulkResult:
+    """Cancel every non-terminal run `runs` (and, if given, in `statuses`) matches, batch by
+    batch (see the module doc). With `confirmed_at`, the runs the confirmed count was about
+    (`unfinished_at`): those finished since are counted as skipped."""
+    if confirmed_at is not None:
+        selection = unfinished_at(runs, confirmed_at, statuses)
+    else:
+        selection = cancellable(runs.filter(status__in=statuses) if statuses else runs)
     result = BulkResult()
-    for ids in matching_batches(cancellable(runs)):
-        result.done += cancel_batch(ids, user, message)
+    for ids in matching_batches(selection):
+        done, skipped = cancel_batch(ids, user, message)
+        result.done += done
+        result.skipped += skipped
         result.batches += 1
     return result
 
 
-def retry_matching(runs: QuerySet[WorkflowRun], user: Any = None, message: str = "Retried (bulk)") -> BulkResult:
-    """Retry every failed or cancelled run `runs` matches, batch by batch."""
+def retry_matching(
+    runs: QuerySet[WorkflowRun],
+    user: Any = None,
+    message: str = "Retried (bulk)",
+    *,
+    confirmed_at: datetime | None = None,
+) -> BulkResult:
+    """Retry every failed or cancelled run `runs` matches, batch by batch; with `confirmed_at`,
+    only runs started by then. A run no longer failed or cancelled when its batch locks it
+    (retried by someone else meanwhile) is counted as skipped."""
+    selection = retryable(runs)
+    if confirmed_at is not None:
+        selection = selection.filter(created_at__lte=confirmed_at)
     result = BulkResult()
-    for ids in matching_batches(retryable(runs)):
-        done, refused = retry_batch(ids, user, message)
+    for ids in matching_batches(selection):
+        done, refused, skipped = retry_batch(ids, user, message)
         result.done += done
         result.refused.extend(refused)
+        result.skipped += skipped
         result.batches += 1
     return result
 
 
 @retry_on_conflict
-def cancel_batch(ids: Sequence[str], user: Any = None, message: str = "Cancelled (bulk)") -> int:
-    """Cancel these runs (the non-terminal ones) and their descendants in one transaction; how
-    many of `ids` were cancelled (or set cancelling, with a step still executing)."""
+def cancel_batch(ids: Sequence[str], user: Any = None, message: str = "Cancelled (bulk)") -> tuple[int, int]:
+    """Cancel these runs (the non-terminal ones) and their descendants in one transaction: how
+    many of `ids` were cancelled (or set cancelling, with a step still executing), and how many
+    had already finished when they were locked."""
     engine = get_engine()
     with transaction.atomic():
-        runs = list(
-            WorkflowRun.objects.select_for_update().filter(pk__in=ids).exclude(status__in=TERMINAL_RUN_STATUSES)
-        )
+        locked = list(WorkflowRun.objects.select_for_update().filter(pk__in=ids))
+        runs = [run for run in locked if run.status not in TERMINAL_RUN_STATUSES]
         in_batch = {run.pk for run in runs}
         outside = {run.parent_id for run in runs if run.parent_id and run.parent_id not in in_batch}
         live_parents = set(
@@ -122,7 +207,7 @@ def cancel_batch(ids: Sequence[str], user: Any = None, message: str = "Cancelled
                 engine.cancel(run.pk)  # the parent's child call must settle and wake it
         _cancel_set(engine, [run.pk for run in runs if run.parent_id not in live_parents])
         record_operations(user, runs, message)
-    return len(runs)
+    return len(runs), len(locked) - len(runs)
 
 
 def _cancel_set(engine: Any, ids: list[str]) -> None:
@@ -165,13 +250,15 @@ def _cancel_set(engine: Any, ids: list[str]) -> None:
 
 
 @retry_on_conflict
-def retry_batch(ids: Sequence[str], user: Any = None, message: str = "Retried (bulk)") -> tuple[int, list[str]]:
+def retry_batch(ids: Sequence[str], user: Any = None, message: str = "Retried (bulk)") -> tuple[int, list[str], int]:
     """Retry these runs (the failed or cancelled ones) in one transaction: how many were
-    retried, and a reason for each refused (version changed, parent finished, ...)."""
+    retried, a reason for each refused (version changed, parent finished, ...), and how many
+    were no longer failed or cancelled when they were locked."""
     engine = get_engine()
     refused: list[str] = []
     with transaction.atomic():
-        runs = list(WorkflowRun.objects.select_for_update().filter(pk__in=ids, status__in=RETRYABLE))
+        locked = list(WorkflowRun.objects.select_for_update().filter(pk__in=ids))
+        runs = [run for run in locked if run.status in RETRYABLE]
         parents = dict(
             WorkflowRun.objects.filter(pk__in={run.parent_id for run in runs if run.parent_id}).values_list(
                 "pk", "status"
@@ -208,7 +295,7 @@ def retry_batch(ids: Sequence[str], user: Any = None, message: str = "Retried (b
             done.append(run)
         _reset_set(engine, [run.pk for run in done if run.pk not in per_run])
         record_operations(user, done, message)
-    return len(done), refused
+    return len(done), refused, len(locked) - len(runs)
 
 
 def _refusal(run: WorkflowRun, parent_status: dict[str, str]) -> str | None:

@@ -26,6 +26,7 @@ from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_c
 from durable_flow.observe.sampling import Sampler
 from durable_flow.store import metric_counts, queries
 from durable_flow.store.outage import Outage, transient_errors
+from durable_flow.store.quotas import prune_refusals
 
 logger = logging.getLogger("durable_flow.runtime.poller")
 
@@ -149,6 +150,9 @@ class TimerPoller:
                     self.engine.transport.enqueue_turn(run_id)
         if redriven:
             logger.info("re-dispatched %d step(s) lost with their worker", redriven)
+        # The quota page's history of refused starts: rows past POLLER["REFUSAL_RETENTION_S"],
+        # a few bounded batches per pass.
+        prune_refusals(settings.refusal_retention_s, now)
         metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
         metric_counts.retire(now)  # fold the metric rows of processes long gone
         return redriven

@@ -1,6 +1,7 @@
 """Start quotas over the rows: the key's transaction-scoped lock, the count of its active runs,
-the check a start or a retry passes inside its transaction, refused starts counted per minute,
-and what a run's or a child checkpoint's quota columns say (a retry's check, a recorded refusal).
+the check a start or a retry passes inside its transaction, refused starts (counted per minute,
+and kept one row each until their retention ends), and what a run's or a child checkpoint's
+quota columns say (a retry's check, a recorded refusal).
 
 The rules (`QuotaSpec`, `QuotaCheck`, what a refusal records) are declarations, in
 `durable_flow.definitions.quotas`; this module reads and writes them in the database.
@@ -9,6 +10,7 @@ The rules (`QuotaSpec`, `QuotaCheck`, what a refusal records) are declarations, 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import F
@@ -16,8 +18,11 @@ from django.utils import timezone
 
 from durable_flow.definitions.quotas import ACTIVE_STATUSES, REFUSED, QuotaCheck, QuotaSpec
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
-from durable_flow.models import QuotaRefusal, StepCheckpoint, WorkflowRun
+from durable_flow.models import QuotaRefusal, StartRefusal, StepCheckpoint, WorkflowRun
 from durable_flow.store import metric_counts
+
+#: Run statuses a run leaves at its `wake_at`, for `pending` (the poller wakes it then).
+PARKED_STATUSES = ("debounced", "suspended")
 
 
 def lock_key(key: str) -> None:
@@ -37,12 +42,42 @@ def count_active(key: str, statuses: Iterable[str] = ACTIVE_STATUSES, *, excludi
 
 
 def record_refusal(exc: ConcurrencyLimitError) -> None:
-    """Count a refused start against its key's current minute (outside the refused start's
-    transaction, which rolled back)."""
-    minute = timezone.now().replace(second=0, microsecond=0)
+    """Count a refused start against its key's current minute, and keep its row in the refusal
+    history (outside the refused start's transaction, which rolled back).
+
+    One INSERT per refusal, not a batch: a refused start has already paid a transaction (the
+    key's lock and its COUNT) and the minute's upsert, so the row adds one statement to three,
+    and a row buffered in memory would be lost with its process."""
+    now = timezone.now()
+    minute = now.replace(second=0, microsecond=0)
     QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
     QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)
+    StartRefusal.objects.create(workflow=exc.workflow, key=exc.key, at=now, active=exc.active, limit=exc.limit)
     metric_counts.count(metric_counts.STARTS_REFUSED, {"workflow": exc.workflow})
+
+
+#: Refusal rows deleted per statement, and statements per poller pass: a short lock each, and a
+#: bounded pass however far behind the history is.
+PRUNE_BATCH = 1000
+PRUNE_BATCHES = 10
+
+
+def prune_refusals(retention_s: float, now: datetime) -> int:
+    """Delete refusal rows (`StartRefusal`, and the per-minute `QuotaRefusal` counts) older than
+    the retention, in batches of `PRUNE_BATCH`; return how many went."""
+    cutoff = now - timedelta(seconds=retention_s)
+    deleted = 0
+    for model, field in ((StartRefusal, "at"), (QuotaRefusal, "minute")):
+        for _ in range(PRUNE_BATCHES):
+            ids = list(
+                model.objects.filter(**{f"{field}__lt": cutoff})
+                .order_by(field)
+                .values_list("pk", flat=True)[:PRUNE_BATCH]
+            )
+            if not ids:
+                break
+            deleted += model.objects.filter(pk__in=ids).delete()[0]
+    return deleted
 
 
 def enforce(check: QuotaCheck, *, excluding: str | None = None) -> None:
@@ -53,11 +88,26 @@ def enforce(check: QuotaCheck, *, excluding: str | None = None) -> None:
     held until that transaction ends, so the next start on the key counts this run.
     """
     if check.limit <= 0:
-        raise ConcurrencyLimitError(check.key, check.limit, 0, check.workflow)
+        raise ConcurrencyLimitError(check.key, check.limit, 0, check.workflow)  # never frees: no retry_at
     lock_key(check.key)
     active = count_active(check.key, check.count_statuses, excluding=excluding)
     if active >= check.limit:
-        raise ConcurrencyLimitError(check.key, check.limit, active, check.workflow)
+        raise ConcurrencyLimitError(check.key, check.limit, active, check.workflow, retry_at=slot_frees_at(check))
+
+
+def slot_frees_at(check: QuotaCheck) -> datetime | None:
+    """When a slot of the key frees as planned now, or None when that is not known.
+
+    A parked run (`debounced`, or `suspended` on a timer) holding a slot becomes `pending` at its
+    `wake_at`; if the quota does not count `pending`, its slot frees then. A run that is pending,
+    running or cancelling ends when its code does, which nothing knows in advance, so a quota
+    counting every active status (the default) has no such time. One query on the
+    `(concurrency_key, status)` index, run only when a start is refused."""
+    parked = [status for status in PARKED_STATUSES if status in check.count_statuses]
+    if "pending" in check.count_statuses or not parked:
+        return None
+    runs = WorkflowRun.objects.filter(concurrency_key=check.key, status__in=parked, wake_at__isnull=False)
+    return runs.order_by("wake_at").values_list("wake_at", flat=True).first()
 
 
 def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck | None:

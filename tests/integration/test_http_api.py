@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils import timezone
 
 from durable_flow.contrib.http import error_response
 from durable_flow.exceptions import ConcurrencyLimitError
@@ -72,15 +74,19 @@ def test_posts_need_a_csrf_token(engine: Any) -> None:
     user = get_user_model().objects.create_user("csrf", password="pw", is_staff=True)
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
-    assert post(client, "/api/runs/", {"workflow": "tests.three_steps"}).status_code == 403
+    refused = post(client, "/api/runs/", {"workflow": "tests.three_steps"})
+    assert refused.status_code == 403 and refused.json()["error"] == "CsrfFailed"
     assert not WorkflowRun.objects.exists()
 
 
-def test_a_quota_refusal_maps_to_429_with_retry_after() -> None:
-    response = error_response(ConcurrencyLimitError(key="tenant:1", limit=8, active=8, workflow="chat.turn"))
-    assert response.status_code == 429
-    assert response["Retry-After"] == "1"
-    assert json.loads(response.content)["limit"] == 8
+def test_a_quota_refusal_maps_to_429_with_retry_after_only_when_known() -> None:
+    unknown = error_response(ConcurrencyLimitError(key="tenant:1", limit=8, active=8, workflow="chat.turn"))
+    assert unknown.status_code == 429 and "Retry-After" not in unknown
+    assert json.loads(unknown.content)["limit"] == 8
+    frees_at = timezone.now() + timedelta(seconds=90)
+    known = error_response(ConcurrencyLimitError("tenant:1", 8, 8, "chat.turn", retry_at=frees_at))
+    assert 85 <= int(known["Retry-After"]) <= 90
+    assert json.loads(known.content)["retry_at"] == frees_at.isoformat()
 
 
 def test_bulk_cancel_by_a_json_filter_cancels_the_matching_runs_only(client: Client) -> None:

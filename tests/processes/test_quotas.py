@@ -380,13 +380,13 @@ def test_the_admin_shows_and_searches_a_runs_quota_key(client: Client) -> None:
     assert "tenant:acme" in client.get("/admin/durable_flow/workflowrun/a1/change/").content.decode()
 
 
-def test_the_json_api_answers_429_with_retry_after(client: Client) -> None:
+def test_the_json_api_answers_429_without_a_guessed_retry_after(client: Client) -> None:
     body = json.dumps({"workflow": "quota.turn", "input": {"tenant": "acme"}})
     for _ in range(2):
         assert client.post("/api/runs/", data=body, content_type="application/json").status_code == 201
     response = client.post("/api/runs/", data=body, content_type="application/json")
     assert response.status_code == 429
-    assert int(response["Retry-After"]) >= 1
+    assert "Retry-After" not in response  # the holders wait for a signal: when a slot frees is not known
     data = response.json()
     assert (data["key"], data["limit"], data["active"]) == ("tenant:acme", 2, 2)
     assert WorkflowRun.objects.count() == 2
@@ -409,7 +409,7 @@ def test_quota_limited_maps_a_refusal_in_a_users_view_to_429(engine: Engine) -> 
     request = RequestFactory().post("/turns/")
     assert [start_turn(request).status_code for _ in range(3)] == [201, 201, 429]
     response = start_turn(request)
-    assert response["Retry-After"] and json.loads(response.content)["active"] == 2
+    assert response.status_code == 429 and json.loads(response.content)["active"] == 2
 
 
 def test_racing_starts_on_the_last_slots_never_overshoot(engine: Engine) -> None:
@@ -497,7 +497,8 @@ def test_the_dashboard_and_the_admin_show_each_keys_usage_and_refusals(engine: E
     rows = {row["key"]: row for row in usage()}
     assert rows["tenant:acme"] == {"key": "tenant:acme", "active": 2, "limit": 2, "refused_per_min": 2}
     assert rows["tenant:globex"]["active"] == 1 and rows["tenant:globex"]["refused_per_min"] == 0
-    assert rows["tenant:initech"] == {"key": "tenant:initech", "active": 0, "limit": None, "refused_per_min": 1}
+    # Nothing active: the limit it was refused at (0), not None.
+    assert rows["tenant:initech"] == {"key": "tenant:initech", "active": 0, "limit": 0, "refused_per_min": 1}
     assert snapshot()["quotas"] == usage()
 
     admin = Client()

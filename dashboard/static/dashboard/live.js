@@ -1,6 +1,6 @@
 // The dashboard's live updates. Pages render complete on the server; this script subscribes
 // to the page's topic (body[data-live-topic]) on /ws/live/ and swaps in the fragments each
-// tick pushes. When the socket drops it dims the numbers, says "disconnected" and reconnects
+// tick pushes (on joining, every fragment once; then only those that changed). When the socket drops it dims the numbers, says "disconnected" and reconnects
 // with backoff; when the session has expired it says so and links to the login.
 (function () {
   "use strict";
@@ -89,6 +89,8 @@
       if (event.code === 4401) return expired();
       // An unknown topic stays unknown: retrying would only repeat the refusal.
       if (event.code === 4400) return setStatus("disconnected", "no live updates for this page");
+      // The server renders as many live pages as it will: try again later, not at once.
+      if (event.code === 4429) delay = maxDelay;
       afterDrop();
     };
   }

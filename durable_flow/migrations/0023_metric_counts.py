@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_flow', '0020_task_deliveries'),
+        ('durable_flow', '0022_access_tokens'),
     ]
 
     operations = [

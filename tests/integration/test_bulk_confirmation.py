@@ -1,0 +1,143 @@
+"""What an operator reads around a bulk cancel or retry, on the dashboard and in the admin: the
+confirmation says the filter in words, warns when there is none (every unfinished run), and the
+result counts the runs done, skipped (finished on their own since the confirmation) and failed,
+and says why they differ from the count confirmed."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from durable_flow.engine import Engine
+from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.operations import bulk
+
+ADMIN_BULK = "/admin/durable_flow/workflowrun/bulk/"
+
+
+def operator(permissions: tuple[str, ...] = ("view_workflowrun", "cancel_workflowrun", "retry_workflowrun")) -> Client:
+    user = get_user_model().objects.create_user("op", password="pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="durable_flow", codename__in=permissions)
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def make(prefix: str, count: int, status: str = RunStatus.PENDING, workflow: str = "tests.sleeper") -> list[str]:
+    # Created a little before the confirmation, as runs listed on a page are.
+    created = timezone.now() - timedelta(seconds=30)
+    runs = [
+        WorkflowRun(id=f"{prefix}-{i:03d}", workflow=workflow, status=status, input=i, created_at=created)
+        for i in range(count)
+    ]
+    WorkflowRun.objects.bulk_create(runs)
+    WorkflowRun.objects.filter(pk__in=[r.id for r in runs]).update(created_at=created)  # auto_now_add
+    return [run.id for run in runs]
+
+
+def finish(ids: list[str]) -> None:
+    """These runs complete on their own (a worker), after the confirmation was shown."""
+    WorkflowRun.objects.filter(pk__in=ids).update(status=RunStatus.COMPLETED, finished_at=timezone.now())
+
+
+def confirmed_at(html: str) -> str:
+    found = re.search(r'name="confirmed_at" value="([^"]+)"', html)
+    assert found, "the confirmation form sends back when it was shown"
+    return found.group(1)
+
+
+def said(response: object) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]  # type: ignore[attr-defined]
+
+
+def test_the_dashboard_confirmation_says_the_filter_in_words(db_transport_engine: Engine) -> None:
+    make("w", 3)
+    query = "?status=pending&workflow=tests.sleeper&range=1h"
+    page = operator().get(reverse("dashboard:bulk", args=["cancel"]) + query)
+    html = page.content.decode()
+    assert page.status_code == 200 and 'id="bulk-everything"' not in html
+    words = re.search(r'<ul class="filter-words" id="bulk-filter">(.*?)</ul>', html, re.S)
+    assert words is not None
+    assert re.findall(r"<li>(.*?)</li>", words.group(1)) == [
+        "status is pending",
+        "workflow is tests.sleeper",
+        "started in the last 1h",
+    ]
+    assert '<b id="bulk-count">3</b>' in html
+
+
+def test_with_no_filter_the_dashboard_warns_that_this_is_every_unfinished_run(db_transport_engine: Engine) -> None:
+    make("all", 4)
+    make("old", 2, RunStatus.COMPLETED)
+    client = operator()
+    html = client.get(reverse("dashboard:bulk", args=["cancel"])).content.decode()
+    assert "No filter: this is all unfinished runs (4)." in html
+    assert 'id="bulk-filter"' not in html
+    html = client.get(reverse("dashboard:bulk", args=["retry"])).content.decode()
+    assert "No filter: this is all failed or cancelled runs (0)." in html
+
+
+def test_the_dashboard_result_counts_runs_that_finished_in_between(db_transport_engine: Engine) -> None:
+    ids = make("between", 10)
+    client = operator()
+    url = reverse("dashboard:bulk", args=["cancel"]) + "?status=pending&workflow=tests.sleeper"
+    page = client.get(url)
+    assert '<b id="bulk-count">10</b>' in page.content.decode()
+    finish(ids[:3])  # three finish on their own while the operator reads the page
+    late = make("late", 1)  # and one starts after it: not among the runs confirmed
+    WorkflowRun.objects.filter(pk__in=late).update(created_at=timezone.now() + timedelta(seconds=1))
+    response = client.post(url, {"confirmed_at": confirmed_at(page.content.decode())})
+    assert response.status_code == 302
+    message = said(response)[0]
+    assert message.startswith("Cancel: 7 done, 3 already finished.")
+    assert "ended on their own after you confirmed" in message
+    assert WorkflowRun.objects.filter(pk__in=ids[3:], status=RunStatus.CANCELLED).count() == 7
+    assert WorkflowRun.objects.filter(pk__in=ids[:3], status=RunStatus.COMPLETED).count() == 3
+    assert WorkflowRun.objects.get(pk=late[0]).status == RunStatus.PENDING
+
+
+def test_a_bad_confirmation_time_is_a_400_and_changes_nothing(db_transport_engine: Engine) -> None:
+    ids = make("bad", 2)
+    client = operator()
+    url = reverse("dashboard:bulk", args=["cancel"])
+    for value in ("yesterday", "2026-13-45T00:00:00+00:00", "2026-01-01T00:00:00", "2999-01-01T00:00:00+00:00"):
+        assert client.post(url, {"confirmed_at": value}).status_code == 400
+    assert set(WorkflowRun.objects.filter(pk__in=ids).values_list("status", flat=True)) == {RunStatus.PENDING}
+
+
+def test_the_admin_warns_without_a_filter_and_counts_runs_finished_in_between(db_transport_engine: Engine) -> None:
+    ids = make("adm", 6)
+    client = operator()
+    html = client.get(f"{ADMIN_BULK}cancel/").content.decode()
+    assert "No filter: this is all unfinished runs (6)." in html
+    page = client.get(f"{ADMIN_BULK}cancel/?status__exact=pending")
+    assert 'id="bulk-everything"' not in page.content.decode()
+    finish(ids[:2])
+    response = client.post(
+        f"{ADMIN_BULK}cancel/?status__exact=pending", {"confirmed_at": confirmed_at(page.content.decode())}
+    )
+    assert response.status_code == 302
+    assert said(response)[0].startswith("Cancel: 4 done, 2 already finished (in 1 batch(es)).")
+
+
+def test_a_retry_counts_runs_no_longer_failed_when_their_batch_locks_them(db_transport_engine: Engine) -> None:
+    ids = make("rt", 3, RunStatus.FAILED, "tests.three_steps")
+    confirmed = timezone.now()
+    # Between the listing and the lock: one is retried by someone else.
+    WorkflowRun.objects.filter(pk=ids[0]).update(status=RunStatus.PENDING)
+    done, refused, skipped = bulk.retry_batch(ids)
+    assert (done, refused, skipped) == (2, [], 1)
+    result = bulk.retry_matching(WorkflowRun.objects.filter(pk__in=ids), confirmed_at=confirmed)
+    assert result.done == 0 and result.skipped == 0  # nothing failed is left to retry
+    assert bulk.BulkResult(done=2, skipped=1, refused=["r"]).summary("Retry") == (
+        "Retry: 2 done, 1 no longer failed or cancelled, 1 failed."
+    )
