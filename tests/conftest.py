@@ -21,6 +21,7 @@ from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import DurableFlowSettings, get_settings, reset_settings
 from durable_flow.engine import Engine, build_backend, set_engine
 from durable_flow.models import Task
+from durable_flow.store import metric_counts
 from durable_flow.transports.inline import InlineTransport
 from tests import workflows
 from tests.support.engine_pairs import DB_DB, ENGINE_PAIRS, INLINE_LOCAL, db_engine
@@ -58,6 +59,7 @@ POSTGRESQL_PASS = (
     "tests/integration/test_inline_handoff.py",
     "tests/integration/test_key_limits.py",
     "tests/integration/test_keys_page.py::test_a_busy_keys_link_lists_exactly_its_runs",
+    "tests/integration/test_metric_counts.py",
     "tests/integration/test_number_bounds.py",
     "tests/integration/test_operations.py",
     "tests/integration/test_quota_pages.py::test_a_refused_start_is_kept_with_its_workflow_key_time_and_count",
@@ -71,6 +73,7 @@ POSTGRESQL_PASS = (
     "tests/processes/test_flow_control_processes.py",
     "tests/processes/test_handoff_processes.py",
     "tests/processes/test_key_limits_processes.py",
+    "tests/processes/test_metric_counters.py::test_counters_and_histograms_follow_real_runs",
     "tests/processes/test_metrics.py",
     "tests/processes/test_nesting_limit.py",
     "tests/processes/test_outages.py",
@@ -171,8 +174,11 @@ def _close_stray_connections(django_db_setup: None, django_db_blocker: Any) -> I
 def _clean_state() -> Iterator[None]:
     workflows.EXECUTIONS.clear()
     workflows.FAILURES_LEFT.clear()
+    metric_counts.discard()  # counts a previous test made belong to its database, not this one's
     yield
     set_engine(None)
+    metric_counts.discard()
+    metric_counts.set_process(None)  # an in-process worker named this process's metric rows
 
 
 @pytest.fixture

@@ -85,7 +85,6 @@ class DurableFlowSettings:
     max_payload_bytes: int = 1_000_000
     redispatch_after_s: float = 600.0
     metrics_token: str | None = None
-    metrics_window_s: float = 300.0
     #: Names the `env` scope of step concurrency (`sc:env:<environment>:<key>`).
     environment: str = "default"
 
@@ -182,7 +181,6 @@ METRICS_OPTIONS = {
     "TOKEN": Option(
         "The bearer token of /metrics/ (None: staff sessions only).", optional(text(min_length=16, secret=True))
     ),
-    "WINDOW_S": Option("The histograms' look-back.", seconds(DAY_S)),
 }
 #: Every key of `settings.DURABLE_FLOW` (docs/settings.md).
 SETTINGS_OPTIONS = {
@@ -210,7 +208,7 @@ _FIELDS = {
         "refusal_retention_s": "refusal_retention_s",
     },
     "heartbeat": {"interval_s": "heartbeat_interval_s", "ttl_s": "heartbeat_ttl_s"},
-    "metrics": {"token": "metrics_token", "window_s": "metrics_window_s"},
+    "metrics": {"token": "metrics_token"},
 }
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "workflows": tuple,

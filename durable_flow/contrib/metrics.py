@@ -1,91 +1,117 @@
-"""Prometheus metrics, computed at scrape time from the database and the admission backend.
+"""Prometheus metrics for the whole fleet, served by any web process.
 
-Nothing is counted in process memory: every worker, poller and web process writes its state to
-the database (runs, checkpoints, heartbeats) or to the admission backend, so one scrape of any
-web process gives the fleet's figures, however many worker processes run (the approach of
-django-rq's `contrib/prometheus.py`).
+Counters and histograms are counted at the event, by whichever process saw it (a worker that
+recorded a step's result, the web process that refused a start), and kept in the database
+(`durable_flow.store.metric_counts`: one row per process and series, written in batches, summed
+at the scrape). Gauges (runs by status, queue depths and limits, the transport's backlog,
+workers) are read from the database and the admission backend at scrape time. So one scrape of
+any web process gives the fleet's figures, however many worker processes run.
 
 Mount it with `path("metrics/", durable_flow.contrib.metrics.metrics_view)`. A staff session or
 `Authorization: Bearer <DURABLE_FLOW["METRICS"]["TOKEN"]>` may read it; anyone else gets 401
-(anonymous) or 403 (logged in, not staff).
+(anonymous) or 403 (logged in, not staff). A scraper asking for OpenMetrics
+(`Accept: application/openmetrics-text`) gets it; any other gets the Prometheus text format.
 """
 
 from __future__ import annotations
 
 import hmac
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from durable_flow.config.settings import get_settings
-from durable_flow.observe import queues, runs, start_control, steps, workers
+from durable_flow.observe import metrics, queues, runs, start_control
 
-WAIT_BUCKETS_S: tuple[float, ...] = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 15, 30, 60, 300, 900, 3600)
-"""Queue waits under flow control run from milliseconds to the length of a rate window, hence
-buckets well past 15 s."""
-DURATION_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 30, 60, 300, 900)
 WORKER_HORIZON = timedelta(hours=1)
-"""Heartbeats older than this are no longer reported at all, so dead workers do not pile up."""
-MAX_SAMPLED_STEPS = 50_000
+"""A crashed worker reads `worker_up 0` this long after its last heartbeat, then drops out; a
+gracefully stopped one drops out at once."""
 
-
-def bucketize(values: Iterable[float], bounds: Sequence[float]) -> tuple[list[tuple[str, float]], float]:
-    """Cumulative `(le, count)` buckets ending in `+Inf`, and the sum, for a gauge histogram."""
-    counts = [0] * (len(bounds) + 1)
-    total = 0.0
-    for value in values:
-        total += value
-        for index, bound in enumerate(bounds):
-            if value <= bound:
-                counts[index] += 1
-                break
-        else:
-            counts[-1] += 1
-    buckets: list[tuple[str, float]] = []
-    running = 0
-    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
-        running += count
-        buckets.append((bound, running))
-    return buckets, total
-
-
-def _seconds(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return max(0.0, (end - start).total_seconds())
+#: The counters `store.metric_counts` keeps: name (without `_total`), help, labels.
+COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("durable_flow_runs_finished", "Runs that finished, by workflow and final status.", ("workflow", "status")),
+    (
+        "durable_flow_step_attempts",
+        "Step attempts that ended, by step and outcome (completed, failed, cancelled).",
+        ("step", "outcome"),
+    ),
+    ("durable_flow_step_retries", "Failed step attempts followed by another attempt (a retry).", ("step",)),
+    ("durable_flow_starts_refused", "Starts a quota refused, by workflow.", ("workflow",)),
+)
+#: The histograms `store.metric_counts` keeps: name, help, labels.
+HISTOGRAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "durable_flow_admission_wait_seconds",
+        "A step call's wait from the call to its admission through a named queue (first attempts).",
+        ("queue",),
+    ),
+    (
+        "durable_flow_schedule_to_start_seconds",
+        "A step attempt's wait from its dispatch to a worker starting it.",
+        ("queue",),
+    ),
+    ("durable_flow_step_duration_seconds", "A step attempt's run time, from its call to its return.", ("step",)),
+)
 
 
 class DurableFlowCollector(Collector):
-    """Reads runs, queues, checkpoints and heartbeats on every `collect()`."""
+    """Reads the counters, runs, queues, backlog and heartbeats on every `collect()`."""
 
     def __init__(self, now: Any = timezone.now) -> None:
         self._now = now
 
     def collect(self) -> Iterator[Metric]:
         now = self._now()
-        settings = get_settings()
-        window = timedelta(seconds=settings.metrics_window_s)
+        counted = metrics.counted()
+        yield from self._counters(counted)
+        yield from self._histograms(counted)
         yield self._runs()
         yield from self._queues()
         yield self._admissions()
         yield self._start_outcomes()
-        yield self._queue_wait(now - window)
-        yield self._step_duration(now - window)
+        yield self._backlog()
         yield from self._workers(now)
+
+    @staticmethod
+    def _counters(counted: dict[str, dict[metrics.Labels, float]]) -> Iterator[Metric]:
+        for name, documentation, labels in COUNTERS:
+            family = CounterMetricFamily(name, documentation, labels=list(labels))
+            for series, value in sorted(counted.get(f"{name}_total", {}).items()):
+                family.add_metric(_values(series, labels), value)
+            yield family
+
+    @staticmethod
+    def _histograms(counted: dict[str, dict[metrics.Labels, float]]) -> Iterator[Metric]:
+        for name, documentation, labels in HISTOGRAMS:
+            family = HistogramMetricFamily(name, documentation, labels=list(labels))
+            bounds = [*map(metrics.bound_label, metrics.HISTOGRAMS[name]), "+Inf"]
+            per_bucket: dict[metrics.Labels, dict[str, float]] = defaultdict(dict)
+            for series, value in counted.get(f"{name}_bucket", {}).items():
+                own = tuple(pair for pair in series if pair[0] != "le")
+                per_bucket[own][dict(series)["le"]] = value
+            sums = counted.get(f"{name}_sum", {})
+            for series, count in sorted(counted.get(f"{name}_count", {}).items()):
+                running, buckets = 0.0, []
+                for bound in bounds:
+                    running += per_bucket[series].get(bound, 0.0)
+                    buckets.append((bound, running))
+                buckets[-1] = ("+Inf", count)  # every observation: the count, whatever the bounds were
+                family.add_metric(_values(series, labels), buckets, sums.get(series, 0.0))
+            yield family
 
     @staticmethod
     def _runs() -> Metric:
         family = GaugeMetricFamily(
-            "durable_flow_runs", "Workflow runs by workflow and status.", labels=["workflow", "status"]
+            "durable_flow_runs", "Workflow runs by workflow and status, now.", labels=["workflow", "status"]
         )
         for workflow, status, count in runs.counts_by_workflow():
             family.add_metric([workflow, status], count)
@@ -99,10 +125,13 @@ class DurableFlowCollector(Collector):
         in_flight = GaugeMetricFamily(
             "durable_flow_queue_in_flight", "Slots held (admitted, result not landed).", labels=["queue"]
         )
-        limit = GaugeMetricFamily(
-            "durable_flow_queue_limit",
-            "A queue's configured limits: kind=concurrency (slots), kind=rate (admissions per rate period).",
-            labels=["queue", "kind"],
+        concurrency = GaugeMetricFamily(
+            "durable_flow_queue_concurrency_limit_slots", "A queue's concurrency cap, in slots.", labels=["queue"]
+        )
+        rate = GaugeMetricFamily(
+            "durable_flow_queue_rate_limit_admissions",
+            "A queue's rate limit: admissions allowed per rate period.",
+            labels=["queue"],
         )
         period = GaugeMetricFamily(
             "durable_flow_queue_rate_period_seconds", "The period of a queue's rate limit.", labels=["queue"]
@@ -114,12 +143,11 @@ class DurableFlowCollector(Collector):
             waiting.add_metric([name], queue["waiting"])
             in_flight.add_metric([name], queue["in_flight"])
             if queue["concurrency"]:
-                limit.add_metric([name, "concurrency"], queue["concurrency"])
-            rate = queue["rate_limit"]
-            if rate:
-                limit.add_metric([name, "rate"], rate["limit"])
-                period.add_metric([name], rate["period_ms"] / 1000)
-        yield from (waiting, in_flight, limit, period)
+                concurrency.add_metric([name], queue["concurrency"])
+            if queue["rate_limit"]:
+                rate.add_metric([name], queue["rate_limit"]["limit"])
+                period.add_metric([name], queue["rate_limit"]["period_ms"] / 1000)
+        yield from (waiting, in_flight, concurrency, rate, period)
 
     @staticmethod
     def _admissions() -> Metric:
@@ -151,24 +179,16 @@ class DurableFlowCollector(Collector):
         return family
 
     @staticmethod
-    def _queue_wait(since: datetime) -> Metric:
-        return _histogram(
-            "durable_flow_queue_wait_seconds",
-            "Time from a step call to its (latest) dispatch, for steps dispatched within METRICS.WINDOW_S.",
-            "queue",
-            steps.queue_waits(since, MAX_SAMPLED_STEPS),
-            WAIT_BUCKETS_S,
+    def _backlog() -> Metric:
+        family = GaugeMetricFamily(
+            "durable_flow_tasks_unclaimed",
+            "Tasks (turns and steps) sent to the transport that no worker has claimed yet.",
+            labels=["transport"],
         )
-
-    @staticmethod
-    def _step_duration(since: datetime) -> Metric:
-        return _histogram(
-            "durable_flow_step_duration_seconds",
-            "Time from a step's last dispatch to its result, for steps settled within METRICS.WINDOW_S.",
-            "step",
-            steps.step_runs(since, MAX_SAMPLED_STEPS),
-            DURATION_BUCKETS_S,
-        )
+        transport, count = metrics.backlog()
+        if count is not None:
+            family.add_metric([transport], count)
+        return family
 
     @staticmethod
     def _workers(now: datetime) -> Iterator[Metric]:
@@ -178,9 +198,12 @@ class DurableFlowCollector(Collector):
             labels=["worker", "state"],
         )
         up = GaugeMetricFamily(
-            "durable_flow_worker_up", "1 while the worker's heartbeat is fresh, else 0.", labels=["worker"]
+            "durable_flow_worker_up",
+            "1 while the worker's heartbeat is fresh; 0 once it is silent (a crash). A worker that "
+            "stopped gracefully has no series.",
+            labels=["worker"],
         )
-        for beat, alive in workers.heartbeats_since(now - WORKER_HORIZON, now):
+        for beat, alive in metrics.reported_workers(now - WORKER_HORIZON, now):
             up.add_metric([beat.worker_id], 1 if alive else 0)
             if alive:
                 busy = beat.in_flight
@@ -189,11 +212,26 @@ class DurableFlowCollector(Collector):
         yield from (slots, up)
 
 
-def render_metrics() -> bytes:
-    """One scrape in Prometheus text format."""
+def _values(series: metrics.Labels, names: tuple[str, ...]) -> list[str]:
+    """A stored series' label values in the family's order ("" for one it lacks)."""
+    given = dict(series)
+    return [given.get(name, "") for name in names]
+
+
+def render_metrics(accept: str = "") -> tuple[bytes, str]:
+    """One scrape, in the format `accept` (an HTTP Accept header) asks for: OpenMetrics when it
+    names `application/openmetrics-text`, else the Prometheus text format. Returns the body and
+    its content type."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DurableFlowCollector())
-    return generate_latest(registry)
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type
+
+
+def flush_after_request(**_: object) -> None:
+    """`request_finished` receiver: a web process writes what its requests counted (a start a
+    quota refused, a run cancelled, runs an in-process transport ran) at each request's end."""
+    metrics.flush_own()
 
 
 def _bearer_ok(request: HttpRequest, token: str | None) -> bool:
@@ -216,24 +254,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             return response
         if not user.is_staff:
             return HttpResponse("staff only\n", status=403, content_type="text/plain")
-    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
-
-
-def _histogram(
-    name: str,
-    documentation: str,
-    label: str,
-    rows: Iterable[tuple[str, datetime | None, datetime | None]],
-    bounds: Sequence[float],
-) -> GaugeHistogramMetricFamily:
-    """A gauge histogram of the seconds between each row's two datetimes, per label value."""
-    by_label: dict[str, list[float]] = defaultdict(list)
-    for value, begin, end in rows:
-        seconds = _seconds(begin, end)
-        if seconds is not None:
-            by_label[value].append(seconds)
-    family = GaugeHistogramMetricFamily(name, documentation, labels=[label])
-    for value, samples in sorted(by_label.items()):
-        buckets, total = bucketize(samples, bounds)
-        family.add_metric([value], buckets, total)
-    return family
+    body, content_type = render_metrics(request.headers.get("Accept", ""))
+    return HttpResponse(body, content_type=content_type)

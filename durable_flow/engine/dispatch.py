@@ -24,6 +24,7 @@ from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.turn import StepOptions
 from durable_flow.exceptions import RunNotFound, StepNotFound
 from durable_flow.models import ADMISSION_CAUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.store import metric_counts
 from durable_flow.store.attempts import attempt_started
 from durable_flow.store.counters import count_admission
 from durable_flow.store.statements import insert, save_fields
@@ -124,6 +125,8 @@ class Dispatcher:
             save_fields(cp, [*fields, "wait_cause", "wait_detail"])
         if cp.holds_slot and not timeout_redispatch:
             count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
+            if cp.queue and cp.attempt == 1:  # the call's wait for its slot: durable_flow_admission_wait_seconds
+                metric_counts.observe_span(metric_counts.ADMISSION_WAIT, {"queue": cp.queue}, cp.created_at, now)
         if inline_to:
             inline_handoff.hand_over(cp.run_id, cp.key, cp.attempt, self._started_inline(cp, now))
         else:

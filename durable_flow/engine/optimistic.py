@@ -57,6 +57,7 @@ from durable_flow.engine.user_code import is_code_failure
 from durable_flow.engine.wait_causes import backoff
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.store import metric_counts
 from durable_flow.store.attempts import attempt_finished
 from durable_flow.store.statements import (
     insert,
@@ -316,6 +317,7 @@ class FirstTurns:
             now = self.clock()
             if retrying:
                 cp.status, cp.error = StepStatus.RETRYING, ran.error
+                metric_counts.count(metric_counts.STEP_RETRIES, {"step": cp.name})
                 cp.wake_at = now + step_backoff(cp.name, cp.attempt)
                 cp.wait_cause, cp.wait_detail = backoff(cp.wake_at)
             else:

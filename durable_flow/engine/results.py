@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import nullcontext
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from durable_flow.engine.user_code import is_code_failure
 from durable_flow.engine.wait_causes import backoff
 from durable_flow.engine.wake import group_settled
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
+from durable_flow.store import metric_counts
 from durable_flow.store.attempts import attempt_finished, attempt_started, set_retry_at
 from durable_flow.store.statements import writes_together
 from durable_flow.store.step_start import start_attempt
@@ -116,20 +118,25 @@ class Results:
             # would exceed the cap, so the step goes back through admission.
             self.readmit(run_id, key, attempt)
             return "skipped"
+        began: datetime | None = None  # the call's start: durable_flow_step_duration_seconds
         try:
             definition = get_step(cp.name)
             if cp.holds_slot and cp.queue:
                 self.start_window.await_start_through_outages(cp)  # the window counts the start: right before the call
+            began = self.clock()
             with running_step(run_id, key, attempt):  # for durable_flow.current_step()
                 output = definition.fn(readable(cp.input, f"input of step {cp.name!r}"))
             ensure_json(output, f"output of step {cp.name!r}", self.settings.max_payload_bytes)
         except BaseException as exc:  # a step's failure is data, recorded durably
             if not is_code_failure(exc, f"step {cp.name!r} of run {run_id} (attempt {attempt})"):
                 raise  # the engine's own unwinding, or a signal's stop (`engine/user_code.py`)
+            ended = self.clock()
             self.record_result(
                 run_id, key, attempt, error=error_info(exc), in_settling_transaction=in_settling_transaction
             )
+            metric_counts.observe_span(metric_counts.STEP_DURATION, {"step": cp.name}, began, ended)
             return "failed"
+        ended = self.clock()
         try:
             self.record_result(run_id, key, attempt, output=output, in_settling_transaction=in_settling_transaction)
         except DataError as exc:
@@ -139,6 +146,7 @@ class Results:
                 run_id, key, attempt, error=error_info(exc), in_settling_transaction=in_settling_transaction
             )
             return "failed"
+        metric_counts.observe_span(metric_counts.STEP_DURATION, {"step": cp.name}, began, ended)
         return "completed"
 
     @retry_on_conflict
@@ -227,6 +235,7 @@ class Results:
                 cp.wait_cause, cp.wait_detail = backoff(cp.wake_at)
                 cp.save(update_fields=["status", "error", "wake_at", "holds_slot", "wait_cause", "wait_detail"])
                 set_retry_at(cp, attempt, cp.wake_at)
+                metric_counts.count(metric_counts.STEP_RETRIES, {"step": cp.name})
                 if held:
                     self.releases.release_settled(cp.queue, cp.ticket, guarded=True)
                 # Parks it until the backoff is up.

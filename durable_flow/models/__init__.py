@@ -1,8 +1,8 @@
 """What durable_flow persists, one module per concept: runs and what they record (`runs`), the
 `db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
-(`workers`), the dashboard's history (`history`), debounce and singleton counters
-(`start_control`), the `db` admission backend's rows (`admission`) and the JSON API's personal
-access tokens (`tokens`).
+(`workers`), the dashboard's history (`history`), the Prometheus counters (`metrics`), debounce and
+singleton counters (`start_control`), the `db` admission backend's rows (`admission`) and the JSON
+API's personal access tokens (`tokens`).
 
 A run's state lives here, never only in memory. Django finds the models through this package,
 which names every one of them."""
@@ -21,6 +21,7 @@ from durable_flow.models.admission import (
     AdmissionWaiter,
 )
 from durable_flow.models.history import QueueSample, WorkerSample
+from durable_flow.models.metrics import MetricCount
 from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal, StartRefusal
 from durable_flow.models.runs import (
     ADMISSION_CAUSES,
@@ -62,6 +63,7 @@ __all__ = [
     "AttemptStatus",
     "BoundedJSONField",
     "FlowQueue",
+    "MetricCount",
     "QueueCounter",
     "QueueSample",
     "QuotaRefusal",

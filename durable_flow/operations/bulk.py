@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -50,6 +50,7 @@ from durable_flow.models import (
 )
 from durable_flow.operations.audit import record_operations
 from durable_flow.operations.runs import RETRYABLE, attempt_budget, retry
+from durable_flow.store import metric_counts
 from durable_flow.store.attempts import operator_retried
 
 #: Runs per transaction: large enough to amortise the per-batch queries, small enough that an
@@ -228,7 +229,11 @@ def _cancel_set(engine: Any, ids: list[str]) -> None:
         )
         stamp = timezone.now()
         WorkflowRun.objects.filter(pk__in=busy).update(status=RunStatus.CANCELLING, wake_at=None, updated_at=stamp)
-        WorkflowRun.objects.filter(pk__in=ids).exclude(pk__in=busy).update(
+        finishing = WorkflowRun.objects.filter(pk__in=ids).exclude(pk__in=busy)
+        for workflow, runs in finishing.order_by().values_list("workflow").annotate(n=Count("pk")):
+            labels = {"workflow": workflow, "status": RunStatus.CANCELLED}
+            metric_counts.count(metric_counts.RUNS_FINISHED, labels, runs)
+        finishing.update(
             status=RunStatus.CANCELLED,
             output=None,
             error=CANCELLED_ERROR,

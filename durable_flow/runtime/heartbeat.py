@@ -13,18 +13,54 @@ import time
 import uuid
 from collections import deque
 from datetime import datetime
+from typing import Any
 
 import psutil
 from django.utils import timezone
 
 from durable_flow.config.limits import ADJUSTMENT_REASON_LENGTH
-from durable_flow.models import WorkerHeartbeat
+from durable_flow.models import WorkerHeartbeat, dead_worker_cutoff
 from durable_flow.runtime.concurrency import ConcurrencyController, ResourceSample
+from durable_flow.store import worker_names
+
+#: The default names of `durable_worker`s: `w0`, `w1`, ... per host (`claim_worker_id`).
+DEFAULT_NAME_PREFIX = "w"
 
 
 def new_worker_id() -> str:
-    """host:pid:random, unique across restarts that reuse a pid."""
+    """host:pid:random, unique across restarts that reuse a pid: the id of a runtime built
+    without one (tests, scripts). `durable_worker` takes a stable one (`claim_worker_id`)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class WorkerNameTaken(Exception):
+    """Another live process holds the worker name asked for."""
+
+
+def claim_worker_id(
+    name: str | None, transport: str, ttl_s: float, interval_s: float, *, sleep: Any = time.sleep
+) -> str:
+    """The id `host:name` of this worker, taken for this process (`store.worker_names`), stable
+    across restarts so its metric series and its dashboard card continue.
+
+    Without `name`, the lowest free `w<n>` on this host: the n-th worker of a host keeps its
+    name across a deploy's graceful restarts. A worker that crashed keeps its name until its
+    heartbeat lapses (`ttl_s`), so one restarted at once takes the next free number meanwhile.
+    With `name`, waits (up to the TTL and two beats) for a crashed holder's heartbeat to lapse;
+    `WorkerNameTaken` if a live worker still holds it then.
+    """
+    host = socket.gethostname()
+    if name is None:
+        return worker_names.take_first_free(
+            host, DEFAULT_NAME_PREFIX, transport, dead_worker_cutoff(ttl_s), timezone.now()
+        )
+    worker_id = f"{host}:{name}"
+    deadline = time.monotonic() + ttl_s + 2 * interval_s
+    while not worker_names.take(worker_id, host, transport, dead_worker_cutoff(ttl_s), timezone.now()):
+        if time.monotonic() >= deadline:
+            raise WorkerNameTaken(f"worker {worker_id!r} is held by a live worker (its heartbeat is fresh)")
+        sleep(interval_s)
+    return worker_id
 
 
 def cgroup_memory_limit() -> int | None:

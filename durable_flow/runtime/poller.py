@@ -24,7 +24,7 @@ from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
-from durable_flow.store import queries
+from durable_flow.store import metric_counts, queries
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
 
@@ -115,6 +115,10 @@ class TimerPoller:
             lost_by_run.setdefault(run_id, []).append(key)
         for run_id, key in self._dropped_by_live_workers(dead_cutoff, lost_after):
             lost_by_run.setdefault(run_id, []).append(key)
+        # A worker restarted under its name: what its previous process ran is lost with it.
+        earlier = queries.steps_of_earlier_processes(queries.live_workers(dead_cutoff))
+        for run_id, key in earlier.values_list("run_id", "key")[: self.batch_size]:
+            lost_by_run.setdefault(run_id, []).append(key)
         redriven = 0
         for run_id, keys in lost_by_run.items():
             redriven += self.engine.redispatch_pending(run_id, keys=keys)
@@ -149,6 +153,8 @@ class TimerPoller:
         # The quota page's history of refused starts: rows past POLLER["REFUSAL_RETENTION_S"],
         # a few bounded batches per pass.
         prune_refusals(settings.refusal_retention_s, now)
+        metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
+        metric_counts.retire(now)  # fold the metric rows of processes long gone
         return redriven
 
     def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
@@ -214,3 +220,4 @@ class TimerPoller:
                 outage.recovered()
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)
+        metric_counts.flush_quietly()  # a graceful stop loses no count

@@ -38,7 +38,7 @@ from django.utils import timezone
 from durable_flow.engine import inline_handoff
 from durable_flow.runtime.concurrency import ConcurrencyController
 from durable_flow.runtime.heartbeat import Heartbeat, WorkerStats, new_worker_id
-from durable_flow.store import counters
+from durable_flow.store import counters, metric_counts
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.queries import idle_peer_exists
 from durable_flow.transports.runner import ClaimedTask, EngineRunner, SettlingHook, TaskSource
@@ -133,6 +133,7 @@ class WorkerRuntime(EngineRunner):
         pool = ThreadPoolExecutor(max_workers=self.controller.max_limit, thread_name_prefix="df-task")
         self.engine.grant_timer.start()  # grants room the instant a rate window reopens
         counters.start_background_writes()  # no counter UPDATE between a result and its handed step
+        metric_counts.set_process(self.worker_id)  # this process's metric rows: flushed with each beat
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -180,6 +181,7 @@ class WorkerRuntime(EngineRunner):
             # Tasks handed back are abandoned to their threads: do not wait for them.
             pool.shutdown(wait=not self.abandoned, cancel_futures=True)
             counters.stop_background_writes()
+            metric_counts.flush_quietly()  # a graceful stop loses no count
             try:
                 self.heartbeat.beat(stopped=True)
             except Exception:  # the database is down at exit: the row's last_seen lapses instead
@@ -390,6 +392,7 @@ class WorkerRuntime(EngineRunner):
             self.heartbeat.beat(
                 running=[step for task in running if (step := self._running_step(task))], seen_at=seen_at
             )
+            metric_counts.flush()  # the counts since the last beat: a crash loses at most these
             if self.source.capabilities.spreads_handoffs:
                 cutoff = timezone.now() - timedelta(seconds=2 * self.engine.settings.heartbeat_interval_s)
                 idle = idle_peer_exists(self.worker_id, self.source.transport, cutoff)

@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models import F
 
 from durable_flow.models import AttemptStatus, StepAttempt, StepCheckpoint
+from durable_flow.store import metric_counts
 from durable_flow.store.statements import upsert
 
 
@@ -33,6 +34,8 @@ def attempt_started(cp: StepCheckpoint, attempt: int, worker: str, now: datetime
         unique=["checkpoint", "attempt"],
         update=["run", "worker", "dispatched_at", "started_at", "status", "waited"],
     )
+    if cp.attempt == attempt:  # counted at the commit: durable_flow_schedule_to_start_seconds
+        metric_counts.observe_span(metric_counts.SCHEDULE_TO_START, {"queue": cp.queue}, cp.dispatched_at, now)
 
 
 def attempt_finished(
@@ -78,6 +81,11 @@ def attempt_finished(
         update=["status", "finished_at", "error", "late"],
         unless_set="finished_at",
     )
+    if not late:  # counted at the commit: durable_flow_step_attempts_total
+        metric_counts.count(metric_counts.STEP_ATTEMPTS, {"step": cp.name, "outcome": status})
+    if started_at is not None:  # an attempt recorded only once it ended: its start, its run
+        metric_counts.observe_span(metric_counts.SCHEDULE_TO_START, {"queue": cp.queue}, cp.dispatched_at, started_at)
+        metric_counts.observe_span(metric_counts.STEP_DURATION, {"step": cp.name}, started_at, now)
 
 
 def set_retry_at(cp: StepCheckpoint, attempt: int, retry_at: datetime | None) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from durable_flow.models import (
@@ -110,6 +110,21 @@ def in_flight_steps() -> QuerySet[StepCheckpoint]:
 def lost_steps(dead: QuerySet[WorkerHeartbeat], lost_after: datetime) -> QuerySet[StepCheckpoint]:
     """In-flight steps whose worker is dead, or that no worker started since `lost_after`."""
     return in_flight_steps().filter(Q(worker__in=dead.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
+
+
+def steps_of_earlier_processes(live: QuerySet[WorkerHeartbeat]) -> QuerySet[StepCheckpoint]:
+    """In-flight steps stamped with a live worker's name that an earlier process of that name
+    started: before the current process took the name (its heartbeat's `started_at`). A worker's
+    name outlives its processes (`store.worker_names`), and a name is taken again only once its
+    previous process stopped or died, so such a step runs nowhere."""
+    began = WorkerHeartbeat.objects.filter(worker_id=OuterRef("worker")).values("started_at")
+    started = StepAttempt.objects.filter(checkpoint=OuterRef("pk"), attempt=OuterRef("attempt")).values("started_at")
+    return (
+        in_flight_steps()
+        .filter(worker__in=live.values("worker_id"))
+        .annotate(process_began=Subquery(began[:1]), started_at=Coalesce(Subquery(started[:1]), "dispatched_at"))
+        .filter(started_at__lt=F("process_began"))
+    )
 
 
 def stale_dispatched_steps(lost_after: datetime) -> QuerySet[StepCheckpoint]:

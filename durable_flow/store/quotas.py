@@ -19,6 +19,7 @@ from django.utils import timezone
 from durable_flow.definitions.quotas import ACTIVE_STATUSES, REFUSED, QuotaCheck, QuotaSpec
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
 from durable_flow.models import QuotaRefusal, StartRefusal, StepCheckpoint, WorkflowRun
+from durable_flow.store import metric_counts
 
 #: Run statuses a run leaves at its `wake_at`, for `pending` (the poller wakes it then).
 PARKED_STATUSES = ("debounced", "suspended")
@@ -52,6 +53,7 @@ def record_refusal(exc: ConcurrencyLimitError) -> None:
     QuotaRefusal.objects.bulk_create([QuotaRefusal(key=exc.key, minute=minute)], ignore_conflicts=True)
     QuotaRefusal.objects.filter(key=exc.key, minute=minute).update(refusals=F("refusals") + 1)
     StartRefusal.objects.create(workflow=exc.workflow, key=exc.key, at=now, active=exc.active, limit=exc.limit)
+    metric_counts.count(metric_counts.STARTS_REFUSED, {"workflow": exc.workflow})
 
 
 #: Refusal rows deleted per statement, and statements per poller pass: a short lock each, and a

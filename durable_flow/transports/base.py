@@ -65,6 +65,11 @@ class Transport(Configurable, ABC):
         that runs its work in-process."""
         return None
 
+    def backlog(self) -> int | None:
+        """Tasks sent to this transport that no worker has claimed yet (a metric), or None (the
+        default) for a transport that runs its work in-process and has no backlog to count."""
+        return None
+
     def reclaim_from(self, dead_workers: list[str]) -> int:
         """Make tasks claimed by these dead workers claimable now (poller upkeep); returns how
         many. Default: nothing to do (a broker without leases, or in-process work)."""

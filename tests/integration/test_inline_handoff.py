@@ -298,6 +298,35 @@ def test_a_handed_step_whose_worker_died_is_re_driven_by_the_poller(
     assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
 
 
+def test_a_handed_step_of_a_worker_restarted_under_its_name_is_re_driven_by_the_poller(
+    held: tuple[Engine, HeldTransport], clock: MovableClock
+) -> None:
+    """A worker's name outlives its processes: the step its previous process was handed runs
+    nowhere once a new process holds the name, although the name's heartbeat is live."""
+    engine, transport = held
+    register_queue("render", concurrency=1)
+    start("tests.queued", queued("render", 1))
+    second = start("tests.queued", queued("render", 2))
+    (job,) = transport.held
+    transport.held.clear()
+    with inline_handoff.accepting("h:w0"):
+        engine.execute_step(job[0], job[1], job[2], worker_id="h:w0")
+    now = clock()
+    beat = WorkerHeartbeat.objects.create(
+        worker_id="h:w0", host="h", pid=1, transport="held", started_at=now - timedelta(seconds=1), last_seen=now
+    )
+    TimerPoller(engine).maintain()  # the process that was handed the step is the one alive: left alone
+    assert not transport.held
+    # The process dies; another takes the name (`store.worker_names`) and beats.
+    beat.started_at = beat.last_seen = now + timedelta(seconds=1)
+    beat.save()
+    clock.advance(seconds=2)
+    assert TimerPoller(engine).maintain() >= 1
+    assert [run_id for run_id, *_ in transport.held] == [second.id]
+    transport.run_step()
+    assert WorkflowRun.objects.get(pk=second.id).status == RunStatus.COMPLETED
+
+
 def test_a_worker_runs_the_granted_steps_in_the_thread_that_freed_their_slots(
     clock: MovableClock, transactional_db: None
 ) -> None:

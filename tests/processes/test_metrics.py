@@ -20,7 +20,6 @@ from durable_flow.admission.base import AdmissionRequest
 from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.redis.backend import RedisAdmissionBackend
 from durable_flow.config.settings import get_settings, parse_settings, reset_settings
-from durable_flow.contrib.metrics import bucketize
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
 from durable_flow.store import counters
@@ -32,6 +31,8 @@ from tests.support.clients import StaffLogin
 from tests.support.redis_keys import delete_keys
 
 TOKEN = "s3cret-scrape-token-0123456789"
+METERED = (("queue", "metered"),)
+STEP = (("step", "tests.file_gate"),)
 PROCESS_ENV = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
 
 
@@ -91,22 +92,14 @@ def test_a_token_is_never_accepted_when_none_is_configured(transactional_db: Non
     [
         ("x", 'DURABLE_FLOW["METRICS"]: must be a dict'),
         ({"TOKEN": "short"}, 'DURABLE_FLOW["METRICS"]["TOKEN"]: must be a string of at least 16 characters'),
-        (
-            {"WINDOW_S": 0},
-            'DURABLE_FLOW["METRICS"]["WINDOW_S"]: must be a number above 0 and at most 86400 (seconds), got 0',
-        ),
+        # The windowed histograms' look-back is gone with them: the histograms only grow now.
+        ({"WINDOW_S": 300}, 'DURABLE_FLOW["METRICS"]: unknown option(s) WINDOW_S'),
         ({"PORT": 9100}, 'DURABLE_FLOW["METRICS"]: unknown option(s) PORT'),
     ],
 )
 def test_bad_metrics_settings_name_the_key(metrics: Any, message: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         parse_settings({"METRICS": metrics})
-
-
-def test_buckets_are_cumulative_and_end_in_inf() -> None:
-    buckets, total = bucketize([0.5, 2, 20, 99], [1, 15, 30])
-    assert buckets == [("1", 1), ("15", 2), ("30", 3), ("+Inf", 4)]
-    assert total == 121.5
 
 
 def test_scrape_follows_real_workers_through_a_capped_queue(
@@ -118,8 +111,9 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     runs = [start("tests.file_gated", {"path": str(gate), "queue": "metered", "id": f"m{i}"}) for i in range(3)]
     before = scrape(staff_client)
     assert before[("durable_flow_runs", (("status", "pending"), ("workflow", "tests.file_gated")))] == 3
-    assert before[("durable_flow_queue_limit", (("kind", "concurrency"), ("queue", "metered")))] == 1
-    assert before[("durable_flow_queue_limit", (("kind", "rate"), ("queue", "metered")))] == 100
+    # One unit per name: slots, and admissions per rate period.
+    assert before[("durable_flow_queue_concurrency_limit_slots", (("queue", "metered"),))] == 1
+    assert before[("durable_flow_queue_rate_limit_admissions", (("queue", "metered"),))] == 100
     assert before[("durable_flow_queue_rate_period_seconds", (("queue", "metered"),))] == 60
     assert before[("durable_flow_queue_in_flight", (("queue", "metered"),))] == 0
     admitted = ("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "metered")))
@@ -168,11 +162,18 @@ def test_scrape_follows_real_workers_through_a_capped_queue(
     assert after[("durable_flow_queue_waiting", (("queue", "metered"),))] == 0
     assert after[admitted] == 3  # one direct admission, two grants to waiters
     assert after[parked] == 2  # a granted waiter counts under both; nothing parked twice
-    assert after[("durable_flow_queue_wait_seconds_gcount", (("queue", "metered"),))] == 3
-    assert after[("durable_flow_queue_wait_seconds_bucket", (("le", "+Inf"), ("queue", "metered")))] == 3
-    assert after[("durable_flow_step_duration_seconds_gcount", (("step", "tests.file_gate"),))] == 3
+    # The histograms, flushed by the worker on its heartbeat.
+    after = wait_for(
+        lambda: (now := scrape(staff_client)).get(("durable_flow_step_duration_seconds_count", STEP)) == 3 and now,
+        timeout=30,
+        what="the worker's histogram counts to be written",
+    )
+    assert after[("durable_flow_admission_wait_seconds_count", METERED)] == 3
+    assert after[("durable_flow_admission_wait_seconds_bucket", (("le", "+Inf"), *METERED))] == 3
+    assert after[("durable_flow_schedule_to_start_seconds_count", METERED)] == 3
     # The two that queued behind the gate waited at least as long as the first one ran.
-    assert after[("durable_flow_queue_wait_seconds_gsum", (("queue", "metered"),))] > 0
+    assert after[("durable_flow_admission_wait_seconds_sum", METERED)] > 0
+    assert after[("durable_flow_runs_finished_total", (("status", "completed"), ("workflow", "tests.file_gated")))] == 3
 
 
 @pytest.fixture

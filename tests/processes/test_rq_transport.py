@@ -18,13 +18,21 @@ from django.conf import settings
 from redis import Redis
 from rq import Retry
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
-from rq.worker import Worker
+from rq.worker import SimpleWorker, Worker
 
 from durable_flow import start
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
-from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun, dead_worker_cutoff
+from durable_flow.models import (
+    MetricCount,
+    RunStatus,
+    StepCheckpoint,
+    StepStatus,
+    WorkerHeartbeat,
+    WorkflowRun,
+    dead_worker_cutoff,
+)
 from durable_flow.testing.clock import FakeMonotonic
 from durable_flow.transports.rq import RQTransport, run_step_job, run_turn_job, tier_for
 from durable_flow.transports.rq.common import HIGH, JOB_KINDS, LOW, NORMAL
@@ -91,6 +99,20 @@ def test_enqueue_waits_for_commit_and_rolls_back_with_the_transaction(rq_engine:
     assert queue.jobs[0].func_name == "durable_flow.transports.rq.run_turn_job" and queue.jobs[0].args == (run.id,)
 
 
+def test_a_plain_rq_worker_writes_its_metric_counts_after_each_job(rq_engine: Engine, redis_conn: Redis) -> None:
+    """No heartbeat, a forked process per job: each job writes what it counted, under the RQ
+    worker's name (one row per series however many jobs it runs)."""
+    runs = [start("tests.three_steps", n) for n in (1, 2)]
+    plain = SimpleWorker(list(rq_engine.transport.tiers.values()), connection=redis_conn)
+    for _ in range(10):
+        plain.work(burst=True)
+        if all(run_status(run.id) == RunStatus.COMPLETED for run in runs):
+            break
+    rows = MetricCount.objects.filter(metric="durable_flow_runs_finished_total")
+    assert list(rows.values_list("process", "value")) == [(f"rq:{plain.name}", 2.0)]
+    assert set(MetricCount.objects.values_list("process", flat=True)) == {f"rq:{plain.name}"}
+
+
 def test_a_tasks_first_turn_is_queued_on_its_prioritys_tier(rq_engine: Engine) -> None:
     """Tasks no queue holds back overtake the backlog by priority on `rq` too: a task's first
     turn goes on the tier of its priority (steps already do), workflow turns on the normal one."""
@@ -133,7 +155,8 @@ def test_fan_of_40_steps_completes_across_three_workers(rq_engine: Engine, spawn
 def test_sigkill_mid_step_loses_nothing(rq_engine: Engine, spawn, marker: Path) -> None:
     """The locked path: the step was written as running, stamped with its worker. (An optimistic
     first step's kill: `test_over_rq_a_turn_redelivered_after_a_kill_takes_the_locked_path`.)"""
-    victim = worker(spawn, marker, "--concurrency", "2", env=LOCKED)
+    # Named: a survivor starting past the TTL (a loaded machine) would take a default name back.
+    victim = worker(spawn, marker, "--concurrency", "2", "--name", "victim", env=LOCKED)
     run = start("tests.slow_one", {"id": "k", "seconds": 2.0})
     wait_for(lambda: marks(marker, "slow_start"), timeout=30, what="the slow step to start")
     victim_id = live_heartbeat(victim).worker_id

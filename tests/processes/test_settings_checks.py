@@ -172,7 +172,6 @@ NUMERIC_SETTINGS: list[tuple[Build, str, str, tuple[object, ...]]] = [
     (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]["TTL_S"]:', (0, -1, 86_401)),
     (top("MAX_PAYLOAD_BYTES"), "E001", 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]:', (0, -1, 1.5, 2**30 + 1)),
     (top("REDISPATCH_AFTER_S"), "E001", 'DURABLE_FLOW["REDISPATCH_AFTER_S"]:', (0, -1, 7 * 86_400 + 1)),
-    (under("METRICS", "WINDOW_S"), "E001", 'DURABLE_FLOW["METRICS"]["WINDOW_S"]:', (0, -1, 86_401)),
     (queue(lambda v: {"concurrency": v}), "E001", "'q'.concurrency:", (0, -1, 2**31)),
     (queue(lambda v: {"retry_ms": v}), "E001", "'q'.retry_ms:", (0, -1)),
     (queue(lambda v: {"rate_limit": {"limit": v, "period_ms": 1000}}), "E001", "'q'.rate_limit.limit:", (0, 2**31)),

@@ -151,25 +151,28 @@ def test_every_check_id_is_documented(check_id: str) -> None:
 
 # docs/metrics.md: every metric the collector exposes.
 
-#: The metric families, by the class that builds them (`_histogram` builds gauge histograms).
-METRIC_BUILDERS = {"GaugeMetricFamily", "CounterMetricFamily", "GaugeHistogramMetricFamily", "_histogram"}
+#: The metric families, by the class that builds them.
+METRIC_BUILDERS = {"GaugeMetricFamily", "CounterMetricFamily", "HistogramMetricFamily"}
+#: The tables of counted families (`store.metric_counts` keeps them), built in a loop each.
+COUNTED_TABLES = {"COUNTERS": "_total", "HISTOGRAMS": ""}
 
 
 def metric_names() -> list[str]:
-    """The exposed name of every family `durable_flow.contrib.metrics` builds: its first argument,
-    with `_total` for a counter (prometheus_client appends it)."""
+    """The exposed name of every family `durable_flow.contrib.metrics` builds: the first argument
+    of each family built by name, and each entry of the counter and histogram tables, with
+    `_total` for a counter (prometheus_client appends it)."""
     tree = ast.parse(ROOT.joinpath("durable_flow", "contrib", "metrics.py").read_text())
-    # Inside `_histogram` the name is its parameter: its callers give it.
-    helper = {
-        id(node) for d in tree.body if isinstance(d, ast.FunctionDef) and d.name == "_histogram" for node in ast.walk(d)
-    }
     names = []
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in COUNTED_TABLES:
+            assert node.value is not None
+            names += [name + COUNTED_TABLES[node.target.id] for name, *_ in ast.literal_eval(node.value)]
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.func.id not in METRIC_BUILDERS:
             continue
-        if id(node) in helper:
-            continue
         first = node.args[0]
+        if isinstance(first, ast.Name):  # a table's entry, counted above
+            continue
         assert isinstance(first, ast.Constant) and isinstance(first.value, str), ast.unparse(node)
         names.append(first.value + ("_total" if node.func.id == "CounterMetricFamily" else ""))
     return names
@@ -178,7 +181,13 @@ def metric_names() -> list[str]:
 def test_the_metric_names_are_found() -> None:
     names = metric_names()
     assert len(names) == len(set(names))
-    assert {"durable_flow_runs", "durable_flow_admissions_total", "durable_flow_queue_wait_seconds"} <= set(names)
+    assert {
+        "durable_flow_runs",
+        "durable_flow_admissions_total",
+        "durable_flow_runs_finished_total",
+        "durable_flow_admission_wait_seconds",
+        "durable_flow_tasks_unclaimed",
+    } <= set(names)
 
 
 @pytest.mark.parametrize("name", metric_names())

@@ -222,10 +222,11 @@ def test_a_step_a_live_worker_dropped_is_redispatched(manual: Engine, clock: Mov
 
 
 def beat_of(worker_id: str, at: Any, running: list[str]) -> None:
-    """A live worker's heartbeat row, written at `at` and listing `running`."""
+    """A live worker's heartbeat row, written at `at` and listing `running`; a process's first
+    beat says when it started (a later one keeps that: the poller reads it as the process's)."""
+    beat = {"host": "h", "pid": 1, "transport": "db", "last_seen": at, "running": running}
     WorkerHeartbeat.objects.update_or_create(
-        worker_id=worker_id,
-        defaults={"host": "h", "pid": 1, "transport": "db", "started_at": at, "last_seen": at, "running": running},
+        worker_id=worker_id, defaults=beat, create_defaults={**beat, "started_at": at}
     )
 
 

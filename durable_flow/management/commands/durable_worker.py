@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_flow.engine import get_engine
 from durable_flow.runtime.controllers import build_controller
+from durable_flow.runtime.heartbeat import WorkerNameTaken, claim_worker_id
 from durable_flow.runtime.worker import WorkerRuntime
 from durable_flow.store.outage import Outage, transient_errors
 
@@ -52,7 +53,12 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="Exit when no work is left.")
         parser.add_argument("--max-tasks", type=int, default=None, help="Exit after this many tasks.")
         parser.add_argument("--grace", type=float, default=30.0, help="Seconds to finish in-flight tasks on SIGTERM.")
-        parser.add_argument("--worker-id", default=None, help="Name this worker (default host:pid:random).")
+        parser.add_argument(
+            "--name",
+            default=None,
+            help="This worker's name, its id being host:NAME, kept across restarts (default: the lowest "
+            "free w0, w1, ... on this host).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         log_startup_signals()
@@ -62,6 +68,9 @@ class Command(BaseCommand):
             raise CommandError(
                 f"the {engine.transport.name!r} transport runs work in-process; durable_worker serves db and rq"
             )
+        name = options["name"]
+        if name is not None and (not name.strip() or len(name) > 100 or any(c.isspace() for c in name)):
+            raise CommandError("--name: 1 to 100 characters, no spaces")
         spec: object = options["concurrency"]
         setting = "--concurrency"
         if spec is None:
@@ -87,7 +96,20 @@ class Command(BaseCommand):
                 continue
             outage.recovered()
             break
-        runtime = WorkerRuntime(engine, source, controller, worker_id=options["worker_id"], grace_s=options["grace"])
+        settings = engine.settings
+        try:
+            worker_id = claim_worker_id(
+                name, engine.transport.name, settings.heartbeat_ttl_s, settings.heartbeat_interval_s
+            )
+        except WorkerNameTaken as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            # Jobs a crashed earlier process of this name had claimed: claimable now, not when
+            # their leases lapse (it is dead by the poller's own rule, or the name was not free).
+            engine.transport.reclaim_from([worker_id])
+        except transient_errors():
+            logger.warning("could not reclaim the jobs of %s's earlier process; their leases lapse", worker_id)
+        runtime = WorkerRuntime(engine, source, controller, worker_id=worker_id, grace_s=options["grace"])
         runtime.install_signal_handlers()
         self.stdout.write(
             f"durable_worker {runtime.worker_id}: transport={engine.transport.name} "

@@ -182,6 +182,10 @@ class DatabaseTransport(Transport):
         else:
             transaction.on_commit(_announce_new_work)
 
+    def backlog(self) -> int:
+        """Task rows no worker has claimed (due now or later)."""
+        return Task.objects.filter(claimed_by__isnull=True).count()
+
     def reclaim_from(self, dead_workers: list[str]) -> int:
         """Give up the tasks held by workers whose heartbeat lapsed (poller upkeep): unclaimed,
         so any worker takes them now, even one that does not take lapsed leases yet. A dead

@@ -62,20 +62,21 @@ cannot be killed safely mid-transaction, and step timeouts are the engine's (the
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from rq.executions import Execution, ExecutionRegistry
-from rq.job import JobStatus, Retry
+from rq.job import JobStatus, Retry, get_current_job
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
 from durable_flow.config.options import Option, Validator, boolean, non_empty_str, number, optional
 from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.engine import get_engine
+from durable_flow.store import metric_counts
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.rq.claims import ClaimBook
 from durable_flow.transports.rq.common import HIGH, LOW, NORMAL, current_runner
@@ -101,18 +102,26 @@ def tier_for(priority: int) -> str:
     return NORMAL
 
 
-def _runner() -> TaskRunner:
-    """The worker running this job: `durable_worker`'s, else (a plain `rqworker`) this
-    process's engine with no worker id."""
+def _run(job: Callable[[TaskRunner], str]) -> str:
+    """Run `job` on the worker running it: `durable_worker`'s runtime, else (a plain `rqworker`)
+    this process's engine with no worker id. A plain `rqworker` has no heartbeat to write its
+    metric counts on, and runs each job in a forked process that exits after it: the job writes
+    them itself, under the RQ worker's name (stable across its jobs, so one row per series)."""
     runner = current_runner()
-    if runner is None:
-        runner = EngineRunner(get_engine())
-    return runner
+    if runner is not None:
+        return job(runner)
+    current = get_current_job()
+    if current is not None and current.worker_name:
+        metric_counts.set_process(f"rq:{current.worker_name}")
+    try:
+        return job(EngineRunner(get_engine()))
+    finally:
+        metric_counts.flush_quietly()
 
 
 def run_turn_job(run_id: str) -> str:
     """RQ job: replay the run's next turn. Returns the run's status afterwards."""
-    return _runner().run_turn(run_id)
+    return _run(lambda runner: runner.run_turn(run_id))
 
 
 def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
@@ -122,7 +131,7 @@ def run_step_job(run_id: str, step_key: str, attempt: int) -> str:
     step if the worker dies. Under a foreign RQ worker it is empty, so a lost step is
     re-driven after `REDISPATCH_AFTER_S` instead.
     """
-    return _runner().run_step(run_id, step_key, attempt)
+    return _run(lambda runner: runner.run_step(run_id, step_key, attempt))
 
 
 class RQTransport(Transport):
@@ -275,6 +284,10 @@ class RQTransport(Transport):
             )
             self.claims.ring(pipeline)
             pipeline.execute()
+
+    def backlog(self) -> int:
+        """Jobs waiting on the tiers' RQ queues (not popped by a worker yet)."""
+        return sum(queue.count for queue in self.tiers.values())
 
     # -- recovery ----------------------------------------------------------------------------
     def reclaim_from(self, dead_workers: list[str]) -> int:

@@ -100,6 +100,10 @@ class RQTaskSource(TaskSource):
             job_class=self.ordered[1].job_class,
             serializer=self.ordered[1].serializer,
         )
+        if self.connection.exists(self.worker.key) and not self.connection.hexists(self.worker.key, "death"):
+            # A crashed process of this name (a worker's name outlives its processes, and this
+            # one took it only once that process's heartbeat lapsed): its record is stale.
+            self.worker.register_death()
         self.worker.register_birth()
         self.worker.set_state("idle")
         self.outage_seen()  # this process cannot know how long Redis was away before it started
