@@ -150,11 +150,9 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "snap": snap,
         "problems": _problem_links(snap),
-        "run_counts": [
-            {"status": s, "n": snap["runs"].get(s, 0), "href": runs_url(s)}
-            for s in RUN_STATUS_ORDER
-            if s in snap["runs"]
-        ],
+        # Live statuses with their numbers; finished ones as links only (never counted by a
+        # scan of the history).
+        "run_counts": [{"status": s, "n": snap["runs"].get(s), "href": runs_url(s)} for s in RUN_STATUS_ORDER],
         "charts": overview_charts(past, now),
         "queue_table": _queue_table(snap, past),
         "workers": _worker_cards(snap, past),

@@ -7,7 +7,6 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -18,6 +17,7 @@ from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.observe.queues import queue_names
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
+from durable_flow.observe.run_filters import run_page as list_page
 from durable_flow.observe.runs import run_detail as run_page
 from durable_flow.observe.runs import run_row, workflow_names
 from durable_flow.operations import api
@@ -29,7 +29,6 @@ from durable_flow.operations.runs import RETRYABLE
 from .access import allowed, require, staff_page
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
-PAGE_SIZE = 50
 
 
 def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
@@ -40,16 +39,22 @@ def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
 
 @staff_page
 def runs(request: HttpRequest) -> HttpResponse:
-    """The run list: filters, search by id and input, pagination, bulk actions by filter."""
+    """The run list: filters, search by id prefix (and inside inputs when asked), pages by
+    keyset (`?after=` / `?before=` a cursor: no COUNT), bulk actions by filter."""
     form, query = _filters(request)
-    if not form.is_valid():
+    page = None
+    if form.is_valid():
+        try:
+            page = list_page(filtered_runs(form.cleaned_data), request.GET.get("after"), request.GET.get("before"))
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+    if page is None:
         context = {"form": form, "page": None, "rows": [], "query": query, "workflows": workflow_names()}
         return render(request, "dashboard/runs.html", {**context, **allowed(request)}, status=400)
-    page = Paginator(filtered_runs(form.cleaned_data), PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "form": form,
         "page": page,
-        "rows": [run_row(run) for run in page.object_list],
+        "rows": [run_row(run) for run in page.runs],
         "query": query,
         "workflows": workflow_names(),
         "queues": queue_names(),

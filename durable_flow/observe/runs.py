@@ -13,7 +13,16 @@ from django.db.models import Count
 from django.utils import timezone
 
 from durable_flow.config.settings import get_settings
-from durable_flow.models import RunStatus, Signal, StepAttempt, StepCheckpoint, WorkflowRun, dead_worker_cutoff
+from durable_flow.definitions.registry import workflows as registered_workflows
+from durable_flow.models import (
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+    Signal,
+    StepAttempt,
+    StepCheckpoint,
+    WorkflowRun,
+    dead_worker_cutoff,
+)
 from durable_flow.observe.timeline import build_timeline
 from durable_flow.store import queries
 
@@ -34,8 +43,9 @@ def run_row(run: WorkflowRun) -> dict[str, Any]:
 
 
 def workflow_names() -> list[str]:
-    """Every workflow that has runs, sorted: the run list's workflow filter."""
-    return sorted(WorkflowRun.objects.order_by().values_list("workflow", flat=True).distinct())
+    """Every registered workflow, sorted: the run lists' workflow filter (from the registry,
+    not a `DISTINCT` over every run)."""
+    return sorted(registered_workflows())
 
 
 def executing_now(run_id: str, now: datetime | None = None) -> list[str]:
@@ -68,12 +78,22 @@ def run_detail(run: WorkflowRun, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
+#: The statuses of runs not finished: the ones the pages and the metrics count. A finished
+#: status is never counted by reading the runs (a long history would make every count a scan of
+#: it); finished totals are counters.
+LIVE_RUN_STATUSES = tuple(status for status in RunStatus.values if status not in TERMINAL_RUN_STATUSES)
+
+
 def run_counts() -> dict[str, int]:
-    """Runs per status, every status present (0 where there are none)."""
-    counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {status: counts.get(status, 0) for status in RunStatus.values}
+    """Runs per live status (`LIVE_RUN_STATUSES`), each present (0 where there are none): an
+    index-only range of the `(status, wake_at)` index, whatever the history holds."""
+    live = WorkflowRun.objects.filter(status__in=LIVE_RUN_STATUSES)
+    counts = dict(live.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    return {status: counts.get(status, 0) for status in LIVE_RUN_STATUSES}
 
 
 def counts_by_workflow() -> Iterable[tuple[str, str, int]]:
-    """`(workflow, status, runs)` for every pair that has runs (the metrics' run gauge)."""
-    return WorkflowRun.objects.values_list("workflow", "status").annotate(n=Count("id")).order_by()
+    """`(workflow, status, runs)` for every pair of a live status that has runs (the metrics'
+    run gauge; finished runs are counters)."""
+    live = WorkflowRun.objects.filter(status__in=LIVE_RUN_STATUSES)
+    return live.values_list("workflow", "status").annotate(n=Count("id")).order_by()
