@@ -60,6 +60,7 @@ POSTGRESQL_PASS = (
     "tests/integration/test_operations.py",
     "tests/integration/test_release_order.py",
     "tests/integration/test_step_concurrency.py",
+    "tests/integration/test_surfaces_at_scale.py",
     "tests/integration/test_task_notifications.py",
     "tests/integration/test_url_input.py",
     "tests/processes/test_base_exceptions.py",
