@@ -224,10 +224,15 @@ def test_the_overview_counts_live_runs_only_and_shows_finished_ones_as_links(bos
         overview(now)
     run_queries = [q["sql"] for q in queries.captured_queries if 'FROM "durable_flow_workflowrun"' in q["sql"]]
     for sql in run_queries:
-        assert "IN (" in sql or "concurrency_key" in sql or "start_key" in sql, f"a count over every run: {sql}"
+        where = sql.split("WHERE", 1)[-1]
+        assert '"status" IN' in where or '"status" =' in where, f"a count over every run: {sql}"
     html = boss.get(reverse("dashboard:index")).content.decode()
     assert 'aria-label="1 running runs"' in html
     assert 'aria-label="completed runs"' in html and "?status=completed" in html
+    # Each live status counted up to the cap: a long backlog costs what the cap does.
+    assert run_counts(cap=1)["running"] == 1
+    make_run("busy-too", now, status=RunStatus.RUNNING)
+    assert run_counts(cap=1)["running"] == 1 and run_counts()["running"] == 2
 
 
 def test_a_queue_s_parked_calls_are_counted_up_to_the_cap(transactional_db: None) -> None:
