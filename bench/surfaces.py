@@ -52,8 +52,8 @@ PG_DATABASE = f"durable_flow_bench_surfaces_{os.getpid()}"  # its own: other ses
 FINISHED = 1_000_000
 WAITING = 100_000
 SLEEPING = 10_000
-#: The runs on the "empty" tables: enough to fill each list's page (the admin shows 100).
-BASE_FINISHED, BASE_WAITING, BASE_SLEEPING = 150, 30, 5
+#: The runs on the "empty" tables: enough to fill each list's page, the failed runs' too (3 % of them).
+BASE_FINISHED, BASE_WAITING, BASE_SLEEPING = 3_400, 60, 10
 PAGE_MS = 150.0
 PAGE_RATIO = 3.0
 SAMPLING_MS = 10.0
@@ -324,7 +324,9 @@ def pages() -> list[tuple[str, str]]:
         ("runs list", runs),
         ("runs list, page 2", None),  # the first page's "older" link, found at run time
         ("runs list, id search", f"{runs}?q={PROBE[:8]}"),
-        ("runs list, tag filter", f"{runs}?tag=probe"),
+        ("runs list, tag filter (rare)", f"{runs}?tag=probe"),
+        ("runs list, tag filter (common)", f"{runs}?tag=nightly"),
+        ("runs list, inside inputs", f"{runs}?q=cust-probe&in_input=on"),
         ("runs list, status failed", f"{runs}?status=failed"),
         ("runs list, queue filter", f"{runs}?queue=imports"),
         ("run page", reverse("dashboard:run", args=[PROBE])),
@@ -352,26 +354,32 @@ def next_page_url(client: Any, url: str) -> str:
     return url + found.group(1).replace("&amp;", "&")
 
 
-def median_ms(request: Callable[[], Any], times: int, warmup: int = 2) -> float:
-    spent = []
+def timed(request: Callable[[], Any], times: int, warmup: int = 2) -> tuple[float, float]:
+    """The medians of `request()`'s wall time and of its statements' time, in ms."""
+    spent, in_db = [], []
     for n in range(warmup + times):
-        started = time.perf_counter()
-        request()
+        with statement_time() as statements:
+            started = time.perf_counter()
+            request()
+            elapsed = time.perf_counter() - started
         if n >= warmup:
-            spent.append((time.perf_counter() - started) * 1000)
-    return statistics.median(spent)
+            spent.append(elapsed * 1000)
+            in_db.append(sum(statements) * 1000)
+    return statistics.median(spent), statistics.median(in_db)
 
 
-def time_pages(client: Any, times: int) -> dict[str, float]:
+def time_pages(client: Any, times: int) -> dict[str, tuple[float, float]]:
+    from django.urls import reverse
+
     result = {}
     for label, url in pages():
         if url is None:
-            url = next_page_url(client, pages()[6][1])
+            url = next_page_url(client, reverse("dashboard:runs"))
         response = client.get(url)
         if response.status_code != 200:
             raise SystemExit(f"{label}: {url} answered {response.status_code}")
-        result[label] = median_ms(lambda url=url: client.get(url), times)
-        log(f"    {label:<28} {result[label]:8.1f} ms")
+        result[label] = timed(lambda url=url: client.get(url), times)
+        log(f"    {label:<32} {result[label][0]:8.1f} ms ({result[label][1]:.1f} ms in statements)")
     return result
 
 
@@ -393,7 +401,7 @@ def statement_time() -> Iterator[list[float]]:
         yield spent
 
 
-def sampling_ms(times: int) -> float:
+def sampling_ms(times: int) -> tuple[float, float]:
     """The median of the poller's sampling pass, each at the next interval (so it writes rows)."""
     from django.utils import timezone
 
@@ -404,7 +412,7 @@ def sampling_ms(times: int) -> float:
     start = timezone.now()
     interval = engine.settings.sample_interval_s
     passes = iter(range(1, 10_000))
-    return median_ms(lambda: take_samples(engine, start + timedelta(seconds=interval * next(passes))), times)
+    return timed(lambda: take_samples(engine, start + timedelta(seconds=interval * next(passes))), times)
 
 
 def tick_db_ms(times: int) -> dict[str, float]:
@@ -425,6 +433,11 @@ def tick_db_ms(times: int) -> dict[str, float]:
     return result
 
 
+def load_average() -> str:
+    """The host's 1-minute load average (the bench shares the host: it says how much)."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 def verdict(empty: float, loaded: float) -> str:
     allowed = min(PAGE_MS, max(PAGE_RATIO * empty, 30.0))
     return "ok" if loaded <= allowed else f"SLOW (> {allowed:.0f} ms)"
@@ -436,6 +449,7 @@ def main() -> None:
     from django.test import Client
 
     try:
+        load_before = load_average()
         register_fixtures()
         client = Client()
         client.force_login(__import__("django.contrib.auth").contrib.auth.get_user_model().objects.get())
@@ -459,6 +473,7 @@ def main() -> None:
         loaded_pages = time_pages(client, args.requests)
         loaded_sampling = sampling_ms(args.requests)
         loaded_tick = tick_db_ms(args.requests)
+        load_after = load_average()
     finally:
         from django.db import connections
 
@@ -469,31 +484,38 @@ def main() -> None:
     print(f"operator surfaces with a history (PostgreSQL, scale {args.scale:g}, median of {args.requests} requests)")
     print(
         f"  history: {rows['workflowrun']:,} runs, {rows['stepcheckpoint']:,} checkpoints, "
-        f"{rows['stepattempt']:,} attempts (loaded in {load_s:.0f} s)"
+        f"{rows['stepattempt']:,} attempts (loaded in {load_s:.0f} s); load average {load_before} / {load_after}"
     )
     print()
-    print(f"| {'page or endpoint':<28} | empty ms | history ms | ratio | verdict |")
-    print(f"|{'-' * 30}|---------:|-----------:|------:|---------|")
-    for label, empty in empty_pages.items():
-        loaded = loaded_pages[label]
-        print(f"| {label:<28} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | {verdict(empty, loaded)} |")
-    ok = loaded_sampling <= SAMPLING_MS
+    print(f"| {'page or endpoint':<32} | empty ms | history ms | ratio | history DB ms | verdict |")
+    print(f"|{'-' * 34}|---------:|-----------:|------:|--------------:|---------|")
+    for label, (empty, _) in empty_pages.items():
+        loaded, in_db = loaded_pages[label]
+        print(
+            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | {in_db:13.1f} | "
+            f"{verdict(empty, loaded)} |"
+        )
+    (empty_s, _), (loaded_s, sampling_db) = empty_sampling, loaded_sampling
     print(
-        f"| {'poller sampling pass':<28} | {empty_sampling:8.1f} | {loaded_sampling:10.1f} | "
-        f"{loaded_sampling / empty_sampling:5.2f} | {'ok' if ok else f'SLOW (> {SAMPLING_MS:.0f} ms)'} |"
+        f"| {'poller sampling pass':<32} | {empty_s:8.1f} | {loaded_s:10.1f} | {loaded_s / empty_s:5.2f} | "
+        f"{sampling_db:13.1f} | {'ok' if loaded_s <= SAMPLING_MS else f'SLOW (> {SAMPLING_MS:.0f} ms)'} |"
     )
     for topic, empty in empty_tick.items():
         loaded = loaded_tick[topic]
-        ok = loaded <= TICK_MS
         label = f"live tick DB, tab {topic}"
         print(
-            f"| {label:<28} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | "
-            f"{'ok' if ok else f'SLOW (> {TICK_MS:.0f} ms)'} |"
+            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | {loaded:13.1f} | "
+            f"{'ok' if loaded <= TICK_MS else f'SLOW (> {TICK_MS:.0f} ms)'} |"
         )
-    worst = max(loaded_pages[label] / empty_pages[label] for label in empty_pages)
+    worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
+    slowest = max(loaded for loaded, _ in loaded_pages.values())
     print()
-    print(f"  worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g}; every page <= {PAGE_MS:g} ms)")
-    print(f"  sampling pass with history: {loaded_sampling:.1f} ms (target <= {SAMPLING_MS:g} ms)")
+    print(f"  worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})")
+    print(f"  slowest page with history: {slowest:.1f} ms (target <= {PAGE_MS:g} ms)")
+    print(
+        f"  sampling pass with history: {loaded_s:.1f} ms, {sampling_db:.1f} ms in statements "
+        f"(target <= {SAMPLING_MS:g} ms)"
+    )
     print(f"  worst live tick DB time per tab: {max(loaded_tick.values()):.1f} ms (target <= {TICK_MS:g} ms)")
 
 

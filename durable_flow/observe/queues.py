@@ -26,6 +26,8 @@ from durable_flow.store.counters import decisions
 MAX_DOTS = 120
 #: How long a finished call stays in the flow view's "out" zone.
 DONE_FOR = timedelta(seconds=8)
+#: Waiting calls, from the front of a queue's line, whose keys the busiest keys count.
+KEYS_SAMPLE = 1_000
 #: Live workers the flow view draws slots for.
 FLOW_WORKERS = 12
 
@@ -92,11 +94,11 @@ def admissions_since(queue: str, since: datetime) -> int:
 def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
     """The fairness keys with the most calls on `queue` now: waiting and holding a slot.
 
-    Two reads of the queue's line (`df_checkpoint_queue_line`): the keys of its oldest
-    `PARKED_COUNT_CAP` waiting calls, index-only however long the line (past that many, the
-    keys of the front of the line), and the calls dispatched (as many as the cap allows)."""
+    Two reads of the queue's line (`df_checkpoint_queue_line`): the keys of its `KEYS_SAMPLE`
+    oldest waiting calls, index-only however long the line (in a longer line, the keys at its
+    front), and the calls dispatched (as many as the cap allows)."""
     line = StepCheckpoint.objects.filter(queue=queue)
-    oldest = line.filter(status=StepStatus.WAITING).order_by("created_at")[:PARKED_COUNT_CAP]
+    oldest = line.filter(status=StepStatus.WAITING).order_by("created_at")[:KEYS_SAMPLE]
     waiting = dict(Counter(oldest.values_list("fairness_key", flat=True)))
     dispatched = {
         key: (n, holding)
