@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""What do the operator surfaces' indexes cost the writes of the hot path (PostgreSQL)?
+
+    .venv/bin/python bench/index_cost.py              # 5,000 lifecycles a timing, 3 rounds
+    .venv/bin/python bench/index_cost.py --lifecycles 20000 --rounds 5
+
+Design. Two databases of their own (dropped after): one migrated to the migration before the
+surfaces' indexes (`0020_task_deliveries`), one migrated to the end. In each, a PL/pgSQL block
+writes `--lifecycles` step lifecycles as the engine writes them, row for row: a run inserted
+pending (one in ten tagged), its step's checkpoint inserted parked on a queue, dispatched, its
+attempt inserted running, the checkpoint and the attempt completed, the run running then
+completed; one in ten attempts fails first and is retried. The block's server time is the
+figure (no client round trips: the difference is the indexes' maintenance alone). Then, in the
+migrated database, each added index is dropped in turn and the block timed again, so each
+index's share shows. After a warm-up block in each database, rounds alternate the variants; the median of the rounds is printed, in
+microseconds per lifecycle and against the database before the migration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+BEFORE = "0020_task_deliveries"
+#: The indexes the surfaces added, each dropped in turn in the migrated database.
+ADDED = ("df_checkpoint_settled", "df_attempt_failed_at", "df_run_tags", "df_run_input_trgm")
+
+LIFECYCLES = """
+DO $$
+DECLARE
+    i integer;
+    rid text;
+    cid bigint;
+    started timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1..%(n)s LOOP
+        rid := %(prefix)s || i;
+        INSERT INTO durable_flow_workflowrun (id, workflow, version, status, input, output, error, wake_at, tags,
+            parent_id, parent_step_key, concurrency_key, concurrency_limit, step_concurrency, turns, created_at,
+            updated_at, finished_at, rerun_of, start_key, debounce_until)
+        VALUES (rid, 'orders.import', '1', 'pending',
+            jsonb_build_object('customer', 'cust-' || (i %% 1000), 'order', i, 'note', 'import the nightly file'),
+            NULL, NULL, NULL, CASE WHEN i %% 10 = 0 THEN '["nightly"]'::jsonb ELSE '[]'::jsonb END,
+            NULL, '', NULL, NULL, '[]'::jsonb, 0, now(), now(), NULL, '', NULL, NULL);
+        UPDATE durable_flow_workflowrun SET status = 'running', turns = 1, updated_at = now() WHERE id = rid;
+        INSERT INTO durable_flow_stepcheckpoint (run_id, key, sequence, kind, name, status, input, output, error,
+            attempt, max_attempts, queue, holds_slot, priority, fairness_key, "group", wake_at, timeout_s,
+            child_run_id, worker, late_result, created_at, dispatched_at, finished_at)
+        VALUES (rid, '0', 0, 'step', 'orders.fetch', 'waiting', NULL, NULL, NULL, 0, 3, 'imports', false, 0,
+            'cust-' || (i %% 1000), '', NULL, NULL, '', '', NULL, now(), NULL, NULL)
+        RETURNING id INTO cid;
+        UPDATE durable_flow_stepcheckpoint SET status = 'dispatched', attempt = 1, holds_slot = true,
+            dispatched_at = now(), worker = 'w:1' WHERE id = cid;
+        INSERT INTO durable_flow_stepattempt (checkpoint_id, run_id, attempt, status, worker, dispatched_at,
+            started_at, finished_at, retry_at, error, late, operator_retry_at)
+        VALUES (cid, rid, 1, 'running', 'w:1', now(), now(), NULL, NULL, NULL, false, NULL);
+        IF i %% 10 = 0 THEN
+            UPDATE durable_flow_stepattempt SET status = 'failed', finished_at = now(),
+                error = '{"type": "TimeoutError"}'::jsonb WHERE checkpoint_id = cid AND attempt = 1;
+            UPDATE durable_flow_stepcheckpoint SET status = 'retrying', holds_slot = false, wake_at = now()
+                WHERE id = cid;
+            UPDATE durable_flow_stepcheckpoint SET status = 'dispatched', attempt = 2, holds_slot = true,
+                dispatched_at = now() WHERE id = cid;
+            INSERT INTO durable_flow_stepattempt (checkpoint_id, run_id, attempt, status, worker, dispatched_at,
+                started_at, finished_at, retry_at, error, late, operator_retry_at)
+            VALUES (cid, rid, 2, 'running', 'w:1', now(), now(), NULL, NULL, NULL, false, NULL);
+        END IF;
+        UPDATE durable_flow_stepcheckpoint SET status = 'completed', holds_slot = false, finished_at = now(),
+            output = '{"rows": 17}'::jsonb WHERE id = cid;
+        UPDATE durable_flow_stepattempt SET status = 'completed', finished_at = now()
+            WHERE checkpoint_id = cid AND status = 'running';
+        UPDATE durable_flow_workflowrun SET status = 'completed', turns = 2, output = '{"rows": 17}'::jsonb,
+            finished_at = now(), updated_at = now() WHERE id = rid;
+    END LOOP;
+    RAISE NOTICE 'elapsed_us %%', extract(epoch FROM clock_timestamp() - started) * 1000000;
+END $$;
+"""
+
+
+def pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def migrate(database: str, target: str | None) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"{PG_SERVER}/{database}",
+        "DJANGO_SETTINGS_MODULE": "settings.test",
+        "DURABLE_FLOW_TEST_ID": "bench-index-cost",
+    }
+    args = [sys.executable, "manage.py", "migrate", "--verbosity", "0"]
+    if target:
+        args += ["durable_flow", target]
+    subprocess.run(args, cwd=ROOT, env=env, check=True)
+
+
+def lifecycles_us(database: str, n: int, prefix: str) -> float:
+    """Server microseconds per lifecycle of one block of `n`, then the block's rows deleted."""
+    import psycopg
+
+    notices: list[str] = []
+    with psycopg.connect(f"{PG_SERVER}/{database}", autocommit=True) as conn:
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        conn.execute(LIFECYCLES % {"n": n, "prefix": f"'{prefix}-'"})  # values of this script, not input
+        for table in ("stepattempt", "stepcheckpoint", "workflowrun"):
+            column = "id" if table == "workflowrun" else "run_id"
+            conn.execute(f"DELETE FROM durable_flow_{table} WHERE {column} LIKE %s", (f"{prefix}-%",))
+        conn.execute("VACUUM durable_flow_workflowrun, durable_flow_stepcheckpoint, durable_flow_stepattempt")
+    elapsed = next(float(text.split()[-1]) for text in notices if text.startswith("elapsed_us"))
+    return elapsed / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lifecycles", type=int, default=5000, help="step lifecycles a timing")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (the median is printed)")
+    args = parser.parse_args()
+    before, after = f"df_bench_idx_before_{os.getpid()}", f"df_bench_idx_after_{os.getpid()}"
+    for database in (before, after):
+        pg_admin(f"DROP DATABASE IF EXISTS {database}")
+        pg_admin(f"CREATE DATABASE {database}")
+    try:
+        migrate(before, BEFORE)
+        migrate(after, None)
+        import psycopg
+
+        with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
+            present = {row[0] for row in conn.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE 'df_%'")}
+            definitions = {
+                name: conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,)).fetchone()[0]
+                for name in ADDED
+                if name in present
+            }
+        timings: dict[str, list[float]] = {"before": [], "after": [], **{f"after without {n}": [] for n in definitions}}
+        for database in (before, after):  # a warm-up block each (catalog caches, the plan of the block)
+            lifecycles_us(database, max(100, args.lifecycles // 10), "warm")
+        for round_ in range(args.rounds):
+            timings["before"].append(lifecycles_us(before, args.lifecycles, f"r{round_}"))
+            timings["after"].append(lifecycles_us(after, args.lifecycles, f"r{round_}"))
+            for name, definition in definitions.items():
+                with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
+                    conn.execute(f"DROP INDEX {name}")
+                try:
+                    timings[f"after without {name}"].append(lifecycles_us(after, args.lifecycles, f"r{round_}x"))
+                finally:
+                    with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
+                        conn.execute(definition)
+    finally:
+        for database in (before, after):
+            pg_admin(f"DROP DATABASE IF EXISTS {database}")
+    base = statistics.median(timings["before"])
+    full = statistics.median(timings["after"])
+    print(f"hot-path writes per step lifecycle (PostgreSQL, server time, median of {args.rounds} rounds)")
+    print(f"  before the surfaces' indexes ({BEFORE}): {base:8.1f} us")
+    print(f"  with them:                                 {full:8.1f} us   ratio {full / base:.3f}")
+    for name in definitions:
+        without = statistics.median(timings[f"after without {name}"])
+        print(f"  without {name:<24} {without:8.1f} us   its share {full - without:+6.1f} us per lifecycle")
+
+
+if __name__ == "__main__":
+    main()
