@@ -12,8 +12,9 @@ attempt inserted running, the checkpoint and the attempt completed, the run runn
 completed; one in ten attempts fails first and is retried. The block's server time is the
 figure (no client round trips: the difference is the indexes' maintenance alone). Then, in the
 migrated database, each added index is dropped in turn and the block timed again, so each
-index's share shows. After a warm-up block in each database, rounds alternate the variants; the median of the rounds is printed, in
-microseconds per lifecycle and against the database before the migration.
+index's share shows. After a warm-up block in each database, rounds alternate the variants;
+the median of the rounds is printed, in microseconds per lifecycle and against the database
+before the migration.
 """
 
 from __future__ import annotations
