@@ -357,7 +357,7 @@ class FlowQueueAdmin(UrlSafeAdmin):
         return super().changelist_view(request, {**(extra_context or {}), "constraints": step_concurrency()})
 
     @admin.display(description="Waiting now")
-    def waiting(self, obj: FlowQueue) -> int:
+    def waiting(self, obj: FlowQueue) -> int | str:
         return queues.waiting_calls(obj.name)
 
 

@@ -124,9 +124,11 @@ def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
     return rows[:top]
 
 
-def waiting_calls(queue: str) -> int:
-    """Calls parked on `queue` waiting for admission, by the checkpoints (the admin's queue list)."""
-    return StepCheckpoint.objects.filter(status=StepStatus.WAITING, queue=queue).count()
+def waiting_calls(queue: str) -> int | str:
+    """Calls parked on `queue` waiting for admission, by the checkpoints (the admin's queue
+    list), counted up to `PARKED_COUNT_CAP` (`10000+` past it)."""
+    line = parked_calls([queue]).get(queue, NOT_PARKED)
+    return f"{line.n}+" if line.capped else line.n
 
 
 def _dot(cp: dict[str, Any], zone: str) -> dict[str, Any]:

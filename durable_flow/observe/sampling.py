@@ -86,15 +86,12 @@ PARKED_COUNT_CAP = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Parked:
-    """A queue's parked calls: how many (at most `PARKED_COUNT_CAP`: `capped` when there are
+    """A queue's parked calls: how many (`capped`: the count stopped at its cap, there may be
     more) and when the oldest asked (None when none waits)."""
 
     n: int
     oldest: datetime | None
-
-    @property
-    def capped(self) -> bool:
-        return self.n >= PARKED_COUNT_CAP
+    capped: bool = False
 
 
 NOT_PARKED = Parked(0, None)
@@ -111,7 +108,7 @@ def parked_calls(queues: Iterable[str], cap: int | None = PARKED_COUNT_CAP) -> d
         entries = line.values("created_at")  # a column of the index: only the index is read
         read = (entries[:cap] if cap else entries).aggregate(n=Count("*"), oldest=Min("created_at"))
         if read["n"]:
-            found[queue] = Parked(read["n"], read["oldest"])
+            found[queue] = Parked(read["n"], read["oldest"], capped=cap is not None and read["n"] >= cap)
     return found
 
 
