@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow.contrib.admin_run_list import COUNT_CAP, CappedCountPaginator
+from durable_flow.exceptions import InvalidInput
 from durable_flow.models import (
     AttemptStatus,
     FlowQueue,
@@ -305,3 +306,11 @@ def test_postgresql_answers_the_run_filters_from_indexes(no_seqscan: None) -> No
     has_trigrams = WorkflowRun.objects.raw("SELECT 1 AS id FROM pg_indexes WHERE indexname = 'df_run_input_trgm'")
     if list(has_trigrams):
         assert "df_run_input_trgm" in text and not scans(text), text
+
+
+def test_the_api_filter_searches_inputs_only_when_asked(transactional_db: None) -> None:
+    make_run("order-17", timezone.now(), input={"customer": "ACME"})
+    assert not run_filters.runs_from_json({"q": "acme"}).exists()
+    assert run_filters.runs_from_json({"q": "acme", "in_input": True}).get().pk == "order-17"
+    with pytest.raises(InvalidInput, match="in_input"):
+        run_filters.runs_from_json({"q": "acme", "in_input": "yes"})
