@@ -58,7 +58,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='stepcheckpoint',
-            index=models.Index(fields=['queue', 'status', 'created_at', 'fairness_key'], name='df_checkpoint_queue_line'),
+            index=models.Index(fields=['queue', 'status', 'created_at'], name='df_checkpoint_queue_line'),
         ),
         migrations.AddIndex(
             model_name='stepcheckpoint',

@@ -95,8 +95,8 @@ def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
     """The fairness keys with the most calls on `queue` now: waiting and holding a slot.
 
     Two reads of the queue's line (`df_checkpoint_queue_line`): the keys of its `KEYS_SAMPLE`
-    oldest waiting calls, index-only however long the line (in a longer line, the keys at its
-    front), and the calls dispatched (as many as the cap allows)."""
+    oldest waiting calls, however long the line (in a longer line, the keys at its front), and
+    the calls dispatched (as many as the cap allows)."""
     line = StepCheckpoint.objects.filter(queue=queue)
     oldest = line.filter(status=StepStatus.WAITING).order_by("created_at")[:KEYS_SAMPLE]
     waiting = dict(Counter(oldest.values_list("fairness_key", flat=True)))
