@@ -9,12 +9,13 @@ surfaces' indexes (`0020_task_deliveries`), one migrated to the end. In each, a 
 writes `--lifecycles` step lifecycles as the engine writes them, row for row: a run inserted
 pending (one in ten tagged), its step's checkpoint inserted parked on a queue, dispatched, its
 attempt inserted running, the checkpoint and the attempt completed, the run running then
-completed; one in ten attempts fails first and is retried. The block's server time is the
-figure (no client round trips: the difference is the indexes' maintenance alone). Then, in the
-migrated database, each added index is dropped in turn and the block timed again, so each
-index's share shows. After a warm-up block in each database, rounds alternate the variants;
-the median of the rounds is printed, in microseconds per lifecycle and against the database
-before the migration.
+completed; one in ten attempts fails first and is retried.
+
+Two figures. The block's server time (no client round trips), after a warm-up block in each
+database, rounds alternating, the median of the rounds: what the indexes cost in time, which
+a busy host blurs. And, deterministic, what each index grows by per lifecycle on fresh tables
+(its size after one block, less its size before, over the lifecycles): the entries every
+write adds, index by index, before and after the migration.
 """
 
 from __future__ import annotations
@@ -132,29 +133,15 @@ def main() -> None:
     try:
         migrate(before, BEFORE)
         migrate(after, None)
-        import psycopg
 
-        with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
-            present = {row[0] for row in conn.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE 'df_%'")}
-            definitions = {
-                name: conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,)).fetchone()[0]
-                for name in ADDED
-                if name in present
-            }
-        timings: dict[str, list[float]] = {"before": [], "after": [], **{f"after without {n}": [] for n in definitions}}
+        # On fresh tables first: every entry then takes new space (later blocks reuse freed space).
+        growth = {database: index_growth(database, args.lifecycles) for database in (before, after)}
+        timings: dict[str, list[float]] = {"before": [], "after": []}
         for database in (before, after):  # a warm-up block each (catalog caches, the plan of the block)
             lifecycles_us(database, max(100, args.lifecycles // 10), "warm")
         for round_ in range(args.rounds):
             timings["before"].append(lifecycles_us(before, args.lifecycles, f"r{round_}"))
             timings["after"].append(lifecycles_us(after, args.lifecycles, f"r{round_}"))
-            for name, definition in definitions.items():
-                with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
-                    conn.execute(f"DROP INDEX {name}")
-                try:
-                    timings[f"after without {name}"].append(lifecycles_us(after, args.lifecycles, f"r{round_}x"))
-                finally:
-                    with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
-                        conn.execute(definition)
     finally:
         for database in (before, after):
             pg_admin(f"DROP DATABASE IF EXISTS {database}")
@@ -163,9 +150,51 @@ def main() -> None:
     print(f"hot-path writes per step lifecycle (PostgreSQL, server time, median of {args.rounds} rounds)")
     print(f"  before the surfaces' indexes ({BEFORE}): {base:8.1f} us")
     print(f"  with them:                                 {full:8.1f} us   ratio {full / base:.3f}")
-    for name in definitions:
-        without = statistics.median(timings[f"after without {name}"])
-        print(f"  without {name:<24} {without:8.1f} us   its share {full - without:+6.1f} us per lifecycle")
+    print(f"  index growth per lifecycle, bytes ({args.lifecycles:,} fresh lifecycles, no vacuum):")
+    names = sorted(growth[before].keys() | growth[after].keys())
+    for name in names:
+        was, now = growth[before].get(name), growth[after].get(name)
+        shown = lambda value: "-" if value is None else f"{value:7.1f}"  # noqa: E731
+        change = (
+            "" if name in growth[before] and name in growth[after] else ("  (added)" if was is None else "  (removed)")
+        )
+        print(f"    {name:<44} before {shown(was)}  after {shown(now)}{change}")
+    added = sum(growth[after].values()) - sum(growth[before].values())
+    print(
+        f"  every index together: {sum(growth[before].values()):.1f} -> {sum(growth[after].values()):.1f} bytes "
+        f"per lifecycle ({added:+.1f})"
+    )
+
+
+def index_growth(database: str, n: int) -> dict[str, float]:
+    """Bytes each index of the run, checkpoint and attempt tables grows by per lifecycle, over
+    `n` fresh lifecycles (the rows stay: what every write adds)."""
+    import psycopg
+
+    query = (
+        "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
+        "WHERE indrelid IN ('durable_flow_workflowrun'::regclass, 'durable_flow_stepcheckpoint'::regclass, "
+        "'durable_flow_stepattempt'::regclass)"
+    )
+    with psycopg.connect(f"{PG_SERVER}/{database}", autocommit=True) as conn:
+        conn.execute("VACUUM durable_flow_workflowrun, durable_flow_stepcheckpoint, durable_flow_stepattempt")
+        before = dict(conn.execute(query).fetchall())
+        conn.execute(LIFECYCLES % {"n": n, "prefix": "'growth-'"})
+        # A GIN index's pending list goes into the index proper at vacuum: flush it to count it.
+        for name in before:
+            if (
+                conn.execute(
+                    "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE c.oid = %s::regclass", (name,)
+                ).fetchone()[0]
+                == "gin"
+            ):
+                conn.execute("SELECT gin_clean_pending_list(%s::regclass)", (name,))
+        after = dict(conn.execute(query).fetchall())
+        for table in ("stepattempt", "stepcheckpoint", "workflowrun"):
+            column = "id" if table == "workflowrun" else "run_id"
+            conn.execute(f"DELETE FROM durable_flow_{table} WHERE {column} LIKE 'growth-%%'")
+        conn.execute("VACUUM durable_flow_workflowrun, durable_flow_stepcheckpoint, durable_flow_stepattempt")
+    return {name: (after[name] - before[name]) / n for name in before}
 
 
 if __name__ == "__main__":
