@@ -6,8 +6,10 @@ them by keyset (`run_page`), so no list counts every run.
 Each filter is written so that PostgreSQL answers it from an index however long the history:
 the run id by prefix on the primary key's pattern index, a queue by an `EXISTS` probe of the
 run's checkpoints, a tag by JSON containment on a GIN index (`df_run_tags`), and text inside
-the inputs only when asked for (`in_input`), on a trigram index (`df_run_input_trgm`) where
-the `pg_trgm` extension could be installed."""
+the inputs only when asked for (`in_input`): a case-insensitive LIKE on the input's text, which
+a trigram index answers where the deployment added one (`df_run_input_trgm`, documented; not
+made by a migration, for what it costs every write of a run), and which reads the runs
+otherwise."""
 
 from __future__ import annotations
 
