@@ -61,6 +61,9 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("peer_dbos (SQLite)", "peer_dbos.py", [], []),  # the N (500) in --quick too
     ("peer_dbos (PostgreSQL)", "peer_dbos.py", ["--postgres"], ["--postgres"]),
     ("contention", "contention.py", [], ["--quick"]),
+    # The production-sized history (1,000,000 finished runs) is the figure: minutes to load.
+    ("surfaces", "surfaces.py", ["--scale", "1"], ["--scale", "0.1"]),
+    ("index_cost", "index_cost.py", ["--lifecycles", "20000", "--rounds", "5"], []),
 ]
 #: Modules in bench/ that other benches import; not benches themselves.
 HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py"}

@@ -18,6 +18,7 @@ from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.observe.admission import key_windows, throttle_buckets
 from durable_flow.observe.history import SPAN, History, Sample, history
 from durable_flow.observe.queues import admissions_since, busiest_keys
+from durable_flow.observe.runs import RUN_COUNT_CAP
 
 from . import charts
 from .limit_pages import keys_context
@@ -151,10 +152,16 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "snap": snap,
         "problems": _problem_links(snap),
+        # Live statuses with their numbers; finished ones as links only (never counted by a
+        # scan of the history).
         "run_counts": [
-            {"status": s, "n": snap["runs"].get(s, 0), "href": runs_url(s)}
+            {
+                "status": s,
+                "n": snap["runs"].get(s),
+                "at_least": snap["runs"].get(s, 0) >= RUN_COUNT_CAP,
+                "href": runs_url(s),
+            }
             for s in RUN_STATUS_ORDER
-            if s in snap["runs"]
         ],
         "charts": overview_charts(past, now),
         "queue_table": _queue_table(snap, past),

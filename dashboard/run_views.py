@@ -7,8 +7,6 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.core.paginator import Paginator
-from django.db.models import QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -19,21 +17,19 @@ from django.views.decorators.http import require_POST
 from durable_flow.exceptions import DurableFlowError, InvalidInput, RunNotFound, UnexpectedSignal
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.observe.queues import queue_names
-from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
+from durable_flow.observe.run_filters import RunFilterForm
 from durable_flow.observe.runs import run_detail as run_page
-from durable_flow.observe.runs import run_row, workflow_names
+from durable_flow.observe.runs import workflow_names
 from durable_flow.operations import api
-from durable_flow.operations import bulk as bulk_operations
 from durable_flow.operations.audit import record_operation
 from durable_flow.operations.forms import SignalForm, StartForm
 from durable_flow.operations.runs import RETRYABLE
 
 from .access import allowed, require, staff_page
+from .runs_list import list_context
 
-BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
 #: The run page's parts its live topic (`run:<id>`) re-renders every tick.
 RUN_FRAGMENTS = ["run-badge", "run-facts", "run-waits", "run-timeline"]
-PAGE_SIZE = 50
 
 
 def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
@@ -44,54 +40,25 @@ def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
 
 @staff_page
 def runs(request: HttpRequest) -> HttpResponse:
-    """The run list: filters, search by id and input, pagination, bulk actions by filter."""
+    """The run list: filters, search by id prefix (and inside inputs when asked), pages by
+    keyset (`?after=` / `?before=` a cursor: no COUNT), bulk actions by filter. Its rows come
+    from `runs_list.list_context`, as its live topic's do."""
     form, query = _filters(request)
-    if not form.is_valid():
-        context = {"form": form, "page": None, "rows": [], "query": query, "workflows": workflow_names()}
-        return render(request, "dashboard/runs.html", {**context, **allowed(request)}, status=400)
-    page = Paginator(filtered_runs(form.cleaned_data), PAGE_SIZE).get_page(request.GET.get("page"))
-    context = {
-        "form": form,
-        "page": page,
-        "rows": [run_row(run) for run in page.object_list],
-        "query": query,
-        "workflows": workflow_names(),
-        "queues": queue_names(),
-        "statuses": RunStatus.choices,
-        "selected": form.cleaned_data.get("status") or [],
-    }
-    return render(request, "dashboard/runs.html", {**context, **allowed(request)})
-
-
-@staff_page
-def bulk(request: HttpRequest, action: str) -> HttpResponse:
-    """GET: how many runs the filter matches, and a confirmation; POST: act on all of them."""
-    if action not in BULK_ACTIONS:
-        return HttpResponse("unknown bulk action", status=404)
-    require(request, action)
-    form, query = _filters(request)
-    if not form.is_valid():
-        return HttpResponse("invalid filter", status=400)
-    matching = filtered_runs(form.cleaned_data)
-    matching = bulk_operations.cancellable(matching) if action == "cancel" else bulk_operations.retryable(matching)
-    if request.method != "POST":
-        context = {"action": action, "label": BULK_ACTIONS[action], "count": matching.count(), "query": query}
-        return render(request, "dashboard/bulk_confirm.html", context)
-    done, refused = _bulk(request, action, matching)
-    text = f"{BULK_ACTIONS[action]}: {done} run(s)" + (f", {refused} refused" if refused else "") + "."
-    messages.success(request, text)
-    return HttpResponseRedirect(f"{reverse('dashboard:runs')}?{query}")
-
-
-def _bulk(request: HttpRequest, action: str, matching: QuerySet[WorkflowRun]) -> tuple[int, int]:
-    """Cancel or retry every matching run through `durable_flow.operations.bulk`: batches of 500 runs a
-    transaction (set-based, a bounded number of queries each), one LogEntry per run."""
-    message = f"{BULK_ACTIONS[action]} (dashboard, by filter)"
-    if action == "cancel":
-        result = bulk_operations.cancel_matching(matching, request.user, message)
-    else:
-        result = bulk_operations.retry_matching(matching, request.user, message)
-    return result.done, len(result.refused)
+    context: dict[str, object] = {"form": form, "page": None, "rows": [], "query": query}
+    status = 400
+    if form.is_valid():
+        try:
+            context.update(list_context(form, request.GET))
+            status = 200
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+    context.update(
+        workflows=workflow_names(),
+        queues=queue_names(),
+        statuses=RunStatus.choices,
+        selected=form.cleaned_data.get("status") or [] if form.is_valid() else [],
+    )
+    return render(request, "dashboard/runs.html", {**context, **allowed(request)}, status=status)
 
 
 @staff_page

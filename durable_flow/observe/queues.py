@@ -8,6 +8,7 @@ is the dashboard's to say.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,13 +19,15 @@ from durable_flow.config.settings import get_settings
 from durable_flow.exceptions import QueueNotFound
 from durable_flow.models import FlowQueue, StepCheckpoint, StepKind, StepStatus, WorkerHeartbeat, dead_worker_cutoff
 from durable_flow.observe.admission import fleet_in_flight, queue_usage
-from durable_flow.observe.sampling import parked_calls
+from durable_flow.observe.sampling import NOT_PARKED, PARKED_COUNT_CAP, parked_calls
 from durable_flow.store.counters import decisions
 
 #: Dots the flow view draws per zone; the rest are counted ("+120 more").
 MAX_DOTS = 120
 #: How long a finished call stays in the flow view's "out" zone.
 DONE_FOR = timedelta(seconds=8)
+#: Waiting calls, from the front of a queue's line, whose keys the busiest keys count.
+KEYS_SAMPLE = 1_000
 #: Live workers the flow view draws slots for.
 FLOW_WORKERS = 12
 
@@ -52,17 +55,21 @@ def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
     call, and parked calls the backend lost track of (`sampling.waiting_now`).
     """
     now = now or timezone.now()
-    parked = parked_calls()
+    registered = list(FlowQueue.objects.all())
+    parked = parked_calls(queue.name for queue in registered)
     rows = []
-    for queue in FlowQueue.objects.all():
+    for queue in registered:
         config = queue.config
-        parked_n, first = parked.get(queue.name, (0, None))
-        usage = queue_usage(queue.name, parked_n)
+        line = parked.get(queue.name, NOT_PARKED)
+        first = line.oldest
+        usage = queue_usage(queue.name, line.n)
         rows.append(
             {
                 "name": queue.name,
                 "paused": queue.paused,
                 "waiting": usage.waiting,
+                # The count stopped at the cap and the backend saw no more: "at least".
+                "waiting_capped": line.capped and usage.waiting == line.n,
                 "in_flight": usage.in_flight,
                 "slots": usage.in_flight,
                 "concurrency": config.get("concurrency"),
@@ -80,29 +87,48 @@ def queue_rows(now: datetime | None = None) -> list[dict[str, Any]]:
 
 def admissions_since(queue: str, since: datetime) -> int:
     """Steps on `queue` dispatched (admitted) since `since`."""
-    return StepCheckpoint.objects.filter(kind=StepKind.STEP, queue=queue, dispatched_at__gt=since).count()
+    dispatched = StepCheckpoint.objects.filter(status__in=StepStatus.values, dispatched_at__gt=since)
+    return dispatched.filter(kind=StepKind.STEP, queue=queue).count()  # by `(status, dispatched_at)`
 
 
 def busiest_keys(queue: str, top: int = 10) -> list[dict[str, Any]]:
-    """The fairness keys with the most calls on `queue` now: waiting and holding a slot."""
-    rows = (
-        StepCheckpoint.objects.filter(
-            kind=StepKind.STEP, queue=queue, status__in=(StepStatus.WAITING, StepStatus.DISPATCHED)
-        )
-        .values("fairness_key")
-        .annotate(
-            waiting=Count("id", filter=Q(status=StepStatus.WAITING)),
-            in_flight=Count("id", filter=Q(holds_slot=True)),
-            total=Count("id"),
-        )
-        .order_by("-total", "fairness_key")[:top]
-    )
-    return [{**row, "fairness_key": row["fairness_key"] or "(each run its own key)"} for row in rows]
+    """The fairness keys with the most calls on `queue` now: waiting and holding a slot.
+
+    Two reads of the queue's line (`df_checkpoint_queue_line`): the keys of its `KEYS_SAMPLE`
+    oldest waiting calls, however long the line (in a longer line, the keys at its front), and
+    the calls dispatched (as many as the cap allows)."""
+    line = StepCheckpoint.objects.filter(queue=queue)
+    oldest = line.filter(status=StepStatus.WAITING).order_by("created_at")[:KEYS_SAMPLE]
+    waiting = dict(Counter(oldest.values_list("fairness_key", flat=True)))
+    dispatched = {
+        key: (n, holding)
+        for key, n, holding in line.filter(status=StepStatus.DISPATCHED, kind=StepKind.STEP)
+        .values_list("fairness_key")
+        .annotate(n=Count("*"), holding=Count("id", filter=Q(holds_slot=True)))
+        .values_list("fairness_key", "n", "holding")
+        .order_by()
+    }
+    rows = [
+        {
+            "fairness_key": key or "(each run its own key)",
+            "waiting": waiting.get(key, 0),
+            "in_flight": dispatched.get(key, (0, 0))[1],
+            "total": waiting.get(key, 0) + dispatched.get(key, (0, 0))[0],
+            "key": key,
+        }
+        for key in waiting.keys() | dispatched.keys()
+    ]
+    rows.sort(key=lambda row: (-row["total"], row["key"]))
+    for row in rows:
+        del row["key"]
+    return rows[:top]
 
 
-def waiting_calls(queue: str) -> int:
-    """Calls parked on `queue` waiting for admission, by the checkpoints (the admin's queue list)."""
-    return StepCheckpoint.objects.filter(status=StepStatus.WAITING, queue=queue).count()
+def waiting_calls(queue: str) -> int | str:
+    """Calls parked on `queue` waiting for admission, by the checkpoints (the admin's queue
+    list), counted up to `PARKED_COUNT_CAP` (`10000+` past it)."""
+    line = parked_calls([queue]).get(queue, NOT_PARKED)
+    return f"{line.n}+" if line.capped else line.n
 
 
 def _dot(cp: dict[str, Any], zone: str) -> dict[str, Any]:
@@ -118,7 +144,8 @@ def queue_flow(queue: str) -> dict[str, Any]:
     row = FlowQueue.objects.filter(pk=queue).first()
     config = row.config if row else {}
     calls = StepCheckpoint.objects.filter(queue=queue)
-    waiting_qs = calls.filter(status=StepStatus.WAITING).order_by("-priority", "created_at", "id")
+    # In arrival order (the line's index), so the first dots cost the same however long the line.
+    waiting_qs = calls.filter(status=StepStatus.WAITING).order_by("created_at", "id")
     waiting = [
         _dot({**c, "tip": f"{c['fairness_key'] or c['run_id']} · waiting"}, "waiting")
         for c in waiting_qs.values("run_id", "key", "fairness_key")[:MAX_DOTS]
@@ -154,11 +181,16 @@ def queue_flow(queue: str) -> dict[str, Any]:
         "rate_limit": config.get("rate_limit") or None,
         "window_used": usage.window_used if usage else None,
         "in_flight": usage.in_flight if usage else None,
-        "waiting_total": waiting_qs.count(),
+        "waiting_total": _at_least(waiting_qs.order_by().values("created_at")[:PARKED_COUNT_CAP].count()),
         "workers": workers,
         "dots": waiting + backoff + running + done,
         "at": now.isoformat(),
     }
+
+
+def _at_least(n: int) -> int | str:
+    """A count that stopped at `PARKED_COUNT_CAP`, as shown: `10000+` when it did."""
+    return f"{n}+" if n >= PARKED_COUNT_CAP else n
 
 
 def _per_queue(calls: QuerySet[StepCheckpoint], **aggregate: Any) -> dict[str, Any]:
@@ -172,7 +204,7 @@ def gauges() -> list[dict[str, Any]]:
     checkpoints, fleet-wide), slots held across the fleet (`admission.fleet_in_flight`), and
     its configured cap and rate window."""
     queues = list(FlowQueue.objects.all())
-    parked = _per_queue(StepCheckpoint.objects.filter(status=StepStatus.WAITING), n=Count("id"))
+    parked = {name: line.n for name, line in parked_calls((q.name for q in queues), cap=None).items()}
     recorded = _per_queue(StepCheckpoint.objects.filter(status=StepStatus.DISPATCHED, holds_slot=True), n=Count("id"))
     held = fleet_in_flight([q.name for q in queues], recorded)
     return [

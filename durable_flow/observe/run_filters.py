@@ -1,18 +1,29 @@
 """Which runs an operator means: one validated form turns filters (a query string on the
 dashboard, a JSON object on the API) into a queryset, so a page, its pagination links, the
-dashboard's bulk actions and the API's bulk endpoints all select the same runs."""
+dashboard's bulk actions and the API's bulk endpoints all select the same runs; and a page of
+them by keyset (`run_page`), so no list counts every run.
+
+Each filter is written so that PostgreSQL answers it from an index however long the history:
+the run id by prefix on the primary key's pattern index, a queue by an `EXISTS` probe of the
+run's checkpoints, a tag by JSON containment on a GIN index (`df_run_tags`), and text inside
+the inputs only when asked for (`in_input`): a case-insensitive LIKE on the input's text, which
+a trigram index answers where the deployment added one (`df_run_input_trgm`, documented; not
+made by a migration, for what it costs every write of a run), and which reads the runs
+otherwise."""
 
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
 from django.db import connection
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from durable_flow.config.settings import get_settings
 from durable_flow.definitions.registry import workflows
@@ -29,7 +40,8 @@ KEY_SCOPES = {"fn": "one workflow", "env": "environment", "account": "account"}
 class RunFilterForm(forms.Form):
     """The filter bar. Every field is optional; an invalid value is a 400 with the form's error."""
 
-    q = forms.CharField(required=False, max_length=200, label="Run id or input")
+    q = forms.CharField(required=False, max_length=200, label="Run id")
+    in_input = forms.BooleanField(required=False, label="also inside inputs")
     status = forms.MultipleChoiceField(required=False, choices=RunStatus.choices)
     workflow = forms.CharField(required=False, max_length=200)
     queue = forms.CharField(required=False, max_length=100)
@@ -59,11 +71,9 @@ def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
     if data.get("workflow"):
         runs = runs.filter(workflow=data["workflow"])
     if data.get("queue"):
-        runs = runs.filter(pk__in=StepCheckpoint.objects.filter(queue=data["queue"]).values("run_id"))
+        runs = runs.filter(on_queue(data["queue"]))
     if data.get("tag"):
-        # A JSON list's text holds `"tag"` (quoted) on SQLite and PostgreSQL alike; JSON
-        # containment is not available on SQLite.
-        runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(tags_text__contains=json.dumps(data["tag"]))
+        runs = runs.filter(tagged(data["tag"]))
     runs = filter_waiting(runs, data.get("waiting") or "")
     if data.get("key") or data.get("key_scope"):
         runs = holding_key(runs, data.get("key") or "", data.get("key_scope") or "", data.get("workflow") or "")
@@ -75,9 +85,12 @@ def filtered_runs(data: dict[str, Any]) -> QuerySet[WorkflowRun]:
         runs = runs.filter(created_at__lte=data["until"])
     if data.get("q"):
         text = data["q"]
-        runs = runs.annotate(input_text=Cast("input", TextField())).filter(
-            Q(pk=text) | Q(pk__startswith=text) | Q(input_text__icontains=text)
-        )
+        if data.get("in_input"):
+            runs = runs.annotate(input_text=Cast("input", TextField())).filter(
+                Q(pk__startswith=text) | Q(input_text__icontains=text)
+            )
+        else:
+            runs = runs.filter(pk__startswith=text)
     return runs.order_by("-created_at", "pk")
 
 
@@ -124,6 +137,84 @@ def holding_key(runs: QuerySet[WorkflowRun], value: str, scope: str, workflow: s
     return runs.annotate(sc_text=Cast("step_concurrency", TextField())).filter(match)
 
 
+def on_queue(queue: str) -> Exists:
+    """Runs with a call on `queue`: an `EXISTS` probe of each run's checkpoints (by the
+    `(run, key)` index), not a join, which would repeat a run once per call and need a
+    `DISTINCT` over every column to undo it."""
+    return Exists(StepCheckpoint.objects.filter(run_id=OuterRef("pk"), queue=queue))
+
+
+def tagged(tag: str) -> Q:
+    """Runs whose tags include `tag`. PostgreSQL: JSON containment, answered by the partial GIN
+    index `df_run_tags` (runs with tags; the `tags <> '[]'` term lets the planner use it). SQLite
+    has no JSON containment: the list's text holds `"tag"`, quoted."""
+    if connection.vendor == "postgresql":
+        return Q(tags__contains=[tag]) & ~Q(tags=[])
+    return Q(
+        pk__in=WorkflowRun.objects.annotate(tags_text=Cast("tags", TextField()))
+        .filter(tags_text__contains=json.dumps(tag))
+        .values("pk")
+    )
+
+
+#: Runs a page of the list shows.
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of a run list, newest first: its runs, and the cursors of the pages before
+    (`newer`) and after (`older`) it (None at either end)."""
+
+    runs: list[WorkflowRun]
+    newer: str | None
+    older: str | None
+
+    @property
+    def complete(self) -> bool:
+        """Whether this page is the whole list (so its length is the number of matches)."""
+        return self.newer is None and self.older is None
+
+
+def cursor_of(run: WorkflowRun) -> str:
+    """A run's place in the list's order, as a page cursor: `<created_at ISO>~<id>`."""
+    return f"{run.created_at.isoformat()}~{run.pk}"
+
+
+def parse_cursor(cursor: str) -> tuple[datetime, str]:
+    """`cursor_of`'s text back to `(created_at, id)`; `InvalidInput` for anything else."""
+    at, sep, run_id = cursor.partition("~")
+    moment = parse_datetime(at) if sep else None
+    if moment is None or moment.tzinfo is None:
+        raise InvalidInput(f"not a page cursor: {cursor[:80]!r}")
+    return moment, run_id
+
+
+def run_page(runs: QuerySet[WorkflowRun], after: str | None = None, before: str | None = None) -> RunPage:
+    """A page of `runs` (ordered newest first, ties by id) by keyset: the `PAGE_SIZE` runs
+    after the cursor `after` (older ones), or before `before` (newer ones), or the first page.
+    Never a COUNT: each page reads its own rows and one more, from the creation-time index, so
+    page 1,000 costs what page 1 does, and a run started between two pages shifts nothing."""
+    if after and before:
+        raise InvalidInput("a page is after a cursor or before one, not both")
+    if before:
+        at, run_id = parse_cursor(before)
+        # `created_at >= at` alone bounds the index range; the OR breaks ties by id.
+        newer = runs.filter(created_at__gte=at).filter(Q(created_at__gt=at) | Q(pk__lt=run_id))
+        rows = list(newer.order_by("created_at", "-pk")[: PAGE_SIZE + 1])
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE][::-1]
+        return RunPage(rows, cursor_of(rows[0]) if more and rows else None, cursor_of(rows[-1]) if rows else None)
+    if after:
+        at, run_id = parse_cursor(after)
+        runs = runs.filter(created_at__lte=at).filter(Q(created_at__lt=at) | Q(pk__gt=run_id))
+    rows = list(runs.order_by("-created_at", "pk")[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    newer = cursor_of(rows[0]) if after and rows else None
+    return RunPage(rows, newer, cursor_of(rows[-1]) if more else None)
+
+
 def runs_from_json(body: dict[str, Any]) -> QuerySet[WorkflowRun]:
     """The runs a JSON filter (the API's bulk endpoints) matches, through the same form.
 
@@ -140,6 +231,11 @@ def runs_from_json(body: dict[str, Any]) -> QuerySet[WorkflowRun]:
         raise InvalidInput(f"unknown filter {unknown[0]!r}; filters are {', '.join(fields)} (and all)")
     data: dict[str, Any] = {}
     for name, value in body.items():
+        if name == "in_input":
+            if not isinstance(value, bool):
+                raise InvalidInput('filter "in_input" must be true or false')
+            data[name] = value
+            continue
         values = value if name == "status" and isinstance(value, list) else [value]
         if not all(isinstance(item, str) for item in values):
             kinds = "a string or a list of strings" if name == "status" else "a string"

@@ -13,7 +13,16 @@ from django.db.models import Count
 from django.utils import timezone
 
 from durable_flow.config.settings import get_settings
-from durable_flow.models import RunStatus, Signal, StepAttempt, StepCheckpoint, WorkflowRun, dead_worker_cutoff
+from durable_flow.definitions.registry import workflows as registered_workflows
+from durable_flow.models import (
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+    Signal,
+    StepAttempt,
+    StepCheckpoint,
+    WorkflowRun,
+    dead_worker_cutoff,
+)
 from durable_flow.observe.timeline import MAX_ROWS, build_timeline
 from durable_flow.observe.waits import awaited_signals, current_waits, when
 from durable_flow.store import queries
@@ -35,8 +44,9 @@ def run_row(run: WorkflowRun) -> dict[str, Any]:
 
 
 def workflow_names() -> list[str]:
-    """Every workflow that has runs, sorted: the run list's workflow filter."""
-    return sorted(WorkflowRun.objects.order_by().values_list("workflow", flat=True).distinct())
+    """Every registered workflow, sorted: the run lists' workflow filter (from the registry,
+    not a `DISTINCT` over every run)."""
+    return sorted(registered_workflows())
 
 
 def executing_now(run_id: str, now: datetime | None = None) -> list[str]:
@@ -81,12 +91,30 @@ def run_detail(run: WorkflowRun, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
-def run_counts() -> dict[str, int]:
-    """Runs per status, every status present (0 where there are none)."""
-    counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {status: counts.get(status, 0) for status in RunStatus.values}
+#: The statuses of runs not finished: the ones the pages and the metrics count. A finished
+#: status is never counted by reading the runs (a long history would make every count a scan of
+#: it); finished totals are counters.
+LIVE_RUN_STATUSES = tuple(status for status in RunStatus.values if status not in TERMINAL_RUN_STATUSES)
+
+
+#: Runs a status's count on the pages reads at most: past it, the count says "at least" (the
+#: overview shows `10000+`), so a backlog of 100,000 runs costs a live tick what 10,000 do.
+RUN_COUNT_CAP = 10_000
+
+
+def run_counts(cap: int = RUN_COUNT_CAP) -> dict[str, int]:
+    """Runs per live status (`LIVE_RUN_STATUSES`), each present (0 where there are none),
+    counted up to `cap` each (a count equal to the cap means at least that many): index-only
+    reads of the `(status, wake_at)` index, whatever the history holds."""
+    return {
+        status: WorkflowRun.objects.filter(status=status).order_by().values("status")[:cap].count()
+        for status in LIVE_RUN_STATUSES
+    }
 
 
 def counts_by_workflow() -> Iterable[tuple[str, str, int]]:
-    """`(workflow, status, runs)` for every pair that has runs (the metrics' run gauge)."""
-    return WorkflowRun.objects.values_list("workflow", "status").annotate(n=Count("id")).order_by()
+    """`(workflow, status, runs)` for every registered workflow and live status that has runs
+    (the metrics' run gauge; finished runs are counters): exact, an index-only read of the
+    `(workflow, status)` index over the live runs alone."""
+    live = WorkflowRun.objects.filter(workflow__in=list(registered_workflows()), status__in=LIVE_RUN_STATUSES)
+    return live.values_list("workflow", "status").annotate(n=Count("*")).order_by()

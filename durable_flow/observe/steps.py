@@ -16,7 +16,8 @@ Spans = QuerySet[StepCheckpoint, tuple[str, datetime | None, datetime | None]]
 
 def queue_waits(since: datetime, limit: int) -> Spans:
     """Steps dispatched since `since` (at most `limit`): `(queue, called at, dispatched at)`."""
-    rows = StepCheckpoint.objects.filter(kind=StepKind.STEP, dispatched_at__gte=since)
+    # Every status named: the window is a range of the `(status, dispatched_at)` index per status.
+    rows = StepCheckpoint.objects.filter(status__in=StepStatus.values, kind=StepKind.STEP, dispatched_at__gte=since)
     return rows.values_list("queue", "created_at", "dispatched_at").order_by()[:limit]
 
 

@@ -1,0 +1,539 @@
+#!/usr/bin/env python
+"""Do the operator surfaces (dashboard pages, the admin's run list, /metrics/, the poller's
+sampling, the live tick) stay fast when PostgreSQL holds a production-sized history?
+
+    .venv/bin/python bench/surfaces.py                 # a small history (--scale 0.02: ~20,000 runs)
+    .venv/bin/python bench/surfaces.py --scale 1       # the full history (1,000,000 finished runs)
+    DURABLE_FLOW_BENCH_SCALE=1 .venv/bin/python bench/surfaces.py
+
+Design. A database of its own (dropped after) is migrated, with the trigram index the docs
+suggest for the search inside inputs added, two queues (`imports`, `exports`)
+and two live worker heartbeats are registered, and one probe run (finished, with its two
+steps and attempts, tagged `probe`) is inserted: the run page and the id search look for it.
+The "empty" tables hold no history but a page's worth of each list (3,400 finished runs, so
+that 3 % failed fill a page, 60 waiting, 10 sleeping): a page then renders as many rows with
+and without the history, and the ratio is what the history costs. Every page and endpoint is
+requested `--requests` times (after two warm-up requests) by Django's test client as a staff
+user, with DEBUG off, and the median kept, of its wall time and of its statements' time: first
+on those tables, then after the history is loaded with bulk SQL (`INSERT ... SELECT
+generate_series`, then VACUUM ANALYZE, which autovacuum does in production). At `--scale 1`
+the history is:
+
+- 1,000,000 finished runs over 30 days (96 % completed, 3 % failed, 1 % cancelled; one in ten
+  tagged `nightly`, one in ten tagged with its customer), two steps each: the first on
+  `imports`, `exports` or no queue, the second on none: 2,000,000 checkpoints, and an attempt
+  row per step plus a failed first attempt for one step in twenty (2,100,000 attempts);
+- 100,000 runs waiting on the `imports` queue (running, their step parked `waiting`);
+- 10,000 runs sleeping (suspended, their sleep due tomorrow).
+
+Printed per page: its median on empty tables, with the history, the ratio, the statements'
+time with the history, and the verdict against the targets (at most 150 ms, and at most 3x the
+empty time, or 30 ms for a page that takes under 10 ms empty). The host's load average is
+printed too: on a shared host the wall times include waiting for a core. Then the poller's
+sampling pass (`take_samples`, target <= 10 ms) and the database time of one live tick per
+open tab (the statements' time of `compute_tick` for one topic, measured by a statement wrapper
+around the connection: target <= 20 ms). The database runs on the same host as the client, so a statement's time is its
+server time plus a local round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+PG_DATABASE = f"durable_flow_bench_surfaces_{os.getpid()}"  # its own: other sessions may run this bench too
+
+FINISHED = 1_000_000
+WAITING = 100_000
+SLEEPING = 10_000
+#: The runs on the "empty" tables: enough to fill each list's page, the failed runs' too (3 % of them).
+BASE_FINISHED, BASE_WAITING, BASE_SLEEPING = 3_400, 60, 10
+PAGE_MS = 150.0
+PAGE_RATIO = 3.0
+SAMPLING_MS = 10.0
+TICK_MS = 20.0
+PROBE = "0probe0000000000000000000000run1"
+QUEUES = ("imports", "exports")
+#: The search inside inputs reads a trigram index a deployment adds (docs: "At production size").
+INPUT_INDEX = (
+    "CREATE INDEX df_run_input_trgm ON durable_flow_workflowrun USING gin ((UPPER((input)::text)) gin_trgm_ops)"
+)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=float(os.environ.get("DURABLE_FLOW_BENCH_SCALE", "0.02")),
+        help="fraction of the full history (1 = 1,000,000 finished runs); default 0.02 or $DURABLE_FLOW_BENCH_SCALE",
+    )
+    parser.add_argument("--requests", type=int, default=9, help="timed requests per page (the median is printed)")
+    parser.add_argument("--keep", action="store_true", help=f"keep the database ({PG_DATABASE}) after the bench")
+    return parser.parse_args()
+
+
+def pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def setup_django() -> None:
+    os.environ["DURABLE_FLOW_TEST_ID"] = "bench-surfaces"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"
+    os.environ["DURABLE_FLOW_ADMISSION"] = "local"
+    os.environ["DJANGO_DEBUG"] = "0"  # as in production: no query log, no debug context
+    os.environ["DJANGO_ALLOWED_HOSTS"] = "testserver"  # the test client's host
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+    pg_admin(f"CREATE DATABASE {PG_DATABASE}")
+    os.environ["DATABASE_URL"] = f"{PG_SERVER}/{PG_DATABASE}"
+
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # the optional index of the search inside inputs (docs)
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        cursor.execute(INPUT_INDEX)
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- the history -----------------------------------------------------------------------------
+
+RUN_COLUMNS = (
+    "id, workflow, version, status, input, output, error, wake_at, tags, parent_id, parent_step_key, "
+    "concurrency_key, concurrency_limit, step_concurrency, turns, created_at, updated_at, finished_at, "
+    "rerun_of, start_key, debounce_until"
+)
+CHECKPOINT_COLUMNS = (
+    "run_id, key, sequence, kind, name, status, input, output, error, attempt, max_attempts, queue, holds_slot, "
+    'priority, fairness_key, "group", wake_at, timeout_s, child_run_id, worker, late_result, created_at, '
+    "dispatched_at, finished_at"
+)
+ATTEMPT_COLUMNS = (
+    "checkpoint_id, run_id, attempt, status, worker, dispatched_at, started_at, finished_at, retry_at, error, late, "
+    "operator_retry_at"
+)
+
+#: (label, SQL) in order; `%(finished)s` etc. are the counts. Finished run i starts at
+#: now - 30 days + i * (30 days / finished), so the newest finished run is a moment old.
+HISTORY_SQL: list[tuple[str, str]] = [
+    (
+        "finished runs",
+        f"""
+        INSERT INTO durable_flow_workflowrun ({RUN_COLUMNS})
+        SELECT left(%(batch)s || md5('finished' || i), 32),
+               (ARRAY['orders.import', 'orders.export', 'reports.nightly'])[i %% 3 + 1], '1',
+               CASE WHEN i %% 100 < 96 THEN 'completed' WHEN i %% 100 < 99 THEN 'failed' ELSE 'cancelled' END,
+               jsonb_build_object('customer', 'cust-' || (i %% 1000), 'order', i),
+               CASE WHEN i %% 100 < 96 THEN '{{"rows": 17}}'::jsonb END,
+               CASE WHEN i %% 100 BETWEEN 96 AND 98
+                    THEN '{{"type": "orders.ImportError", "message": "row 17: bad date"}}'::jsonb END,
+               NULL,
+               CASE WHEN i %% 10 = 0 THEN '["nightly"]'::jsonb
+                    WHEN i %% 10 = 1 THEN jsonb_build_array('cust-' || (i %% 1000)) ELSE '[]'::jsonb END,
+               NULL, '', NULL, NULL, '[]'::jsonb, 2, t.at, t.at + interval '1 second', t.at + interval '1 second',
+               '', NULL, NULL
+        FROM generate_series(0, %(finished)s - 1) AS i,
+             LATERAL (SELECT now() - interval '30 days'
+                             + (i * 2592000.0 / %(finished)s) * interval '1 second' AS at) AS t
+        """,
+    ),
+    (
+        "their checkpoints",
+        f"""
+        INSERT INTO durable_flow_stepcheckpoint ({CHECKPOINT_COLUMNS})
+        SELECT r.id, k::text, k, 'step', CASE k WHEN 0 THEN 'orders.fetch' ELSE 'orders.store' END,
+               CASE WHEN k = 1 AND r.status = 'failed' THEN 'failed'
+                    WHEN k = 1 AND r.status = 'cancelled' THEN 'cancelled' ELSE 'completed' END,
+               NULL, '{{"ok": true}}'::jsonb, NULL, 1, 3,
+               CASE WHEN k = 0 THEN (ARRAY['imports', 'exports', ''])[abs(hashtext(r.id)) %% 3 + 1] ELSE '' END,
+               false, 0, '', '', NULL, NULL, '', 'bench-host:1', NULL,
+               r.created_at + k * interval '400 ms', r.created_at + k * interval '400 ms' + interval '50 ms',
+               r.created_at + k * interval '400 ms' + interval '300 ms'
+        FROM durable_flow_workflowrun AS r, generate_series(0, 1) AS k
+        WHERE r.status IN ('completed', 'failed', 'cancelled') AND r.id LIKE %(batch)s || '%%'
+        """,
+    ),
+    (
+        "their attempts",
+        f"""
+        INSERT INTO durable_flow_stepattempt ({ATTEMPT_COLUMNS})
+        SELECT c.id, c.run_id, 1, c.status, c.worker, c.dispatched_at, c.dispatched_at, c.finished_at, NULL,
+               CASE WHEN c.status = 'failed' THEN '{{"type": "orders.ImportError"}}'::jsonb END, false, NULL
+        FROM durable_flow_stepcheckpoint AS c WHERE c.run_id LIKE %(batch)s || '%%'
+        """,
+    ),
+    (
+        "retried attempts",
+        f"""
+        UPDATE durable_flow_stepattempt SET attempt = 2
+        WHERE checkpoint_id %% 20 = 0 AND run_id LIKE %(batch)s || '%%';
+        INSERT INTO durable_flow_stepattempt ({ATTEMPT_COLUMNS})
+        SELECT c.id, c.run_id, 1, 'failed', c.worker, c.dispatched_at - interval '2 s',
+               c.dispatched_at - interval '2 s', c.dispatched_at - interval '1 s', c.dispatched_at,
+               '{{"type": "TimeoutError"}}'::jsonb, false, NULL
+        FROM durable_flow_stepcheckpoint AS c WHERE c.id %% 20 = 0 AND c.run_id LIKE %(batch)s || '%%'
+        """,
+    ),
+    (
+        "runs waiting on a queue",
+        f"""
+        INSERT INTO durable_flow_workflowrun ({RUN_COLUMNS})
+        SELECT left(%(batch)s || md5('waiting' || i), 32), 'orders.import', '1', 'running',
+               jsonb_build_object('customer', 'cust-' || (i %% 1000), 'order', i), NULL, NULL, NULL, '[]'::jsonb,
+               NULL, '', NULL, NULL, '[]'::jsonb, 1, t.at, t.at, NULL, '', NULL, NULL
+        FROM generate_series(0, %(waiting)s - 1) AS i,
+             LATERAL (SELECT now() - interval '1 hour' + (i * 3000.0 / %(waiting)s) * interval '1 second' AS at) AS t;
+        INSERT INTO durable_flow_stepcheckpoint ({CHECKPOINT_COLUMNS})
+        SELECT r.id, '0', 0, 'step', 'orders.fetch', 'waiting', NULL, NULL, NULL, 0, 3, 'imports', false, 0,
+               r.input ->> 'customer', '', NULL, NULL, '', '', NULL, r.created_at, NULL, NULL
+        FROM durable_flow_workflowrun AS r WHERE r.status = 'running' AND r.id LIKE %(batch)s || '%%'
+        """,
+    ),
+    (
+        "runs sleeping",
+        f"""
+        INSERT INTO durable_flow_workflowrun ({RUN_COLUMNS})
+        SELECT left(%(batch)s || md5('sleeping' || i), 32), 'reports.nightly', '1', 'suspended',
+               jsonb_build_object('report', i), NULL, NULL, now() + interval '1 day', '["nightly"]'::jsonb,
+               NULL, '', NULL, NULL, '[]'::jsonb, 1, now() - interval '2 hours', now() - interval '2 hours', NULL,
+               '', NULL, NULL
+        FROM generate_series(0, %(sleeping)s - 1) AS i;
+        INSERT INTO durable_flow_stepcheckpoint ({CHECKPOINT_COLUMNS})
+        SELECT r.id, '0', 0, 'sleep', 'sleep', 'dispatched', NULL, NULL, NULL, 0, 1, '', false, 0, '', '',
+               r.wake_at, NULL, '', '', NULL, r.created_at, NULL, NULL
+        FROM durable_flow_workflowrun AS r WHERE r.status = 'suspended' AND r.id LIKE %(batch)s || '%%'
+        """,
+    ),
+]
+
+
+def load_history(batch: str, finished: int, waiting: int, sleeping: int, quiet: bool = False) -> dict[str, int]:
+    """Bulk-insert runs whose ids start with `batch` (and their checkpoints and attempts), then
+    VACUUM ANALYZE; return the tables' row counts."""
+    from django.db import connection
+
+    counts: dict[str, Any] = {"batch": batch, "finished": finished, "waiting": waiting, "sleeping": sleeping}
+    say = (lambda text: None) if quiet else log
+    with connection.cursor() as cursor:
+        for label, sql in HISTORY_SQL:
+            started = time.perf_counter()
+            say(f"  loading {label} ...")
+            for statement in sql.split(";"):
+                if statement.strip():
+                    cursor.execute(statement, counts)
+            say(f"  loaded {label} in {time.perf_counter() - started:.1f} s")
+        started = time.perf_counter()
+        say("  VACUUM ANALYZE ...")
+        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
+            cursor.execute(f"VACUUM ANALYZE durable_flow_{table}")
+        say(f"  vacuumed in {time.perf_counter() - started:.1f} s")
+        rows = {}
+        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
+            cursor.execute(f"SELECT count(*) FROM durable_flow_{table}")
+            rows[table] = cursor.fetchone()[0]
+    return rows
+
+
+def register_fixtures() -> None:
+    """Two queues, two live workers and the probe run (finished, two steps, tagged)."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from durable_flow.models import (
+        AttemptStatus,
+        RunStatus,
+        StepAttempt,
+        StepCheckpoint,
+        StepStatus,
+        WorkerHeartbeat,
+        WorkflowRun,
+    )
+    from durable_flow.operations.api import register_queue
+
+    for name in QUEUES:
+        register_queue(name, concurrency=4)
+    now = timezone.now()
+    for n in range(2):
+        WorkerHeartbeat.objects.create(
+            worker_id=f"bench-host:{n}",
+            host="bench-host",
+            pid=n,
+            transport="db",
+            queues=[],
+            started_at=now,
+            last_seen=now + timedelta(days=1),  # alive for the whole bench
+            mode="fixed",
+            live_limit=8,
+            in_flight=0,
+            rss_bytes=0,
+            cpu_percent=0.0,
+            throughput=0.0,
+            tasks_done=0,
+        )
+    run = WorkflowRun.objects.create(
+        id=PROBE,
+        workflow="orders.import",
+        status=RunStatus.COMPLETED,
+        input={"customer": "cust-probe"},
+        output={"rows": 1},
+        tags=["probe"],
+        finished_at=now,
+    )
+    for key in range(2):
+        checkpoint = StepCheckpoint.objects.create(
+            run=run,
+            key=str(key),
+            sequence=key,
+            name="orders.fetch",
+            status=StepStatus.COMPLETED,
+            attempt=1,
+            queue="imports" if key == 0 else "",
+            dispatched_at=now,
+            finished_at=now,
+        )
+        StepAttempt.objects.create(
+            checkpoint=checkpoint, run=run, attempt=1, status=AttemptStatus.COMPLETED, started_at=now, finished_at=now
+        )
+    get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")
+
+
+# --- what is timed -----------------------------------------------------------------------------
+
+
+def pages() -> list[tuple[str, str]]:
+    """(label, URL) of every page and endpoint timed."""
+    from django.urls import reverse
+
+    runs = reverse("dashboard:runs")
+    admin_runs = reverse("admin:durable_flow_workflowrun_changelist")
+    return [
+        ("dashboard overview", reverse("dashboard:index")),
+        ("queues", reverse("dashboard:queues")),
+        ("queue imports", reverse("dashboard:queue", args=["imports"])),
+        ("flow view imports", reverse("dashboard:flow") + "?queue=imports"),
+        ("flow.json imports", reverse("dashboard:flow_json") + "?queue=imports"),
+        ("workers", reverse("dashboard:workers")),
+        ("runs list", runs),
+        ("runs list, page 2", None),  # the first page's "older" link, found at run time
+        ("runs list, id search", f"{runs}?q={PROBE[:8]}"),
+        ("runs list, tag filter (rare)", f"{runs}?tag=probe"),
+        ("runs list, tag filter (common)", f"{runs}?tag=nightly"),
+        ("runs list, inside inputs", f"{runs}?q=cust-probe&in_input=on"),
+        ("runs list, status failed", f"{runs}?status=failed"),
+        ("runs list, queue filter", f"{runs}?queue=imports"),
+        ("run page", reverse("dashboard:run", args=[PROBE])),
+        ("admin runs, default", admin_runs),
+        ("admin runs, queue filter", f"{admin_runs}?queue=imports"),
+        ("admin runs, status filter", f"{admin_runs}?status__exact=failed"),
+        ("admin runs, search", f"{admin_runs}?q={PROBE[:8]}"),
+        ("admin run page", reverse("admin:durable_flow_workflowrun_change", args=[PROBE])),
+        ("/metrics/", reverse("metrics")),
+    ]
+
+
+def next_page_url(client: Any, url: str) -> str:
+    """The "older" link of the run list's first page (keyset: its cursor names the last row)."""
+    import re
+    from urllib.parse import quote
+
+    from durable_flow.models import WorkflowRun
+    from durable_flow.observe.run_filters import cursor_of
+
+    html = client.get(url).content.decode()
+    found = re.search(r'href="([^"]*)" rel="next"', html)
+    if not found:  # one page only (empty tables): the page after its newest run
+        return f"{url}?after={quote(cursor_of(WorkflowRun.objects.order_by('-created_at').first()))}"
+    return url + found.group(1).replace("&amp;", "&")
+
+
+def timed(request: Callable[[], Any], times: int, warmup: int = 2) -> tuple[float, float]:
+    """The medians of `request()`'s wall time and of its statements' time, in ms."""
+    spent, in_db = [], []
+    for n in range(warmup + times):
+        with statement_time() as statements:
+            started = time.perf_counter()
+            request()
+            elapsed = time.perf_counter() - started
+        if n >= warmup:
+            spent.append(elapsed * 1000)
+            in_db.append(sum(statements) * 1000)
+    return statistics.median(spent), statistics.median(in_db)
+
+
+def time_pages(client: Any, times: int) -> dict[str, tuple[float, float]]:
+    from django.urls import reverse
+
+    result = {}
+    for label, url in pages():
+        if url is None:
+            url = next_page_url(client, reverse("dashboard:runs"))
+        response = client.get(url)
+        if response.status_code != 200:
+            raise SystemExit(f"{label}: {url} answered {response.status_code}")
+        result[label] = timed(lambda url=url: client.get(url), times)
+        log(f"    {label:<32} {result[label][0]:8.1f} ms ({result[label][1]:.1f} ms in statements)")
+    return result
+
+
+@contextmanager
+def statement_time() -> Iterator[list[float]]:
+    """Seconds spent in database statements inside the block (appended to the yielded list)."""
+    from django.db import connection
+
+    spent: list[float] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent.append(time.perf_counter() - started)
+
+    with connection.execute_wrapper(wrapper):
+        yield spent
+
+
+def sampling_ms(times: int) -> tuple[float, float]:
+    """The median of the poller's sampling pass, each at the next interval (so it writes rows)."""
+    from django.utils import timezone
+
+    from durable_flow.engine import get_engine
+    from durable_flow.observe.sampling import take_samples
+
+    engine = get_engine()
+    start = timezone.now()
+    interval = engine.settings.sample_interval_s
+    passes = iter(range(1, 10_000))
+    return timed(lambda: take_samples(engine, start + timedelta(seconds=interval * next(passes))), times)
+
+
+def tick_db_ms(times: int) -> dict[str, float]:
+    """Per tab kind: the median database time of one live tick computed for that tab alone."""
+    from durable_flow_dashboard import live
+
+    result = {}
+    for topic in ("overview", "queues", "queue:imports", "workers", "flow:imports"):
+        if live.parse_topic(topic) is None:
+            continue
+        spent = []
+        for n in range(2 + times):
+            with statement_time() as statements:
+                live.compute_tick([topic])
+            if n >= 2:
+                spent.append(sum(statements) * 1000)
+        result[topic] = statistics.median(spent)
+    return result
+
+
+def load_average() -> str:
+    """The host's 1-minute load average (the bench shares the host: it says how much)."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def verdict(empty: float, loaded: float) -> str:
+    allowed = min(PAGE_MS, max(PAGE_RATIO * empty, 30.0))
+    return "ok" if loaded <= allowed else f"SLOW (> {allowed:.0f} ms)"
+
+
+def main() -> None:
+    args = parse_args()
+    setup_django()
+    from django.test import Client
+
+    try:
+        load_before = load_average()
+        register_fixtures()
+        client = Client()
+        client.force_login(__import__("django.contrib.auth").contrib.auth.get_user_model().objects.get())
+        # "Empty": no history, but a page's worth of runs of each kind, so each page renders
+        # the rows it renders with the history and the ratio is the history's cost alone.
+        load_history("a", BASE_FINISHED, BASE_WAITING, BASE_SLEEPING, quiet=True)
+        log("empty tables (no history):")
+        empty_pages = time_pages(client, args.requests)
+        empty_sampling = sampling_ms(args.requests)
+        empty_tick = tick_db_ms(args.requests)
+        log(f"history at scale {args.scale:g}:")
+        started = time.perf_counter()
+        rows = load_history(
+            "b",
+            max(1, round(FINISHED * args.scale)),
+            max(1, round(WAITING * args.scale)),
+            max(1, round(SLEEPING * args.scale)),
+        )
+        load_s = time.perf_counter() - started
+        log("with history:")
+        loaded_pages = time_pages(client, args.requests)
+        loaded_sampling = sampling_ms(args.requests)
+        loaded_tick = tick_db_ms(args.requests)
+        load_after = load_average()
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+
+    print(f"operator surfaces with a history (PostgreSQL, scale {args.scale:g}, median of {args.requests} requests)")
+    print(
+        f"  history: {rows['workflowrun']:,} runs, {rows['stepcheckpoint']:,} checkpoints, "
+        f"{rows['stepattempt']:,} attempts (loaded in {load_s:.0f} s); load average {load_before} / {load_after}"
+    )
+    print()
+    print(f"| {'page or endpoint':<32} | empty ms | history ms | ratio | DB ms empty / history | verdict |")
+    print(f"|{'-' * 34}|---------:|-----------:|------:|----------------------:|---------|")
+    for label, (empty, empty_db) in empty_pages.items():
+        loaded, in_db = loaded_pages[label]
+        print(
+            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | "
+            f"{empty_db:9.1f} / {in_db:9.1f} | {verdict(empty, loaded)} |"
+        )
+    (empty_s, empty_s_db), (loaded_s, sampling_db) = empty_sampling, loaded_sampling
+    print(
+        f"| {'poller sampling pass':<32} | {empty_s:8.1f} | {loaded_s:10.1f} | {loaded_s / empty_s:5.2f} | "
+        f"{empty_s_db:9.1f} / {sampling_db:9.1f} | "
+        f"{'ok' if loaded_s <= SAMPLING_MS else f'SLOW (> {SAMPLING_MS:.0f} ms)'} |"
+    )
+    for topic, empty in empty_tick.items():
+        loaded = loaded_tick[topic]
+        label = f"live tick DB, tab {topic}"
+        print(
+            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | {empty:9.1f} / {loaded:9.1f} | "
+            f"{'ok' if loaded <= TICK_MS else f'SLOW (> {TICK_MS:.0f} ms)'} |"
+        )
+    worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
+    slowest = max(loaded for loaded, _ in loaded_pages.values())
+    print()
+    print(f"  worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})")
+    print(f"  slowest page with history: {slowest:.1f} ms (target <= {PAGE_MS:g} ms)")
+    print(
+        f"  sampling pass with history: {loaded_s:.1f} ms, {sampling_db:.1f} ms in statements "
+        f"(target <= {SAMPLING_MS:g} ms)"
+    )
+    print(f"  worst live tick DB time per tab: {max(loaded_tick.values()):.1f} ms (target <= {TICK_MS:g} ms)")
+
+
+if __name__ == "__main__":
+    main()
