@@ -113,7 +113,15 @@ def test_a_tab_that_joins_gets_everything_once_then_only_changes(
 
 @pytest.mark.parametrize(
     "topic",
-    ["runs:status=nope", "runs:since=yesterday", "runs:page=0", "runs:page=x", "runs:q=" + "x" * 400],
+    [
+        "runs:status=nope",
+        "runs:since=yesterday",
+        "runs:after=x",
+        "runs:before=2026-01-01T00:00:00",  # a cursor's time carries its offset
+        "runs:after=2026-01-01T00:00:00%2B00:00~a&before=2026-01-01T00:00:00%2B00:00~b",
+        "runs:after=2026-01-01T00:00:00%2B00:00~" + "x" * 400,
+        "runs:q=" + "x" * 400,
+    ],
 )
 def test_a_run_list_topic_with_a_bad_query_is_refused(topic: str) -> None:
     assert live.canonical_topic(topic) is None
@@ -121,10 +129,10 @@ def test_a_run_list_topic_with_a_bad_query_is_refused(topic: str) -> None:
 
 def test_a_run_list_topic_has_one_spelling() -> None:
     assert live.canonical_topic("runs:") == "runs:"
-    assert live.canonical_topic("runs:page=1&status=failed&q=") == "runs:status=failed"
+    assert live.canonical_topic("runs:page=1&status=failed&q=") == "runs:status=failed"  # no such field
     assert (
-        live.canonical_topic("runs:workflow=w&status=running&status=failed&page=3")
-        == "runs:status=running&status=failed&workflow=w&page=3"
+        live.canonical_topic("runs:after=2026-01-01T00:00:00%2B00:00~r1&workflow=w&status=running&status=failed")
+        == "runs:status=running&status=failed&workflow=w&after=2026-01-01T00%3A00%3A00%2B00%3A00~r1"
     )
 
 
