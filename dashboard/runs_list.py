@@ -13,7 +13,8 @@ from urllib.parse import urlencode
 from django.http import QueryDict
 
 from durable_flow.exceptions import InvalidInput
-from durable_flow.observe.run_filters import RunFilterForm, filtered_runs, parse_cursor, run_page
+from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
+from durable_flow.observe.run_pages import parse_cursor, run_page
 from durable_flow.observe.runs import run_row
 
 from . import pages
@@ -55,7 +56,8 @@ def list_context(form: RunFilterForm, params: QueryDict) -> dict[str, Any]:
     """What the list's fragments show for a valid form and the URL's cursor: its page of rows
     the filter query the pager's links keep, and the page's live topic query (the filter and
     its cursor). `InvalidInput` for a bad cursor."""
-    page = run_page(filtered_runs(form.cleaned_data), params.get("after"), params.get("before"))
+    after, before = (parse_cursor(params[name]) if params.get(name) else None for name in CURSORS)
+    page = run_page(filtered_runs(form.cleaned_data), after, before)
     kept = [(k, v) for k in form.fields for v in params.getlist(k) if v]
     cursor = [(name, params[name]) for name in CURSORS if params.get(name)]
     return {

@@ -40,7 +40,7 @@ from durable_flow.exceptions import InvalidInput
 from durable_flow.models import WorkflowRun
 from durable_flow.observe.queues import stored_queue
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs, runs_from_json
-from durable_flow.observe.run_pages import runs_page, with_id_prefix
+from durable_flow.observe.run_pages import run_page, with_id_prefix
 from durable_flow.operations import api, bulk
 from durable_flow.operations.audit import record_operation
 
@@ -179,11 +179,11 @@ def list_runs(request: HttpRequest) -> HttpResponse:
     runs = listed_runs(request)
     size = page_size(request.GET.get("limit"))
     cursor = request.GET.get("cursor")
-    page = runs_page(runs, decode_cursor(cursor) if cursor else None, size)
+    page = run_page(runs, after=decode_cursor(cursor) if cursor else None, size=size)
     return JsonResponse(
         {
             "runs": [run_summary_json(run) for run in page.runs],
-            "next_cursor": encode_cursor(page.next_after) if page.next_after else None,
+            "next_cursor": encode_cursor(page.older) if page.older else None,
         }
     )
 

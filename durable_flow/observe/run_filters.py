@@ -14,8 +14,7 @@ otherwise."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -23,7 +22,6 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from durable_flow.config.settings import get_settings
 from durable_flow.definitions.registry import workflows
@@ -155,64 +153,6 @@ def tagged(tag: str) -> Q:
         .filter(tags_text__contains=json.dumps(tag))
         .values("pk")
     )
-
-
-#: Runs a page of the list shows.
-PAGE_SIZE = 50
-
-
-@dataclass(frozen=True)
-class RunPage:
-    """One page of a run list, newest first: its runs, and the cursors of the pages before
-    (`newer`) and after (`older`) it (None at either end)."""
-
-    runs: list[WorkflowRun]
-    newer: str | None
-    older: str | None
-
-    @property
-    def complete(self) -> bool:
-        """Whether this page is the whole list (so its length is the number of matches)."""
-        return self.newer is None and self.older is None
-
-
-def cursor_of(run: WorkflowRun) -> str:
-    """A run's place in the list's order, as a page cursor: `<created_at ISO>~<id>`."""
-    return f"{run.created_at.isoformat()}~{run.pk}"
-
-
-def parse_cursor(cursor: str) -> tuple[datetime, str]:
-    """`cursor_of`'s text back to `(created_at, id)`; `InvalidInput` for anything else."""
-    at, sep, run_id = cursor.partition("~")
-    moment = parse_datetime(at) if sep else None
-    if moment is None or moment.tzinfo is None:
-        raise InvalidInput(f"not a page cursor: {cursor[:80]!r}")
-    return moment, run_id
-
-
-def run_page(runs: QuerySet[WorkflowRun], after: str | None = None, before: str | None = None) -> RunPage:
-    """A page of `runs` (ordered newest first, ties by id) by keyset: the `PAGE_SIZE` runs
-    after the cursor `after` (older ones), or before `before` (newer ones), or the first page.
-    Never a COUNT: each page reads its own rows and one more, from the creation-time index, so
-    page 1,000 costs what page 1 does, and a run started between two pages shifts nothing."""
-    if after and before:
-        raise InvalidInput("a page is after a cursor or before one, not both")
-    if before:
-        at, run_id = parse_cursor(before)
-        # `created_at >= at` alone bounds the index range; the OR breaks ties by id.
-        newer = runs.filter(created_at__gte=at).filter(Q(created_at__gt=at) | Q(pk__lt=run_id))
-        rows = list(newer.order_by("created_at", "-pk")[: PAGE_SIZE + 1])
-        more = len(rows) > PAGE_SIZE
-        rows = rows[:PAGE_SIZE][::-1]
-        return RunPage(rows, cursor_of(rows[0]) if more and rows else None, cursor_of(rows[-1]) if rows else None)
-    if after:
-        at, run_id = parse_cursor(after)
-        runs = runs.filter(created_at__lte=at).filter(Q(created_at__lt=at) | Q(pk__gt=run_id))
-    rows = list(runs.order_by("-created_at", "pk")[: PAGE_SIZE + 1])
-    more = len(rows) > PAGE_SIZE
-    rows = rows[:PAGE_SIZE]
-    newer = cursor_of(rows[0]) if after and rows else None
-    return RunPage(rows, newer, cursor_of(rows[-1]) if more else None)
 
 
 def runs_from_json(body: dict[str, Any]) -> QuerySet[WorkflowRun]:

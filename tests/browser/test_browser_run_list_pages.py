@@ -12,7 +12,7 @@ from typing import Any
 from django.utils import timezone
 
 from durable_flow.models import RunStatus, WorkflowRun
-from durable_flow.observe.run_filters import PAGE_SIZE
+from durable_flow.observe.run_pages import PAGE_SIZE
 from tests.support.browser import login, shoot
 
 

@@ -57,8 +57,9 @@ def test_pages_cover_every_run_once_newest_first_ties_broken_by_id(client: Clien
     for name in ("t-a", "t-b", "t-c"):  # three runs created in the same instant
         make_run(name, BASE + timedelta(seconds=10))
     pages = walk(client, limit=3)
-    assert pages == [["t-c", "t-b", "t-a"], ["r4", "r3", "r2"], ["r1", "r0"]]
-    assert walk(client, limit=2) == [["t-c", "t-b"], ["t-a", "r4"], ["r3", "r2"], ["r1", "r0"]]
+    # Ties by id, ascending: the dashboard's run list's order too (one keyset, `observe.run_pages`).
+    assert pages == [["t-a", "t-b", "t-c"], ["r4", "r3", "r2"], ["r1", "r0"]]
+    assert walk(client, limit=2) == [["t-a", "t-b"], ["t-c", "r4"], ["r3", "r2"], ["r1", "r0"]]
 
 
 def test_runs_started_between_pages_neither_shift_nor_repeat_the_next_page(client: Client) -> None:
@@ -68,7 +69,7 @@ def test_runs_started_between_pages_neither_shift_nor_repeat_the_next_page(clien
     assert ids(first) == ["r5", "r4", "r3"]
     for n in range(6, 10):  # newer runs arrive, and one in the same instant as the page's last
         make_run(f"r{n}", BASE + timedelta(seconds=n))
-    make_run("r3-twin-z", BASE + timedelta(seconds=3))  # sorts before r3 in the tie: already passed
+    make_run("q3-twin", BASE + timedelta(seconds=3))  # before r3 in the tie (ids ascending): already passed
     second = client.get("/api/runs/", {"limit": 3, "cursor": first.json()["next_cursor"]})
     assert ids(second) == ["r2", "r1", "r0"]
     assert second.json()["next_cursor"] is None

@@ -32,7 +32,8 @@ from durable_flow.models import (
 )
 from durable_flow.observe import run_filters
 from durable_flow.observe.overview import overview
-from durable_flow.observe.run_filters import PAGE_SIZE, RunFilterForm, filtered_runs, run_page
+from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
+from durable_flow.observe.run_pages import PAGE_SIZE, run_page
 from durable_flow.observe.runs import run_counts
 from durable_flow.observe.sampling import Parked, parked_calls
 
