@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
-from durable_flow.observe.run_filters import RANGES, RunFilterForm, filtered_runs
+from durable_flow.observe.run_filters import KEY_SCOPES, RANGES, RunFilterForm, filtered_runs
 from durable_flow.observe.waits import FILTER_CHOICES as WAIT_FILTERS
 from durable_flow.operations import bulk as bulk_operations
 
@@ -37,7 +37,8 @@ def filter_words(data: dict[str, Any]) -> list[str]:
     bar's order (`status is failed or cancelled`, `workflow is examples.import`, ...)."""
     words = []
     if data.get("q"):
-        words.append(f"run id starting with “{data['q']}”, or input containing it")
+        inside = ", or input containing it" if data.get("in_input") else ""
+        words.append(f"run id starting with “{data['q']}”{inside}")
     if data.get("status"):
         words.append("status is " + " or ".join(data["status"]))
     if data.get("workflow"):
@@ -48,6 +49,10 @@ def filter_words(data: dict[str, Any]) -> list[str]:
         words.append(f"tagged “{data['tag']}”")
     if data.get("waiting"):
         words.append(f"waiting because of {dict(WAIT_FILTERS).get(data['waiting'], data['waiting'])}")
+    if data.get("key") or data.get("key_scope"):
+        scope = f" ({KEY_SCOPES[data['key_scope']]} scope)" if data.get("key_scope") else ""
+        key = f"step-concurrency key “{data['key']}”" if data.get("key") else "a step-concurrency key"
+        words.append(f"holding {key}{scope}")
     if data.get("range") in RANGES:
         words.append(f"started in the last {data['range']}")
     if data.get("since"):

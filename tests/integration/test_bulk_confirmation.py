@@ -8,16 +8,20 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
+from django.http import QueryDict
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkflowRun
+from durable_flow.observe.run_filters import RunFilterForm
 from durable_flow.operations import bulk
+from durable_flow_dashboard.bulk_views import filter_words
 
 ADMIN_BULK = "/admin/durable_flow/workflowrun/bulk/"
 
@@ -149,3 +153,40 @@ def test_a_waiting_filter_is_said_in_words_not_taken_for_no_filter(db_transport_
     assert "waiting because of the queue&#x27;s cap" in html or "waiting because of the queue's cap" in html
     assert 'id="bulk-everything"' not in html and "No filter" not in html
     assert '<b id="bulk-count">0</b>' in html  # none of them is parked behind a cap
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "q=abc",
+        "status=failed",
+        "workflow=w",
+        "queue=emails",
+        "tag=t",
+        "waiting=cap",
+        "key=cust-7",
+        "key_scope=fn",
+        "range=1h",
+        "since=2026-01-01T00:00",
+        "until=2026-01-01T00:00",
+    ],
+)
+def test_every_filter_field_is_said_in_words_so_none_reads_as_no_filter(query: str) -> None:
+    """Each field that narrows the list has a phrase: a filter the page did not put in words
+    would be confirmed under the "No filter: all unfinished runs" warning."""
+    form = RunFilterForm(QueryDict(query))
+    assert form.is_valid(), form.errors
+    assert filter_words(form.cleaned_data)
+
+
+def test_every_narrowing_field_of_the_form_is_in_the_parametrized_list() -> None:
+    said = {"q", "status", "workflow", "queue", "tag", "waiting", "key", "key_scope", "range", "since", "until"}
+    assert set(RunFilterForm.base_fields) - said == {"in_input"}  # only widens `q`
+
+
+def test_the_input_search_is_said_only_when_asked() -> None:
+    plain = RunFilterForm(QueryDict("q=abc"))
+    inside = RunFilterForm(QueryDict("q=abc&in_input=on"))
+    assert plain.is_valid() and inside.is_valid()
+    assert filter_words(plain.cleaned_data) == ["run id starting with “abc”"]
+    assert filter_words(inside.cleaned_data) == ["run id starting with “abc”, or input containing it"]
