@@ -7,37 +7,20 @@ Screenshots at 1400 px and 420 px go to var/screenshots."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from durable_flow import register_queue, start
 from durable_flow.engine import Engine
-from durable_flow.models import RunStatus, WorkflowRun
-from tests.conftest import ManagedProcess, wait_for
-from tests.support.browser import login, shoot
-
-DB = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
-LIVE = "document.getElementById('live-status').innerText.startsWith('live')"
-
-
-@pytest.fixture
-def worker(engine_db: Engine, spawn: Callable[..., ManagedProcess]) -> Engine:
-    spawn("durable_worker", "--concurrency", "4", env=DB)
-    spawn("durable_poller", "--interval-ms", "100", env=DB)
-    return engine_db
-
-
-def status_of(run_id: str) -> str:
-    return WorkflowRun.objects.get(pk=run_id).status
+from durable_flow.models import RunStatus
+from tests.conftest import wait_for
+from tests.support.browser import LIVE, login, shoot, status_of
 
 
 def badge(run_id: str) -> str:
     return f"document.querySelector('tr[data-run=\"{run_id}\"] td.st .badge')?.innerText.trim()"
 
 
-def test_the_run_list_shows_a_run_finish_without_a_reload(server: str, browser: Any, worker: Engine) -> None:
+def test_the_run_list_shows_a_run_finish_without_a_reload(server: str, browser: Any, db_workers: Engine) -> None:
     runs = [start("tests.signal_waiter", None, run_id=f"live-list-{width}") for width in (1400, 420)]
     for run in runs:
         wait_for(lambda run=run: status_of(run.id) == RunStatus.SUSPENDED, what="the run to wait for its signal")
@@ -47,7 +30,7 @@ def test_the_run_list_shows_a_run_finish_without_a_reload(server: str, browser: 
         page.wait_for_function(LIVE, timeout=30000)
         assert page.evaluate(badge(run.id)) == "suspended"
         page.evaluate("window.__noReload = true")
-        worker.send_signal(run.id, "approve", {"by": "ops"})
+        db_workers.send_signal(run.id, "approve", {"by": "ops"})
         # The worker finishes it; the row's badge follows on a tick (how soon is not the verdict).
         page.wait_for_function(f"{badge(run.id)} === 'completed'", timeout=60000)
         assert status_of(run.id) == RunStatus.COMPLETED
@@ -56,7 +39,7 @@ def test_the_run_list_shows_a_run_finish_without_a_reload(server: str, browser: 
         page.close()
 
 
-def test_the_flow_view_shows_the_new_limits_after_a_resize(server: str, browser: Any, worker: Engine) -> None:
+def test_the_flow_view_shows_the_new_limits_after_a_resize(server: str, browser: Any, db_workers: Engine) -> None:
     register_queue("browser-resized", concurrency=6, rate_limit={"limit": 60, "period_ms": 60_000})
     for width in (1400, 420):
         flow = login(browser, server, width)
@@ -82,7 +65,7 @@ def test_the_flow_view_shows_the_new_limits_after_a_resize(server: str, browser:
 
 
 def test_bulk_cancel_says_its_filter_and_counts_the_runs_finished_in_between(
-    server: str, browser: Any, worker: Engine
+    server: str, browser: Any, db_workers: Engine
 ) -> None:
     runs = [start("tests.signal_waiter", None, run_id=f"bulk-{i}") for i in range(5)]
     for run in runs:
@@ -104,7 +87,7 @@ def test_bulk_cancel_says_its_filter_and_counts_the_runs_finished_in_between(
     shoot(page, "dashboard-bulk-confirm")
     # While the operator reads the page, two runs get their signal and a worker finishes them.
     for run in runs[:2]:
-        worker.send_signal(run.id, "approve", "in time")
+        db_workers.send_signal(run.id, "approve", "in time")
     for run in runs[:2]:
         wait_for(lambda run=run: status_of(run.id) == RunStatus.COMPLETED, what="the signalled runs to complete")
     page.click("#confirm-bulk")
@@ -119,7 +102,7 @@ def test_bulk_cancel_says_its_filter_and_counts_the_runs_finished_in_between(
     page.close()
 
 
-def test_at_420px_the_overview_keeps_the_oldest_wait_on_screen(server: str, browser: Any, worker: Engine) -> None:
+def test_at_420px_the_overview_keeps_the_oldest_wait_on_screen(server: str, browser: Any, db_workers: Engine) -> None:
     register_queue("browser-stuck", concurrency=1, retry_ms=60_000)
     holder = start("tests.queued", {"queue": "browser-stuck", "seconds": 60, "id": "holder"})
     wait_for(lambda: status_of(holder.id) == RunStatus.RUNNING, what="the holder to run")

@@ -7,34 +7,20 @@ start a workflow, watch a burst flow through a throttled queue). Screenshots at 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from durable_flow import register_queue, start
+from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepAttempt, WorkflowRun
-from tests.conftest import ManagedProcess, wait_for
-from tests.support.browser import login, shoot
-
-DB = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
-
-
-@pytest.fixture
-def workers(engine_db: Any, spawn: Callable[..., ManagedProcess]) -> None:
-    spawn("durable_worker", "--concurrency", "4", env=DB)  # threads for turns beside the 2 capped steps
-    spawn("durable_poller", "--interval-ms", "100", env=DB)
-
-
-def status_of(run_id: str) -> str:
-    return WorkflowRun.objects.get(pk=run_id).status
+from tests.conftest import wait_for
+from tests.support.browser import login, shoot, status_of
 
 
 def test_find_why_a_run_failed_and_retry_it_until_it_completes(
     server: str,
     browser: Any,
-    workers: None,
+    db_workers: Engine,
     tmp_path: Path,
 ) -> None:
     gate = tmp_path / "config.json"
@@ -72,7 +58,7 @@ def test_find_why_a_run_failed_and_retry_it_until_it_completes(
         page.close()
 
 
-def test_read_a_runs_timeline(server: str, browser: Any, workers: None) -> None:
+def test_read_a_runs_timeline(server: str, browser: Any, db_workers: Engine) -> None:
     run = start("tests.three_then_sleep", 3)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to sleep")
     for width in (1400, 420):
@@ -93,7 +79,7 @@ def test_read_a_runs_timeline(server: str, browser: Any, workers: None) -> None:
         page.close()
 
 
-def test_cancel_asks_for_confirmation(server: str, browser: Any, workers: None) -> None:
+def test_cancel_asks_for_confirmation(server: str, browser: Any, db_workers: Engine) -> None:
     run = start("tests.three_then_sleep", 3)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to sleep")
     page = login(browser, server)
@@ -108,7 +94,7 @@ def test_cancel_asks_for_confirmation(server: str, browser: Any, workers: None) 
     assert page.inner_text("#run-status") == "cancelled" and page.query_selector("#cancel-run") is None
 
 
-def test_send_a_signal(server: str, browser: Any, workers: None) -> None:
+def test_send_a_signal(server: str, browser: Any, db_workers: Engine) -> None:
     run = start("tests.signal_waiter", None)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to wait for its signal")
     page = login(browser, server)
@@ -122,7 +108,7 @@ def test_send_a_signal(server: str, browser: Any, workers: None) -> None:
     assert "approve" in page.inner_text("#signals") and '"ops"' in page.inner_text("#run-output")
 
 
-def test_start_a_workflow(server: str, browser: Any, workers: None) -> None:
+def test_start_a_workflow(server: str, browser: Any, db_workers: Engine) -> None:
     page = login(browser, server)
     page.click("text=Start a run")
     page.select_option("#id_workflow", "tests.three_steps")
@@ -134,7 +120,7 @@ def test_start_a_workflow(server: str, browser: Any, workers: None) -> None:
     wait_for(lambda: status_of("started-in-browser") == RunStatus.COMPLETED, what="the started run to complete")
 
 
-def test_watch_the_flow_view_move_during_a_burst(server: str, browser: Any, workers: None) -> None:
+def test_watch_the_flow_view_move_during_a_burst(server: str, browser: Any, db_workers: Engine) -> None:
     register_queue("browser-flow", concurrency=2, rate_limit={"limit": 6, "period_ms": 2000})
     for width in (1400, 420):
         page = login(browser, server, width)

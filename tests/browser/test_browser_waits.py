@@ -8,36 +8,20 @@ reload. Screenshots at 1400 px and 420 px go to var/screenshots."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionRequest
 from durable_flow.engine import Engine
-from durable_flow.models import RunStatus, Signal, WorkflowRun
+from durable_flow.models import RunStatus, Signal
 from durable_flow.operations import api
-from tests.conftest import ManagedProcess, wait_for
-from tests.support.browser import login, shoot
+from tests.conftest import wait_for
+from tests.support.browser import LIVE, login, shoot, status_of
 from tests.support.held import queued
-
-DB = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
-LIVE = "document.getElementById('live-status').innerText.startsWith('live')"
-
-
-@pytest.fixture
-def workers(engine_db: Engine, spawn: Callable[..., ManagedProcess]) -> None:
-    spawn("durable_worker", "--concurrency", "4", env=DB)
-    spawn("durable_poller", "--interval-ms", "100", env=DB)
-
-
-def status_of(run_id: str) -> str:
-    return WorkflowRun.objects.get(pk=run_id).status
 
 
 def test_a_signal_sent_elsewhere_turns_the_badge_completed_without_a_reload(
-    server: str, browser: Any, workers: None
+    server: str, browser: Any, db_workers: Engine
 ) -> None:
     run = start("tests.signal_waiter", 86_400)  # its timeout: tomorrow
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to wait for its signal")
@@ -64,7 +48,7 @@ def test_a_signal_sent_elsewhere_turns_the_badge_completed_without_a_reload(
 
 
 def test_the_signal_form_keeps_bad_json_and_asks_before_an_unknown_name(
-    server: str, browser: Any, workers: None
+    server: str, browser: Any, db_workers: Engine
 ) -> None:
     run = start("tests.signal_waiter", None)
     wait_for(lambda: status_of(run.id) == RunStatus.SUSPENDED, what="the run to wait for its signal")
@@ -99,7 +83,7 @@ def test_the_signal_form_keeps_bad_json_and_asks_before_an_unknown_name(
 
 
 def test_a_capped_wait_names_its_queue_and_cause_on_the_page_the_timeline_and_the_list(
-    server: str, browser: Any, workers: None, engine_db: Engine
+    server: str, browser: Any, db_workers: Engine, engine_db: Engine
 ) -> None:
     register_queue("browser-cap", concurrency=1)
     # Another call holds the queue's one slot, as a long step would.

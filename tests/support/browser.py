@@ -20,6 +20,7 @@ from django.contrib.auth import get_user_model
 from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.config.settings import get_settings
 from durable_flow.engine import Engine, set_engine
+from durable_flow.models import WorkflowRun
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import ROOT, ManagedProcess, wait_for
 
@@ -70,6 +71,25 @@ def engine_db(transactional_db: None) -> Engine:
     engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
     set_engine(engine)
     return engine
+
+
+#: The embedded default stack, `db` transport and admission, for the spawned processes.
+DB_STACK = {"DURABLE_FLOW_ADMISSION": "db", "DURABLE_FLOW_TRANSPORT": "db"}
+#: True once the page's live feed reports itself live.
+LIVE = "document.getElementById('live-status').innerText.startsWith('live')"
+
+
+@pytest.fixture
+def db_workers(engine_db: Engine, spawn: Callable[..., ManagedProcess]) -> Engine:
+    """A real `db` worker (threads for turns beside capped steps) and a fast poller beside the
+    test's server, on the embedded default stack."""
+    spawn("durable_worker", "--concurrency", "4", env=DB_STACK)
+    spawn("durable_poller", "--interval-ms", "100", env=DB_STACK)
+    return engine_db
+
+
+def status_of(run_id: str) -> str:
+    return WorkflowRun.objects.get(pk=run_id).status
 
 
 @pytest.fixture
