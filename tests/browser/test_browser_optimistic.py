@@ -12,7 +12,7 @@ from typing import Any
 
 from durable_flow import start
 from durable_flow.engine import Engine
-from durable_flow.models import RunStatus, StepCheckpoint
+from durable_flow.models import RunStatus, StepCheckpoint, WorkerHeartbeat
 from tests.conftest import ManagedProcess, wait_for
 from tests.support.browser import login, shoot
 from tests.support.rq import OPTIMISTIC, marks, run_status, worker
@@ -41,7 +41,8 @@ def test_a_running_optimistic_first_step_is_on_its_runs_page(
         wait_for(shown, timeout=30, interval=0.5, what="the step on the run's page")
         text = page.inner_text("#executing-now")
         assert text.startswith("step 1, attempt 1, on worker ") and "not recorded yet" in text
-        assert f":{runner.proc.pid}:" in text  # the worker that runs it
+        worker_id = WorkerHeartbeat.objects.get(pid=runner.proc.pid).worker_id
+        assert f"on worker {worker_id} " in text  # the worker that runs it
         assert page.inner_text("#run-status") == "pending"
         turns = page.inner_text('#timeline .tl-row[data-key=""]')
         assert "running" in turns and "first step is executing" in turns  # not "waiting"

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from durable_flow.contrib.tasks import DurableFlowBackend
 from durable_flow.engine import Engine
+from durable_flow.models import WorkerHeartbeat
 from tests import contract_tasks
 from tests.conftest import ManagedProcess, wait_for
 from tests.tasks_framework import (
@@ -179,8 +180,8 @@ def test_a_worker_runs_the_task_to_successful_with_its_return_value(
     assert result.enqueued_at <= result.started_at <= result.finished_at
     assert result.last_attempted_at == result.started_at
     assert result.attempts == 1 and result.errors == []
-    (worker_id,) = result.worker_ids  # the worker's own id: host:pid:random
-    assert worker_id.split(":")[1] == str(worker.proc.pid)
+    (worker_id,) = result.worker_ids  # the worker's own id (`host:name`), as its heartbeat says
+    assert WorkerHeartbeat.objects.get(pid=worker.proc.pid).worker_id == worker_id
 
 
 def test_args_and_the_return_value_round_trip_as_json(worker: ManagedProcess) -> None:
