@@ -186,7 +186,9 @@ def test_the_dashboard_signal_form_reports_a_payload_deeper_than_the_limit(
         f"/dashboard/runs/{run.pk}/signal/", {"name": "go", "payload": nested_text(depth)}, follow=True
     )
     page = response.content.decode()
-    assert response.status_code == 200 and "Signal not sent" in page and f"more than {MAX_JSON_DEPTH} levels" in page
+    # The run's page again, with the error and the form as it was typed (nothing was sent).
+    assert response.status_code == 400 and f"more than {MAX_JSON_DEPTH} levels" in page
+    assert 'value="go"' in page
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.SUSPENDED
 
 
