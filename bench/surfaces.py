@@ -129,7 +129,7 @@ RUN_COLUMNS = (
 CHECKPOINT_COLUMNS = (
     "run_id, key, sequence, kind, name, status, input, output, error, attempt, max_attempts, queue, holds_slot, "
     'priority, fairness_key, "group", wake_at, timeout_s, child_run_id, worker, late_result, created_at, '
-    "dispatched_at, finished_at"
+    "dispatched_at, finished_at, wait_cause"
 )
 ATTEMPT_COLUMNS = (
     "checkpoint_id, run_id, attempt, status, worker, dispatched_at, started_at, finished_at, retry_at, error, late, "
@@ -171,7 +171,7 @@ HISTORY_SQL: list[tuple[str, str]] = [
                CASE WHEN k = 0 THEN (ARRAY['imports', 'exports', ''])[abs(hashtext(r.id)) %% 3 + 1] ELSE '' END,
                false, 0, '', '', NULL, NULL, '', 'bench-host:1', NULL,
                r.created_at + k * interval '400 ms', r.created_at + k * interval '400 ms' + interval '50 ms',
-               r.created_at + k * interval '400 ms' + interval '300 ms'
+               r.created_at + k * interval '400 ms' + interval '300 ms', ''
         FROM durable_flow_workflowrun AS r, generate_series(0, 1) AS k
         WHERE r.status IN ('completed', 'failed', 'cancelled') AND r.id LIKE %(batch)s || '%%'
         """,
@@ -208,7 +208,7 @@ HISTORY_SQL: list[tuple[str, str]] = [
              LATERAL (SELECT now() - interval '1 hour' + (i * 3000.0 / %(waiting)s) * interval '1 second' AS at) AS t;
         INSERT INTO durable_flow_stepcheckpoint ({CHECKPOINT_COLUMNS})
         SELECT r.id, '0', 0, 'step', 'orders.fetch', 'waiting', NULL, NULL, NULL, 0, 3, 'imports', false, 0,
-               r.input ->> 'customer', '', NULL, NULL, '', '', NULL, r.created_at, NULL, NULL
+               r.input ->> 'customer', '', NULL, NULL, '', '', NULL, r.created_at, NULL, NULL, 'cap'
         FROM durable_flow_workflowrun AS r WHERE r.status = 'running' AND r.id LIKE %(batch)s || '%%'
         """,
     ),
@@ -223,7 +223,7 @@ HISTORY_SQL: list[tuple[str, str]] = [
         FROM generate_series(0, %(sleeping)s - 1) AS i;
         INSERT INTO durable_flow_stepcheckpoint ({CHECKPOINT_COLUMNS})
         SELECT r.id, '0', 0, 'sleep', 'sleep', 'dispatched', NULL, NULL, NULL, 0, 1, '', false, 0, '', '',
-               r.wake_at, NULL, '', '', NULL, r.created_at, NULL, NULL
+               r.wake_at, NULL, '', '', NULL, r.created_at, NULL, NULL, 'sleep'
         FROM durable_flow_workflowrun AS r WHERE r.status = 'suspended' AND r.id LIKE %(batch)s || '%%'
         """,
     ),

@@ -53,6 +53,8 @@ POSTGRESQL_PASS = (
     "tests/integration/test_admission_resources_equivalence.py",
     "tests/integration/test_api_list.py",
     "tests/integration/test_bulk_operations.py",
+    "tests/integration/test_dashboard_pages.py::test_a_sampling_pass_takes_as_many_statements_with_eight_queues_as_with_one",
+    "tests/integration/test_dashboard_pages.py::test_samples_count_each_failed_attempt_apart_from_steps_failed_for_good",
     "tests/integration/test_engine_statements.py",
     "tests/integration/test_flow_control.py",
     "tests/integration/test_hot_path.py",

@@ -18,20 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min
 
-from durable_flow.models import (
-    AttemptStatus,
-    FlowQueue,
-    QueueSample,
-    StepAttempt,
-    StepCheckpoint,
-    StepKind,
-    StepStatus,
-    WorkerHeartbeat,
-    WorkerSample,
-    dead_worker_cutoff,
-)
+from durable_flow.models import QueueSample, StepCheckpoint, StepStatus, WorkerSample, dead_worker_cutoff
+from durable_flow.store import sampling as sampling_store
 
 
 def aligned(now: datetime, interval_s: float) -> datetime:
@@ -39,43 +29,6 @@ def aligned(now: datetime, interval_s: float) -> datetime:
     interval since the epoch, so every process agrees on them)."""
     seconds = now.timestamp()
     return datetime.fromtimestamp(seconds - seconds % interval_s, tz=UTC)
-
-
-def _step_counts(start: datetime, end: datetime) -> dict[str, dict[str, int]]:
-    """Per queue: steps dispatched, completed and failed for good, and attempts that failed
-    (retried or not), within `(start, end]`."""
-    steps = StepCheckpoint.objects.filter(kind=StepKind.STEP)
-    counts: dict[str, dict[str, int]] = {}
-    # Every status named, so the window is a range of the `(status, dispatched_at)` index per
-    # status, not a scan of every checkpoint.
-    dispatched = (
-        steps.filter(status__in=StepStatus.values, dispatched_at__gt=start, dispatched_at__lte=end)
-        .values_list("queue")
-        .annotate(n=Count("id"))
-        .values_list("queue", "n")
-    )
-    for queue, n in dispatched:
-        counts.setdefault(queue, {})["admissions"] = n
-    settled = (
-        steps.filter(finished_at__gt=start, finished_at__lte=end, status__in=(StepStatus.COMPLETED, StepStatus.FAILED))
-        .values_list("queue")
-        .annotate(
-            done=Count("id", filter=Q(status=StepStatus.COMPLETED)),
-            failed=Count("id", filter=Q(status=StepStatus.FAILED)),
-        )
-        .values_list("queue", "done", "failed")
-    )
-    for queue, done, failed in settled:
-        counts.setdefault(queue, {}).update(completions=done, failures=failed)
-    failed_attempts = (
-        StepAttempt.objects.filter(status=AttemptStatus.FAILED, finished_at__gt=start, finished_at__lte=end)
-        .values_list("checkpoint__queue")
-        .annotate(n=Count("id"))
-        .values_list("checkpoint__queue", "n")
-    )
-    for queue, n in failed_attempts:
-        counts.setdefault(queue, {})["failed_attempts"] = n
-    return counts
 
 
 #: Parked calls a queue's count reads at most: past it, the count says "at least this many"
@@ -119,51 +72,35 @@ def waiting_now(admission: Any, queue: str, parked: int) -> int:
     return parked if waiting is None else max(waiting, parked)
 
 
-def _ungated_in_flight() -> int:
-    return StepCheckpoint.objects.filter(kind=StepKind.STEP, queue="", status=StepStatus.DISPATCHED).count()
-
-
 def take_samples(engine: Any, now: datetime | None = None) -> datetime:
-    """Write the samples of the interval that ended last; return its end (`at`)."""
+    """Write the samples of the interval that ended last; return its end (`at`). The database's
+    figures come in one statement for every queue and the samples go in one more (two on
+    SQLite), so a pass costs the same few round trips whatever the number of queues."""
     settings = engine.settings
     interval = settings.sample_interval_s
     at = aligned(now or engine.now(), interval)
-    counts = _step_counts(at - timedelta(seconds=interval), at)
+    figures = sampling_store.queue_figures(at - timedelta(seconds=interval), at, PARKED_COUNT_CAP)
     admission = engine.admission
-    names = list(FlowQueue.objects.values_list("name", flat=True))
-    parked = parked_calls(names)
     rows = []
-    for name in [*names, ""]:
-        numbers = counts.get(name, {})
+    for name in [*sorted(figures.parked), ""]:
+        numbers = figures.counts.get(name, {})
         if name:
-            waiting = waiting_now(admission, name, parked.get(name, NOT_PARKED).n)
+            waiting = waiting_now(admission, name, figures.parked[name])
             in_flight = admission.in_flight(name)
         else:
-            waiting, in_flight = 0, _ungated_in_flight()
+            waiting, in_flight = 0, figures.ungated_in_flight
         rows.append(
-            QueueSample(
-                queue=name,
-                at=at,
-                interval_s=interval,
-                waiting=max(0, waiting or 0),
-                in_flight=max(0, in_flight or 0),
-                admissions=numbers.get("admissions", 0),
-                completions=numbers.get("completions", 0),
-                failures=numbers.get("failures", 0),
-                failed_attempts=numbers.get("failed_attempts", 0),
+            (
+                name,
+                max(0, waiting or 0),
+                max(0, in_flight or 0),
+                numbers.get("admissions", 0),
+                numbers.get("completions", 0),
+                numbers.get("failures", 0),
+                numbers.get("failed_attempts", 0),
             )
         )
-    QueueSample.objects.bulk_create(rows, ignore_conflicts=True)
-    live = WorkerHeartbeat.objects.filter(
-        stopped_at__isnull=True, last_seen__gte=dead_worker_cutoff(settings.heartbeat_ttl_s, now)
-    ).values_list("worker_id", "live_limit", "in_flight", "throughput")
-    WorkerSample.objects.bulk_create(
-        [
-            WorkerSample(worker_id=w, at=at, live_limit=limit, in_flight=busy, throughput=rate)
-            for w, limit, busy, rate in live
-        ],
-        ignore_conflicts=True,
-    )
+    sampling_store.write_samples(at, interval, rows, dead_worker_cutoff(settings.heartbeat_ttl_s, now))
     return at
 
 

@@ -18,7 +18,9 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.sessions.models import Session
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -61,6 +63,37 @@ def test_samples_count_the_interval_and_are_written_once_per_queue_and_interval(
 
     take_samples(manual, clock())  # a second poller in the same interval
     assert QueueSample.objects.filter(queue="sampled", at=at).count() == 1
+
+
+def test_a_sampling_pass_takes_as_many_statements_with_eight_queues_as_with_one(manual: Engine, clock: Any) -> None:
+    """The pass reads every queue's figures at once: its statements do not grow with the queues
+    (one read per queue made a pass cost its queues' round trips), and still write a row per
+    queue, the no-queue row and a row per live worker."""
+    api.register_queue("sampled0", concurrency=1)
+    start("tests.queued", {"queue": "sampled0", "value": 0})
+    manual.transport.run_turns()  # type: ignore[attr-defined]
+    now = clock()
+    WorkerHeartbeat.objects.create(
+        worker_id="w:1:a", host="w", pid=1, transport="db", started_at=now, last_seen=now, live_limit=4, in_flight=2
+    )
+    interval = manual.settings.sample_interval_s
+    counted = []
+    for queues in (1, 8):
+        for n in range(1, queues):
+            api.register_queue(f"sampled{n}", concurrency=1)
+        clock.advance(seconds=interval)
+        WorkerHeartbeat.objects.filter(worker_id="w:1:a").update(last_seen=clock())  # alive
+        with CaptureQueriesContext(connection) as statements:
+            at = take_samples(manual, clock())
+        counted.append(len(statements))
+        assert set(QueueSample.objects.filter(at=at).values_list("queue", flat=True)) == {
+            "",
+            *(f"sampled{n}" for n in range(queues)),
+        }
+        sample = WorkerSample.objects.get(at=at)
+        assert (sample.worker_id, sample.live_limit, sample.in_flight) == ("w:1:a", 4, 2)
+    assert counted[0] == counted[1] <= 3, counted
+    assert QueueSample.objects.get(queue="sampled0", at=at).in_flight == 1
 
 
 def test_samples_count_each_failed_attempt_apart_from_steps_failed_for_good(engine: Engine, clock: Any) -> None:
