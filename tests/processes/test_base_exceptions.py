@@ -154,8 +154,16 @@ def test_an_optimistic_probe_leaves_a_workflows_system_exit_to_the_locked_path(
 @pytest.mark.inline_only("the step runs on the caller's main thread: only the inline transport does that")
 def test_a_real_ctrl_c_on_the_main_thread_still_stops_the_program(engine: Engine) -> None:
     """With Python's own SIGINT handler a `KeyboardInterrupt` on the main thread is how Ctrl-C
-    arrives: it is not the step's failure, and it carries on up to the caller."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    arrives: it is not the step's failure, and it carries on up to the caller. The handler is set
+    here: a suite started in the background inherits SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_stops_the_program()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_stops_the_program() -> None:
     with pytest.raises(KeyboardInterrupt):
         start("tests.raises_base_flow", "KeyboardInterrupt")
     cp = StepCheckpoint.objects.get(run__workflow="tests.raises_base_flow")
