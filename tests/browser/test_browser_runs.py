@@ -47,6 +47,7 @@ def test_find_why_a_run_failed_and_retry_it_until_it_completes(
         gate.write_text("{}")  # fix the cause, retry again
         page.reload()
         page.click("#retry-run")
+        page.wait_for_selector(".messages")  # the POST's redirect has landed before the reload below
         wait_for(lambda: status_of(run.id) == RunStatus.COMPLETED, what="the retried run to complete")
         page.reload()
         assert page.inner_text("#run-status") == "completed"
