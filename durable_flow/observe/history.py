@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.db.models import Max
 
 from durable_flow.models import QueueSample, WorkerSample
+from durable_flow.store.sampling import QUEUE_SAMPLE_COLUMNS
 
 SPAN = timedelta(hours=1)
 SPARK_POINTS = 60
@@ -79,21 +80,7 @@ def history(now: datetime) -> History:
                 return value
     since = now - SPAN
     queues: dict[str, list[Sample]] = defaultdict(list)
-    for row in (
-        QueueSample.objects.filter(at__gt=since)
-        .order_by("at")
-        .values_list(
-            "queue",
-            "at",
-            "interval_s",
-            "waiting",
-            "in_flight",
-            "admissions",
-            "completions",
-            "failures",
-            "failed_attempts",
-        )
-    ):
+    for row in QueueSample.objects.filter(at__gt=since).order_by("at").values_list(*QUEUE_SAMPLE_COLUMNS):
         queues[row[0]].append(Sample(*row[1:]))
     workers: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     for worker_id, limit, busy, rate in (
