@@ -40,7 +40,7 @@ from durable_flow.exceptions import InvalidInput
 from durable_flow.models import WorkflowRun
 from durable_flow.observe.queues import stored_queue
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs, runs_from_json
-from durable_flow.observe.run_pages import run_page, with_id_prefix
+from durable_flow.observe.run_pages import run_page
 from durable_flow.operations import api, bulk
 from durable_flow.operations.audit import record_operation
 
@@ -48,8 +48,9 @@ from durable_flow.operations.audit import record_operation
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 #: The list's query parameters that are fields of the filter bar (`RunFilterForm`), by their
-#: name there; `id_prefix`, `limit` and `cursor` are the list's own.
+#: name there (`id_prefix` is the bar's id search, a prefix); `limit` and `cursor` are the list's own.
 FILTER_PARAMETERS = {
+    "id_prefix": "q",
     "status": "status",
     "workflow": "workflow",
     "queue": "queue",
@@ -57,7 +58,7 @@ FILTER_PARAMETERS = {
     "created_after": "since",
     "created_before": "until",
 }
-LIST_PARAMETERS = (*FILTER_PARAMETERS, "id_prefix", "limit", "cursor")
+LIST_PARAMETERS = (*FILTER_PARAMETERS, "limit", "cursor")
 
 
 def run_json(run: WorkflowRun, with_steps: bool = False) -> dict[str, Any]:
@@ -163,15 +164,7 @@ def listed_runs(request: HttpRequest) -> QuerySet[WorkflowRun]:
         field, errors = next(iter(form.errors.items()))
         name = next((name for name, known in FILTER_PARAMETERS.items() if known == field), field)
         raise bad_parameter(name, " ".join(errors))
-    runs = filtered_runs(form.cleaned_data)
-    prefix = params.get("id_prefix", "")
-    if prefix:
-        try:
-            storable_text(prefix, "id_prefix", RUN_ID_LENGTH)
-        except InvalidInput as exc:
-            raise bad_parameter("id_prefix", str(exc)) from None
-        runs = with_id_prefix(runs, prefix)
-    return runs
+    return filtered_runs(form.cleaned_data)
 
 
 def list_runs(request: HttpRequest) -> HttpResponse:

@@ -67,11 +67,6 @@ def parse_cursor(cursor: str) -> Position:
     return moment, run_id
 
 
-def with_id_prefix(runs: QuerySet[WorkflowRun], prefix: str) -> QuerySet[WorkflowRun]:
-    """The runs whose id starts with `prefix` (a range of the primary key's index)."""
-    return runs.filter(pk__startswith=prefix)
-
-
 def run_page(
     runs: QuerySet[WorkflowRun],
     after: Position | None = None,
