@@ -9,7 +9,7 @@ from typing import Any
 from django import template
 
 from durable_flow.config.validation import TooDeep
-from durable_flow.observe.waits import when
+from durable_flow.observe.waits import ms_clock, when
 
 register = template.Library()
 
@@ -35,7 +35,7 @@ def ms_time(value: datetime | None) -> str:
     """A time to the millisecond (UTC), e.g. 08:14:03.127."""
     if value is None:
         return "—"
-    return value.strftime("%H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+    return ms_clock(value)
 
 
 @register.filter

@@ -50,6 +50,11 @@ NO_WORKER = "no worker free (dispatched, not yet claimed)"
 POLLER = "poller (due, waiting for its next pass)"
 
 
+def ms_clock(at: datetime) -> str:
+    """A time of day to the millisecond: `08:14:03.127`."""
+    return at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
+
+
 def when(at: datetime | str | None, now: datetime | None = None) -> str:
     """`08:14:03.127` today (UTC), `2026-12-08 01:06:05.541` on another day; "—" for none."""
     if isinstance(at, str):
@@ -58,7 +63,7 @@ def when(at: datetime | str | None, now: datetime | None = None) -> str:
         return "—"
     at = at.astimezone(UTC) if timezone.is_aware(at) else at
     today = (now or timezone.now()).astimezone(UTC).date()
-    text = at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
+    text = ms_clock(at)
     return text if at.date() == today else f"{at.date().isoformat()} {text}"
 
 
