@@ -38,6 +38,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_DB = "durable_flow_bench"
@@ -312,6 +315,17 @@ def engine_handoff_lag(samples: int) -> dict[str, float]:
 
 
 # -- report ------------------------------------------------------------------------------------
+def backend_line(name: str, row: dict | str) -> str:
+    """One backend's rates, for the summary of docs/benchmarks.md."""
+    if isinstance(row, str):
+        return f"{name}: {row}"
+    return (
+        f"{name}: uncontended {row['uncontended']['per_s']:,.0f}/s, cap full {row['cap_full']['per_s']:,.0f}/s,"
+        f" handoff {row['rank']['per_s']:,.0f}/s"
+        f" (p50 {row['uncontended']['p50_us']:.0f} / {row['rank']['p50_us']:.0f} µs)"
+    )
+
+
 def fmt_rate(entry: dict | None) -> str:
     return f"{entry['per_s']:>10,.0f}" if entry else f"{'-':>10}"
 
@@ -323,6 +337,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--child-db", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", default=None, help=argparse.SUPPRESS)
+    reporting.add_json_option(parser, "admission")
     args = parser.parse_args()
     seconds = args.seconds or (0.4 if args.quick else 1.5)
 
@@ -335,8 +350,11 @@ def main() -> None:
     from durable_flow.admission.local import LocalAdmissionBackend
 
     started = time.perf_counter()
+    reporting.log("local")
     rows: dict[str, Any] = {"local": measure_backend(LocalAdmissionBackend(), seconds)}
+    reporting.log("db (SQLite), in a child process")
     rows["db (SQLite)"] = db_in_child(None, seconds)
+    reporting.log("db (PostgreSQL), in a child process")
     if args.no_postgres:
         rows["db (PostgreSQL)"] = "skipped (--no-postgres)"
     else:
@@ -349,7 +367,9 @@ def main() -> None:
                 rows["db (PostgreSQL)"] = db_in_child(url, seconds)
             finally:
                 postgres("drop")
+    reporting.log("redis")
     redis_out = redis_figures(seconds)
+    reporting.log("handoff through the engine")
     handoff = engine_handoff_lag(10 if args.quick else 40)
     rows["redis"] = redis_out["redis"]
 
@@ -429,8 +449,32 @@ def main() -> None:
     )
     from bench.admission_keyed import report as keyed_report  # per-key windows and GCRA rows
 
-    keyed_report(seconds, 10_000 if args.quick else 100_000)
+    keyed = keyed_report(seconds, 10_000 if args.quick else 100_000)
     print(f"total {time.perf_counter() - started:.0f} s")
+    from bench.admission_keyed import summary_lines
+
+    summary = [backend_line(name, row) for name, row in rows.items()]
+    summary += [
+        f"redis {label}: {r[key]['per_s'] / floor['per_s']:.0%} of the bare EVALSHA floor"
+        for label, key in (("cap full decision", "cap_full"), ("release + grant", "rank"))
+    ]
+    summary.append(f"engine handoff: worst {handoff['max_ms']:.1f} ms, mean {handoff['mean_ms']:.1f} ms")
+    summary += summary_lines(keyed)
+    reporting.write_json(
+        "admission",
+        {
+            "seconds": seconds,
+            "waiters": WAITERS,
+            "backends": rows,
+            "redis_key_rank": redis_out["redis_key_rank"],
+            "redis_evalsha_floor": floor,
+            "redis_server_us_per_call": redis_out["server_us"],
+            "engine_handoff": handoff,
+            "keyed": keyed,
+        },
+        path=args.json,
+        summary=summary,
+    )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 from bench.admission import REDIS_URL, clean_redis, setup_django, summary, timed_loop  # noqa: E402
 
 TENANTS = 1_000
@@ -156,13 +158,18 @@ def redis_figures(seconds: float, keys: int) -> dict[str, Any]:
     return out
 
 
-def report(seconds: float, keys: int) -> None:
-    """Print the keyed rows (called by `bench/admission.py` too)."""
-    rows = {
-        "local": local_figures(seconds, keys),
-        "db (SQLite)": db_figures(seconds, keys),
-        "redis": redis_figures(seconds, keys),
-    }
+def report(seconds: float, keys: int) -> dict[str, Any]:
+    """Print the keyed rows (called by `bench/admission.py` too); return them."""
+    rows: dict[str, Any] = {}
+    with reporting.progress(
+        "per-key limits and idle keys: local, db (SQLite), redis", total=3, unit="backends"
+    ) as shown:
+        rows["local"] = local_figures(seconds, keys)
+        shown.advance()
+        rows["db (SQLite)"] = db_figures(seconds, keys)
+        shown.advance()
+        rows["redis"] = redis_figures(seconds, keys)
+        shown.advance()
     print(f"\nPer-key limits against a plain window (admit+release pairs/s, same run; {TENANTS:,} tenants):")
     for name, row in rows.items():
         if isinstance(row, str):
@@ -183,6 +190,8 @@ def report(seconds: float, keys: int) -> None:
         extra += f"; pruning took {idle['prune_s']:.2f} s" if "prune_s" in idle else ""
         print(f"  {name:<14} peak {idle['peak']:>9,} {idle['unit']:<12} left {idle['left']:>6,}{extra}")
 
+    return rows
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,6 +199,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--keys", type=int, default=None)
     parser.add_argument("--child-db", action="store_true", help=argparse.SUPPRESS)
+    reporting.add_json_option(parser, "admission_keyed")
     args = parser.parse_args()
     seconds = args.seconds or (0.4 if args.quick else 1.5)
     keys = args.keys or (10_000 if args.quick else 100_000)
@@ -197,7 +207,27 @@ def main() -> None:
     if args.child_db:
         db_child(seconds, keys)
         return
-    report(seconds, keys)
+    rows = report(seconds, keys)
+    reporting.write_json(
+        "admission_keyed",
+        {"seconds": seconds, "keys": keys, "tenants": TENANTS, "backends": rows},
+        path=args.json,
+        summary=summary_lines(rows),
+    )
+
+
+def summary_lines(rows: dict[str, Any]) -> list[str]:
+    """Per backend: each keyed limit's rate as a share of the plain window's, and the idle keys left."""
+    lines = []
+    for name, row in rows.items():
+        if isinstance(row, str):
+            lines.append(f"{name}: {row}")
+            continue
+        plain = row["plain window"]["per_s"]
+        shares = ", ".join(f"{label} {row[label]['per_s'] / plain:.0%}" for label in ("per-key window", "GCRA per key"))
+        idle = row["idle"]
+        lines.append(f"{name}: {shares} of the plain window; {idle['left']:,} {idle['unit']} left of {idle['peak']:,}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import contention
+import reporting
 
 STEP_S = 0.05
 
@@ -43,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=None, help="runs per cap (default 150, --quick 60)")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--child", choices=list(contention.STACKS), help=argparse.SUPPRESS)
+    reporting.add_json_option(parser, "caps")
     return parser.parse_args()
 
 
@@ -71,16 +73,19 @@ def child(stack: str, caps: list[int], runs: int) -> None:
     print(json.dumps(out))
 
 
-def report(results: dict[str, dict[str, Any]], caps: list[int], runs: int) -> None:
+def report(results: dict[str, dict[str, Any]], caps: list[int], runs: int) -> list[str]:
+    """Print the table; return its scaling lines (the summary)."""
     print(
         f"{runs} runs per cap, {STEP_S * 1000:.0f} ms steps, 2 workers x 4 threads + a poller; steps/s from the stamps"
     )
     print(
         f"{'stack':<12}{'cap':>4}{'steps/s':>9}{'ideal':>7}{'of ideal':>9}{'x cap 1':>8}{'gap p50 ms':>11}{'turns':>6}"
     )
+    summary = []
     for stack, figures in results.items():
         if "error" in figures:
             print(f"{stack:<12} failed: {figures['error']}")
+            summary.append(f"{stack}: failed: {figures['error']}")
             continue
         base = figures[str(caps[0])]["steps_s"] / caps[0]
         for cap in caps:
@@ -91,7 +96,11 @@ def report(results: dict[str, dict[str, Any]], caps: list[int], runs: int) -> No
                 f"{row['steps_s'] / base:>8.2f}{row['gap_ms'][0]:>11.0f}{row['turns_max']:>6}"
             )
         top = figures[str(caps[-1])]["steps_s"] / base
-        print(f"  {stack}: scaling ratio cap {caps[-1]} / cap {caps[0]}: {top:.2f} (ideal {caps[-1] / caps[0]:g})")
+        summary.append(
+            f"{stack}: scaling ratio cap {caps[-1]} / cap {caps[0]}: {top:.2f} (ideal {caps[-1] / caps[0]:g})"
+        )
+        print(f"  {summary[-1]}")
+    return summary
 
 
 def main() -> None:
@@ -103,8 +112,17 @@ def main() -> None:
         return
     stacks = (args.stacks or "db-sqlite,rq-redis").split(",")
     extra = ("--caps", args.caps, "--runs", str(runs))
-    results = {stack: contention.run_stack(stack, args, script=__file__, extra=extra) for stack in stacks}
-    report(results, caps, runs)
+    results = {}
+    for stack in stacks:
+        reporting.log(f"{stack}: caps {args.caps}, {runs} runs each")
+        results[stack] = contention.run_stack(stack, args, script=__file__, extra=extra)
+    summary = report(results, caps, runs)
+    reporting.write_json(
+        "caps",
+        {"runs": runs, "step_s": STEP_S, "caps": caps, "stacks": results},
+        path=args.json,
+        summary=summary,
+    )
 
 
 if __name__ == "__main__":

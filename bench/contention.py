@@ -65,6 +65,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 from tests.reliability.evidence import max_overlap, most_in_trailing  # noqa: E402 - after sys.path
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
@@ -90,6 +92,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--child", choices=list(STACKS), help=argparse.SUPPRESS)
+    reporting.add_json_option(parser, "contention")
     return parser.parse_args()
 
 
@@ -150,7 +153,9 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def report(results: dict[str, dict[str, Any]], quick: bool, verbose: bool) -> None:
+def report(results: dict[str, dict[str, Any]], quick: bool, verbose: bool) -> list[dict[str, Any]]:
+    """Print the tables; return every target with its verdict."""
+    targets: list[dict[str, Any]] = []
     print(f"\nFlow control under contention ({os.cpu_count()} CPUs; {'--quick' if quick else 'full'} counts)")
     header = f"{'stack':<12} {'figure':<44} {'measured':>10} {'theory':>8} {'ratio':>6}  target"
     print(header + "\n" + "-" * (len(header) + 12))
@@ -187,8 +192,10 @@ def report(results: dict[str, dict[str, Any]], quick: bool, verbose: bool) -> No
         for label, measured, theory, target in rows:
             ratio = measured / theory if theory else float("nan")
             if target.startswith(">="):
+                targets.append(reporting.target(f"{stack} {label.strip()}: ratio", ratio, ">=", float(target[3:])))
                 mark = verdict(ratio >= float(target[3:]))
             elif target.startswith("<="):
+                targets.append(reporting.target(f"{stack} {label.strip()}", measured, "<=", float(target[3:])))
                 mark = verdict(measured <= float(target[3:]))
             else:
                 mark = ""
@@ -202,7 +209,7 @@ def report(results: dict[str, dict[str, Any]], quick: bool, verbose: bool) -> No
         print()
     parked = [(backend, row) for res in results.values() for backend, row in res.get("parked", {}).items()]
     if not parked:
-        return
+        return targets
     few, many = parked[0][1]["waiters"]
     print(f"Parked waiters: median µs per operation with {few:,} vs {many:,} waiters (target ratio <= 1.5)")
     header = f"{'backend':<26} {'operation':<30} {few:>9,} {many:>9,} {'ratio':>6}"
@@ -215,9 +222,11 @@ def report(results: dict[str, dict[str, Any]], quick: bool, verbose: bool) -> No
         ):
             small, large = row[key]
             ratio = large / small
+            targets.append(reporting.target(f"{backend} {label}: {many:,} / {few:,} waiters", ratio, "<=", 1.5))
             print(f"{backend:<26} {label:<30} {small:>9.0f} {large:>9.0f} {ratio:>6.2f}  {verdict(ratio <= 1.5)}")
     fills = ", ".join(f"{backend} {row['fill_s']:.1f} s" for backend, row in parked)
     print(f"\n(fill of the large line, runs and checkpoints bulk-inserted: {fills})")
+    return targets
 
 
 def main() -> None:
@@ -234,8 +243,21 @@ def main() -> None:
     for stack in stacks:
         print(f"[{time.monotonic() - started:5.0f} s] {stack} ...", file=sys.stderr, flush=True)
         results[stack] = run_stack(stack, args, extra=("--scenarios", args.scenarios))
-    report(results, args.quick, args.verbose)
+    targets = report(results, args.quick, args.verbose)
     print(f"total {time.monotonic() - started:.0f} s")
+    missed = [entry for entry in targets if not entry["met"]]
+    summary = [f"{stack}: FAILED: {res['error']}" for stack, res in results.items() if "error" in res]
+    summary += [
+        f"{entry['name']}: {entry['value']:.2f} (target {entry['op']} {entry['bound']:g}): MISS" for entry in missed
+    ]
+    summary.append(f"{len(targets) - len(missed)} other targets: PASS")
+    reporting.write_json(
+        "contention",
+        {"quick": args.quick, "stacks": results},
+        path=args.json,
+        summary=summary,
+        targets=targets,
+    )
 
 
 # -- child: one stack ---------------------------------------------------------------------------
@@ -410,9 +432,11 @@ def scenario(
         procs.stop()
         raise
     done = WorkflowRun.objects.filter(pk__in=ids, status=RunStatus.COMPLETED)
+    shown = reporting.Progress(f"  {name}", total=runs, unit="runs completed")
     try:
         deadline = time.monotonic() + 300
-        while done.count() < runs:
+        while (completed := done.count()) < runs:
+            shown.update(completed)
             procs.check()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: {done.count()} of {runs} runs completed in 300 s")

@@ -2,7 +2,7 @@
 """Fairness under a flood: Jain's index of admissions per tenant, `fairness="key"` vs FIFO.
 
     .venv/bin/python bench/fairness.py            # local, db (SQLite), redis
-    .venv/bin/python bench/fairness.py --json     # one JSON object (for bench/run_all.py)
+    .venv/bin/python bench/fairness.py --json out.json   # the figures there (default var/bench/fairness.json)
 
 Ten tenants share a queue with one slot. Tenant 0 floods: for every call of each other tenant
 it makes ten, interleaved in arrival order (`--cycles` rounds of 10 + 9 calls). Every call asks
@@ -20,7 +20,6 @@ names the waiter it chose, and that is the admission counted, on every backend a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import uuid
@@ -29,6 +28,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 TENANTS = 10
 FLOOD = 10
@@ -112,7 +114,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=20, help="arrival rounds (10 flood calls + 9 others each)")
     parser.add_argument("--admissions", type=int, default=100, help="slot hand-overs measured")
     parser.add_argument("--no-redis", action="store_true")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    reporting.add_json_option(parser, "fairness")
     args = parser.parse_args()
     if args.admissions > args.cycles * TENANTS:
         parser.error("--admissions must leave every tenant calls waiting: at most 10 x --cycles")
@@ -128,9 +130,6 @@ def main() -> None:
         finally:
             if cleanup is not None:
                 cleanup()
-    if args.json:
-        print(json.dumps({"tenants": TENANTS, "admissions": args.admissions, "backends": results}))
-        return
     print(f"{TENANTS} tenants, tenant 0 makes {FLOOD}x the calls; {args.admissions} admissions through one slot")
     print(f"{'backend':<12} {'key: Jain':>10} {'fifo: Jain':>11}   admissions per tenant (key | fifo)")
     for name, row in results.items():
@@ -138,6 +137,20 @@ def main() -> None:
         print(f"{name:<12} {key['jain']:>10.3f} {fifo['jain']:>11.3f}   {key['counts']} | {fifo['counts']}")
     worst = min(row["key"]["jain"] for row in results.values())
     print(f"target fairness='key' >= 0.99: {'met' if worst >= 0.99 else 'MISSED'} (worst {worst:.3f})")
+    summary = [
+        f'{name}: Jain {row["key"]["jain"]:.3f} under fairness="key" vs {row["fifo"]["jain"]:.3f} under FIFO'
+        for name, row in results.items()
+    ]
+    reporting.write_json(
+        "fairness",
+        {"tenants": TENANTS, "admissions": args.admissions, "backends": results},
+        path=args.json,
+        summary=summary,
+        targets=[
+            reporting.target(f'{name}: Jain under fairness="key"', row["key"]["jain"], ">=", 0.99)
+            for name, row in results.items()
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import reporting  # noqa: E402
 from transport import steady_rate, stop  # noqa: E402,F401 - re-exported for the benches
 
 WORKFLOW = "tests.slow_one"
@@ -62,8 +63,10 @@ def start_runs(prefix: str, count: int) -> None:
     """`count` one-step no-op runs with ids `<prefix>-<n>`, pending for the workers."""
     from durable_flow import start
 
+    shown = reporting.Progress(f"starting runs {prefix}", total=count, unit="runs")
     for i in range(count):
         start(WORKFLOW, {"id": i, "seconds": 0}, run_id=f"{prefix}-{i}")
+        shown.update(i + 1)
 
 
 def completed(prefix: str) -> int:

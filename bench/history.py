@@ -25,63 +25,71 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from statistics import median
 
 import fleet
+import reporting
 
 BATCH = 5000
 
 
 def add_history(count: int) -> None:
     """`count` completed one-step runs, each with its completed checkpoint and attempt row."""
-    from django.db import transaction
     from django.utils import timezone
+
+    now = timezone.now() - timedelta(days=1)
+    with reporting.progress("inserting history", total=count, unit="runs") as shown:
+        for offset in range(0, count, BATCH):
+            insert_batch([f"history-{i:07d}" for i in range(offset, min(count, offset + BATCH))], now)
+            shown.advance(min(count, offset + BATCH) - offset)
+
+
+def insert_batch(ids: list[str], now: datetime) -> None:
+    """Completed runs `ids`, their checkpoints and attempts, in one transaction."""
+    from django.db import transaction
 
     from durable_flow.models import AttemptStatus, RunStatus, StepAttempt, StepCheckpoint, StepStatus, WorkflowRun
 
-    now = timezone.now() - timedelta(days=1)
-    for offset in range(0, count, BATCH):
-        ids = [f"history-{i:07d}" for i in range(offset, min(count, offset + BATCH))]
-        with transaction.atomic():
-            WorkflowRun.objects.bulk_create(
-                WorkflowRun(
-                    id=run_id,
-                    workflow=fleet.WORKFLOW,
-                    status=RunStatus.COMPLETED,
-                    input={"id": run_id, "seconds": 0},
-                    output={"id": run_id},
-                    turns=2,
-                    finished_at=now,
-                )
-                for run_id in ids
+    with transaction.atomic():
+        WorkflowRun.objects.bulk_create(
+            WorkflowRun(
+                id=run_id,
+                workflow=fleet.WORKFLOW,
+                status=RunStatus.COMPLETED,
+                input={"id": run_id, "seconds": 0},
+                output={"id": run_id},
+                turns=2,
+                finished_at=now,
             )
-            checkpoints = StepCheckpoint.objects.bulk_create(
-                StepCheckpoint(
-                    run_id=run_id,
-                    key="slow",
-                    sequence=0,
-                    name="tests.slow",
-                    status=StepStatus.COMPLETED,
-                    output={"id": run_id},
-                    attempt=1,
-                    dispatched_at=now,
-                    finished_at=now,
-                )
-                for run_id in ids
+            for run_id in ids
+        )
+        checkpoints = StepCheckpoint.objects.bulk_create(
+            StepCheckpoint(
+                run_id=run_id,
+                key="slow",
+                sequence=0,
+                name="tests.slow",
+                status=StepStatus.COMPLETED,
+                output={"id": run_id},
+                attempt=1,
+                dispatched_at=now,
+                finished_at=now,
             )
-            StepAttempt.objects.bulk_create(
-                StepAttempt(
-                    checkpoint=checkpoint,
-                    run_id=checkpoint.run_id,
-                    attempt=1,
-                    status=AttemptStatus.COMPLETED,
-                    started_at=now,
-                    finished_at=now,
-                )
-                for checkpoint in checkpoints
+            for run_id in ids
+        )
+        StepAttempt.objects.bulk_create(
+            StepAttempt(
+                checkpoint=checkpoint,
+                run_id=checkpoint.run_id,
+                attempt=1,
+                status=AttemptStatus.COMPLETED,
+                started_at=now,
+                finished_at=now,
             )
+            for checkpoint in checkpoints
+        )
 
 
 def timed(prefix: str, runs: int) -> float:
@@ -127,6 +135,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=None, help="completed runs inserted (default 100,000)")
     parser.add_argument("--runs", type=int, default=None, help="workflows timed per phase (default 600)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating timings of each database (the median)")
+    reporting.add_json_option(parser, "history")
     args = parser.parse_args()
     if args.rounds < 1:
         raise SystemExit("--rounds: at least 1")
@@ -144,6 +153,7 @@ def main() -> None:
             insert_s = time.perf_counter() - started
             keep(loaded_copy)
             for round_ in range(args.rounds):
+                reporting.log(f"round {round_ + 1} of {args.rounds}: {runs} runs on empty tables, then with history")
                 put_back(empty_copy)
                 empties.append(timed(f"empty{round_}", runs))
                 put_back(loaded_copy)
@@ -154,14 +164,32 @@ def main() -> None:
     ratios = [loaded / empty for empty, loaded in zip(empties, loadeds, strict=True)]
     ratio = median(ratios)
     print(f"throughput with a history of completed runs (SQLite, db transport, 1 worker x 8 threads, {runs} runs)")
-    print(f"  empty tables:                      {median(empties):7.1f} wf/s   (median of {args.rounds})")
-    print(f"  {history:>7,} completed runs of history: {median(loadeds):7.1f} wf/s   (inserted in {insert_s:.1f} s)")
     pairs = " / ".join(f"{empty:.0f}:{loaded:.0f}" for empty, loaded in zip(empties, loadeds, strict=True))
-    print(f"  rounds, empty:with history wf/s {pairs}; ratios {' / '.join(f'{r:.2f}' for r in ratios)}")
     verdict = "unchanged" if ratio >= 0.9 else "SLOWER"
-    print(f"  ratio with history / empty, median of the rounds: {ratio:.2f} (target >= 0.9: {verdict})")
-    print(f"  worst round: {min(ratios):.2f}")
-
+    lines = [
+        f"empty tables:                      {median(empties):7.1f} wf/s   (median of {args.rounds})",
+        f"{history:>7,} completed runs of history: {median(loadeds):7.1f} wf/s   (inserted in {insert_s:.1f} s)",
+        f"rounds, empty:with history wf/s {pairs}; ratios {' / '.join(f'{r:.2f}' for r in ratios)}",
+        f"ratio with history / empty, median of the rounds: {ratio:.2f} (target >= 0.9: {verdict})",
+        f"worst round: {min(ratios):.2f}",
+    ]
+    print("\n".join(f"  {line}" for line in lines))
+    reporting.write_json(
+        "history",
+        {
+            "history_runs": history,
+            "timed_runs": runs,
+            "insert_s": insert_s,
+            "empty_wf_s": empties,
+            "loaded_wf_s": loadeds,
+            "ratios": ratios,
+            "ratio": ratio,
+            "worst": min(ratios),
+        },
+        path=args.json,
+        summary=lines,
+        targets=[reporting.target("with history / empty, median of the rounds", ratio, ">=", 0.9)],
+    )
 
 if __name__ == "__main__":
     main()

@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_poller_{os.getpid()}"  # its own: other sessions may run this bench too
 
@@ -46,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--due", type=int, default=100, help="due runs each timed tick wakes")
     parser.add_argument("--ticks", type=int, default=60, help="timed ticks per measurement (median reported)")
+    reporting.add_json_option(parser, "poller")
     return parser.parse_args()
 
 
@@ -124,21 +127,19 @@ def park(first: int, count: int, spread: int) -> None:
     from durable_flow.models import RunStatus, WorkflowRun
 
     now = timezone.now()
-    batch: list[WorkflowRun] = []
-    for i in range(first, count):
-        batch.append(
-            WorkflowRun(
-                id=f"parked-{i:07d}",
-                workflow="bench.sleeper",
-                input=i,
-                status=RunStatus.RUNNING if i % 10 == 0 else RunStatus.SUSPENDED,
-                wake_at=now + timedelta(days=1) + timedelta(days=30) * (i / spread),
+    with reporting.progress(f"parking runs {first:,} to {count:,}", total=count - first, unit="runs") as shown:
+        for offset in range(first, count, 5000):
+            WorkflowRun.objects.bulk_create(
+                WorkflowRun(
+                    id=f"parked-{i:07d}",
+                    workflow="bench.sleeper",
+                    input=i,
+                    status=RunStatus.RUNNING if i % 10 == 0 else RunStatus.SUSPENDED,
+                    wake_at=now + timedelta(days=1) + timedelta(days=30) * (i / spread),
+                )
+                for i in range(offset, min(count, offset + 5000))
             )
-        )
-        if len(batch) == 5000:
-            WorkflowRun.objects.bulk_create(batch)
-            batch.clear()
-    WorkflowRun.objects.bulk_create(batch)
+            shown.advance(min(count, offset + 5000) - offset)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE durable_flow_workflowrun")
@@ -165,6 +166,7 @@ def main() -> None:
             started = time.perf_counter()
             park(parked, size, sizes[-1])
             park_s, parked = time.perf_counter() - started, size
+            reporting.log(f"timing {args.ticks} ticks with {size:,} parked")
             rows.append((size, *measure(due_ids, args.ticks), park_s))
     finally:
         connections.close_all()
@@ -173,19 +175,37 @@ def main() -> None:
 
     base_wake, base_empty = rows[0][1], rows[0][2]
     print(f"poller tick on {vendor}: median of {args.ticks} ticks, each waking {args.due} due runs (batch 500)")
+    lines = []
     for size, wake, empty, park_s in rows:
         parking = f"; parking took {park_s:.1f} s" if size else ""
-        print(
-            f"  {size:>7,} parked not-due runs: {wake * 1000:8.2f} ms   (empty tick {empty * 1000:.2f} ms{parking})"
+        lines.append(
+            f"{size:>7,} parked not-due runs: {wake * 1000:8.2f} ms   (empty tick {empty * 1000:.2f} ms{parking})"
             + (f"   x{wake / base_wake:.2f}" if size else "")
         )
     size, wake, empty, _ = rows[-1]
     ratio = wake / base_wake
     verdict = "OK" if ratio < 1.5 else "OVER TARGET"
-    print(
-        f"  ratio: {ratio:.2f} at {size:,} parked (target < 1.5: {verdict}); empty-tick ratio {empty / base_empty:.2f}"
+    lines.append(
+        f"ratio: {ratio:.2f} at {size:,} parked (target < 1.5: {verdict}); empty-tick ratio {empty / base_empty:.2f}"
     )
-
+    print("\n".join(f"  {line}" for line in lines))
+    reporting.write_json(
+        "poller",
+        {
+            "database": vendor,
+            "ticks": args.ticks,
+            "due": args.due,
+            "sizes": [
+                {"parked": size, "tick_ms": wake * 1000, "empty_tick_ms": empty * 1000, "parking_s": park_s}
+                for size, wake, empty, park_s in rows
+            ],
+            "ratio": ratio,
+            "empty_ratio": empty / base_empty,
+        },
+        path=args.json,
+        summary=lines,
+        targets=[reporting.target(f"tick with {size:,} parked / with none", ratio, "<", 1.5)],
+    )
 
 if __name__ == "__main__":
     main()

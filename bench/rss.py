@@ -23,6 +23,7 @@ import time
 
 import fleet
 import psutil
+import reporting
 
 PREFIX = "rss"
 
@@ -31,9 +32,11 @@ def sample(worker: psutil.Process, total: int, timeout: float) -> list[tuple[int
     """(completed runs, worker RSS bytes) every 0.2 s until every run completed."""
     samples: list[tuple[int, int]] = []
     deadline = time.monotonic() + timeout
+    shown = reporting.Progress("worker running the workflows", total=total, unit="completed")
     while time.monotonic() < deadline:
         done = fleet.completed(PREFIX)
         samples.append((done, worker.memory_info().rss))
+        shown.update(done)
         if done >= total:
             return samples
         time.sleep(0.2)
@@ -44,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1,000 workflows")
     parser.add_argument("--runs", type=int, default=None, help="workflows (default 5,000)")
+    reporting.add_json_option(parser, "rss")
     args = parser.parse_args()
     runs = args.runs or (1000 if args.quick else 5000)
     with fleet.sqlite_stack("rss"):
@@ -61,14 +65,33 @@ def main() -> None:
     last = statistics.median(rss for done, rss in samples if done >= runs * 3 / 4) / mib
     tenths = [next(rss for done, rss in samples if done >= runs * k / 10) / mib for k in range(1, 11)]
     ratio = last / first
+    slope = (tenths[-1] - tenths[4]) * 1024 / (runs / 2)
+    verdict = "flat" if ratio <= 1.10 else "GROWING"
     print(f"worker RSS over {runs:,} one-step workflows (SQLite, db transport, 1 worker x 8 threads)")
     print(f"  started in {start_s:.1f} s; {len(samples)} samples of /proc, every 0.2 s")
     print(f"  rss MiB at each tenth of the runs: {' '.join(f'{value:.1f}' for value in tenths)}")
-    slope = (tenths[-1] - tenths[4]) * 1024 / (runs / 2)
-    print(f"  median RSS: first quarter {first:.1f} MiB, last quarter {last:.1f} MiB")
-    print(f"  growth over the second half of the runs: {slope:.2f} KiB per workflow")
-    verdict = "flat" if ratio <= 1.10 else "GROWING"
-    print(f"  ratio last / first quarter: {ratio:.3f} (target <= 1.10: {verdict})")
+    lines = [
+        f"median RSS: first quarter {first:.1f} MiB, last quarter {last:.1f} MiB",
+        f"growth over the second half of the runs: {slope:.2f} KiB per workflow",
+        f"ratio last / first quarter: {ratio:.3f} (target <= 1.10: {verdict})",
+    ]
+    print("\n".join(f"  {line}" for line in lines))
+    reporting.write_json(
+        "rss",
+        {
+            "runs": runs,
+            "start_s": start_s,
+            "samples": len(samples),
+            "tenths_mib": tenths,
+            "first_quarter_mib": first,
+            "last_quarter_mib": last,
+            "growth_kib_per_workflow": slope,
+            "ratio": ratio,
+        },
+        path=args.json,
+        summary=lines,
+        targets=[reporting.target("RSS last / first quarter", ratio, "<=", 1.10)],
+    )
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ from subprocess import DEVNULL
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_transport_{os.getpid()}"  # its own: other sessions may run this bench too
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -75,6 +77,7 @@ def parse_args() -> argparse.Namespace:
         "--rounds", type=int, default=3, help="alternating raw RQ / rq runs per process count (the medians)"
     )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
+    reporting.add_json_option(parser, "transport")
     return parser.parse_args()
 
 
@@ -124,12 +127,14 @@ def steady_rate(
     With `cpu`, it is filled with the CPU milliseconds per item spent over the same window by
     the worker processes, the PostgreSQL server and the Redis server (`cpu_seconds`)."""
     low, high = max(1, total // 10), total - total // 10
+    shown = reporting.Progress("timing", total=total, unit="done")
     t_low = t_high = None
     done_at_low = low
     cpu_at_low: dict[str, float] = {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = count()
+        shown.update(done)
         now = time.monotonic()
         if t_low is None and (begun() if begun is not None else done >= low):
             t_low, done_at_low = now, done
@@ -320,7 +325,8 @@ class Rounds:
 def measure_rounds(args: argparse.Namespace, processes: int, jobs: int, runs: int) -> Rounds:
     """`args.rounds` alternating runs of raw RQ and durable_flow over rq with the defaults."""
     rounds = Rounds()
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
+        reporting.log(f"{processes} process(es), round {round_ + 1} of {args.rounds}: raw RQ, then over rq")
         raw_cpu: dict[str, float] = {}
         rq_cpu: dict[str, float] = {}
         rounds.raw.append(raw_rq(jobs, processes, args.redis_url, cpu=raw_cpu))
@@ -346,10 +352,12 @@ def main() -> None:
     worst: dict[int, float] = {}
     locked_ratios: dict[int, float] = {}
     notes: list[str] = []
+    per_processes: dict[int, dict[str, object]] = {}
     try:
         for processes in [int(p) for p in args.processes.split(",")]:
             locked_cpu: dict[str, float] = {}
             rounds = measure_rounds(args, processes, jobs, runs)
+            reporting.log(f"{processes} process(es): rq-locked, rq-jobs, db")
             over_rq_locked = durable("rq", runs, processes, args.concurrency, optimistic=False, cpu=locked_cpu)
             over_rq_jobs = durable("rq", runs, processes, args.concurrency, eager_steps=False)
             over_db = durable("db", runs, processes, args.concurrency)
@@ -361,10 +369,41 @@ def main() -> None:
             row += f" {over_rq_jobs:>8.0f} {over_rq_jobs / raw:>6.2f}"
             print(f"{row} {over_db:>8.0f} {over_db / raw:>6.2f}", flush=True)
             notes += [rounds.line(processes), rounds.cpu_line(processes, locked_cpu)]
+            per_processes[processes] = {
+                "raw_jobs_s": raw,
+                "rq_wf_s": over_rq,
+                "ratio": ratios[processes],
+                "worst": worst[processes],
+                "rq_locked_wf_s": over_rq_locked,
+                "rq_jobs_wf_s": over_rq_jobs,
+                "db_wf_s": over_db,
+                "rounds": {"raw_jobs_s": rounds.raw, "rq_wf_s": rounds.rq, "ratios": rounds.ratios},
+                "cpu_ms_per_item": {"raw": rounds.raw_cpu, "rq": rounds.rq_cpu, "rq_locked": locked_cpu},
+            }
         print("\n".join(notes))
-        print(target_line("target: over rq (the defaults), median of the rounds,", ratios, " process(es)"))
-        print(target_line("worst round: over rq (the defaults)", worst))
-        print(target_line("for comparison, OPTIMISTIC_FIRST_STEP off: over rq-locked", locked_ratios))
+        verdicts = [
+            target_line("target: over rq (the defaults), median of the rounds,", ratios, " process(es)"),
+            target_line("worst round: over rq (the defaults)", worst),
+            target_line("for comparison, OPTIMISTIC_FIRST_STEP off: over rq-locked", locked_ratios),
+        ]
+        print("\n".join(verdicts))
+        summary = [
+            f"{processes} process(es): raw RQ {row['raw_jobs_s']:.0f} jobs/s; over rq {row['rq_wf_s']:.0f} wf/s"
+            f" (ratio {row['ratio']:.2f}, worst round {row['worst']:.2f}); rq-locked {row['rq_locked_wf_s']:.0f},"
+            f" rq-jobs {row['rq_jobs_wf_s']:.0f}, over db {row['db_wf_s']:.0f} wf/s"
+            for processes, row in per_processes.items()
+        ]
+        reporting.write_json(
+            "transport",
+            {"jobs": jobs, "runs": runs, "concurrency": args.concurrency, "processes": per_processes},
+            path=args.json,
+            summary=summary + verdicts[:2],
+            targets=[
+                reporting.target(f"over rq / raw RQ at {processes} process(es), {kind}", value, ">=", 0.5)
+                for kind, figures in (("median of the rounds", ratios), ("worst round", worst))
+                for processes, value in figures.items()
+            ],
+        )
     finally:
         clear_redis()
         from django.db import connections

@@ -28,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import admission
+import reporting
 
 KINDS = (("cap full", "cap_full"), ("handoff", "rank"))
 
@@ -37,6 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="shorter timed loops")
     parser.add_argument("--waiters", default="100,1000,10000", help="comma-separated line lengths")
     parser.add_argument("--seconds", type=float, default=None, help="duration of each timed loop")
+    reporting.add_json_option(parser, "waiters")
     return parser.parse_args()
 
 
@@ -55,6 +57,7 @@ def measure(sizes: list[int], seconds: float) -> dict[str, dict[int, dict[str, A
         admission.measure_backend(DatabaseAdmissionBackend(), seconds / 3, fill=admission.db_fill, waiters=sizes[0])
         admission.measure_backend(redis_backend, seconds / 3, waiters=sizes[0])
         for size in sizes:
+            reporting.log(f"{size:,} waiters: local, db (SQLite), redis")
             # A fresh local backend per size: its line is never emptied, only handed on.
             rows["local"][size] = admission.measure_backend(LocalAdmissionBackend(), seconds, waiters=size)
             rows["db (SQLite)"][size] = admission.measure_backend(
@@ -98,11 +101,18 @@ def main() -> None:
                 f"{rank['per_s']:>11,.0f}{rank['p50_us']:>8.0f}"
             )
     print(f"ratio {sizes[-1]:,} / {sizes[0]:,} waiters (1.00 = flat; baseline the shortest line, same run):")
+    summary = [f"ratio {sizes[-1]:,} / {sizes[0]:,} waiters (1.00 = flat):"]
+    ratios: dict[str, dict[str, float]] = {}
     for name, by_size in rows.items():
-        figures = ", ".join(
-            f"{label} {by_size[sizes[-1]][key]['per_s'] / by_size[sizes[0]][key]['per_s']:.2f}" for label, key in KINDS
-        )
-        print(f"  {name}: {figures}")
+        ratios[name] = {key: by_size[sizes[-1]][key]["per_s"] / by_size[sizes[0]][key]["per_s"] for _, key in KINDS}
+        summary.append(f"{name}: " + ", ".join(f"{label} {ratios[name][key]:.2f}" for label, key in KINDS))
+        print(f"  {summary[-1]}")
+    reporting.write_json(
+        "waiters",
+        {"seconds": seconds, "waiters": sizes, "backends": rows, "ratios": ratios},
+        path=args.json,
+        summary=summary,
+    )
 
 
 if __name__ == "__main__":
