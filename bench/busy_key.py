@@ -39,6 +39,8 @@ from statistics import median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 TARGET = 1.5
 
 
@@ -98,6 +100,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5; 3 with --quick)")
     parser.add_argument("--ops", type=int, default=None, help="operations per timed block (default 1,000)")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+    reporting.add_json_option(parser, "busy_key")
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 5)
     ops = args.ops or (200 if args.quick else 1_000)
@@ -113,11 +116,13 @@ def main() -> None:
     backend = RedisAdmissionBackend(url=args.redis_url, key_prefix=prefix)
     try:
         started = time.perf_counter()
-        baseline, busy = Line(backend, "one", 1), Line(backend, "busy", args.waiters)
+        with reporting.progress(f"filling the busy tenant's line with {args.waiters:,} waiters"):
+            baseline, busy = Line(backend, "one", 1), Line(backend, "busy", args.waiters)
         fill_s = time.perf_counter() - started
         ratios: dict[str, list[float]] = {"decision": [], "handoff": []}
         medians: dict[str, list[tuple[float, float]]] = {"decision": [], "handoff": []}
-        for _ in range(rounds):
+        for round_ in range(rounds):
+            reporting.log(f"round {round_ + 1} of {rounds}")
             for kind in ratios:
                 base_s = block(getattr(baseline, kind), ops)
                 busy_s = block(getattr(busy, kind), ops)
@@ -130,13 +135,33 @@ def main() -> None:
             backend.redis.delete(*keys)
     print(f"redis fairness='key': {args.waiters:,} waiters of one tenant vs 1 (filled in {fill_s:.1f} s)")
     print(f"  {rounds} alternating rounds of {ops} operations each; median latency per block, µs")
+    summary = []
     for kind, pairs in medians.items():
         rounds_text = " / ".join(f"{base * 1e6:.0f}:{loaded * 1e6:.0f}" for base, loaded in pairs)
         mid, worst = median(ratios[kind]), max(ratios[kind])
         verdict = "met" if mid <= TARGET else "MISSED"
         print(f"  {kind:<9} rounds 1 waiter:{args.waiters:,} waiters {rounds_text}")
+        summary.append(f"{kind} ratio busy / baseline, median {mid:.2f}, worst round {worst:.2f}")
         print(f"  {kind:<9} ratio busy / baseline, median {mid:.2f}, worst round {worst:.2f}", end="")
         print(f" (target <= {TARGET}: {verdict})")
+    reporting.write_json(
+        "busy_key",
+        {
+            "waiters": args.waiters,
+            "rounds": rounds,
+            "ops": ops,
+            "fill_s": fill_s,
+            "median_us": {kind: [[base * 1e6, busy * 1e6] for base, busy in pairs] for kind, pairs in medians.items()},
+            "ratios": ratios,
+            "ratio": {kind: median(values) for kind, values in ratios.items()},
+            "worst": {kind: max(values) for kind, values in ratios.items()},
+        },
+        path=args.json,
+        summary=summary,
+        targets=[
+            reporting.target(f"{kind}: busy / baseline, median", median(ratios[kind]), "<=", TARGET) for kind in ratios
+        ],
+    )
 
 
 if __name__ == "__main__":

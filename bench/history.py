@@ -191,5 +191,6 @@ def main() -> None:
         targets=[reporting.target("with history / empty, median of the rounds", ratio, ">=", 0.9)],
     )
 
+
 if __name__ == "__main__":
     main()

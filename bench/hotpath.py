@@ -45,6 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 from bench.admission import clean_redis  # noqa: E402 - after sys.path
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
@@ -68,6 +70,7 @@ def parse_args() -> argparse.Namespace:
         "--admission", choices=("db", "redis"), default="db", help="the admission backend (redis: on --redis-url)"
     )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
+    reporting.add_json_option(parser, "hotpath")
     return parser.parse_args()
 
 
@@ -299,9 +302,10 @@ def run_path(queue: str | None, runs: int, concurrency: int, *, park_first: bool
     return elapsed
 
 
-def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float, float, float]:
-    """Print one path's per-workflow figures; returns (statements, round trips, transactions)
-    per workflow. A round trip is one `execute`: it may carry several statements."""
+def report(label: str, runs: int, elapsed: float, show_sql: bool) -> dict[str, Any]:
+    """Print one path's per-workflow figures; return them (statements, round trips and
+    transactions per workflow, in all and per phase). A round trip is one `execute`: it may
+    carry several statements."""
     stmts, trips, txns = COUNTER.statements, COUNTER.round_trips, COUNTER.transactions
     print(f"\n{label}: {runs} workflows, worker {runs / elapsed:.0f} wf/s (one thread, in-process)")
     header = f"  {'phase':<10} {'statements/wf':>14} {'round trips/wf':>15} {'transactions/wf':>16}"
@@ -326,7 +330,24 @@ def report(label: str, runs: int, elapsed: float, show_sql: bool) -> tuple[float
         for phase in PHASES:
             for sql, n in COUNTER.templates[phase].most_common():
                 print(f"    {phase:<9} {n / runs:6.2f}  {sql}")
-    return per_stmt, per_trip, per_txn
+    phases = {
+        phase: {
+            "statements": stmts[phase] / runs,
+            "round_trips": trips[phase] / runs,
+            "transactions": txns[phase] / runs,
+            "control": sum(n for key, n in COUNTER.control.items() if key.startswith(f"{phase}:")) / runs,
+        }
+        for phase in PHASES
+    }
+    return {
+        "runs": runs,
+        "wf_s": runs / elapsed,
+        "statements": per_stmt,
+        "round_trips": per_trip,
+        "transactions": per_txn,
+        "with_start": {"statements": per_stmt + stmts["start"] / runs, "transactions": per_txn + txns["start"] / runs},
+        "phases": phases,
+    }
 
 
 def main() -> None:
@@ -348,6 +369,7 @@ def main() -> None:
             (f"handoff (concurrency 1, {HANDOFF_QUEUE}, parked)", HANDOFF_QUEUE, True),
         )
         for label, queue, park_first in paths:
+            reporting.log(f"{label}: {args.runs} workflows")
             elapsed = run_path(queue, args.runs, args.concurrency, park_first=park_first)
             results[label] = report(f"{vendor}, {label}", args.runs, elapsed, args.show_sql)
     finally:
@@ -357,12 +379,22 @@ def main() -> None:
         if args.admission == "redis":  # its lines and slots outlive the run; its heartbeat stops
             backend = get_engine().admission
             clean_redis(backend.redis, backend.prefix, [backend])
-    print(
-        f"\nsummary on {vendor}, {args.admission} admission"
+    heading = (
+        f"summary on {vendor}, {args.admission} admission"
         " (worker side, per one-step workflow; target ~10 statements in 4 transactions):"
     )
-    for label, (stmts, trips, txns) in results.items():
-        print(f"  {label:<36} {stmts:6.2f} statements  {trips:6.2f} round trips  {txns:5.2f} transactions")
+    lines = [
+        f"{label:<36} {row['statements']:6.2f} statements  {row['round_trips']:6.2f} round trips"
+        f"  {row['transactions']:5.2f} transactions"
+        for label, row in results.items()
+    ]
+    print(f"\n{heading}\n" + "\n".join(f"  {line}" for line in lines))
+    reporting.write_json(
+        "hotpath",
+        {"database": vendor, "admission": args.admission, "concurrency": args.concurrency, "paths": results},
+        path=args.json,
+        summary=[heading, *lines],
+    )
 
 
 def _queue_config() -> Any:

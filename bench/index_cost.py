@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import reporting
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 BEFORE = "0020_task_deliveries"
@@ -129,28 +131,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lifecycles", type=int, default=5000, help="step lifecycles a timing")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (the median is printed)")
+    reporting.add_json_option(parser, "index_cost")
     args = parser.parse_args()
     before, after = f"df_bench_idx_before_{os.getpid()}", f"df_bench_idx_after_{os.getpid()}"
     for database in (before, after):
         pg_admin(f"DROP DATABASE IF EXISTS {database}")
         pg_admin(f"CREATE DATABASE {database}")
     try:
-        migrate(before, BEFORE)
-        migrate(after, None)
+        with reporting.progress("migrating both databases"):
+            migrate(before, BEFORE)
+            migrate(after, None)
         import psycopg
 
         with psycopg.connect(f"{PG_SERVER}/{after}", autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
             conn.execute(INPUT_INDEX)
 
-        # On fresh tables first: every entry then takes new space (later blocks reuse freed space).
-        growth = {database: index_growth(database, args.lifecycles) for database in (before, after)}
-        timings: dict[str, list[float]] = {"before": [], "after": []}
-        for database in (before, after):  # a warm-up block each (catalog caches, the plan of the block)
-            lifecycles_us(database, max(100, args.lifecycles // 10), "warm")
-        for round_ in range(args.rounds):
-            timings["before"].append(lifecycles_us(before, args.lifecycles, f"r{round_}"))
-            timings["after"].append(lifecycles_us(after, args.lifecycles, f"r{round_}"))
+        # Each block is one statement: the progress is counted in blocks, its heartbeat in between.
+        blocks = 4 + 2 * args.rounds
+        with reporting.progress(f"blocks of {args.lifecycles:,} lifecycles", total=blocks, unit="blocks") as shown:
+            # On fresh tables first: every entry then takes new space (later blocks reuse freed space).
+            growth = {}
+            for database in (before, after):
+                growth[database] = index_growth(database, args.lifecycles)
+                shown.advance()
+            timings: dict[str, list[float]] = {"before": [], "after": []}
+            for database in (before, after):  # a warm-up block each (catalog caches, the plan of the block)
+                lifecycles_us(database, max(100, args.lifecycles // 10), "warm")
+                shown.advance()
+            for round_ in range(args.rounds):
+                timings["before"].append(lifecycles_us(before, args.lifecycles, f"r{round_}"))
+                shown.advance()
+                timings["after"].append(lifecycles_us(after, args.lifecycles, f"r{round_}"))
+                shown.advance()
     finally:
         for database in (before, after):
             pg_admin(f"DROP DATABASE IF EXISTS {database}")
@@ -169,9 +182,27 @@ def main() -> None:
         )
         print(f"    {name:<44} before {shown(was)}  after {shown(now)}{change}")
     added = sum(growth[after].values()) - sum(growth[before].values())
-    print(
-        f"  every index together: {sum(growth[before].values()):.1f} -> {sum(growth[after].values()):.1f} bytes "
+    together = (
+        f"every index together: {sum(growth[before].values()):.1f} -> {sum(growth[after].values()):.1f} bytes "
         f"per lifecycle ({added:+.1f})"
+    )
+    print(f"  {together}")
+    reporting.write_json(
+        "index_cost",
+        {
+            "lifecycles": args.lifecycles,
+            "rounds": {"before_us": timings["before"], "after_us": timings["after"]},
+            "before_us": base,
+            "after_us": full,
+            "ratio": full / base,
+            "growth_bytes": {"before": growth[before], "after": growth[after]},
+            "growth_added_bytes": added,
+        },
+        path=args.json,
+        summary=[
+            f"server time per lifecycle: {base:.1f} us before, {full:.1f} us with them, ratio {full / base:.3f}",
+            together,
+        ],
     )
 
 

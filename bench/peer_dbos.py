@@ -45,6 +45,8 @@ from statistics import median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = "durable_flow_bench_peer"
 DBOS_DATABASE = "durable_flow_bench_peer_dbos"
@@ -65,6 +67,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating timings of each (the median ratio)")
     parser.add_argument("--only", choices=("durable_flow", "dbos"), help="run one contender (internal use)")
+    reporting.add_json_option(parser, "peer_dbos")
     return parser.parse_args()
 
 
@@ -140,7 +143,8 @@ def contender(
     if args.postgres:
         command.append("--postgres")
     # The DBOS interpreter needs psycopg for PostgreSQL; dbos depends on it.
-    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=script.parent.parent).stdout
+    # Its stderr (progress, errors) goes through to this process's.
+    out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True, cwd=script.parent.parent).stdout
     lines = out.strip().splitlines()
     return float(json.loads(lines[-1])["rate"]), [line.strip() for line in lines[:-1]]
 
@@ -201,7 +205,9 @@ def run_durable_flow(args: argparse.Namespace) -> float:
         for i in range(args.runs):
             engine.start("tests.queued", {"queue": QUEUE, "value": i})
         deadline = time.monotonic() + 600
-        while completed.count() < args.runs:
+        shown = reporting.Progress("durable_flow", total=args.runs, unit="runs completed")
+        while (done := completed.count()) < args.runs:
+            shown.update(done)
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"durable_flow: {completed.count()} of {args.runs} completed")
             time.sleep(0.01)
@@ -234,6 +240,7 @@ def main() -> None:
     ours: list[float] = []
     theirs: list[float] = []
     for round_no in range(1, args.rounds + 1):
+        reporting.log(f"round {round_no} of {args.rounds}: durable_flow" + (", then DBOS" if theirs_python else ""))
         rate, lines = contender(sys.executable, "durable_flow", args)
         ours.append(rate)
         note = f"; {lines[-1]}" if lines else ""
@@ -242,23 +249,55 @@ def main() -> None:
             continue
         theirs.append(contender(theirs_python, "dbos", args)[0])
         print(f"  round {round_no}: durable_flow {rate:.1f} wf/s, DBOS {theirs[-1]:.1f} wf/s{note}")
-    print(f"  durable_flow (db transport + db admission, 1 worker process): {median(ours):7.1f} workflows/s (median)")
+    ours_line = (
+        f"durable_flow (db transport + db admission, 1 worker process): {median(ours):7.1f} workflows/s (median)"
+    )
+    print(f"  {ours_line}")
+    figures: dict[str, object] = {
+        "database": kind,
+        "runs": args.runs,
+        "concurrency": args.concurrency,
+        "durable_flow_wf_s": ours,
+        "durable_flow_median": median(ours),
+    }
+    summary = [ours_line]
     if args.baseline_tree:
         tree = Path(args.baseline_tree).resolve()
         python = str(tree / ".venv" / "bin" / "python")
         base, lines = contender(python, "durable_flow", args, tree / "bench" / "peer_dbos.py")
         print(f"  durable_flow baseline ({tree.name}; {lines[0] if lines else ''}): {base:7.1f} workflows/s")
         print(f"  this tree / baseline: {median(ours) / base:.2f}")
+        figures["baseline_wf_s"] = base
+        summary.append(f"this tree / baseline ({tree.name}): {median(ours) / base:.2f}")
+    targets = []
     if theirs_python is None:
         print("  DBOS: not installed (see this script's docstring); no ratio")
-        return
-    label = f"DBOS Transact (queue polling {args.dbos_poll_s} s):"
-    print(f"  {label:<62}{median(theirs):7.1f} workflows/s (median)")
-    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-    verdict = "met" if median(ratios) >= 1.5 else "NOT met"
-    print(f"  rounds' ratios: {' / '.join(f'{r:.2f}' for r in ratios)}")
-    print(f"  ratio durable_flow / DBOS, median of the rounds: {median(ratios):.2f} (goal >= 1.5: {verdict})")
-    print(f"  worst round: {min(ratios):.2f}")
+        summary.append("DBOS: not installed; no ratio")
+    else:
+        label = f"DBOS Transact (queue polling {args.dbos_poll_s} s):"
+        print(f"  {label:<62}{median(theirs):7.1f} workflows/s (median)")
+        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        verdict = "met" if median(ratios) >= 1.5 else "NOT met"
+        lines = [
+            f"{label} {median(theirs):.1f} workflows/s (median)",
+            f"rounds' ratios: {' / '.join(f'{r:.2f}' for r in ratios)}",
+            f"ratio durable_flow / DBOS, median of the rounds: {median(ratios):.2f} (goal >= 1.5: {verdict})",
+            f"worst round: {min(ratios):.2f}",
+        ]
+        print("\n".join(f"  {line}" for line in lines[1:]))
+        summary += lines
+        figures.update(
+            {
+                "dbos_poll_s": args.dbos_poll_s,
+                "dbos_wf_s": theirs,
+                "dbos_median": median(theirs),
+                "ratios": ratios,
+                "ratio": median(ratios),
+                "worst": min(ratios),
+            }
+        )
+        targets.append(reporting.target("durable_flow / DBOS, median of the rounds", median(ratios), ">=", 1.5))
+    reporting.write_json("peer_dbos", figures, path=args.json, summary=summary, targets=targets)
 
 
 if __name__ == "__main__":

@@ -207,5 +207,6 @@ def main() -> None:
         targets=[reporting.target(f"tick with {size:,} parked / with none", ratio, "<", 1.5)],
     )
 
+
 if __name__ == "__main__":
     main()

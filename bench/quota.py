@@ -23,11 +23,13 @@ measured is the start itself: the INSERT, plus with a quota the key's lock and o
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +38,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_DB = "durable_flow_quota_bench"
 STARTERS = 50
@@ -169,25 +174,33 @@ def race(mode: str) -> int:
     return max(0, active - LIMIT)
 
 
-def run_one(database: str, quick: bool) -> None:
+def run_one(database: str, quick: bool) -> dict[str, Any]:
+    """Measure on one database; print the lines and return the figures (with the lines, and
+    the targets: no overshoot)."""
     setup_django(database)
     engine = build_engine()
     plain_ms, quota_ms = measure_cost(engine, 4 if quick else 12)
-    print(
+    lines = [
         f"[{database}] start cost: {plain_ms:.2f} ms without a quota, {quota_ms:.2f} ms with one "
         f"(ratio {quota_ms / plain_ms:.2f})"
-    )
+    ]
+    print(lines[-1], flush=True)
     rounds = 2 if quick else 4
+    figures: dict[str, Any] = {"plain_ms": plain_ms, "quota_ms": quota_ms, "ratio": quota_ms / plain_ms}
     for mode in ("exact", "soft"):
         overshoots = [race(mode) for _ in range(rounds)]
+        figures[f"overshoot_{mode}"] = overshoots
         label = "durable_flow (lock + count + insert)" if mode == "exact" else "soft cap (count, then insert)"
-        print(
+        lines.append(
             f"[{database}] {STARTERS} starters on the last free slot, {label}: overshoot "
             f"max {max(overshoots)}, per round {overshoots}"
         )
+        print(lines[-1], flush=True)
     from django.db import connections
 
     connections.close_all()
+    target = reporting.target(f"[{database}] overshoot, durable_flow", max(figures["overshoot_exact"]), "==", 0)
+    return {"figures": figures, "lines": lines, "targets": [target]}
 
 
 def create_pg_database() -> bool:
@@ -210,26 +223,43 @@ def drop_pg_database() -> None:
         conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
 
 
-def bench_main(run_one: Callable[[str, bool], None], script: str, doc: str | None) -> None:
+def bench_main(run_one: Callable[[str, bool], dict[str, Any]], script: str, doc: str | None) -> None:
     """`--only`/`--quick` for a benchmark on this harness: each database in a child process of
-    `script` (Django sets up once per process), the PostgreSQL database created and dropped here."""
+    `script` (Django sets up once per process), the PostgreSQL database created and dropped here.
+    `run_one` prints its lines and returns {"figures", "lines", "targets"}; the child hands that
+    to this process in a file, and this process writes the bench's JSON from every database's."""
+    name = Path(script).stem
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=Path, metavar="FIGURES", help=argparse.SUPPRESS)
+    reporting.add_json_option(parser, name)
     args = parser.parse_args()
     if args.child:
-        run_one(args.only, args.quick)
+        args.child.write_text(json.dumps(run_one(args.only, args.quick)))
         return
+    results: dict[str, Any] = {}
     for database in [args.only] if args.only else ["sqlite", "postgres"]:
         if database == "postgres" and not create_pg_database():
+            results[database] = {"figures": "skipped: PostgreSQL unreachable", "lines": [], "targets": []}
             continue
-        try:
-            command = [sys.executable, script, "--child", "--only", database] + (["--quick"] if args.quick else [])
-            subprocess.run(command, check=True, cwd=ROOT)
-        finally:
-            if database == "postgres":
-                drop_pg_database()
+        reporting.log(f"{name} on {database}, in a child process")
+        with tempfile.TemporaryDirectory() as scratch:
+            handed = Path(scratch) / "figures.json"
+            try:
+                command = [sys.executable, script, "--child", str(handed), "--only", database]
+                subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=ROOT)
+            finally:
+                if database == "postgres":
+                    drop_pg_database()
+            results[database] = json.loads(handed.read_text())
+    reporting.write_json(
+        name,
+        {database: result["figures"] for database, result in results.items()},
+        path=args.json,
+        summary=[line for result in results.values() for line in result["lines"]],
+        targets=[entry for result in results.values() for entry in result["targets"]],
+    )
 
 
 if __name__ == "__main__":

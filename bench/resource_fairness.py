@@ -28,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 from bench.admission import setup_django  # noqa: E402
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -55,8 +57,10 @@ def handoffs(backend: Any, holder: str, count: int) -> list[float]:
     return latencies
 
 
-def measure(name: str, make: Any, short: int, long: int, count: int) -> None:
+def measure(name: str, make: Any, short: int, long: int, count: int) -> dict[str, Any]:
+    """Print and return the median release + grant with a short line and a long one."""
     medians = []
+    reporting.log(f"{name}: {short:,} then {long:,} waiters")
     for waiters in (short, long):
         backend, tag = make(), uuid.uuid4().hex[:8]
         holder = line_of(backend, waiters, tag)
@@ -67,11 +71,17 @@ def measure(name: str, make: Any, short: int, long: int, count: int) -> None:
         f"{name:6} {short:>6} waiters: {medians[0] * 1e6:8.0f} us   {long:>6} waiters: {medians[1] * 1e6:8.0f} us"
         f"   ratio {medians[1] / medians[0]:5.2f}"
     )
+    return {
+        "waiters": [short, long],
+        "median_us": [medians[0] * 1e6, medians[1] * 1e6],
+        "ratio": medians[1] / medians[0],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter lines and fewer handoffs")
+    reporting.add_json_option(parser, "resource_fairness")
     args = parser.parse_args()
     setup_django(None, "bench-fair")
     from durable_flow.admission.db.backend import DatabaseAdmissionBackend
@@ -80,10 +90,14 @@ def main() -> None:
 
     scale = 5 if args.quick else 1
     prefix = f"bench:fair:{uuid.uuid4().hex[:8]}"
-    measure("local", LocalAdmissionBackend, 100, 10_000 // scale, 90)
-    measure("db", DatabaseAdmissionBackend, 100, 2_000 // scale, 90)
+    rows = {
+        "local": measure("local", LocalAdmissionBackend, 100, 10_000 // scale, 90),
+        "db": measure("db", DatabaseAdmissionBackend, 100, 2_000 // scale, 90),
+    }
     try:
-        measure("redis", lambda: RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix), 100, 10_000 // scale, 90)
+        rows["redis"] = measure(
+            "redis", lambda: RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix), 100, 10_000 // scale, 90
+        )
     finally:
         import redis
 
@@ -91,6 +105,17 @@ def main() -> None:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         if keys:
             client.delete(*keys)
+
+    reporting.write_json(
+        "resource_fairness",
+        {"backends": rows},
+        path=args.json,
+        summary=[
+            f"{name}: {row['waiters'][1]:,} / {row['waiters'][0]:,} waiters, release + grant ratio {row['ratio']:.2f}"
+            f" ({row['median_us'][0]:.0f} vs {row['median_us'][1]:.0f} us)"
+            for name, row in rows.items()
+        ],
+    )
 
 
 if __name__ == "__main__":

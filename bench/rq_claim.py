@@ -18,6 +18,7 @@ On a redis-server this bench starts on a free port (so no other client's command
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import statistics
@@ -30,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 CLIENT_COMMANDS = ("evalsha", "eval", "blpop", "lmpop", "blmpop")
 
 
@@ -40,6 +43,9 @@ def free_port() -> int:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    reporting.add_json_option(parser, "rq_claim")
+    args = parser.parse_args()
     port = free_port()
     server = subprocess.Popen(
         ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
@@ -56,13 +62,13 @@ def main() -> None:
         import django
 
         django.setup()
-        run(port)
+        run(port, args.json)
     finally:
         server.kill()
         server.wait(10)
 
 
-def run(port: int) -> None:
+def run(port: int, json_path: Path | None) -> None:
     from redis import Redis
 
     from durable_flow.transports.rq import RQTransport, run_step_job
@@ -81,6 +87,7 @@ def run(port: int) -> None:
         return int(redis.info("stats")["total_commands_processed"])
 
     source.claim("bench", 8, 0)  # loads the script
+    reporting.log("idle: 10 s of an idle claim loop")
     waits, sent0, ran0, began = 0, sent(), ran(), time.monotonic()
     while time.monotonic() - began < 10:
         source.claim("bench", 8, 0.2)
@@ -108,6 +115,7 @@ def run(port: int) -> None:
         )
         for _ in range(50)
     ]
+    reporting.log("wake: 50 claims woken by an enqueue")
     claims: list[float] = []
     for attempt in range(50):
         got: list[object] = []
@@ -137,6 +145,21 @@ def run(port: int) -> None:
     print(f"wake: enqueue -> claimed median {ours:.2f} ms (max {max(claims):.1f}); BLPOP woken by RPUSH {base:.2f} ms")
     print(
         f"ratio {ours / base:.1f}x the bare wake (the enqueue writes the job; the claim pops, reads and registers it)"
+    )
+    reporting.write_json(
+        "rq_claim",
+        {
+            "idle": {"waits": waits, "round_trips_per_wait": per_wait, "commands_s": commands_s},
+            "drain": {"jobs": jobs, "enqueued_s": jobs / enqueued, "claimed_s": jobs / claimed},
+            "wake": {"claim_ms": claims, "blpop_ms": baseline, "median_ms": ours, "blpop_median_ms": base},
+            "wake_ratio": ours / base,
+        },
+        path=json_path,
+        summary=[
+            f"idle: {per_wait:.2f} round trips per 0.2 s wait (target <= 2), {commands_s:.1f} commands/s",
+            f"wake: enqueue -> claimed median {ours:.2f} ms, {ours / base:.1f}x a bare BLPOP woken by RPUSH",
+        ],
+        targets=[reporting.target("idle round trips per wait", per_wait, "<=", 2)],
     )
 
 

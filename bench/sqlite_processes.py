@@ -25,6 +25,7 @@ import argparse
 from statistics import median
 
 import fleet
+import reporting
 from transport import wait_until
 
 
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="500 workflows a timing, 2 rounds")
     parser.add_argument("--runs", type=int, default=None, help="workflows a timing (default 1,000)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of 1, 2, 4 processes (default 3)")
+    reporting.add_json_option(parser, "sqlite_processes")
     args = parser.parse_args()
     runs = args.runs or (500 if args.quick else 1000)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -65,18 +67,31 @@ def main() -> None:
     with fleet.sqlite_stack("processes"):
         for round_ in range(rounds):
             for count in counts:
+                reporting.log(f"round {round_ + 1} of {rounds}: {count} process(es), {runs} runs")
                 rates[count].append(timed(f"r{round_}p{count}", runs, count))
     print(f"SQLite, db transport and admission: {runs} one-step workflows a timing, durable_worker --concurrency 8")
     print(f"worker processes vs one, medians of {rounds} rounds (each round's ratios to its own one-process timing)")
     ratios: dict[int, float] = {}
+    lines = []
     for count in counts:
         each = [rate / one for rate, one in zip(rates[count], rates[1], strict=True)]
         ratios[count] = median(each)
         figures = " / ".join(f"{rate:.0f}" for rate in rates[count])
         rate = median(rates[count])
-        print(f"  {count} process(es): {rate:7.1f} wf/s (rounds {figures}); ratio to one {ratios[count]:.2f}")
+        lines.append(f"{count} process(es): {rate:7.1f} wf/s (rounds {figures}); ratio to one {ratios[count]:.2f}")
+        print(f"  {lines[-1]}")
     verdict = "met" if min(ratios[2], ratios[4]) >= 1.0 else "MISSED"
-    print(f"target: 2 and 4 processes not slower than one (ratio >= 1.0): {ratios[2]:.2f} / {ratios[4]:.2f}: {verdict}")
+    lines.append(
+        f"target: 2 and 4 processes not slower than one (ratio >= 1.0): {ratios[2]:.2f} / {ratios[4]:.2f}: {verdict}"
+    )
+    print(lines[-1])
+    reporting.write_json(
+        "sqlite_processes",
+        {"runs": runs, "rounds": rounds, "wf_s": rates, "ratios": ratios},
+        path=args.json,
+        summary=lines,
+        targets=[reporting.target(f"{count} processes / one", ratios[count], ">=", 1.0) for count in (2, 4)],
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 from bench.quota import NullTransport, bench_main, setup_django  # noqa: E402
 
 STARTERS = 50
@@ -116,20 +118,39 @@ def race(workflow: str) -> int:
     return made
 
 
-def run_one(database: str, quick: bool) -> None:
+def run_one(database: str, quick: bool) -> dict[str, Any]:
+    """Measure on one database; print the lines and return the figures (bench/quota.py's `bench_main`)."""
     setup_django(database)
     engine = build_engine()
     costs = measure_cost(engine, 4 if quick else 12)
     plain = costs["plain"]
-    for path in PATHS:
-        print(f"[{database}] {path:<20} {costs[path]:.2f} ms per start (ratio to plain {costs[path] / plain:.2f})")
+    lines = [
+        f"[{database}] {path:<20} {costs[path]:.2f} ms per start (ratio to plain {costs[path] / plain:.2f})"
+        for path in PATHS
+    ]
+    print("\n".join(lines), flush=True)
     rounds = 2 if quick else 4
+    made: dict[str, list[int]] = {}
     for workflow in ("bench.debounced", "bench.singleton"):
-        made = [race(workflow) for _ in range(rounds)]
-        print(f"[{database}] {STARTERS} racing starters of one key, {workflow}: runs made per round {made} (target 1)")
+        made[workflow] = [race(workflow) for _ in range(rounds)]
+        lines.append(
+            f"[{database}] {STARTERS} racing starters of one key, {workflow}: runs made per round {made[workflow]}"
+            " (target 1)"
+        )
+        print(lines[-1], flush=True)
     from django.db import connections
 
     connections.close_all()
+    targets = [
+        reporting.target(f"[{database}] {workflow}: most runs made for one key", max(counts), "==", 1)
+        for workflow, counts in made.items()
+    ]
+    figures = {
+        "ms_per_start": costs,
+        "ratio_to_plain": {path: costs[path] / plain for path in PATHS},
+        "runs_made": made,
+    }
+    return {"figures": figures, "lines": lines, "targets": targets}
 
 
 if __name__ == "__main__":

@@ -44,13 +44,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_surfaces_{os.getpid()}"  # its own: other sessions may run this bench too
@@ -82,6 +84,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, default=9, help="timed requests per page (the median is printed)")
     parser.add_argument("--keep", action="store_true", help=f"keep the database ({PG_DATABASE}) after the bench")
+    reporting.add_json_option(parser, "surfaces")
     return parser.parse_args()
 
 
@@ -236,20 +239,17 @@ def load_history(batch: str, finished: int, waiting: int, sleeping: int, quiet: 
     from django.db import connection
 
     counts: dict[str, Any] = {"batch": batch, "finished": finished, "waiting": waiting, "sleeping": sleeping}
-    say = (lambda text: None) if quiet else log
+    # One statement a phase: each shows its elapsed time while it runs (a heartbeat), not rows.
+    shown = (lambda label: nullcontext()) if quiet else (lambda label: reporting.progress(f"  {label}"))
     with connection.cursor() as cursor:
-        for label, sql in HISTORY_SQL:
-            started = time.perf_counter()
-            say(f"  loading {label} ...")
-            for statement in sql.split(";"):
-                if statement.strip():
-                    cursor.execute(statement, counts)
-            say(f"  loaded {label} in {time.perf_counter() - started:.1f} s")
-        started = time.perf_counter()
-        say("  VACUUM ANALYZE ...")
-        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
-            cursor.execute(f"VACUUM ANALYZE durable_flow_{table}")
-        say(f"  vacuumed in {time.perf_counter() - started:.1f} s")
+        for number, (label, sql) in enumerate(HISTORY_SQL, 1):
+            with shown(f"loading {label} ({number}/{len(HISTORY_SQL)})"):
+                for statement in sql.split(";"):
+                    if statement.strip():
+                        cursor.execute(statement, counts)
+        with shown("VACUUM ANALYZE"):
+            for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
+                cursor.execute(f"VACUUM ANALYZE durable_flow_{table}")
         rows = {}
         for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
             cursor.execute(f"SELECT count(*) FROM durable_flow_{table}")
@@ -525,14 +525,56 @@ def main() -> None:
         )
     worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
     slowest = max(loaded for loaded, _ in loaded_pages.values())
+    lines = [
+        f"worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})",
+        f"slowest page with history: {slowest:.1f} ms (target <= {PAGE_MS:g} ms)",
+        f"sampling pass with history: {loaded_s:.1f} ms, {sampling_db:.1f} ms in statements "
+        f"(target <= {SAMPLING_MS:g} ms)",
+        f"worst live tick DB time per tab: {max(loaded_tick.values()):.1f} ms (target <= {TICK_MS:g} ms)",
+    ]
     print()
-    print(f"  worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})")
-    print(f"  slowest page with history: {slowest:.1f} ms (target <= {PAGE_MS:g} ms)")
-    print(
-        f"  sampling pass with history: {loaded_s:.1f} ms, {sampling_db:.1f} ms in statements "
-        f"(target <= {SAMPLING_MS:g} ms)"
+    print("\n".join(f"  {line}" for line in lines))
+    slow_pages = [label for label in empty_pages if verdict(empty_pages[label][0], loaded_pages[label][0]) != "ok"]
+    reporting.write_json(
+        "surfaces",
+        {
+            "scale": args.scale,
+            "requests": args.requests,
+            "rows": rows,
+            "load_s": load_s,
+            "load_average": [load_before, load_after],
+            "pages": {
+                label: {
+                    "empty_ms": empty_pages[label][0],
+                    "empty_db_ms": empty_pages[label][1],
+                    "history_ms": loaded_pages[label][0],
+                    "history_db_ms": loaded_pages[label][1],
+                    "ratio": loaded_pages[label][0] / empty_pages[label][0],
+                    "verdict": verdict(empty_pages[label][0], loaded_pages[label][0]),
+                }
+                for label in empty_pages
+            },
+            "sampling": {
+                "empty_ms": empty_s,
+                "empty_db_ms": empty_s_db,
+                "history_ms": loaded_s,
+                "history_db_ms": sampling_db,
+            },
+            "live_tick_db_ms": {
+                topic: {"empty": empty_tick[topic], "history": loaded_tick[topic]} for topic in empty_tick
+            },
+        },
+        path=args.json,
+        summary=lines + [f"SLOW: {label}" for label in slow_pages],
+        targets=[
+            reporting.target(
+                f"pages over {PAGE_MS:g} ms, or {PAGE_RATIO:g}x empty (30 ms at least)", len(slow_pages), "==", 0
+            ),
+            reporting.target("slowest page with history, ms", slowest, "<=", PAGE_MS),
+            reporting.target("sampling pass with history, ms", loaded_s, "<=", SAMPLING_MS),
+            reporting.target("worst live tick DB time per tab, ms", max(loaded_tick.values()), "<=", TICK_MS),
+        ],
     )
-    print(f"  worst live tick DB time per tab: {max(loaded_tick.values()):.1f} ms (target <= {TICK_MS:g} ms)")
 
 
 if __name__ == "__main__":
