@@ -1,16 +1,16 @@
-"""The PNG charts of docs/benchmarks.md, drawn with matplotlib from the benches' printed output.
+"""The PNG charts of docs/benchmarks.md, drawn with matplotlib from the benches' JSON figures.
 
-bench/run_all.py hands `render` each bench's output by name; every chart reads the lines its
-bench prints (the same lines a reader sees on the page), so a chart can never show a figure the
-page does not. A chart whose bench did not run, or failed, is skipped.
+bench/run_all.py hands `render` each bench's JSON document (bench/reporting.py) by the name of
+its run; every chart reads the figures of the benches it draws, never their printed text. A
+chart whose bench did not run, or failed, is skipped; one whose bench ran but whose figures
+lack what the chart reads is reported (the figures changed under the chart).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -19,25 +19,21 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-Outputs = dict[str, str]
-NUMBER = r"[\d,.]+"
+#: {run name (e.g. "poller (SQLite)"): that run's JSON document}
+Reports = dict[str, dict[str, Any]]
 
 
-def number(text: str) -> float:
-    return float(text.replace(",", ""))
+def figures(reports: Reports, bench: str) -> dict[str, Any] | None:
+    """The figures of the run named `bench`, or None if it did not run."""
+    doc = reports.get(bench)
+    return doc["figures"] if doc else None
 
 
-def table(outputs: Outputs, bench: str, pattern: str) -> list[tuple[str, ...]]:
-    """The rows of `bench`'s output that `pattern` (one line each) matches; [] if it did not run."""
-    return re.compile(pattern, re.MULTILINE).findall(outputs.get(bench, ""))
-
-
-def poller_chart(outputs: Outputs) -> Figure | None:
+def poller_chart(reports: Reports) -> Figure | None:
     """Tick time against parked not-due runs, per database, with its empty-table baseline."""
-    row = re.compile(rf"^\s*({NUMBER}) parked not-due runs:\s+({NUMBER}) ms", re.MULTILINE)
     series = {
-        name.removeprefix("poller ").strip("()"): [(number(n), number(ms)) for n, ms in row.findall(output)]
-        for name, output in outputs.items()
+        name.removeprefix("poller ").strip("()"): [(row["parked"], row["tick_ms"]) for row in doc["figures"]["sizes"]]
+        for name, doc in reports.items()
         if name.startswith("poller")
     }
     series = {name: points for name, points in series.items() if len(points) > 1}
@@ -59,17 +55,16 @@ def poller_chart(outputs: Outputs) -> Figure | None:
     return fig
 
 
-def waiters_chart(outputs: Outputs) -> Figure | None:
+def waiters_chart(reports: Reports) -> Figure | None:
     """Cap-full decisions/s and handoffs/s against the waiters in line, per backend (log-log)."""
-    rows = table(
-        outputs, "waiters", rf"^(local|db \(SQLite\)|redis)\s+({NUMBER})\s+({NUMBER})\s+\d+\s+({NUMBER})\s+\d+$"
-    )
-    if not rows:
+    data = figures(reports, "waiters")
+    if data is None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), sharex=True)
-    for column, (ax, title) in enumerate(zip(axes, ("cap-full decision", "release + grant (handoff)"), strict=True)):
-        for backend in dict.fromkeys(name for name, *_ in rows):
-            points = [(number(n), number(cells[column])) for name, n, *cells in rows if name == backend]
+    kinds = (("cap-full decision", "cap_full"), ("release + grant (handoff)", "rank"))
+    for ax, (title, kind) in zip(axes, kinds, strict=True):
+        for backend, by_size in data["backends"].items():
+            points = sorted((int(size), row[kind]["per_s"]) for size, row in by_size.items())
             ax.plot(*zip(*points, strict=True), "o-", label=backend)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -82,12 +77,30 @@ def waiters_chart(outputs: Outputs) -> Figure | None:
     return fig
 
 
-def transport_chart(outputs: Outputs) -> Figure | None:
+def transport_chart(reports: Reports) -> Figure | None:
     """Throughput against worker processes, and durable_flow over rq as a ratio of raw RQ."""
-    rows = [line.split() for line in outputs.get("transport", "").splitlines()]
-    rows = [
-        [number(cell) for cell in row] for row in rows if len(row) == 10 and all(re.fullmatch(NUMBER, c) for c in row)
-    ]
+    data = figures(reports, "transport")
+    if data is None:
+        return None
+    # The printed table's columns: processes, raw RQ, over rq and its ratio (the median of the
+    # rounds'), then rq-locked, rq-jobs and db, each with its ratio to the median raw RQ rate.
+    rows = []
+    for processes, row in sorted(data["processes"].items(), key=lambda item: int(item[0])):
+        raw = row["raw_jobs_s"]
+        rows.append(
+            [
+                int(processes),
+                raw,
+                row["rq_wf_s"],
+                row["ratio"],
+                row["rq_locked_wf_s"],
+                row["rq_locked_wf_s"] / raw,
+                row["rq_jobs_wf_s"],
+                row["rq_jobs_wf_s"] / raw,
+                row["db_wf_s"],
+                row["db_wf_s"] / raw,
+            ]
+        )
     if not rows:
         return None
     procs = [row[0] for row in rows]
@@ -121,16 +134,19 @@ def transport_chart(outputs: Outputs) -> Figure | None:
     return fig
 
 
-def caps_chart(outputs: Outputs) -> Figure | None:
+def caps_chart(reports: Reports) -> Figure | None:
     """Steps/s through one contended queue against its cap, per stack, with the ideal cap / step."""
-    rows = table(outputs, "caps", rf"^(db-sqlite|db-postgres|rq-redis)\s+(\d+)\s+({NUMBER})\s+({NUMBER})")
-    if not rows:
+    data = figures(reports, "caps")
+    if data is None:
+        return None
+    stacks = {stack: by_cap for stack, by_cap in data["stacks"].items() if "error" not in by_cap}
+    if not stacks:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    caps = sorted({int(cap) for _, cap, _, _ in rows})
-    ax.plot(caps, [cap / 0.05 for cap in caps], "k--", linewidth=1, label="ideal: cap / 50 ms")
-    for index, stack in enumerate(dict.fromkeys(name for name, *_ in rows)):
-        points = [(int(cap), number(rate)) for name, cap, rate, _ in rows if name == stack]
+    caps = sorted(data["caps"])
+    ax.plot(caps, [cap / data["step_s"] for cap in caps], "k--", linewidth=1, label="ideal: cap / step time")
+    for index, (stack, by_cap) in enumerate(stacks.items()):
+        points = [(cap, by_cap[str(cap)]["steps_s"]) for cap in caps]
         ax.plot(*zip(*points, strict=True), "o-", label=stack)
         # One stack's labels up and to the left of its points, the next's down and to the right.
         offset, align = ((-6, 4), "right") if index % 2 == 0 else ((6, -12), "left")
@@ -150,11 +166,11 @@ def caps_chart(outputs: Outputs) -> Figure | None:
     return fig
 
 
-def fairness_chart(outputs: Outputs) -> Figure | None:
+def fairness_chart(reports: Reports) -> Figure | None:
     """Jain's index per backend under fairness="key" and FIFO, against the 0.99 target."""
-    if "fairness" not in outputs:
+    data = figures(reports, "fairness")
+    if data is None:
         return None
-    data = json.loads(outputs["fairness"])
     names = list(data["backends"])
     fig, ax = plt.subplots(figsize=(7, 4.2))
     width = 0.38
@@ -173,12 +189,12 @@ def fairness_chart(outputs: Outputs) -> Figure | None:
     return fig
 
 
-def rss_chart(outputs: Outputs) -> Figure | None:
+def rss_chart(reports: Reports) -> Figure | None:
     """The worker's RSS at each tenth of its workflows."""
-    found = re.search(r"over ([\d,]+) one-step.*?at each tenth of the runs: ([\d. ]+)", outputs.get("rss", ""), re.S)
-    if not found:
+    data = figures(reports, "rss")
+    if data is None:
         return None
-    runs, values = number(found.group(1)), [float(v) for v in found.group(2).split()]
+    runs, values = data["runs"], data["tenths_mib"]
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.plot([runs * k / 10 for k in range(1, len(values) + 1)], values, "o-")
     ax.set_ylim(0, max(values) * 1.2)
@@ -189,7 +205,7 @@ def rss_chart(outputs: Outputs) -> Figure | None:
 
 
 #: file name: (title, the bench whose output it draws (a name prefix), the drawing).
-CHARTS: dict[str, tuple[str, str, Callable[[Outputs], Figure | None]]] = {
+CHARTS: dict[str, tuple[str, str, Callable[[Reports], Figure | None]]] = {
     "poller.png": ("Poller tick vs parked runs", "poller", poller_chart),
     "waiters.png": ("Admission vs waiters", "waiters", waiters_chart),
     "transport.png": ("Throughput vs worker processes", "transport", transport_chart),
@@ -199,17 +215,26 @@ CHARTS: dict[str, tuple[str, str, Callable[[Outputs], Figure | None]]] = {
 }
 
 
-def render(outputs: Outputs, directory: Path) -> tuple[dict[str, str], list[str]]:
-    """Write every chart the outputs allow into `directory`: {file name: title} of those written,
-    and a complaint for each chart whose bench ran but printed nothing it could read (its output
-    format changed under the chart)."""
+def render(reports: Reports, directory: Path) -> tuple[dict[str, str], list[str]]:
+    """Write every chart the reports allow into `directory`: {file name: title} of those written,
+    and a complaint for each chart whose bench ran but whose figures it could not read (they
+    changed under the chart)."""
     written: dict[str, str] = {}
     unread: list[str] = []
     for filename, (title, bench, make) in CHARTS.items():
-        fig = make(outputs)
+        try:
+            fig = make(reports)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            plt.close("all")
+            unread.append(
+                f"{filename} not drawn: bench {bench!r} ran, but its figures lack what the chart reads ({exc!r})"
+            )
+            continue
         if fig is None:
-            if any(name.startswith(bench) for name in outputs):
-                unread.append(f"{filename} not drawn: bench {bench!r} ran, but its output has nothing the chart reads")
+            if any(name.startswith(bench) for name in reports):
+                unread.append(
+                    f"{filename} not drawn: bench {bench!r} ran, but its figures have nothing the chart reads"
+                )
             continue
         if fig.get_layout_engine() is None:
             fig.tight_layout()

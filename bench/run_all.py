@@ -4,18 +4,22 @@
     .venv/bin/python bench/run_all.py            # every bench at full size (~40 minutes on 2 busy cores)
     .venv/bin/python bench/run_all.py --quick    # the smaller sizes each bench offers (15-40 minutes, with the load)
     .venv/bin/python bench/run_all.py --only fairness,poller
-    .venv/bin/python bench/run_all.py --rewrite  # the page and charts again from the last run's outputs
+    .venv/bin/python bench/run_all.py --rewrite  # the page and charts again from the last run's results
 
 Each bench is a script that prints its figures as ratios against a baseline it measures in the
-same run; this runs them one after another (never side by side: they would measure each other),
-keeps each one's full output, and writes one page with the machine, the date, a headline per
-bench (its lines naming a ratio, a target or a verdict) and the full outputs. Any bench/*.py this
-file does not know (a new one) runs with no arguments; the helper modules in HELPERS do not run.
-A bench that fails is reported as failed on the page, and the command exits non-zero.
+same run, and writes them as one JSON document to `--json PATH` (bench/reporting.py). This runs
+them one after another (never side by side: they would measure each other), each with `--json`
+naming a file under var/bench/run_all/, shows their output and progress lines as they come (and
+a line when one has been quiet for ten seconds), and writes one page with the machine, the date,
+a headline per bench (the `summary` lines of its document and its targets' verdicts) and the full
+printed outputs: the page is built from the documents, never from the printed text. Any
+bench/*.py this file does not know (a new one) runs with no arguments but `--json`; the helper
+modules in HELPERS do not run. A bench that fails, or writes no document, is reported as failed
+on the page, the others still run, and the command exits non-zero.
 
-The charts are PNG files drawn with matplotlib by bench/plots.py, from the benches' printed
-output: poller tick vs parked runs, admission vs waiters, throughput vs worker processes,
-contended throughput vs the cap, Jain's index under fairness="key" vs FIFO, worker RSS.
+The charts are PNG files drawn with matplotlib by bench/plots.py from the benches' figures:
+poller tick vs parked runs, admission vs waiters, throughput vs worker processes, contended
+throughput vs the cap, Jain's index under fairness="key" vs FIFO, worker RSS.
 """
 
 from __future__ import annotations
@@ -23,16 +27,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
+import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO, Any, TextIO
 
 import plots
+import reporting
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -41,8 +48,8 @@ CHARTS = DOCS / "bench"
 
 #: Known benches in the order they run, with their arguments at full size and in --quick mode.
 #: A script may appear twice (SQLite and PostgreSQL runs of the poller bench). Where the size is
-#: the figure (100,000 parked runs or runs of history, 5,000 workflows of RSS: issues 14 and 15),
-#: --quick keeps it and shortens only the rest.
+#: the figure (100,000 parked runs or runs of history, 5,000 workflows of RSS), --quick keeps it
+#: and shortens only the rest.
 KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("poller (SQLite)", "poller.py", [], ["--ticks", "20"]),
     ("poller (PostgreSQL)", "poller.py", ["--postgres"], ["--postgres", "--ticks", "20"]),
@@ -52,7 +59,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("start_control", "start_control.py", [], ["--quick"]),
     ("transport", "transport.py", [], ["--quick"]),
     ("caps", "caps.py", [], ["--quick"]),
-    ("fairness", "fairness.py", ["--json"], ["--json"]),
+    ("fairness", "fairness.py", [], []),
     ("rss", "rss.py", [], []),
     ("history", "history.py", [], []),  # 600 runs a timing, 5 rounds: --quick would shrink the history
     ("sqlite_processes", "sqlite_processes.py", [], []),  # 1,000 runs a timing, 3 rounds (~2 minutes)
@@ -66,18 +73,29 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("index_cost", "index_cost.py", ["--lifecycles", "20000", "--rounds", "5"], []),
 ]
 #: Modules in bench/ that other benches import; not benches themselves.
-HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py"}
-HEADLINE = re.compile(r"ratio|target|overshoot|jain|verdict|worst", re.IGNORECASE)
+HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py", "reporting.py"}
+#: Where the benches' JSON documents of a run go, one a run (var/ is not committed).
+RUN_DIR = ROOT / "var" / "bench" / "run_all"
+#: Seconds without a line from a bench before this prints that it is still running.
+QUIET_S = 10.0
 
 
 @dataclass
 class Result:
+    """One bench's run: its command, time, exit status, printed output and JSON document."""
+
     name: str
     command: list[str]
     seconds: float
     returncode: int
     output: str
-    headlines: list[str] = field(default_factory=list)
+    errors: str = ""  # the last lines of its stderr
+    report: dict[str, Any] | None = None
+    problem: str = ""  # why there is no report (a failure, no JSON, a JSON that is not a report)
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0 or self.report is None
 
 
 def plan(quick: bool, only: set[str] | None) -> list[tuple[str, list[str]]]:
@@ -91,149 +109,193 @@ def plan(quick: bool, only: set[str] | None) -> list[tuple[str, list[str]]]:
     return runs
 
 
-def run(name: str, argv: list[str]) -> Result:
-    command = [sys.executable, str(BENCH / argv[0]), *argv[1:]]
+def slug(name: str) -> str:
+    """A file name for a run's name: "poller (SQLite)" -> "poller-sqlite"."""
+    return "-".join("".join(c if c.isalnum() or c == "_" else " " for c in name.lower()).split())
+
+
+def run(name: str, argv: list[str], directory: Path = RUN_DIR, timeout_s: float | None = None) -> Result:
+    """Run one bench with `--json <directory>/<slug>.json`, its stdout and stderr shown as they
+    come (and a line when it has been quiet for QUIET_S), and read the JSON it wrote."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{slug(name)}.json"
+    path.unlink(missing_ok=True)  # never read a previous run's figures as this one's
+    command = [sys.executable, str(BENCH / argv[0]), *argv[1:], "--json", str(path)]
     print(f"== {name}: {' '.join(argv)}", flush=True)
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-    output = (done.stdout + (f"\n[stderr]\n{done.stderr}" if done.returncode else "")).strip()
-    result = Result(name, argv, time.perf_counter() - started, done.returncode, output)
-    result.headlines = headlines(result)
-    print(output + f"\n   ({result.seconds:.0f} s, exit {done.returncode})\n", flush=True)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    output: list[str] = []
+    errors: deque[str] = deque(maxlen=40)
+    heard = [time.monotonic()]
+
+    def pump(stream: IO[str], into: list[str] | deque[str], echo: TextIO) -> None:
+        for line in stream:
+            into.append(line)
+            heard[0] = time.monotonic()
+            echo.write(f"   {line}" if echo is sys.stderr else line)
+            echo.flush()
+
+    pumps = [
+        threading.Thread(target=pump, args=(proc.stdout, output, sys.stdout), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, errors, sys.stderr), daemon=True),
+    ]
+    for thread in pumps:
+        thread.start()
+    timed_out = False
+    while proc.poll() is None:
+        now = time.monotonic()
+        if timeout_s is not None and now - started > timeout_s:
+            os.killpg(proc.pid, signal.SIGTERM)  # the bench and the workers it started
+            timed_out = True
+            proc.wait(60)
+            break
+        if now - heard[0] >= QUIET_S:
+            print(f"   ({name}: still running, {now - started:.0f} s)", file=sys.stderr, flush=True)
+            heard[0] = now
+        time.sleep(0.5)
+    for thread in pumps:
+        thread.join(10)
+    result = Result(name, argv, time.monotonic() - started, proc.returncode, "".join(output).rstrip())
+    result.errors = "".join(errors).rstrip()
+    result.report, result.problem = read_report(path)
+    if timed_out:
+        result.problem = f"timed out after {timeout_s:.0f} s"
+    elif proc.returncode != 0:
+        last = result.errors.splitlines()[-1] if result.errors else "no stderr"
+        result.problem = f"exit {proc.returncode}: {last}"
+    print(f"   ({result.seconds:.0f} s, exit {proc.returncode}{f'; {result.problem}' if result.problem else ''})\n")
     return result
 
 
+def read_report(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """A bench's JSON document, or None and why not."""
+    try:
+        return reporting.read_json(path), ""
+    except FileNotFoundError:
+        return None, f"wrote no JSON to {path.name} (every bench takes --json PATH: docs/benchmarks.md)"
+    except reporting.ReportError as exc:
+        return None, str(exc)
+
+
 def headlines(result: Result) -> list[str]:
-    """The lines of a bench's output worth a place in the summary table."""
-    if result.returncode != 0:
-        return []
-    lines = [line.strip() for line in result.output.splitlines() if line.strip()]
-    if result.name == "fairness":
-        return fairness_headlines(json.loads(result.output))
-    if result.name.startswith("poller"):
-        return [line for line in lines if "parked not-due" in line or line.startswith("ratio")]
-    if result.name == "admission":
-        table = re.compile(r"^(backend|local|db \(|redis)|worst|of the floor")
-        return [re.sub(r"\s{2,}", "  ", line) for line in lines if table.search(line)]
-    if result.name == "transport":
-        rows = [line.split() for line in lines]
-        return [
-            f"{row[0]} process(es): raw RQ {row[1]} jobs/s; durable_flow over rq {row[2]} wf/s"
-            f" (ratio {row[3]}), over rq with OPTIMISTIC_FIRST_STEP off {row[4]} wf/s (ratio {row[5]}),"
-            f" over rq with every step a job {row[6]} wf/s (ratio {row[7]}), over db {row[8]} wf/s (ratio {row[9]})"
-            for row in rows
-            if len(row) == 10 and row[0].isdigit()
-        ] + [line for line in lines if line.startswith(("target", "worst", "rounds", "cpu"))]
-    if result.name == "waiters":
-        return lines[next(i for i, line in enumerate(lines) if line.startswith("ratio")) :]
-    if result.name in ("rss", "history"):
-        return [line for line in lines if re.search(r"MiB|KiB|wf/s|ratio|worst", line) and "each tenth" not in line]
-    if result.name.startswith("peer_dbos"):
-        return [line for line in lines if "(median)" in line or HEADLINE.search(line)]
-    if result.name.startswith("hotpath"):
-        return lines[next((i for i, line in enumerate(lines) if line.startswith("summary")), len(lines)) :]
-    if result.name == "contention":
-        passed = sum(line.endswith("PASS") for line in lines)
-        missed = [re.sub(r"\s{2,}", "  ", line) for line in lines if line.endswith("MISS")]
-        return [*missed, f"{passed} other targets: PASS"]
-    return [line for line in lines if HEADLINE.search(line)]
+    """A bench's lines in the summary table: its own summary, then its targets' verdict."""
+    if result.failed:
+        return [f"**failed**: {result.problem}"]
+    assert result.report is not None
+    lines = [str(line).strip() for line in result.report["summary"]]
+    targets = result.report["targets"]
+    missed = [entry for entry in targets if not entry["met"]]
+    if missed:
+        lines += [
+            f"**MISSED** {entry['name']}: {shown(entry['value'])} (target {entry['op']} {entry['bound']:g})"
+            for entry in missed
+        ]
+    if targets:
+        lines.append(f"targets met: {len(targets) - len(missed)} of {len(targets)}")
+    return lines
 
 
-def fairness_headlines(data: dict) -> list[str]:
-    rows = [
-        f'{name}: Jain {row["key"]["jain"]:.3f} under fairness="key" vs {row["fifo"]["jain"]:.3f} under FIFO'
-        for name, row in data["backends"].items()
-    ]
-    worst = min(row["key"]["jain"] for row in data["backends"].values())
-    verdict = "met" if worst >= 0.99 else "MISSED"
-    return [*rows, f'target Jain >= 0.99 under fairness="key" ({data["tenants"]} tenants, one flooding): {verdict}']
+def shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "not measured" if value is None else str(value)
 
 
 # -- the page ------------------------------------------------------------------------------------
-def machine() -> list[str]:
-    """What the figures were measured on."""
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        model = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
-        cpu = model.group(1).strip() if model else cpu
-    memory = ""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        total = re.search(r"MemTotal:\s*(\d+) kB", meminfo.read_text())
-        memory = f"{int(total.group(1)) / 1024 / 1024:.1f} GiB RAM" if total else ""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+HOW_TO = """\
+How to run them, and where their figures go: every script in `bench/` prints its figures for a
+reader and writes them as one JSON document for programs (`bench/reporting.py`), to
+`--json PATH` (default `var/bench/<bench>.json`); `bench/run_all.py` passes
+`--json var/bench/run_all/<run>.json` to each bench it runs and builds this page from those
+documents (and its charts from their figures), never from the printed text. A document holds
+`bench`, `when`, `argv`, `machine` (CPUs, Python, Django, PostgreSQL and Redis versions, load
+average), `figures` (the bench's own: medians, worst rounds, ratios, per-round values),
+`summary` (its lines in the table below) and `targets` (each a figure, its bound and whether it
+was met). Long set-ups and runs print progress lines on stderr (rows loaded, rounds done,
+elapsed, time left); `run_all.py` shows them as they come. A new bench follows the same
+convention: take `--json PATH` (`reporting.add_json_option`), call `reporting.write_json` at the
+end, and `run_all.py` runs it with no other arguments and reads it like the others.
+
+    .venv/bin/python bench/run_all.py --quick --only poller,fairness
+    .venv/bin/python bench/poller.py --ticks 20 --json /tmp/poller.json"""
+
+
+def machine_lines(about: dict[str, Any]) -> list[str]:
+    """What the figures were measured on, as the page's list."""
+    load = about.get("load_average") or [float("nan")]
+    memory = f", {about['memory_gib']} GiB RAM" if about.get("memory_gib") else ""
     return [
-        f"{cpu}, {os.cpu_count()} CPUs, {memory}",
-        f"{platform.platform()}; Python {platform.python_version()}",
-        f"{service_version(['psql', '--version'])}; {service_version(['redis-server', '--version'])}",
-        f"load average {load:.2f} when the run started (other work may share the machine)",
+        f"{about.get('cpu_model')}, {about.get('cpus')} CPUs{memory}",
+        f"{about.get('platform')}; Python {about.get('python')}; Django {about.get('django')}",
+        f"PostgreSQL {about.get('postgres') or 'not reachable'}; Redis {about.get('redis') or 'not reachable'}",
+        f"load average {load[0]:.2f} when the run started (other work may share the machine)",
     ]
 
 
-def service_version(command: list[str]) -> str:
-    try:
-        return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or command[0]
-    except OSError:
-        return f"{command[0]}: not found"
-
-
-def write_page(
-    results: list[Result], about: list[str], quick: bool, charts: dict[str, str], when: str, unread: list[str]
-) -> Path:
+def page(
+    results: list[Result], about: dict[str, Any], quick: bool, charts: dict[str, str], when: str, unread: list[str]
+) -> str:
+    """The text of docs/benchmarks.md."""
     lines = [
         "# Benchmarks",
         "",
         f"Written by `bench/run_all.py{' --quick' if quick else ''}` on {when}. Each figure is a ratio "
         "against a baseline measured in the same run; absolute numbers depend on the machine:",
         "",
-        *[f"- {line}" for line in about],
+        *[f"- {line}" for line in machine_lines(about)],
+        "",
+        HOW_TO,
         "",
         "| bench | time | headline figures |",
         "| --- | --- | --- |",
     ]
     for result in results:
-        status = "" if result.returncode == 0 else f"**failed (exit {result.returncode})** "
-        heads = "<br>".join(line.replace("|", "\\|") for line in result.headlines) or "see its output below"
-        lines.append(f"| `{' '.join(result.command)}` | {result.seconds:.0f} s | {status}{heads} |")
+        heads = "<br>".join(line.replace("|", "\\|") for line in headlines(result)) or "see its output below"
+        lines.append(f"| `{' '.join(result.command)}` | {result.seconds:.0f} s | {heads} |")
     if charts:
         lines += ["", "## Charts", ""]
         lines += [f"![{title}](bench/{name})\n" for name, title in charts.items()]
     lines += [f"- **{complaint}**" for complaint in unread]
     lines += ["", "## Full outputs", ""]
     for result in results:
-        lines += [f"### {result.name}", "", "```", result.output, "```", ""]
-    page = DOCS / "benchmarks.md"
-    page.write_text("\n".join(lines).rstrip() + "\n")
-    return page
+        text = result.output if not result.failed else f"{result.output}\n[stderr, last lines]\n{result.errors}"
+        lines += [f"### {result.name}", "", "```", text.strip(), "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the smaller sizes each bench offers")
     parser.add_argument("--only", default="", help="comma-separated bench names (script names without .py)")
-    parser.add_argument("--rewrite", action="store_true", help="rewrite the page from the last run's saved outputs")
+    parser.add_argument("--rewrite", action="store_true", help="rewrite the page from the last run's saved results")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a bench may take before it is stopped")
     args = parser.parse_args()
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
     saved = CHARTS / "results.json"
     if args.rewrite:
         data = json.loads(saved.read_text())
+        if not isinstance(data.get("machine"), dict):
+            raise SystemExit(f"{saved.relative_to(ROOT)} predates the JSON reports: run the benches again")
         about, quick, when = data["machine"], data["quick"], data["when"]
         results = [Result(**row) for row in data["results"]]
-        for result in results:
-            result.headlines = headlines(result)
     else:
-        about, quick, when = machine(), args.quick, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        results = [run(name, argv) for name, argv in plan(args.quick, only)]
+        about, quick, when = reporting.machine(), args.quick, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        results = [run(name, argv, timeout_s=args.timeout) for name, argv in plan(args.quick, only)]
     CHARTS.mkdir(parents=True, exist_ok=True)
-    charts, unread = plots.render({result.name: result.output for result in results if result.returncode == 0}, CHARTS)
+    reports = {result.name: result.report for result in results if not result.failed and result.report}
+    charts, unread = plots.render(reports, CHARTS)
     for complaint in unread:
         print(f"warning: {complaint}", file=sys.stderr)
-    rows = [{k: v for k, v in vars(result).items() if k != "headlines"} for result in results]
+    rows = [asdict(result) for result in results]
     saved.write_text(json.dumps({"machine": about, "quick": quick, "when": when, "results": rows}, indent=1) + "\n")
-    page = write_page(results, about, quick, charts, when, unread)
-    print(f"wrote {page.relative_to(ROOT)}" + (f" and {len(charts)} chart(s) in docs/bench/" if charts else ""))
-    if any(result.returncode != 0 for result in results):
+    target = DOCS / "benchmarks.md"
+    target.write_text(page(results, about, quick, charts, when, unread))
+    print(f"wrote {target.relative_to(ROOT)}" + (f" and {len(charts)} chart(s) in docs/bench/" if charts else ""))
+    failed = [result.name for result in results if result.failed]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
         sys.exit(1)
 
 
