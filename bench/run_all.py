@@ -124,7 +124,13 @@ def run(name: str, argv: list[str], directory: Path = RUN_DIR, timeout_s: float 
     print(f"== {name}: {' '.join(argv)}", flush=True)
     started = time.monotonic()
     proc = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its lines as they are printed, not at its exit
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout stops it and the workers it started
     )
     output: list[str] = []
     errors: deque[str] = deque(maxlen=40)
@@ -147,9 +153,13 @@ def run(name: str, argv: list[str], directory: Path = RUN_DIR, timeout_s: float 
     while proc.poll() is None:
         now = time.monotonic()
         if timeout_s is not None and now - started > timeout_s:
-            os.killpg(proc.pid, signal.SIGTERM)  # the bench and the workers it started
             timed_out = True
-            proc.wait(60)
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             break
         if now - heard[0] >= QUIET_S:
             print(f"   ({name}: still running, {now - started:.0f} s)", file=sys.stderr, flush=True)

@@ -144,6 +144,14 @@ def test_a_bench_that_writes_no_report_is_a_failure(tmp_path: Path) -> None:
     assert result.problem.startswith("wrote no JSON to fake.json")
 
 
+def test_a_bench_past_its_timeout_is_stopped_and_reported(tmp_path: Path) -> None:
+    script = fake_bench(tmp_path, "import time\ntime.sleep(300)\n")
+    result = run_all.run("fake", [str(script)], directory=tmp_path, timeout_s=1)
+    assert result.failed
+    assert result.problem == "timed out after 1 s"
+    assert result.seconds < 120
+
+
 def test_a_stale_report_of_an_earlier_run_is_never_read(tmp_path: Path) -> None:
     (tmp_path / "fake.json").write_text(FIXTURE.read_text())
     script = fake_bench(tmp_path, "")
