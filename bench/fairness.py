@@ -118,9 +118,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.admissions > args.cycles * TENANTS:
         parser.error("--admissions must leave every tenant calls waiting: at most 10 x --cycles")
+    reporting.log("migrating a fresh SQLite database")
     setup_django()
     results: dict[str, dict[str, Any]] = {}
     for name, backend, cleanup in backends(not args.no_redis):
+        reporting.log(f"{name}: fairness='key', then FIFO")
         try:
             row = {}
             for fairness in ("key", "fifo"):

@@ -32,7 +32,7 @@ from statistics import median
 import fleet
 import reporting
 
-BATCH = 5000
+BATCH = 1000  # a progress line can follow every few batches on a loaded host
 
 
 def add_history(count: int) -> None:

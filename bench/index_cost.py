@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import reporting
 
@@ -59,12 +60,12 @@ BEGIN
         UPDATE durable_flow_workflowrun SET status = 'running', turns = 1, updated_at = now() WHERE id = rid;
         INSERT INTO durable_flow_stepcheckpoint (run_id, key, sequence, kind, name, status, input, output, error,
             attempt, max_attempts, queue, holds_slot, priority, fairness_key, "group", wake_at, timeout_s,
-            child_run_id, worker, late_result, created_at, dispatched_at, finished_at)
+            child_run_id, worker, late_result, created_at, dispatched_at, finished_at%(cause_column)s)
         VALUES (rid, '0', 0, 'step', 'orders.fetch', 'waiting', NULL, NULL, NULL, 0, 3, 'imports', false, 0,
-            'cust-' || (i %% 1000), '', NULL, NULL, '', '', NULL, now(), NULL, NULL)
+            'cust-' || (i %% 1000), '', NULL, NULL, '', '', NULL, now(), NULL, NULL%(cause_parked)s)
         RETURNING id INTO cid;
         UPDATE durable_flow_stepcheckpoint SET status = 'dispatched', attempt = 1, holds_slot = true,
-            dispatched_at = now(), worker = 'w:1' WHERE id = cid;
+            dispatched_at = now(), worker = 'w:1'%(cause_admitted)s WHERE id = cid;
         INSERT INTO durable_flow_stepattempt (checkpoint_id, run_id, attempt, status, worker, dispatched_at,
             started_at, finished_at, retry_at, error, late, operator_retry_at)
         VALUES (cid, rid, 1, 'running', 'w:1', now(), now(), NULL, NULL, NULL, false, NULL);
@@ -98,6 +99,19 @@ def pg_admin(sql: str) -> None:
         conn.execute(sql)
 
 
+def lifecycles_sql(conn: Any, n: int, prefix: str) -> str:
+    """The block of `n` lifecycles for this database's schema: where checkpoints record why a
+    call is parked (`wait_cause`, after the surfaces' migration), the parked checkpoint names its
+    cause and its admission clears it, as the engine does."""
+    found = conn.execute(
+        "SELECT 1 FROM information_schema.columns"
+        " WHERE table_name = 'durable_flow_stepcheckpoint' AND column_name = 'wait_cause'"
+    ).fetchone()
+    cause = (", wait_cause", ", 'cap'", ", wait_cause = ''") if found else ("", "", "")
+    keys = ("cause_column", "cause_parked", "cause_admitted")
+    return LIFECYCLES % {"n": n, "prefix": f"'{prefix}-'", **dict(zip(keys, cause, strict=True))}
+
+
 def migrate(database: str, target: str | None) -> None:
     env = {
         **os.environ,
@@ -118,7 +132,7 @@ def lifecycles_us(database: str, n: int, prefix: str) -> float:
     notices: list[str] = []
     with psycopg.connect(f"{PG_SERVER}/{database}", autocommit=True) as conn:
         conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
-        conn.execute(LIFECYCLES % {"n": n, "prefix": f"'{prefix}-'"})  # values of this script, not input
+        conn.execute(lifecycles_sql(conn, n, prefix))  # values of this script, not input
         for table in ("stepattempt", "stepcheckpoint", "workflowrun"):
             column = "id" if table == "workflowrun" else "run_id"
             conn.execute(f"DELETE FROM durable_flow_{table} WHERE {column} LIKE %s", (f"{prefix}-%",))
@@ -219,7 +233,7 @@ def index_growth(database: str, n: int) -> dict[str, float]:
     with psycopg.connect(f"{PG_SERVER}/{database}", autocommit=True) as conn:
         conn.execute("VACUUM durable_flow_workflowrun, durable_flow_stepcheckpoint, durable_flow_stepattempt")
         before = dict(conn.execute(query).fetchall())
-        conn.execute(LIFECYCLES % {"n": n, "prefix": "'growth-'"})
+        conn.execute(lifecycles_sql(conn, n, "growth"))
         # A GIN index's pending list goes into the index proper at vacuum: flush it to count it.
         for name in before:
             if (

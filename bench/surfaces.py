@@ -360,12 +360,12 @@ def next_page_url(client: Any, url: str) -> str:
     from urllib.parse import quote
 
     from durable_flow.models import WorkflowRun
-    from durable_flow.observe.run_filters import cursor_of
+    from durable_flow.observe.run_pages import cursor_of, position
 
     html = client.get(url).content.decode()
     found = re.search(r'href="([^"]*)" rel="next"', html)
     if not found:  # one page only (empty tables): the page after its newest run
-        return f"{url}?after={quote(cursor_of(WorkflowRun.objects.order_by('-created_at').first()))}"
+        return f"{url}?after={quote(cursor_of(position(WorkflowRun.objects.order_by('-created_at').first())))}"
     return url + found.group(1).replace("&amp;", "&")
 
 

@@ -127,7 +127,7 @@ def steady_rate(
     With `cpu`, it is filled with the CPU milliseconds per item spent over the same window by
     the worker processes, the PostgreSQL server and the Redis server (`cpu_seconds`)."""
     low, high = max(1, total // 10), total - total // 10
-    shown = reporting.Progress("timing", total=total, unit="done")
+    shown = reporting.Progress("workers running the backlog", total=total, unit="done")
     t_low = t_high = None
     done_at_low = low
     cpu_at_low: dict[str, float] = {}
