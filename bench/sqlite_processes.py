@@ -38,10 +38,11 @@ def timed(prefix: str, runs: int, processes: int) -> float:
 
     from durable_flow.models import WorkerHeartbeat, WorkflowRun
 
-    before = set(WorkerHeartbeat.objects.values_list("worker_id", flat=True))
     procs = fleet.workers(processes, concurrency=8)
     try:
-        up = WorkerHeartbeat.objects.filter(stopped_at__isnull=True).exclude(worker_id__in=before)
+        # By process id: a worker's name is stable (the lowest free `w<n>` of the host), so these
+        # workers take the names the previous timing's workers left.
+        up = WorkerHeartbeat.objects.filter(stopped_at__isnull=True, pid__in=[proc.pid for proc in procs])
         wait_until(lambda: up.count() >= processes, procs, "workers up")
         with transaction.atomic():
             fleet.start_runs(prefix, runs)
