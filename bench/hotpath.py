@@ -369,8 +369,8 @@ def main() -> None:
             (f"handoff (concurrency 1, {HANDOFF_QUEUE}, parked)", HANDOFF_QUEUE, True),
         )
         for label, queue, park_first in paths:
-            reporting.log(f"{label}: {args.runs} workflows")
-            elapsed = run_path(queue, args.runs, args.concurrency, park_first=park_first)
+            with reporting.progress(f"{label}: {args.runs} workflows"):
+                elapsed = run_path(queue, args.runs, args.concurrency, park_first=park_first)
             results[label] = report(f"{vendor}, {label}", args.runs, elapsed, args.show_sql)
     finally:
         connections.close_all()

@@ -160,14 +160,15 @@ def main() -> None:
         WorkflowRun.objects.bulk_create(
             [WorkflowRun(id=run_id, workflow="bench.sleeper", status=RunStatus.SUSPENDED) for run_id in due_ids]
         )
-        rows.append((0, *measure(due_ids, args.ticks), 0.0))
+        with reporting.progress(f"timing {args.ticks} ticks with none parked"):
+            rows.append((0, *measure(due_ids, args.ticks), 0.0))
         parked = 0
         for size in sizes:
             started = time.perf_counter()
             park(parked, size, sizes[-1])
             park_s, parked = time.perf_counter() - started, size
-            reporting.log(f"timing {args.ticks} ticks with {size:,} parked")
-            rows.append((size, *measure(due_ids, args.ticks), park_s))
+            with reporting.progress(f"timing {args.ticks} ticks with {size:,} parked"):
+                rows.append((size, *measure(due_ids, args.ticks), park_s))
     finally:
         connections.close_all()
         if args.postgres:

@@ -179,6 +179,7 @@ def run_one(database: str, quick: bool) -> dict[str, Any]:
     the targets: no overshoot)."""
     setup_django(database)
     engine = build_engine()
+    reporting.log(f"[{database}] start cost: {4 if quick else 12} s of interleaved rounds")
     plain_ms, quota_ms = measure_cost(engine, 4 if quick else 12)
     lines = [
         f"[{database}] start cost: {plain_ms:.2f} ms without a quota, {quota_ms:.2f} ms with one "
@@ -188,6 +189,7 @@ def run_one(database: str, quick: bool) -> dict[str, Any]:
     rounds = 2 if quick else 4
     figures: dict[str, Any] = {"plain_ms": plain_ms, "quota_ms": quota_ms, "ratio": quota_ms / plain_ms}
     for mode in ("exact", "soft"):
+        reporting.log(f"[{database}] {rounds} races of {STARTERS} starters, {mode}")
         overshoots = [race(mode) for _ in range(rounds)]
         figures[f"overshoot_{mode}"] = overshoots
         label = "durable_flow (lock + count + insert)" if mode == "exact" else "soft cap (count, then insert)"

@@ -60,13 +60,13 @@ def handoffs(backend: Any, holder: str, count: int) -> list[float]:
 def measure(name: str, make: Any, short: int, long: int, count: int) -> dict[str, Any]:
     """Print and return the median release + grant with a short line and a long one."""
     medians = []
-    reporting.log(f"{name}: {short:,} then {long:,} waiters")
     for waiters in (short, long):
-        backend, tag = make(), uuid.uuid4().hex[:8]
-        holder = line_of(backend, waiters, tag)
-        medians.append(statistics.median(handoffs(backend, holder, count)))
-        if hasattr(backend, "close"):
-            backend.close()
+        with reporting.progress(f"{name}: a line of {waiters:,} waiters, {count} handoffs"):
+            backend, tag = make(), uuid.uuid4().hex[:8]
+            holder = line_of(backend, waiters, tag)
+            medians.append(statistics.median(handoffs(backend, holder, count)))
+            if hasattr(backend, "close"):
+                backend.close()
     print(
         f"{name:6} {short:>6} waiters: {medians[0] * 1e6:8.0f} us   {long:>6} waiters: {medians[1] * 1e6:8.0f} us"
         f"   ratio {medians[1] / medians[0]:5.2f}"

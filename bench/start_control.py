@@ -122,6 +122,7 @@ def run_one(database: str, quick: bool) -> dict[str, Any]:
     """Measure on one database; print the lines and return the figures (bench/quota.py's `bench_main`)."""
     setup_django(database)
     engine = build_engine()
+    reporting.log(f"[{database}] start paths: {4 if quick else 12} s of interleaved rounds")
     costs = measure_cost(engine, 4 if quick else 12)
     plain = costs["plain"]
     lines = [
@@ -132,6 +133,7 @@ def run_one(database: str, quick: bool) -> dict[str, Any]:
     rounds = 2 if quick else 4
     made: dict[str, list[int]] = {}
     for workflow in ("bench.debounced", "bench.singleton"):
+        reporting.log(f"[{database}] {rounds} races of {STARTERS} starters of one key, {workflow}")
         made[workflow] = [race(workflow) for _ in range(rounds)]
         lines.append(
             f"[{database}] {STARTERS} racing starters of one key, {workflow}: runs made per round {made[workflow]}"

@@ -57,13 +57,16 @@ def measure(sizes: list[int], seconds: float) -> dict[str, dict[int, dict[str, A
         admission.measure_backend(DatabaseAdmissionBackend(), seconds / 3, fill=admission.db_fill, waiters=sizes[0])
         admission.measure_backend(redis_backend, seconds / 3, waiters=sizes[0])
         for size in sizes:
-            reporting.log(f"{size:,} waiters: local, db (SQLite), redis")
-            # A fresh local backend per size: its line is never emptied, only handed on.
-            rows["local"][size] = admission.measure_backend(LocalAdmissionBackend(), seconds, waiters=size)
-            rows["db (SQLite)"][size] = admission.measure_backend(
-                DatabaseAdmissionBackend(), seconds, fill=admission.db_fill, waiters=size
-            )
-            rows["redis"][size] = admission.measure_backend(redis_backend, seconds, waiters=size)
+            with reporting.progress(f"{size:,} waiters: local, db (SQLite), redis", total=3, unit="backends") as shown:
+                # A fresh local backend per size: its line is never emptied, only handed on.
+                rows["local"][size] = admission.measure_backend(LocalAdmissionBackend(), seconds, waiters=size)
+                shown.advance()
+                rows["db (SQLite)"][size] = admission.measure_backend(
+                    DatabaseAdmissionBackend(), seconds, fill=admission.db_fill, waiters=size
+                )
+                shown.advance()
+                rows["redis"][size] = admission.measure_backend(redis_backend, seconds, waiters=size)
+                shown.advance()
     finally:
         redis_backend.close()
         import redis
