@@ -68,10 +68,9 @@ def quotas_context(snap: Mapping[str, Any], workflow: str = "", key: str = "") -
             k["href"] = runs_href({"tag": f"concurrency:{k['key']}"})
             k["refusals_href"] = f"{reverse('dashboard:quotas')}?{urlencode({'key': k['key']})}"
     history = quotas.refusals(workflow, key, REFUSALS_SHOWN)
-    whose = f"key {key}" if key else "all keys"
     chart = charts.line_chart(
-        f"Refused starts per minute over the last hour, {whose}",
-        {"failures": quotas.refusals_per_minute(now, key)},
+        f"Refused starts per minute over the last hour, {chart_scope(workflow, key)}",
+        {"failures": quotas.refusals_per_minute(now, key, workflow=workflow)},
         {"failures": "refused / min"},
         now,
         timedelta(hours=1),
@@ -88,6 +87,12 @@ def quotas_context(snap: Mapping[str, Any], workflow: str = "", key: str = "") -
         "workflows": sorted({row["workflow"] for row in declared} | ({workflow} if workflow else set())),
         "refusal_chart": chart,
     }
+
+
+def chart_scope(workflow: str, key: str) -> str:
+    """Whose refusals the chart counts, in words: `workflow billing.export, key acme`, `all workflows and keys`."""
+    parts = ([f"workflow {workflow}"] if workflow else []) + ([f"key {key}"] if key else [])
+    return ", ".join(parts) or "all workflows and keys"
 
 
 def keys_context(snap: Mapping[str, Any], top: int = KEYS_SHOWN) -> dict[str, Any]:
