@@ -30,7 +30,16 @@ from .runs_list import list_context
 
 #: The run page's parts its live topic (`run:<id>`) re-renders every tick: the signal form's
 #: fields are not among them (what was typed stays), only the names the run waits for beside them.
-RUN_FRAGMENTS = ["run-badge", "run-facts", "run-waits", "run-timeline", "run-attempts", "run-signal-names"]
+RUN_FRAGMENTS = [
+    "run-badge",
+    "run-facts",
+    "run-waits",
+    "run-error",
+    "run-timeline",
+    "run-attempts",
+    "run-signal-names",
+    "run-signals",
+]
 
 
 def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
@@ -105,8 +114,9 @@ def _signal_widgets(form: SignalForm) -> None:
 
 
 def run_fragments(run_id: str) -> dict[str, str] | None:
-    """The run page's live fragments (`run:<id>`): its badge, facts, waits, timeline, failed
-    attempts and the signal names it waits for; None once the run is gone."""
+    """The run page's live fragments (`run:<id>`): its badge, facts, waits, error, timeline,
+    failed attempts, the signal names it waits for and the signals received; None once the run
+    is gone."""
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         return None

@@ -261,6 +261,17 @@ def test_the_run_topic_adds_each_failed_attempt_as_it_fails(engine: Any, clock: 
     assert 'details id="traceback-' in second["run-attempts"]
 
 
+def test_the_run_topic_says_why_the_run_failed_once_it_has(engine: Any, clock: MovableClock) -> None:
+    run = api.start("tests.fails", None)  # its step fails once, then again after a backoff
+    retrying = render_topic({}, f"run:{run.id}")
+    assert retrying is not None and "Why it failed" not in retrying["run-error"]
+    clock.advance(seconds=1)
+    TimerPoller(engine).tick()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.FAILED
+    failed = render_topic({}, f"run:{run.id}")
+    assert failed is not None and "Why it failed" in failed["run-error"] and "boom" in failed["run-error"]
+
+
 def test_the_run_topic_names_the_signals_the_run_waits_for_as_they_change(engine: Any) -> None:
     run = api.start("tests.two_signals", None)
     before = render_topic({}, f"run:{run.id}")
@@ -272,6 +283,7 @@ def test_the_run_topic_names_the_signals_the_run_waits_for_as_they_change(engine
     assert after is not None
     assert 'data-first="ship"' in after["run-signal-names"] and "<code>ship</code>" in after["run-signal-names"]
     assert "approve" not in after["run-signal-names"]
+    assert "None." in before["run-signals"] and "<td>approve</td>" in after["run-signals"]  # received
     api.send_signal(run.id, "ship", None)
     done = render_topic({}, f"run:{run.id}")
     assert done is not None and "the run has finished" in done["run-signal-names"]

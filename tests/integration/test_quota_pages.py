@@ -170,6 +170,8 @@ def test_the_refusal_chart_counts_the_workflow_picked(engine: Engine, admin_clie
     assert total(workflow="tests.echo_flow") == 1
     assert total(workflow=SLEEPER, key="sleeper:globex") == 0
     assert [at for at, _ in refusals_per_minute(now, workflow=SLEEPER)] == [at for at, _ in refusals_per_minute(now)]
+    # Its workflow declares no quota, and can be picked all the same.
+    assert "<option>tests.echo_flow</option>" in admin_client.get("/dashboard/quotas/").content.decode()
     html = admin_client.get("/dashboard/quotas/", {"workflow": "tests.echo_flow"}).content.decode()
     assert "Refused starts per minute over the last hour, workflow tests.echo_flow" in html
     assert "<option selected>tests.echo_flow</option>" in html  # the picker keeps the choice
