@@ -2,16 +2,22 @@
 filter in words (and warns when there is none: that is every unfinished run), then the POST,
 through `durable_flow.operations.bulk`, whose result counts the runs done, skipped (finished
 on their own since the confirmation) and failed, and says why they differ from the count
-confirmed."""
+confirmed.
+
+The confirmation page is live (topic `bulk:<action>:<filter>`): its count and a sample of the
+runs it would change follow the runs while it is open; the filter and the form stay as they
+are, and the form sends back the time of the count it last showed (live.js keeps its
+`confirmed_at` at each tick's time), so the POST acts on the runs that count was about."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -21,18 +27,25 @@ from durable_flow.observe.waits import FILTER_CHOICES as WAIT_FILTERS
 from durable_flow.operations import bulk as bulk_operations
 
 from .access import require, staff_page
+from .live import register_topic
+from .pages import fragments
 
 BULK_ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
 #: What each action selects, in words: the confirmation's warning when no filter narrows it.
 EVERY = {"cancel": "all unfinished runs", "retry": "all failed or cancelled runs"}
 SHOWN_REFUSALS = 5
+#: Runs the confirmation lists by name (newest first): a sample of what the count is about.
+SAMPLE_SIZE = 10
+#: The confirmation's parts its live topic re-renders: the heading, the count with its sample,
+#: and the button (which says the count); not the filter or the rest of the form.
+BULK_FRAGMENTS = ["bulk-heading", "bulk-matching", "bulk-button"]
 
 
 def _when(value: datetime) -> str:
     return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def filter_words(data: dict[str, Any]) -> list[str]:
+def filter_words(data: Mapping[str, Any]) -> list[str]:
     """A valid run filter as an operator reads it: one phrase per condition, in the filter
     bar's order (`status is failed or cancelled`, `workflow is examples.import`, ...)."""
     words = []
@@ -76,15 +89,9 @@ def bulk(request: HttpRequest, action: str) -> HttpResponse:
     query = urlencode([(k, v) for k in form.fields for v in request.GET.getlist(k) if v])
     label = BULK_ACTIONS[action]
     if request.method != "POST":
-        matching = filtered_runs(data)
-        selected = bulk_operations.cancellable(matching) if action == "cancel" else bulk_operations.retryable(matching)
         context = {
-            "action": action,
-            "label": label,
-            "count": selected.count(),
+            **bulk_context(action, data),
             "query": query,
-            "filter_words": filter_words(data),
-            "every": EVERY[action],
             "confirmed_at": timezone.now().isoformat(),
         }
         return render(request, "dashboard/bulk_confirm.html", context)
@@ -103,6 +110,57 @@ def bulk(request: HttpRequest, action: str) -> HttpResponse:
         result = bulk_operations.retry_matching(filtered_runs(data), request.user, message, confirmed_at=confirmed_at)
     _report(request, action, result)
     return HttpResponseRedirect(f"{reverse('dashboard:runs')}?{query}")
+
+
+def bulk_context(action: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """What the confirmation shows for a valid filter: the filter in words, how many runs
+    `action` would change now, and the newest `SAMPLE_SIZE` of them."""
+    matching = filtered_runs(dict(data))
+    selected = bulk_operations.cancellable(matching) if action == "cancel" else bulk_operations.retryable(matching)
+    return {
+        "action": action,
+        "label": BULK_ACTIONS[action],
+        "every": EVERY[action],
+        "filter_words": filter_words(data),
+        "count": selected.count(),
+        "sample": list(selected.order_by("-created_at", "-id")[:SAMPLE_SIZE]),
+        "sample_size": SAMPLE_SIZE,
+    }
+
+
+def _topic_filter(argument: str) -> tuple[str, RunFilterForm, list[tuple[str, str]]] | None:
+    """`cancel:status=failed` → the action, its valid filter form and the filter's query pairs;
+    None for an unknown action or a filter the form refuses."""
+    action, _, raw = argument.partition(":")
+    if action not in BULK_ACTIONS:
+        return None
+    params = QueryDict(raw)
+    form = RunFilterForm(params)
+    if not form.is_valid():
+        return None
+    return action, form, [(k, v) for k in form.fields for v in params.getlist(k) if v]
+
+
+def canonical_topic(argument: str) -> str | None:
+    """The `bulk:` topic's argument in one spelling (the action, then the filter's fields in
+    order, blanks dropped), or None when it is refused."""
+    parsed = _topic_filter(argument)
+    if parsed is None:
+        return None
+    action, _, kept = parsed
+    return f"{action}:{urlencode(kept)}"
+
+
+def render_topic(_: Mapping[str, Any], argument: str) -> dict[str, str] | None:
+    """The `bulk:<action>:<filter>` topic's fragments; None for an argument no longer valid."""
+    parsed = _topic_filter(argument)
+    if parsed is None:
+        return None
+    action, form, _ = parsed
+    return fragments(BULK_FRAGMENTS, bulk_context(action, form.cleaned_data))
+
+
+register_topic("bulk", render_topic, argument=canonical_topic, uses_snapshot=False)  # reads only its runs
 
 
 def _report(request: HttpRequest, action: str, result: bulk_operations.BulkResult) -> None:

@@ -18,7 +18,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
 
-from . import run_live  # noqa: F401 - registers the run page's live topic
+from . import bulk_views, run_live  # noqa: F401 - register the bulk confirmation's and the run page's topics
 from .live import broadcaster, canonical_topic, group_name
 
 #: Close codes the page's script understands. 4401: the session no longer logs this user in

@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from durable_flow.observe import quotas
 from durable_flow.observe.admission import step_concurrency
+from durable_flow.observe.runs import workflow_names
 
 from . import charts
 
@@ -68,10 +69,10 @@ def quotas_context(snap: Mapping[str, Any], workflow: str = "", key: str = "") -
             k["href"] = runs_href({"tag": f"concurrency:{k['key']}"})
             k["refusals_href"] = f"{reverse('dashboard:quotas')}?{urlencode({'key': k['key']})}"
     history = quotas.refusals(workflow, key, REFUSALS_SHOWN)
-    whose = f"key {key}" if key else "all keys"
+    scope = chart_scope(workflow, key)
     chart = charts.line_chart(
-        f"Refused starts per minute over the last hour, {whose}",
-        {"failures": quotas.refusals_per_minute(now, key)},
+        f"Refused starts per minute over the last hour, {scope}",
+        {"failures": quotas.refusals_per_minute(now, key, workflow=workflow)},
         {"failures": "refused / min"},
         now,
         timedelta(hours=1),
@@ -85,9 +86,20 @@ def quotas_context(snap: Mapping[str, Any], workflow: str = "", key: str = "") -
         "refusals_shown": REFUSALS_SHOWN,
         "filter": {"workflow": workflow, "key": key},
         "filter_query": urlencode({k: v for k, v in (("workflow", workflow), ("key", key)) if v}),
-        "workflows": sorted({row["workflow"] for row in declared} | ({workflow} if workflow else set())),
+        # A start refused under a per-start quota names a workflow that declares none: every
+        # registered workflow can be picked (from the registry, not a scan of the history).
+        "workflows": sorted(
+            {row["workflow"] for row in declared} | set(workflow_names()) | ({workflow} if workflow else set())
+        ),
         "refusal_chart": chart,
+        "refusal_scope": scope,
     }
+
+
+def chart_scope(workflow: str, key: str) -> str:
+    """Whose refusals the chart counts, in words: `workflow billing.export, key acme`, `all workflows and keys`."""
+    parts = ([f"workflow {workflow}"] if workflow else []) + ([f"key {key}"] if key else [])
+    return ", ".join(parts) or "all workflows and keys"
 
 
 def keys_context(snap: Mapping[str, Any], top: int = KEYS_SHOWN) -> dict[str, Any]:

@@ -137,14 +137,16 @@ def compute_tick(topics: list[str]) -> tuple[str, dict[str, dict[str, str] | Non
 
 class Broadcaster:
     """Ticks while this process has subscribers. Per topic it keeps the fragments its group was
-    last sent (`latest`): the next tick sends only those that differ, and a joining tab gets
-    them all. `computed` counts ticks and `sent_fragments` the fragments sent (for tests)."""
+    last sent (`latest`, rendered at `rendered_at`): the next tick sends only those that differ,
+    and a joining tab gets them all. `computed` counts ticks and `sent_fragments` the fragments
+    sent (for tests)."""
 
     interval_s = 1.0
 
     def __init__(self) -> None:
         self.subscribers: Counter[str] = Counter()
         self.latest: dict[str, dict[str, str]] = {}
+        self.rendered_at: dict[str, str] = {}
         self.computed = 0
         self.sent_fragments = 0
         self._task: asyncio.Task[None] | None = None
@@ -169,24 +171,28 @@ class Broadcaster:
         if self.subscribers[topic] <= 0:
             del self.subscribers[topic]
             self.latest.pop(topic, None)  # a tab opening it later gets a whole first tick
+            self.rendered_at.pop(topic, None)
 
     def joined(self, topic: str) -> dict[str, Any] | None:
         """What a tab that just joined `topic`'s group is sent at once: the fragments the group
-        has now (None before the topic's first tick, which sends everything to the group)."""
+        has now, and when they were rendered (None before the topic's first tick, which sends
+        everything to the group)."""
         fragments = self.latest.get(topic)
         if fragments is None:
             return None
-        return {"topic": topic, "fragments": dict(fragments), "gone": False}
+        return {"topic": topic, "at": self.rendered_at.get(topic), "fragments": dict(fragments), "gone": False}
 
     def changes(self, topic: str, fragments: dict[str, str] | None, at: str) -> dict[str, Any]:
         """The tick message for `topic`'s group: the fragments that differ from those it was
         last sent (all of them the first time), or `gone`."""
         if fragments is None:
             self.latest.pop(topic, None)
+            self.rendered_at.pop(topic, None)
             return {"topic": topic, "at": at, "fragments": {}, "gone": True}
         last = self.latest.get(topic)
         changed = {name: html for name, html in fragments.items() if last is None or last.get(name) != html}
         self.latest[topic] = fragments
+        self.rendered_at[topic] = at
         self.sent_fragments += len(changed)
         return {"topic": topic, "at": at, "fragments": changed, "gone": False}
 

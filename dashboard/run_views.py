@@ -28,8 +28,18 @@ from durable_flow.operations.runs import RETRYABLE
 from .access import allowed, require, staff_page
 from .runs_list import list_context
 
-#: The run page's parts its live topic (`run:<id>`) re-renders every tick.
-RUN_FRAGMENTS = ["run-badge", "run-facts", "run-waits", "run-timeline"]
+#: The run page's parts its live topic (`run:<id>`) re-renders every tick: the signal form's
+#: fields are not among them (what was typed stays), only the names the run waits for beside them.
+RUN_FRAGMENTS = [
+    "run-badge",
+    "run-facts",
+    "run-waits",
+    "run-error",
+    "run-timeline",
+    "run-attempts",
+    "run-signal-names",
+    "run-signals",
+]
 
 
 def _filters(request: HttpRequest) -> tuple[RunFilterForm, str]:
@@ -94,16 +104,19 @@ def _run_page(
 
 def _signal_widgets(form: SignalForm) -> None:
     """The signal form's fields as the page lays them out (ids the page's labels and tests use);
-    an empty payload shows empty, not as JSON's `null`."""
+    an empty payload shows empty, not as JSON's `null`. A name the page pre-filled (not one sent
+    back as typed) follows the run's first awaited name live until the user types in it."""
     if not form.is_bound:
         form.initial["payload"] = InvalidJSONInput("")
+        form.fields["name"].widget.attrs["data-follow-awaited"] = ""
     form.fields["name"].widget.attrs.update({"id": "signal-name", "size": "12", "list": "awaited-signals"})
     form.fields["payload"].widget.attrs.update({"id": "signal-payload", "placeholder": '{"by": "me"}', "rows": "1"})
 
 
 def run_fragments(run_id: str) -> dict[str, str] | None:
-    """The run page's live fragments (`run:<id>`): its badge, facts, waits and timeline; None
-    once the run is gone."""
+    """The run page's live fragments (`run:<id>`): its badge, facts, waits, error, timeline,
+    failed attempts, the signal names it waits for and the signals received; None once the run
+    is gone."""
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         return None

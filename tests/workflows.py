@@ -368,6 +368,12 @@ def needs_file_flow(ctx: Any, payload: dict[str, Any]) -> str:
     return ctx.step(needs_file, payload)
 
 
+@workflow("tests.two_signals")
+def two_signals(ctx: Any, _: Any) -> Any:
+    """Waits for `approve`, then for `ship`: the run page's awaited names change between them."""
+    return [ctx.wait_for_signal("approve"), ctx.wait_for_signal("ship")]
+
+
 # -- the chaos soak (tests/reliability/) ---------------------------------------------------------
 
 

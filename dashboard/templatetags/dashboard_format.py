@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 
 from durable_flow.config.validation import TooDeep
 from durable_flow.observe.waits import ms_clock, when
@@ -28,6 +29,13 @@ def duration(seconds: float | None) -> str:
         return f"{minutes} m {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} m"
+
+
+@register.simple_tag
+def server_ms() -> int:
+    """The server's time now, in ms since the epoch: the page's clock for what live.js counts
+    to now (`data-server-ms`), so a browser whose clock is off still counts from the server's."""
+    return int(timezone.now().timestamp() * 1000)
 
 
 @register.filter

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Max, OuterRef, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
 from durable_flow.definitions.quotas import ACTIVE_STATUSES, CelKey, QuotaSpec
@@ -168,16 +168,27 @@ def refusals(workflow: str = "", key: str = "", limit: int = 100) -> RefusalPage
     return RefusalPage(rows=rows[:limit], more=len(rows) > limit)
 
 
-def refusals_per_minute(now: datetime, key: str = "", minutes: int = 60) -> list[tuple[datetime, float]]:
+def refusals_per_minute(
+    now: datetime, key: str = "", minutes: int = 60, workflow: str = ""
+) -> list[tuple[datetime, float]]:
     """Refused starts per minute over the last `minutes` (every minute, zeros included), of one
-    key or of all: from the per-minute counts (`QuotaRefusal`), at most one row per key and
-    minute, however hot the refusals."""
+    key or of all, and of one workflow or of all. Without a workflow, from the per-minute counts
+    (`QuotaRefusal`: at most one row per key and minute, however hot the refusals); a workflow's
+    from its refused starts kept (`StartRefusal`, on its `(workflow, at)` index), which are the
+    ones that name their workflow (a key is shared by every workflow that uses it)."""
     end = now.replace(second=0, microsecond=0)
     start = end - timedelta(minutes=minutes - 1)
-    counts = QuotaRefusal.objects.filter(minute__gte=start)
-    if key:
-        counts = counts.filter(key=key)
-    by_minute = dict(counts.values("minute").annotate(n=Sum("refusals")).order_by().values_list("minute", "n"))
+    if workflow:
+        kept = StartRefusal.objects.filter(workflow=workflow, at__gte=start)
+        if key:
+            kept = kept.filter(key=key)
+        per_minute = kept.annotate(m=TruncMinute("at", tzinfo=UTC)).values("m").annotate(n=Count("id"))
+        by_minute = dict(per_minute.order_by().values_list("m", "n"))
+    else:
+        counts = QuotaRefusal.objects.filter(minute__gte=start)
+        if key:
+            counts = counts.filter(key=key)
+        by_minute = dict(counts.values("minute").annotate(n=Sum("refusals")).order_by().values_list("minute", "n"))
     return [
         (start + timedelta(minutes=i), float(by_minute.get(start + timedelta(minutes=i), 0))) for i in range(minutes)
     ]

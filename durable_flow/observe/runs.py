@@ -32,12 +32,15 @@ DETAIL_ROWS = 100
 
 
 def run_row(run: WorkflowRun) -> dict[str, Any]:
-    """What one line of the run list shows."""
-    end = run.finished_at or timezone.now()
+    """What one line of the run list shows. A finished run's duration (`duration_s`); an
+    unfinished one's runs to now, so the line gives its start instead (`since_ms`, ms since
+    the epoch) for the page to count from: the line stays the same while the run does."""
     error = run.error or {}
+    finished = run.finished_at
     return {
         "run": run,
-        "duration_s": max((end - run.created_at).total_seconds(), 0.0),
+        "duration_s": max((finished - run.created_at).total_seconds(), 0.0) if finished else None,
+        "since_ms": None if finished else int(run.created_at.timestamp() * 1000),
         "error": (error.get("message") or "")[:160] if isinstance(error, dict) else str(error)[:160],
         "error_type": error.get("type", "").rsplit(".", 1)[-1] if isinstance(error, dict) else "",
     }

@@ -190,3 +190,45 @@ def test_the_input_search_is_said_only_when_asked() -> None:
     assert plain.is_valid() and inside.is_valid()
     assert filter_words(plain.cleaned_data) == ["run id starting with “abc”"]
     assert filter_words(inside.cleaned_data) == ["run id starting with “abc”, or input containing it"]
+
+
+def test_the_confirmation_is_a_live_topic_whose_count_and_sample_follow_the_runs(
+    db_transport_engine: Engine,
+) -> None:
+    from durable_flow_dashboard import consumers  # noqa: F401 - the consumer registers the topic
+    from durable_flow_dashboard.live import canonical_topic, render_topic
+
+    ids = make("live", 12)
+    topic = canonical_topic("bulk:cancel:workflow=tests.sleeper&q=&status=pending")
+    assert topic == "bulk:cancel:status=pending&workflow=tests.sleeper"  # one spelling: one group
+    before = render_topic({}, topic)
+    assert before is not None and set(before) == {"bulk-heading", "bulk-matching", "bulk-button"}
+    assert before["bulk-heading"].strip() == "Cancel 12 runs?"
+    assert '<b id="bulk-count">12</b>' in before["bulk-matching"]
+    assert before["bulk-matching"].count("data-run=") == 10
+    assert "The newest 10 runs it selects now:" in before["bulk-matching"]
+    assert "Cancel 12 runs</button>" in before["bulk-button"]
+    finish(ids[:9])  # nine finish on their own while the page is open
+    after = render_topic({}, topic)
+    assert after is not None and '<b id="bulk-count">3</b>' in after["bulk-matching"]
+    assert sorted(re.findall(r'<tr data-run="([^"]+)"', after["bulk-matching"])) == ids[9:]
+    assert "Cancel 3 runs</button>" in after["bulk-button"]
+    finish(ids[9:])
+    none = render_topic({}, topic)
+    assert none is not None and "disabled" in none["bulk-button"] and "No run matches now." in none["bulk-matching"]
+    for refused in ("bulk:explode:", "bulk:cancel:status=nope", "bulk:retry:since=yesterday"):
+        assert canonical_topic(refused) is None
+
+
+def test_a_post_confirmed_at_a_ticks_time_acts_on_the_count_that_tick_showed(db_transport_engine: Engine) -> None:
+    ids = make("tick", 10)
+    client = operator()
+    url = reverse("dashboard:bulk", args=["cancel"]) + "?status=pending&workflow=tests.sleeper"
+    html = client.get(url).content.decode()
+    assert 'name="confirmed_at"' in html and "data-live-at" in html  # live.js moves it to each tick's time
+    assert 'data-live-topic="bulk:cancel:status=pending&amp;workflow=tests.sleeper"' in html
+    finish(ids[:4])
+    shown_at = timezone.now().isoformat()  # a tick's time: its count was 6
+    response = client.post(url, {"confirmed_at": shown_at})
+    assert said(response)[0] == "Cancel: 6 done."  # the four finished before it were not in its count
+    assert WorkflowRun.objects.filter(pk__in=ids[4:], status=RunStatus.CANCELLED).count() == 6

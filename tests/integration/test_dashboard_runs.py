@@ -4,6 +4,7 @@ permissions and audit entries, the flow snapshot and the burst."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -243,3 +244,67 @@ def test_the_run_page_is_a_live_topic_whose_fragments_follow_the_run(engine: Any
     assert after is not None and "completed" in after["run-badge"]
     assert "Nothing: the run has finished." in after["run-waits"]
     assert render_topic({}, "run:no-such-run") is None  # gone: the page says so
+
+
+def test_the_run_topic_adds_each_failed_attempt_as_it_fails(engine: Any, clock: MovableClock) -> None:
+    workflows.FAILURES_LEFT["live"] = 2
+    run = api.start("tests.flaky_flow", "live")  # the first attempt fails at once
+    first = render_topic({}, f"run:{run.id}")
+    assert first is not None and first["run-attempts"].count("data-attempt=") == 1
+    assert "flaky live failing, 2 left" in first["run-attempts"]
+    clock.advance(seconds=1)
+    TimerPoller(engine).tick()  # the retry after its backoff fails too
+    second = render_topic({}, f"run:{run.id}")
+    assert second is not None and second["run-attempts"].count("data-attempt=") == 2
+    assert "flaky live failing, 1 left" in second["run-attempts"]
+    # A traceback's <details> has an id, so the page keeps it open across a swap.
+    assert 'details id="traceback-' in second["run-attempts"]
+
+
+def test_the_run_topic_says_why_the_run_failed_once_it_has(engine: Any, clock: MovableClock) -> None:
+    run = api.start("tests.fails", None)  # its step fails once, then again after a backoff
+    retrying = render_topic({}, f"run:{run.id}")
+    assert retrying is not None and "Why it failed" not in retrying["run-error"]
+    clock.advance(seconds=1)
+    TimerPoller(engine).tick()
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.FAILED
+    failed = render_topic({}, f"run:{run.id}")
+    assert failed is not None and "Why it failed" in failed["run-error"] and "boom" in failed["run-error"]
+
+
+def test_the_run_topic_names_the_signals_the_run_waits_for_as_they_change(engine: Any) -> None:
+    run = api.start("tests.two_signals", None)
+    before = render_topic({}, f"run:{run.id}")
+    assert before is not None
+    assert 'data-first="approve"' in before["run-signal-names"]
+    assert '<option value="approve">' in before["run-signal-names"]  # the name field's suggestions
+    api.send_signal(run.id, "approve", None)
+    after = render_topic({}, f"run:{run.id}")
+    assert after is not None
+    assert 'data-first="ship"' in after["run-signal-names"] and "<code>ship</code>" in after["run-signal-names"]
+    assert "approve" not in after["run-signal-names"]
+    assert "None." in before["run-signals"] and "<td>approve</td>" in after["run-signals"]  # received
+    api.send_signal(run.id, "ship", None)
+    done = render_topic({}, f"run:{run.id}")
+    assert done is not None and "the run has finished" in done["run-signal-names"]
+
+
+def test_no_live_fragment_holds_the_signal_forms_fields(engine: Any, admin_client: Client) -> None:
+    run = api.start("tests.two_signals", None)
+    fragments = render_topic({}, f"run:{run.id}")
+    assert fragments is not None
+    for html in fragments.values():  # a tick never replaces what the user typed
+        assert 'name="name"' not in html and 'name="payload"' not in html
+    page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
+    assert 'data-live="run-signal-names"' in page and 'data-live="run-attempts"' in page
+    # The pre-filled name follows the run's awaited names; one sent back as typed does not.
+    assert re.search(r'<input[^>]*data-follow-awaited[^>]*id="signal-name"', page)
+    typed = admin_client.post(f"/dashboard/runs/{run.id}/signal/", {"name": "aprove", "payload": "{nope"})
+    assert typed.status_code == 400
+    assert "data-follow-awaited" not in typed.content.decode()
+
+
+def test_the_cancel_confirmation_follows_the_runs_status(engine: Any, admin_client: Client) -> None:
+    run = api.start("tests.signal_waiter", None)
+    page = admin_client.get(reverse("dashboard:cancel", args=[run.id])).content.decode()
+    assert f'data-live-topic="run:{run.id}"' in page and 'data-live="run-badge"' in page

@@ -20,6 +20,7 @@ from django.utils import timezone
 from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.operations import api
 from durable_flow_dashboard import live
+from tests.conftest import wait_for
 
 TOPIC = "runs:workflow=tests.diff"
 
@@ -70,6 +71,31 @@ def test_a_tick_sends_only_the_fragments_that_changed() -> None:
     joined = broadcaster.joined(TOPIC)
     assert joined is not None and set(joined["fragments"]) == {"runs-count", "runs-table"}
     assert "s-failed" not in joined["fragments"]["runs-table"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quiet_tick_with_an_unfinished_run_on_the_page_sends_no_fragment() -> None:
+    _runs()
+    WorkflowRun.objects.create(id="diff-running", workflow="tests.diff", status=RunStatus.RUNNING, input=2)
+    broadcaster = live.Broadcaster()
+    broadcaster.subscribers[TOPIC] = 1
+
+    def tick() -> dict[str, Any]:
+        at, rendered = live.compute_tick([TOPIC])
+        return broadcaster.changes(TOPIC, rendered[TOPIC], at)
+
+    first = tick()
+    row = first["fragments"]["runs-table"].split('data-run="diff-running"')[1].split("</tr>")[0]
+    started = WorkflowRun.objects.get(pk="diff-running").created_at
+    # Its duration runs to now: the row gives its start for the page to count from.
+    assert f'data-since="{int(started.timestamp() * 1000)}"' in row
+    # A second later its duration has grown, and still nothing changed on the server's side.
+    wait_for(lambda: timezone.now() - started > timedelta(seconds=1.5), what="a second to pass")
+    assert tick()["fragments"] == {}
+    WorkflowRun.objects.filter(pk="diff-running").update(status=RunStatus.COMPLETED, finished_at=timezone.now())
+    finished = tick()["fragments"]
+    assert set(finished) == {"runs-table"}  # it finished: its row changed, with its duration
+    assert "data-since" not in finished["runs-table"]
 
 
 def _cookie(client: Client) -> list[tuple[bytes, bytes]]:

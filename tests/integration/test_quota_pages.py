@@ -149,3 +149,31 @@ def test_the_admin_lists_refused_starts_read_only(engine: Engine, admin_client: 
     assert page.status_code == 200
     assert [(r.workflow, r.key) for r in page.context["cl"].result_list] == [(SLEEPER, "sleeper:acme")]
     assert admin_client.get("/admin/durable_flow/startrefusal/add/").status_code == 403
+
+
+def test_the_refusal_chart_counts_the_workflow_picked(engine: Engine, admin_client: Any) -> None:
+    from durable_flow.observe.quotas import refusals_per_minute
+
+    sleeper("acme", "s1")
+    refuse("acme", "s2")
+    refuse("acme", "s3")
+    # Another workflow refused under the same key (a per-start quota): the key's count holds both.
+    with pytest.raises(ConcurrencyLimitError):
+        api.start("tests.echo_flow", 1, run_id="e1", quota={"key": "sleeper:acme", "limit": 1})
+    now = timezone.now()
+
+    def total(**scope: str) -> float:
+        return sum(n for _, n in refusals_per_minute(now, **scope))
+
+    assert total() == total(key="sleeper:acme") == 3
+    assert total(workflow=SLEEPER) == total(workflow=SLEEPER, key="sleeper:acme") == 2
+    assert total(workflow="tests.echo_flow") == 1
+    assert total(workflow=SLEEPER, key="sleeper:globex") == 0
+    assert [at for at, _ in refusals_per_minute(now, workflow=SLEEPER)] == [at for at, _ in refusals_per_minute(now)]
+    # Its workflow declares no quota, and can be picked all the same.
+    assert "<option>tests.echo_flow</option>" in admin_client.get("/dashboard/quotas/").content.decode()
+    html = admin_client.get("/dashboard/quotas/", {"workflow": "tests.echo_flow"}).content.decode()
+    assert "Refused starts per minute over the last hour, workflow tests.echo_flow" in html
+    assert "<option selected>tests.echo_flow</option>" in html  # the picker keeps the choice
+    live = render_topic(snapshot(), "quotas:workflow=tests.echo_flow")
+    assert live is not None and "over the last hour, workflow tests.echo_flow<" in live["quota-refusals"]

@@ -2,9 +2,50 @@
 // to the page's topic (body[data-live-topic]) on /ws/live/ and swaps in the fragments each
 // tick pushes (on joining, every fragment once; then only those that changed). When the socket drops it dims the numbers, says "disconnected" and reconnects
 // with backoff; when the session has expired it says so and links to the login.
+//
+// What runs to now is drawn here, not sent: an element with data-since (a start, in ms since
+// the epoch) shows the time since then, once a second, on the server's clock (the page's
+// data-server-ms, then each tick's time), so a fragment holding a running duration stays the
+// same from tick to tick and is not sent again. An input with data-live-at takes each tick's
+// time (a form that confirms what the page showed says when it showed it). A name field with
+// data-follow-awaited takes the first name #awaited-names offers, until the user types in it.
 (function () {
   "use strict";
   const body = document.body;
+  let skew = 0;  // the server's clock minus this browser's, in ms
+  const served = document.querySelector("[data-server-ms]");
+  if (served) skew = Number(served.dataset.serverMs) - Date.now();
+
+  // The `duration` template filter's format: 1 ms below a second, then 12.3 s, 4 m 05 s, 2 h 03 m.
+  function duration(seconds) {
+    if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+    if (seconds < 60) return seconds < 10 ? `${seconds.toFixed(1)} s` : `${Math.round(seconds)} s`;
+    const whole = Math.floor(seconds), minutes = Math.floor(whole / 60);
+    if (minutes < 60) return `${minutes} m ${String(whole % 60).padStart(2, "0")} s`;
+    return `${Math.floor(minutes / 60)} h ${String(minutes % 60).padStart(2, "0")} m`;
+  }
+
+  function clocks() {
+    const now = Date.now() + skew;
+    for (const el of document.querySelectorAll("[data-since]")) {
+      el.textContent = duration(Math.max(0, now - Number(el.dataset.since)) / 1000);
+    }
+  }
+
+  function followAwaited() {
+    const first = document.getElementById("awaited-names")?.dataset.first;
+    if (!first) return;
+    for (const input of document.querySelectorAll("input[data-follow-awaited]")) {
+      if (!input.dataset.typed && input !== document.activeElement) input.value = first;
+    }
+  }
+
+  document.addEventListener("input", (event) => {
+    if (event.target.matches?.("[data-follow-awaited]")) event.target.dataset.typed = "1";
+  });
+  clocks();
+  setInterval(clocks, 1000);
+
   const topic = body.dataset.liveTopic;
   const status = document.getElementById("live-status");
   if (!topic || !status || !("WebSocket" in window)) return;
@@ -38,10 +79,25 @@
       if (!box || shown.get(box) === html) continue;
       // Keep keyboard focus on the same link or control across the swap.
       const active = box.contains(document.activeElement) ? focusKey(document.activeElement) : null;
+      // A <details> the user opened (with an id) stays open across the swap.
+      const open = [...box.querySelectorAll("details[id][open]")].map((d) => d.id);
       box.innerHTML = html;
       shown.set(box, html);
+      for (const id of open) {
+        const details = box.querySelector(`#${CSS.escape(id)}`);
+        if (details) details.open = true;
+      }
       if (active) box.querySelector(active)?.focus();
     }
+    clocks();
+    followAwaited();
+  }
+
+  function ticked(at) {
+    const ms = Date.parse(at || "");
+    if (Number.isNaN(ms)) return;
+    skew = ms - Date.now();
+    for (const input of document.querySelectorAll("input[data-live-at]")) input.value = at;
   }
 
   function expired() {
@@ -81,6 +137,7 @@
         return;
       }
       apply(message.fragments);
+      ticked(message.at);
       body.classList.remove("stale");
       lastTick = new Date().toLocaleTimeString();
       setStatus("live", `live · ${lastTick}`);
