@@ -64,6 +64,8 @@ PAGE_MS = 150.0
 PAGE_RATIO = 3.0
 SAMPLING_MS = 10.0
 TICK_MS = 20.0
+#: The table a `--reuse` run writes its history's scale to once loaded (absent: no complete load).
+LOADED = "bench_surfaces_loaded"
 PROBE = "0probe0000000000000000000000run1"
 QUEUES = ("imports", "exports")
 #: The search inside inputs reads a trigram index a deployment adds (docs: "At production size").
@@ -82,6 +84,18 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, default=9, help="timed requests per page (the median is printed)")
     parser.add_argument("--keep", action="store_true", help=f"keep the database ({PG_DATABASE}) after the bench")
+    parser.add_argument(
+        "--database",
+        default=PG_DATABASE,
+        help="the PostgreSQL database's name (default: one of this process's own, dropped after the bench)",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the database after the bench, and time with the history a kept one already holds "
+        "(migrated again, loaded at the same scale by an earlier --reuse run) instead of loading it: "
+        "the empty-table figures are then not measured",
+    )
     return parser.parse_args()
 
 
@@ -92,27 +106,47 @@ def pg_admin(sql: str) -> None:
         conn.execute(sql)
 
 
-def setup_django() -> None:
+def setup_django(database: str, reuse: bool) -> float | None:
+    """Point Django at `database` and migrate it. With `reuse` and a database an earlier `--reuse`
+    run kept, return the scale of the history it holds; else the database is made anew (None)."""
     os.environ["DURABLE_FLOW_TEST_ID"] = "bench-surfaces"
     os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"
     os.environ["DURABLE_FLOW_ADMISSION"] = "local"
     os.environ["DJANGO_DEBUG"] = "0"  # as in production: no query log, no debug context
     os.environ["DJANGO_ALLOWED_HOSTS"] = "testserver"  # the test client's host
     os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
-    pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
-    pg_admin(f"CREATE DATABASE {PG_DATABASE}")
-    os.environ["DATABASE_URL"] = f"{PG_SERVER}/{PG_DATABASE}"
+    reused = reuse and pg_exists(database)
+    if not reused:
+        pg_admin(f"DROP DATABASE IF EXISTS {database}")
+        pg_admin(f"CREATE DATABASE {database}")
+    os.environ["DATABASE_URL"] = f"{PG_SERVER}/{database}"
 
     import django
     from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0)
+    call_command("migrate", verbosity=0)  # a kept database gets the migrations added since
     from django.db import connection
 
-    with connection.cursor() as cursor:  # the optional index of the search inside inputs (docs)
-        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-        cursor.execute(INPUT_INDEX)
+    with connection.cursor() as cursor:
+        if not reused:  # the optional index of the search inside inputs (docs)
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+            cursor.execute(INPUT_INDEX)
+            return None
+        found = None
+        if LOADED in connection.introspection.table_names(cursor):
+            cursor.execute(f"SELECT scale FROM {LOADED}")
+            found = cursor.fetchone()
+    if found is None:
+        raise SystemExit(f"{database} holds no complete history: run without --reuse, or name another database")
+    return float(found[0])
+
+
+def pg_exists(database: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone() is not None
 
 
 def log(text: str) -> None:
@@ -250,11 +284,7 @@ def load_history(batch: str, finished: int, waiting: int, sleeping: int, quiet: 
         for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
             cursor.execute(f"VACUUM ANALYZE durable_flow_{table}")
         say(f"  vacuumed in {time.perf_counter() - started:.1f} s")
-        rows = {}
-        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
-            cursor.execute(f"SELECT count(*) FROM durable_flow_{table}")
-            rows[table] = cursor.fetchone()[0]
-    return rows
+    return table_rows()
 
 
 def register_fixtures() -> None:
@@ -360,12 +390,12 @@ def next_page_url(client: Any, url: str) -> str:
     from urllib.parse import quote
 
     from durable_flow.models import WorkflowRun
-    from durable_flow.observe.run_filters import cursor_of
+    from durable_flow.observe.run_pages import cursor_of, position
 
     html = client.get(url).content.decode()
     found = re.search(r'href="([^"]*)" rel="next"', html)
     if not found:  # one page only (empty tables): the page after its newest run
-        return f"{url}?after={quote(cursor_of(WorkflowRun.objects.order_by('-created_at').first()))}"
+        return f"{url}?after={quote(cursor_of(position(WorkflowRun.objects.order_by('-created_at').first())))}"
     return url + found.group(1).replace("&amp;", "&")
 
 
@@ -453,37 +483,75 @@ def load_average() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def verdict(empty: float, loaded: float) -> str:
-    allowed = min(PAGE_MS, max(PAGE_RATIO * empty, 30.0))
+def figure(ms: float | None, width: int) -> str:
+    """`ms` in a column `width` wide, a dash when not measured (a reused history)."""
+    return f"{'-':>{width}}" if ms is None else f"{ms:{width}.1f}"
+
+
+def ratio(loaded: float, empty: float | None) -> str:
+    return f"{'-':>5}" if empty is None else f"{loaded / empty:5.2f}"
+
+
+def table_rows() -> dict[str, int]:
+    """The history tables' row counts."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        rows = {}
+        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
+            cursor.execute(f"SELECT count(*) FROM durable_flow_{table}")
+            rows[table] = cursor.fetchone()[0]
+    return rows
+
+
+def verdict(empty: float | None, loaded: float) -> str:
+    """Against the targets: the ratio's only when the empty tables were timed."""
+    allowed = PAGE_MS if empty is None else min(PAGE_MS, max(PAGE_RATIO * empty, 30.0))
     return "ok" if loaded <= allowed else f"SLOW (> {allowed:.0f} ms)"
 
 
 def main() -> None:
     args = parse_args()
-    setup_django()
+    database = args.database
+    reused = setup_django(database, args.reuse)
+    if reused is not None and reused != args.scale:
+        raise SystemExit(f"{database} holds a history at scale {reused:g}, not {args.scale:g}")
+    from django.db import connection
     from django.test import Client
 
+    empty_pages: dict[str, tuple[float, float]] = {}
+    empty_sampling: tuple[float, float] | None = None
+    empty_tick: dict[str, float] = {}
     try:
         load_before = load_average()
-        register_fixtures()
+        if reused is None:
+            register_fixtures()
         client = Client()
         client.force_login(__import__("django.contrib.auth").contrib.auth.get_user_model().objects.get())
-        # "Empty": no history, but a page's worth of runs of each kind, so each page renders
-        # the rows it renders with the history and the ratio is the history's cost alone.
-        load_history("a", BASE_FINISHED, BASE_WAITING, BASE_SLEEPING, quiet=True)
-        log("empty tables (no history):")
-        empty_pages = time_pages(client, args.requests)
-        empty_sampling = sampling_ms(args.requests)
-        empty_tick = tick_db_ms(args.requests)
-        log(f"history at scale {args.scale:g}:")
-        started = time.perf_counter()
-        rows = load_history(
-            "b",
-            max(1, round(FINISHED * args.scale)),
-            max(1, round(WAITING * args.scale)),
-            max(1, round(SLEEPING * args.scale)),
-        )
-        load_s = time.perf_counter() - started
+        if reused is None:
+            # "Empty": no history, but a page's worth of runs of each kind, so each page renders
+            # the rows it renders with the history and the ratio is the history's cost alone.
+            load_history("a", BASE_FINISHED, BASE_WAITING, BASE_SLEEPING, quiet=True)
+            log("empty tables (no history):")
+            empty_pages = time_pages(client, args.requests)
+            empty_sampling = sampling_ms(args.requests)
+            empty_tick = tick_db_ms(args.requests)
+            log(f"history at scale {args.scale:g}:")
+            started = time.perf_counter()
+            rows = load_history(
+                "b",
+                max(1, round(FINISHED * args.scale)),
+                max(1, round(WAITING * args.scale)),
+                max(1, round(SLEEPING * args.scale)),
+            )
+            load_s = time.perf_counter() - started
+            if args.reuse:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"CREATE TABLE {LOADED} (scale float NOT NULL)")
+                    cursor.execute(f"INSERT INTO {LOADED} VALUES (%s)", [args.scale])
+        else:
+            log(f"history at scale {args.scale:g} kept in {database}: the empty tables are not timed")
+            rows, load_s = table_rows(), 0.0
         log("with history:")
         loaded_pages = time_pages(client, args.requests)
         loaded_sampling = sampling_ms(args.requests)
@@ -493,8 +561,8 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        if not args.keep:
-            pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+        if not (args.keep or args.reuse):
+            pg_admin(f"DROP DATABASE IF EXISTS {database}")
 
     print(f"operator surfaces with a history (PostgreSQL, scale {args.scale:g}, median of {args.requests} requests)")
     print(
@@ -504,29 +572,30 @@ def main() -> None:
     print()
     print(f"| {'page or endpoint':<32} | empty ms | history ms | ratio | DB ms empty / history | verdict |")
     print(f"|{'-' * 34}|---------:|-----------:|------:|----------------------:|---------|")
-    for label, (empty, empty_db) in empty_pages.items():
-        loaded, in_db = loaded_pages[label]
+    for label, (loaded, in_db) in loaded_pages.items():
+        empty, empty_db = empty_pages.get(label, (None, None))
         print(
-            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | "
-            f"{empty_db:9.1f} / {in_db:9.1f} | {verdict(empty, loaded)} |"
+            f"| {label:<32} | {figure(empty, 8)} | {loaded:10.1f} | {ratio(loaded, empty)} | "
+            f"{figure(empty_db, 9)} / {in_db:9.1f} | {verdict(empty, loaded)} |"
         )
-    (empty_s, empty_s_db), (loaded_s, sampling_db) = empty_sampling, loaded_sampling
+    (empty_s, empty_s_db), (loaded_s, sampling_db) = empty_sampling or (None, None), loaded_sampling
     print(
-        f"| {'poller sampling pass':<32} | {empty_s:8.1f} | {loaded_s:10.1f} | {loaded_s / empty_s:5.2f} | "
-        f"{empty_s_db:9.1f} / {sampling_db:9.1f} | "
+        f"| {'poller sampling pass':<32} | {figure(empty_s, 8)} | {loaded_s:10.1f} | {ratio(loaded_s, empty_s)} | "
+        f"{figure(empty_s_db, 9)} / {sampling_db:9.1f} | "
         f"{'ok' if loaded_s <= SAMPLING_MS else f'SLOW (> {SAMPLING_MS:.0f} ms)'} |"
     )
-    for topic, empty in empty_tick.items():
-        loaded = loaded_tick[topic]
+    for topic, loaded in loaded_tick.items():
+        empty = empty_tick.get(topic)
         label = f"live tick DB, tab {topic}"
         print(
-            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | {empty:9.1f} / {loaded:9.1f} | "
-            f"{'ok' if loaded <= TICK_MS else f'SLOW (> {TICK_MS:.0f} ms)'} |"
+            f"| {label:<32} | {figure(empty, 8)} | {loaded:10.1f} | {ratio(loaded, empty)} | "
+            f"{figure(empty, 9)} / {loaded:9.1f} | {'ok' if loaded <= TICK_MS else f'SLOW (> {TICK_MS:.0f} ms)'} |"
         )
-    worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
     slowest = max(loaded for loaded, _ in loaded_pages.values())
     print()
-    print(f"  worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})")
+    if empty_pages:
+        worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
+        print(f"  worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})")
     print(f"  slowest page with history: {slowest:.1f} ms (target <= {PAGE_MS:g} ms)")
     print(
         f"  sampling pass with history: {loaded_s:.1f} ms, {sampling_db:.1f} ms in statements "
