@@ -7,6 +7,9 @@ The read is one `UNION ALL` of a row per concern, tagged: `q` a registered queue
 calls counted up to a cap (on its `df_checkpoint_queue_line` entries only), `d` steps dispatched
 in the window, `s` steps settled in it (completed, failed for good), `a` attempts that failed in
 it (retried or not, from the attempt history), `u` the steps that name no queue in flight now.
+Each reads only the index entries of what it counts: `u` reads the dispatched range of the
+`(status, dispatched_at)` index from its first stamped entry, so the sleeps and signal waits
+(also `dispatched` on no queue, but never stamped) are not read one by one to be left out.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
+from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from durable_flow.models import (
     AttemptStatus,
@@ -29,7 +33,7 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkerSample,
 )
-from durable_flow.store.statements import prepared
+from durable_flow.store.statements import one_round_trip, prepared
 
 #: Queue samples per INSERT: 9 parameters a row stays under SQLite's oldest variable limit (999).
 INSERT_CHUNK = 100
@@ -70,7 +74,10 @@ def _figures_sql(vendor: str) -> str:
         f"AND finished_at > %s AND finished_at <= %s AND status IN (%s, %s) GROUP BY queue "
         f"UNION ALL SELECT 'a', c.queue, COUNT(*), 0 FROM {attempts} a JOIN {steps} c ON c.id = a.checkpoint_id "
         f"WHERE a.status = %s AND a.finished_at > %s AND a.finished_at <= %s GROUP BY c.queue "
-        f"UNION ALL SELECT 'u', '', COUNT(*), 0 FROM {steps} WHERE kind = %s AND queue = '' AND status = %s"
+        f"UNION ALL SELECT 'u', '', COUNT(*), 0 FROM {steps} WHERE kind = %s AND queue = '' AND status = %s "
+        # Every dispatch of a step stamps `dispatched_at` (`engine/dispatch.py`, the optimistic
+        # first step), so this leaves no step out; a sleep or signal wait is never stamped.
+        "AND dispatched_at IS NOT NULL"
     )
 
 
@@ -93,15 +100,10 @@ def queue_figures(start: datetime, end: datetime, parked_cap: int) -> QueueFigur
     sql, params = figures_statement(start, end, parked_cap)
     figures = QueueFigures()
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # The planner prices the per-queue count for as many queues as an unanalysed
-            # `FlowQueue` might hold (autovacuum never analyses a table of a few rows), which
-            # passes the JIT threshold: compiling would cost the pass many times its reading.
-            # SET LOCAL in the same string holds for this statement's implicit transaction.
-            cursor.execute(f"SET LOCAL jit = off; {sql}", params)
-            cursor.nextset()
-        else:
-            cursor.execute(sql, params)
+        # The planner prices the per-queue count for as many queues as an unanalysed `FlowQueue`
+        # might hold (autovacuum never analyses a table of a few rows), which passes the JIT
+        # threshold: compiling would cost the pass many times its reading.
+        _execute_with(cursor, "jit = off", sql, params)
         rows = cursor.fetchall()
     for concern, queue, first, second in rows:
         if concern == "q":
@@ -157,11 +159,26 @@ def write_samples(
                 "ON CONFLICT DO NOTHING"
             )
             if together and not begin:
-                cursor.execute(f"WITH workers AS ({workers_sql}) {sql}", [*workers_params, *params])
-            else:
-                cursor.execute(sql, params)
+                sql, params = f"WITH workers AS ({workers_sql}) {sql}", [*workers_params, *params]
+            cursor.execute(sql, params)
         if not together or not rows:
             cursor.execute(workers_sql, workers_params)
+
+
+def _execute_with(cursor: Any, setting: str | None, sql: str, params: Sequence[object]) -> None:
+    """Execute `sql` with a PostgreSQL `setting` (`name = value`) for its transaction only
+    (`SET LOCAL`), in the same round trip where the database allows it (`one_round_trip`:
+    autocommit runs the string as one implicit transaction), else in a transaction of its own
+    (or the caller's) one statement after the other; elsewhere, or with no setting, `sql` alone."""
+    if connection.vendor != "postgresql" or setting is None:
+        cursor.execute(sql, params)
+    elif one_round_trip():
+        cursor.execute(f"SET LOCAL {setting}; {sql}", params)
+        cursor.nextset()
+    else:
+        with transaction.atomic():
+            cursor.execute(f"SET LOCAL {setting}")
+            cursor.execute(sql, params)
 
 
 def _worker_samples_sql() -> str:
