@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -26,6 +26,7 @@ from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import (
     FlowQueue,
+    QueueSample,
     RunStatus,
     StepCheckpoint,
     StepStatus,
@@ -359,6 +360,43 @@ def test_the_sampler_reads_no_sleep_or_signal_wait_to_count_the_steps_in_flight(
     plan = json.loads(plan) if isinstance(plan, str) else plan
     assert rows_removed(plan[0]["Plan"], StepCheckpoint._meta.db_table) == 0, json.dumps(plan, indent=1)
     assert sampling_store.queue_figures(now - timedelta(seconds=10), now, 10).ungated_in_flight == 2
+
+
+@postgresql_only
+def test_the_samples_commit_waits_for_no_wal_flush_and_leaves_a_caller_s_transaction_as_it_was(
+    transactional_db: None,
+) -> None:
+    """The samples' own commit does not wait for the WAL to reach the disk; inside a caller's
+    transaction the write leaves the caller's setting (its other writes) as they were."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE seen_commit (setting text)")
+        cursor.execute(
+            "CREATE FUNCTION df_test_seen_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO seen_commit VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER df_test_seen_commit AFTER INSERT ON durable_flow_queuesample "
+            "FOR EACH ROW EXECUTE FUNCTION df_test_seen_commit()"
+        )
+    try:
+        now = timezone.now()
+        sampling_store.write_samples(now, 10.0, [("", 0, 1, 0, 0, 0, 0)], now)
+        with transaction.atomic():
+            sampling_store.write_samples(now + timedelta(seconds=10), 10.0, [("", 0, 2, 0, 0, 0, 0)], now)
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                assert cursor.fetchone()[0] == "on"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setting FROM seen_commit")
+            assert [row[0] for row in cursor.fetchall()] == ["off", "on"]
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"  # for its own transaction only
+        assert sorted(QueueSample.objects.values_list("in_flight", flat=True)) == [1, 2]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER df_test_seen_commit ON durable_flow_queuesample")
+            cursor.execute("DROP FUNCTION df_test_seen_commit()")
+            cursor.execute("DROP TABLE seen_commit")
 
 
 @postgresql_only
