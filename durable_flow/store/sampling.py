@@ -7,9 +7,9 @@ The read is one `UNION ALL` of a row per concern, tagged: `q` a registered queue
 calls counted up to a cap (on its `df_checkpoint_queue_line` entries only), `d` steps dispatched
 in the window, `s` steps settled in it (completed, failed for good), `a` attempts that failed in
 it (retried or not, from the attempt history), `u` the steps that name no queue in flight now.
-Each reads only the index entries of what it counts: `u` reads the dispatched range of the
-`(status, dispatched_at)` index from its first stamped entry, so the sleeps and signal waits
-(also `dispatched` on no queue, but never stamped) are not read one by one to be left out.
+`u` reads only the stamped entries (`dispatched_at` set) of the `(status, dispatched_at)` index's
+dispatched range, so the sleeps and signal waits (also `dispatched` on no queue, but never
+stamped) are not read one by one to be left out, however many runs sleep.
 """
 
 from __future__ import annotations
