@@ -5,6 +5,8 @@ sampling, the live tick) stay fast when PostgreSQL holds a production-sized hist
     .venv/bin/python bench/surfaces.py                 # a small history (--scale 0.02: ~20,000 runs)
     .venv/bin/python bench/surfaces.py --scale 1       # the full history (1,000,000 finished runs)
     DURABLE_FLOW_BENCH_SCALE=1 .venv/bin/python bench/surfaces.py
+    .venv/bin/python bench/surfaces.py --scale 1 --reuse --database df_surfaces
+                               # loads once and keeps it; the next such run times the kept history
 
 Design. A database of its own (dropped after) is migrated, with the trigram index the docs
 suggest for the search inside inputs added, two queues (`imports`, `exports`)
@@ -30,7 +32,9 @@ Printed per page: its median on empty tables, with the history, the ratio, the s
 time with the history, and the verdict against the targets (at most 150 ms, and at most 3x the
 empty time, or 30 ms for a page that takes under 10 ms empty). The host's load average is
 printed too: on a shared host the wall times include waiting for a core. Then the poller's
-sampling pass (`take_samples`, target <= 10 ms) and the database time of one live tick per
+sampling pass (`take_samples`, target <= 10 ms: its median and worst, and the CPU time of
+the database server's process for it, which waiting for a core on a busy host does not
+inflate) and the database time of one live tick per
 open tab (the statements' time of `compute_tick` for one topic, measured by a statement wrapper
 around the connection: target <= 20 ms). The database runs on the same host as the client, so a statement's time is its
 server time plus a local round trip.
@@ -66,6 +70,8 @@ PAGE_MS = 150.0
 PAGE_RATIO = 3.0
 SAMPLING_MS = 10.0
 TICK_MS = 20.0
+#: The table a `--reuse` run writes its history's scale to once loaded (absent: no complete load).
+LOADED = "bench_surfaces_loaded"
 PROBE = "0probe0000000000000000000000run1"
 QUEUES = ("imports", "exports")
 #: The search inside inputs reads a trigram index a deployment adds (docs: "At production size").
@@ -85,6 +91,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=9, help="timed requests per page (the median is printed)")
     parser.add_argument("--keep", action="store_true", help=f"keep the database ({PG_DATABASE}) after the bench")
     reporting.add_json_option(parser, "surfaces")
+    parser.add_argument(
+        "--database",
+        default=PG_DATABASE,
+        help="the PostgreSQL database's name (default: one of this process's own, dropped after the bench)",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the database after the bench, and time with the history a kept one already holds "
+        "(migrated again, loaded at the same scale by an earlier --reuse run) instead of loading it: "
+        "the empty-table figures are then not measured",
+    )
     return parser.parse_args()
 
 
@@ -95,27 +113,47 @@ def pg_admin(sql: str) -> None:
         conn.execute(sql)
 
 
-def setup_django() -> None:
+def setup_django(database: str, reuse: bool) -> float | None:
+    """Point Django at `database` and migrate it. With `reuse` and a database an earlier `--reuse`
+    run kept, return the scale of the history it holds; else the database is made anew (None)."""
     os.environ["DURABLE_FLOW_TEST_ID"] = "bench-surfaces"
     os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"
     os.environ["DURABLE_FLOW_ADMISSION"] = "local"
     os.environ["DJANGO_DEBUG"] = "0"  # as in production: no query log, no debug context
     os.environ["DJANGO_ALLOWED_HOSTS"] = "testserver"  # the test client's host
     os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
-    pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
-    pg_admin(f"CREATE DATABASE {PG_DATABASE}")
-    os.environ["DATABASE_URL"] = f"{PG_SERVER}/{PG_DATABASE}"
+    reused = reuse and pg_exists(database)
+    if not reused:
+        pg_admin(f"DROP DATABASE IF EXISTS {database}")
+        pg_admin(f"CREATE DATABASE {database}")
+    os.environ["DATABASE_URL"] = f"{PG_SERVER}/{database}"
 
     import django
     from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0)
+    call_command("migrate", verbosity=0)  # a kept database gets the migrations added since
     from django.db import connection
 
-    with connection.cursor() as cursor:  # the optional index of the search inside inputs (docs)
-        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-        cursor.execute(INPUT_INDEX)
+    with connection.cursor() as cursor:
+        if not reused:  # the optional index of the search inside inputs (docs)
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+            cursor.execute(INPUT_INDEX)
+            return None
+        found = None
+        if LOADED in connection.introspection.table_names(cursor):
+            cursor.execute(f"SELECT scale FROM {LOADED}")
+            found = cursor.fetchone()
+    if found is None:
+        raise SystemExit(f"{database} holds no complete history: run without --reuse, or name another database")
+    return float(found[0])
+
+
+def pg_exists(database: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone() is not None
 
 
 def log(text: str) -> None:
@@ -250,11 +288,7 @@ def load_history(batch: str, finished: int, waiting: int, sleeping: int, quiet: 
         with shown("VACUUM ANALYZE"):
             for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
                 cursor.execute(f"VACUUM ANALYZE durable_flow_{table}")
-        rows = {}
-        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
-            cursor.execute(f"SELECT count(*) FROM durable_flow_{table}")
-            rows[table] = cursor.fetchone()[0]
-    return rows
+    return table_rows()
 
 
 def register_fixtures() -> None:
@@ -371,6 +405,12 @@ def next_page_url(client: Any, url: str) -> str:
 
 def timed(request: Callable[[], Any], times: int, warmup: int = 2) -> tuple[float, float]:
     """The medians of `request()`'s wall time and of its statements' time, in ms."""
+    spent, in_db = timings(request, times, warmup)
+    return statistics.median(spent), statistics.median(in_db)
+
+
+def timings(request: Callable[[], Any], times: int, warmup: int = 2) -> tuple[list[float], list[float]]:
+    """Each timed `request()`'s wall time and its statements' time, in ms (after `warmup`)."""
     spent, in_db = [], []
     for n in range(warmup + times):
         with statement_time() as statements:
@@ -380,7 +420,7 @@ def timed(request: Callable[[], Any], times: int, warmup: int = 2) -> tuple[floa
         if n >= warmup:
             spent.append(elapsed * 1000)
             in_db.append(sum(statements) * 1000)
-    return statistics.median(spent), statistics.median(in_db)
+    return spent, in_db
 
 
 def time_pages(client: Any, times: int) -> dict[str, tuple[float, float]]:
@@ -416,8 +456,11 @@ def statement_time() -> Iterator[list[float]]:
         yield spent
 
 
-def sampling_ms(times: int) -> tuple[float, float]:
-    """The median of the poller's sampling pass, each at the next interval (so it writes rows)."""
+def sampling_ms(times: int) -> tuple[float, float, float, float, float | None]:
+    """The poller's sampling pass, each at the next interval (so it writes rows): the median of
+    its wall time and of its statements' time, the worst of each, and the median of the CPU
+    time its database server process spent on it (None where it cannot be read), in ms. On a
+    busy host the wall times include waiting for a core; the server's CPU time does not."""
     from django.utils import timezone
 
     from durable_flow.engine import get_engine
@@ -427,7 +470,43 @@ def sampling_ms(times: int) -> tuple[float, float]:
     start = timezone.now()
     interval = engine.settings.sample_interval_s
     passes = iter(range(1, 10_000))
-    return timed(lambda: take_samples(engine, start + timedelta(seconds=interval * next(passes))), times)
+    server = ServerCpu()
+    cpu: list[float] = []
+
+    def one_pass() -> None:
+        before = server.ns()
+        take_samples(engine, start + timedelta(seconds=interval * next(passes)))
+        after = server.ns()
+        if before is not None and after is not None:
+            cpu.append((after - before) / 1e6)
+
+    spent, in_db = timings(one_pass, times)
+    cpu = cpu[-times:]  # the timed passes, not the warm-up
+    return (
+        statistics.median(spent),
+        statistics.median(in_db),
+        max(spent),
+        max(in_db),
+        statistics.median(cpu) if cpu else None,
+    )
+
+
+class ServerCpu:
+    """The CPU time the server process behind Django's connection has run, read from Linux's
+    `/proc/<pid>/schedstat` (the database is on this host): None where it cannot be read."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            self.path = Path(f"/proc/{cursor.fetchone()[0]}/schedstat")
+
+    def ns(self) -> int | None:
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
 
 def tick_db_ms(times: int) -> dict[str, float]:
@@ -453,37 +532,75 @@ def load_average() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def verdict(empty: float, loaded: float) -> str:
-    allowed = min(PAGE_MS, max(PAGE_RATIO * empty, 30.0))
+def figure(ms: float | None, width: int) -> str:
+    """`ms` in a column `width` wide, a dash when not measured (a reused history)."""
+    return f"{'-':>{width}}" if ms is None else f"{ms:{width}.1f}"
+
+
+def ratio(loaded: float, empty: float | None) -> str:
+    return f"{'-':>5}" if empty is None else f"{loaded / empty:5.2f}"
+
+
+def table_rows() -> dict[str, int]:
+    """The history tables' row counts."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        rows = {}
+        for table in ("workflowrun", "stepcheckpoint", "stepattempt"):
+            cursor.execute(f"SELECT count(*) FROM durable_flow_{table}")
+            rows[table] = cursor.fetchone()[0]
+    return rows
+
+
+def verdict(empty: float | None, loaded: float) -> str:
+    """Against the targets: the ratio's only when the empty tables were timed."""
+    allowed = PAGE_MS if empty is None else min(PAGE_MS, max(PAGE_RATIO * empty, 30.0))
     return "ok" if loaded <= allowed else f"SLOW (> {allowed:.0f} ms)"
 
 
 def main() -> None:
     args = parse_args()
-    setup_django()
+    database = args.database
+    reused = setup_django(database, args.reuse)
+    if reused is not None and reused != args.scale:
+        raise SystemExit(f"{database} holds a history at scale {reused:g}, not {args.scale:g}")
+    from django.db import connection
     from django.test import Client
 
+    empty_pages: dict[str, tuple[float, float]] = {}
+    empty_sampling: tuple[float, float, float, float, float | None] | None = None
+    empty_tick: dict[str, float] = {}
     try:
         load_before = load_average()
-        register_fixtures()
+        if reused is None:
+            register_fixtures()
         client = Client()
         client.force_login(__import__("django.contrib.auth").contrib.auth.get_user_model().objects.get())
-        # "Empty": no history, but a page's worth of runs of each kind, so each page renders
-        # the rows it renders with the history and the ratio is the history's cost alone.
-        load_history("a", BASE_FINISHED, BASE_WAITING, BASE_SLEEPING, quiet=True)
-        log("empty tables (no history):")
-        empty_pages = time_pages(client, args.requests)
-        empty_sampling = sampling_ms(args.requests)
-        empty_tick = tick_db_ms(args.requests)
-        log(f"history at scale {args.scale:g}:")
-        started = time.perf_counter()
-        rows = load_history(
-            "b",
-            max(1, round(FINISHED * args.scale)),
-            max(1, round(WAITING * args.scale)),
-            max(1, round(SLEEPING * args.scale)),
-        )
-        load_s = time.perf_counter() - started
+        if reused is None:
+            # "Empty": no history, but a page's worth of runs of each kind, so each page renders
+            # the rows it renders with the history and the ratio is the history's cost alone.
+            load_history("a", BASE_FINISHED, BASE_WAITING, BASE_SLEEPING, quiet=True)
+            log("empty tables (no history):")
+            empty_pages = time_pages(client, args.requests)
+            empty_sampling = sampling_ms(args.requests)
+            empty_tick = tick_db_ms(args.requests)
+            log(f"history at scale {args.scale:g}:")
+            started = time.perf_counter()
+            rows = load_history(
+                "b",
+                max(1, round(FINISHED * args.scale)),
+                max(1, round(WAITING * args.scale)),
+                max(1, round(SLEEPING * args.scale)),
+            )
+            load_s = time.perf_counter() - started
+            if args.reuse:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"CREATE TABLE {LOADED} (scale float NOT NULL)")
+                    cursor.execute(f"INSERT INTO {LOADED} VALUES (%s)", [args.scale])
+        else:
+            log(f"history at scale {args.scale:g} kept in {database}: the empty tables are not timed")
+            rows, load_s = table_rows(), 0.0
         log("with history:")
         loaded_pages = time_pages(client, args.requests)
         loaded_sampling = sampling_ms(args.requests)
@@ -493,8 +610,8 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        if not args.keep:
-            pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE}")
+        if not (args.keep or args.reuse):
+            pg_admin(f"DROP DATABASE IF EXISTS {database}")
 
     print(f"operator surfaces with a history (PostgreSQL, scale {args.scale:g}, median of {args.requests} requests)")
     print(
@@ -504,64 +621,78 @@ def main() -> None:
     print()
     print(f"| {'page or endpoint':<32} | empty ms | history ms | ratio | DB ms empty / history | verdict |")
     print(f"|{'-' * 34}|---------:|-----------:|------:|----------------------:|---------|")
-    for label, (empty, empty_db) in empty_pages.items():
-        loaded, in_db = loaded_pages[label]
+    for label, (loaded, in_db) in loaded_pages.items():
+        empty, empty_db = empty_pages.get(label, (None, None))
         print(
-            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | "
-            f"{empty_db:9.1f} / {in_db:9.1f} | {verdict(empty, loaded)} |"
+            f"| {label:<32} | {figure(empty, 8)} | {loaded:10.1f} | {ratio(loaded, empty)} | "
+            f"{figure(empty_db, 9)} / {in_db:9.1f} | {verdict(empty, loaded)} |"
         )
-    (empty_s, empty_s_db), (loaded_s, sampling_db) = empty_sampling, loaded_sampling
+    (empty_s, empty_s_db, *_), (loaded_s, sampling_db, worst_s, worst_s_db, server_cpu) = (
+        empty_sampling or (None, None),
+        loaded_sampling,
+    )
     print(
-        f"| {'poller sampling pass':<32} | {empty_s:8.1f} | {loaded_s:10.1f} | {loaded_s / empty_s:5.2f} | "
-        f"{empty_s_db:9.1f} / {sampling_db:9.1f} | "
+        f"| {'poller sampling pass':<32} | {figure(empty_s, 8)} | {loaded_s:10.1f} | {ratio(loaded_s, empty_s)} | "
+        f"{figure(empty_s_db, 9)} / {sampling_db:9.1f} | "
         f"{'ok' if loaded_s <= SAMPLING_MS else f'SLOW (> {SAMPLING_MS:.0f} ms)'} |"
     )
-    for topic, empty in empty_tick.items():
-        loaded = loaded_tick[topic]
+    for topic, loaded in loaded_tick.items():
+        empty = empty_tick.get(topic)
         label = f"live tick DB, tab {topic}"
         print(
-            f"| {label:<32} | {empty:8.1f} | {loaded:10.1f} | {loaded / empty:5.2f} | {empty:9.1f} / {loaded:9.1f} | "
-            f"{'ok' if loaded <= TICK_MS else f'SLOW (> {TICK_MS:.0f} ms)'} |"
+            f"| {label:<32} | {figure(empty, 8)} | {loaded:10.1f} | {ratio(loaded, empty)} | "
+            f"{figure(empty, 9)} / {loaded:9.1f} | {'ok' if loaded <= TICK_MS else f'SLOW (> {TICK_MS:.0f} ms)'} |"
         )
-    worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
     slowest = max(loaded for loaded, _ in loaded_pages.values())
-    lines = [
-        f"worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})",
+    lines = []
+    if empty_pages:
+        worst = max(loaded_pages[label][0] / empty_pages[label][0] for label in empty_pages)
+        lines.append(f"worst page ratio history / empty: {worst:.2f} (target <= {PAGE_RATIO:g})")
+    lines += [
         f"slowest page with history: {slowest:.1f} ms (target <= {PAGE_MS:g} ms)",
         f"sampling pass with history: {loaded_s:.1f} ms, {sampling_db:.1f} ms in statements "
-        f"(target <= {SAMPLING_MS:g} ms)",
-        f"worst live tick DB time per tab: {max(loaded_tick.values()):.1f} ms (target <= {TICK_MS:g} ms)",
+        f"(worst {worst_s:.1f} ms, {worst_s_db:.1f} ms in statements; target <= {SAMPLING_MS:g} ms)",
     ]
+    if server_cpu is not None:
+        lines.append(
+            f"sampling pass's database server CPU time: {server_cpu:.1f} ms (median; waits for a core not counted)"
+        )
+    lines.append(f"worst live tick DB time per tab: {max(loaded_tick.values()):.1f} ms (target <= {TICK_MS:g} ms)")
     print()
     print("\n".join(f"  {line}" for line in lines))
-    slow_pages = [label for label in empty_pages if verdict(empty_pages[label][0], loaded_pages[label][0]) != "ok"]
+    empty_ms = {label: figures[0] for label, figures in empty_pages.items()}
+    slow_pages = [label for label, (loaded, _) in loaded_pages.items() if verdict(empty_ms.get(label), loaded) != "ok"]
     reporting.write_json(
         "surfaces",
         {
             "scale": args.scale,
             "requests": args.requests,
+            "reused": reused is not None,
             "rows": rows,
             "load_s": load_s,
             "load_average": [load_before, load_after],
             "pages": {
                 label: {
-                    "empty_ms": empty_pages[label][0],
-                    "empty_db_ms": empty_pages[label][1],
-                    "history_ms": loaded_pages[label][0],
-                    "history_db_ms": loaded_pages[label][1],
-                    "ratio": loaded_pages[label][0] / empty_pages[label][0],
-                    "verdict": verdict(empty_pages[label][0], loaded_pages[label][0]),
+                    "empty_ms": empty_pages.get(label, (None, None))[0],
+                    "empty_db_ms": empty_pages.get(label, (None, None))[1],
+                    "history_ms": loaded,
+                    "history_db_ms": in_db,
+                    "ratio": loaded / empty_pages[label][0] if label in empty_pages else None,
+                    "verdict": verdict(empty_ms.get(label), loaded),
                 }
-                for label in empty_pages
+                for label, (loaded, in_db) in loaded_pages.items()
             },
             "sampling": {
                 "empty_ms": empty_s,
                 "empty_db_ms": empty_s_db,
                 "history_ms": loaded_s,
                 "history_db_ms": sampling_db,
+                "history_worst_ms": worst_s,
+                "history_worst_db_ms": worst_s_db,
+                "server_cpu_ms": server_cpu,
             },
             "live_tick_db_ms": {
-                topic: {"empty": empty_tick[topic], "history": loaded_tick[topic]} for topic in empty_tick
+                topic: {"empty": empty_tick.get(topic), "history": loaded} for topic, loaded in loaded_tick.items()
             },
         },
         path=args.json,

@@ -7,6 +7,9 @@ The read is one `UNION ALL` of a row per concern, tagged: `q` a registered queue
 calls counted up to a cap (on its `df_checkpoint_queue_line` entries only), `d` steps dispatched
 in the window, `s` steps settled in it (completed, failed for good), `a` attempts that failed in
 it (retried or not, from the attempt history), `u` the steps that name no queue in flight now.
+`u` reads only the stamped entries (`dispatched_at` set) of the `(status, dispatched_at)` index's
+dispatched range, so the sleeps and signal waits (also `dispatched` on no queue, but never
+stamped) are not read one by one to be left out, however many runs sleep.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
+from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from durable_flow.models import (
     AttemptStatus,
@@ -29,8 +33,10 @@ from durable_flow.models import (
     WorkerHeartbeat,
     WorkerSample,
 )
-from durable_flow.store.statements import prepared
+from durable_flow.store.statements import one_round_trip, prepared
 
+#: The samples' commit does not wait for the WAL flush (see `write_samples`).
+NO_FLUSH_WAIT = "synchronous_commit = off"
 #: Queue samples per INSERT: 9 parameters a row stays under SQLite's oldest variable limit (999).
 INSERT_CHUNK = 100
 
@@ -70,7 +76,10 @@ def _figures_sql(vendor: str) -> str:
         f"AND finished_at > %s AND finished_at <= %s AND status IN (%s, %s) GROUP BY queue "
         f"UNION ALL SELECT 'a', c.queue, COUNT(*), 0 FROM {attempts} a JOIN {steps} c ON c.id = a.checkpoint_id "
         f"WHERE a.status = %s AND a.finished_at > %s AND a.finished_at <= %s GROUP BY c.queue "
-        f"UNION ALL SELECT 'u', '', COUNT(*), 0 FROM {steps} WHERE kind = %s AND queue = '' AND status = %s"
+        f"UNION ALL SELECT 'u', '', COUNT(*), 0 FROM {steps} WHERE kind = %s AND queue = '' AND status = %s "
+        # Every dispatch of a step stamps `dispatched_at` (`engine/dispatch.py`, the optimistic
+        # first step), so this leaves no step out; a sleep or signal wait is never stamped.
+        "AND dispatched_at IS NOT NULL"
     )
 
 
@@ -93,15 +102,10 @@ def queue_figures(start: datetime, end: datetime, parked_cap: int) -> QueueFigur
     sql, params = figures_statement(start, end, parked_cap)
     figures = QueueFigures()
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # The planner prices the per-queue count for as many queues as an unanalysed
-            # `FlowQueue` might hold (autovacuum never analyses a table of a few rows), which
-            # passes the JIT threshold: compiling would cost the pass many times its reading.
-            # SET LOCAL in the same string holds for this statement's implicit transaction.
-            cursor.execute(f"SET LOCAL jit = off; {sql}", params)
-            cursor.nextset()
-        else:
-            cursor.execute(sql, params)
+        # The planner prices the per-queue count for as many queues as an unanalysed `FlowQueue`
+        # might hold (autovacuum never analyses a table of a few rows), which passes the JIT
+        # threshold: compiling would cost the pass many times its reading.
+        _execute_with(cursor, "jit = off", sql, params)
         rows = cursor.fetchall()
     for concern, queue, first, second in rows:
         if concern == "q":
@@ -140,12 +144,19 @@ def write_samples(
     failures, failed_attempts)` at `at`, and copy every live worker's heartbeat numbers (not
     stopped, seen at or after `live_since`) into a `WorkerSample` at `at`. A row another poller
     wrote already is kept (the unique `(queue, at)` and `(worker_id, at)` drop the copy). On
-    PostgreSQL both are one statement (one commit); elsewhere one each."""
+    PostgreSQL both are one statement (one commit), which does not wait for its WAL to reach the
+    disk (`synchronous_commit = off`): a server crash in the moment after it may lose this one
+    interval's samples (a gap in the charts, as a poller down for the interval leaves), never
+    corrupt or reorder anything, and the pass stops waiting on a flush it shares with every
+    busy writer of the database. Elsewhere one statement each."""
     stamp = prepared(QueueSample, "at", at)
     columns = ", ".join(_q(QueueSample._meta.get_field(name).column) for name in QUEUE_SAMPLE_COLUMNS)  # type: ignore[union-attr]
     values = "(" + ", ".join(["%s"] * len(QUEUE_SAMPLE_COLUMNS)) + ")"
     workers_sql, workers_params = _worker_samples_sql(), [stamp, prepared(WorkerHeartbeat, "last_seen", live_since)]
     together = connection.vendor == "postgresql"
+    # Only for a commit of its own: inside a caller's transaction the setting would hold for
+    # the caller's writes too.
+    setting = None if connection.in_atomic_block else NO_FLUSH_WAIT
     with connection.cursor() as cursor:
         for begin in range(0, len(rows), INSERT_CHUNK):
             chunk = rows[begin : begin + INSERT_CHUNK]
@@ -157,11 +168,26 @@ def write_samples(
                 "ON CONFLICT DO NOTHING"
             )
             if together and not begin:
-                cursor.execute(f"WITH workers AS ({workers_sql}) {sql}", [*workers_params, *params])
-            else:
-                cursor.execute(sql, params)
+                sql, params = f"WITH workers AS ({workers_sql}) {sql}", [*workers_params, *params]
+            _execute_with(cursor, setting, sql, params)
         if not together or not rows:
-            cursor.execute(workers_sql, workers_params)
+            _execute_with(cursor, setting, workers_sql, workers_params)
+
+
+def _execute_with(cursor: Any, setting: str | None, sql: str, params: Sequence[object]) -> None:
+    """Execute `sql` with a PostgreSQL `setting` (`name = value`) for its transaction only
+    (`SET LOCAL`), in the same round trip where the database allows it (`one_round_trip`:
+    autocommit runs the string as one implicit transaction), else in a transaction of its own
+    (or the caller's) one statement after the other; elsewhere, or with no setting, `sql` alone."""
+    if connection.vendor != "postgresql" or setting is None:
+        cursor.execute(sql, params)
+    elif one_round_trip():
+        cursor.execute(f"SET LOCAL {setting}; {sql}", params)
+        cursor.nextset()
+    else:
+        with transaction.atomic():
+            cursor.execute(f"SET LOCAL {setting}")
+            cursor.execute(sql, params)
 
 
 def _worker_samples_sql() -> str:

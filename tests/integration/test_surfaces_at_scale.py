@@ -7,22 +7,26 @@ scans the table has no usable index)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from durable_flow import start
 from durable_flow.contrib.admin_run_list import COUNT_CAP, CappedCountPaginator
+from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import (
     FlowQueue,
+    QueueSample,
     RunStatus,
     StepCheckpoint,
     StepStatus,
@@ -34,7 +38,9 @@ from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
 from durable_flow.observe.run_pages import PAGE_SIZE, run_page
 from durable_flow.observe.runs import run_counts
 from durable_flow.observe.sampling import Parked, parked_calls
+from durable_flow.operations import api
 from durable_flow.store import sampling as sampling_store
+from tests.engine_support import transport_of
 
 postgresql_only = pytest.mark.skipif(
     "connection.vendor != 'postgresql'", reason="a plan of PostgreSQL's (the SQLite pass has no such index)"
@@ -290,6 +296,107 @@ def test_postgresql_answers_the_sampler_s_windows_from_indexes(no_seqscan: None)
     ):
         assert index in text, text
     assert not [scan for scan in scans(text) if "flowqueue" not in scan], text  # a handful of rows
+
+
+def test_the_sampler_s_no_queue_in_flight_count_is_the_dispatched_steps_only(manual: Engine, clock: Any) -> None:
+    """Through the engine's own dispatches: the steps in flight on no queue count, and nothing
+    else that is `dispatched` on no queue (a sleep, a signal wait, a child run) or in flight on a
+    queue does."""
+    api.register_queue("sampled", concurrency=2)
+    start("tests.three_steps", 1)  # its first step, on no queue
+    start("tests.child_parent", 2)  # the parent waits on its child, whose first step is in flight
+    start("tests.sleeper", 3600)
+    start("tests.signal_waiter", None)
+    start("tests.queued", {"queue": "sampled", "value": 0})
+    transport_of(manual).run_turns()
+    dispatched = StepCheckpoint.objects.filter(status=StepStatus.DISPATCHED)
+    assert sorted(dispatched.values_list("kind", "queue")) == [
+        ("child", ""),
+        ("signal", ""),
+        ("sleep", ""),
+        ("step", ""),
+        ("step", ""),
+        ("step", "sampled"),
+    ]
+    now = clock()
+    assert sampling_store.queue_figures(now - timedelta(seconds=10), now, 10).ungated_in_flight == 2
+
+
+def rows_removed(plan: Any, table: str) -> int:
+    """The rows of `table` an `EXPLAIN (ANALYZE, FORMAT JSON)` plan read and left out."""
+    removed = 0
+    if plan.get("Relation Name") == table:
+        removed += plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Index Recheck", 0)
+    return removed + sum(rows_removed(child, table) for child in plan.get("Plans", ()))
+
+
+@postgresql_only
+def test_the_sampler_reads_no_sleep_or_signal_wait_to_count_the_steps_in_flight(no_seqscan: None) -> None:
+    """The sleeps and signal waits are `dispatched` on no queue too, as many as the runs asleep;
+    the count of the steps in flight on no queue reads none of their rows to leave them out."""
+    now = timezone.now()
+    make_run("asleep", now, status=RunStatus.SUSPENDED)
+    StepCheckpoint.objects.bulk_create(
+        StepCheckpoint(
+            run_id="asleep",
+            key=str(n),
+            sequence=n,
+            kind="sleep" if n % 2 else "signal",
+            name="sleep",
+            status=StepStatus.DISPATCHED,
+        )
+        for n in range(300)
+    )
+    make_run("busy", now, status=RunStatus.RUNNING)
+    for key in ("0", "1"):
+        checkpoint("busy", key, status=StepStatus.DISPATCHED, dispatched_at=now)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_flow_stepcheckpoint")
+        sql, params = sampling_store.figures_statement(
+            now - timedelta(hours=1, seconds=10), now - timedelta(hours=1), 10
+        )
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    assert rows_removed(plan[0]["Plan"], StepCheckpoint._meta.db_table) == 0, json.dumps(plan, indent=1)
+    assert sampling_store.queue_figures(now - timedelta(seconds=10), now, 10).ungated_in_flight == 2
+
+
+@postgresql_only
+def test_the_samples_commit_waits_for_no_wal_flush_and_leaves_a_caller_s_transaction_as_it_was(
+    transactional_db: None,
+) -> None:
+    """The samples' own commit does not wait for the WAL to reach the disk; inside a caller's
+    transaction the write leaves the caller's setting (its other writes) as they were."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE seen_commit (setting text)")
+        cursor.execute(
+            "CREATE FUNCTION df_test_seen_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO seen_commit VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER df_test_seen_commit AFTER INSERT ON durable_flow_queuesample "
+            "FOR EACH ROW EXECUTE FUNCTION df_test_seen_commit()"
+        )
+    try:
+        now = timezone.now()
+        sampling_store.write_samples(now, 10.0, [("", 0, 1, 0, 0, 0, 0)], now)
+        with transaction.atomic():
+            sampling_store.write_samples(now + timedelta(seconds=10), 10.0, [("", 0, 2, 0, 0, 0, 0)], now)
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                assert cursor.fetchone()[0] == "on"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setting FROM seen_commit")
+            assert [row[0] for row in cursor.fetchall()] == ["off", "on"]
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"  # for its own transaction only
+        assert sorted(QueueSample.objects.values_list("in_flight", flat=True)) == [1, 2]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER df_test_seen_commit ON durable_flow_queuesample")
+            cursor.execute("DROP FUNCTION df_test_seen_commit()")
+            cursor.execute("DROP TABLE seen_commit")
 
 
 @postgresql_only
