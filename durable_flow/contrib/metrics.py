@@ -51,7 +51,7 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 HISTOGRAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "durable_flow_admission_wait_seconds",
-        "A step call's wait from the call to its admission through a named queue (first attempts).",
+        "A step attempt's wait from asking to its admission through a named queue (a retry: from its backoff's end).",
         ("queue",),
     ),
     (

@@ -87,6 +87,12 @@ class TaskStartChecks:
         args, kwargs = input.get("args", []), input.get("kwargs", {})
         return start_quota(task, args, kwargs), start_gate(task, args, kwargs, run_id)
 
+    def label(self, input: Any) -> str | None:
+        """The declared task's path: a refused start is recorded under its task, not under
+        `durable_flow.task` (every task's workflow)."""
+        task = run_task_of(input)
+        return task.module_path if task is not None else None
+
 
 @step(TASK_STEP)
 def call_task(payload: dict[str, Any]) -> Any:

@@ -43,7 +43,6 @@ from durable_flow.definitions.declared_tasks import declare, declared_task
 from durable_flow.definitions.quotas import ACTIVE_STATUSES, QuotaSpec
 from durable_flow.engine import get_engine
 from durable_flow.exceptions import (
-    ConcurrencyLimitError,
     InvalidInput,
     RegistrationError,
     RunNotFound,
@@ -263,22 +262,17 @@ class DurableFlowBackend(BaseTaskBackend):
             "backend": self.alias,
             "result_id": result_id,
         }
-        try:
-            # `start` is atomic on its own (run + first turn), and outside the caller's
-            # transaction a refusal is counted in `QuotaRefusal` like any other.
-            run = get_engine().start(
-                TASK_WORKFLOW,
-                payload,
-                run_id=result_id,
-                tags=[f"task:{task.module_path}"],
-                quota=start_quota(task, result.args, result.kwargs),
-                gate=start_gate(task, result.args, result.kwargs, result_id),
-                priority=task.priority,  # the first turn's: uncontended tasks run by priority too
-            )
-        except ConcurrencyLimitError as exc:
-            raise ConcurrencyLimitError(
-                exc.key, exc.limit, exc.active, task.module_path, retry_at=exc.retry_at
-            ) from None
+        # `start` is atomic on its own (run + first turn), and outside the caller's transaction
+        # a refusal is recorded like any other, under the task's path (`TaskStartChecks.label`).
+        run = get_engine().start(
+            TASK_WORKFLOW,
+            payload,
+            run_id=result_id,
+            tags=[f"task:{task.module_path}"],
+            quota=start_quota(task, result.args, result.kwargs),
+            gate=start_gate(task, result.args, result.kwargs, result_id),
+            priority=task.priority,  # the first turn's: uncontended tasks run by priority too
+        )
         if run.pk != result_id:  # folded into a debounced call, or skipped by a singleton
             return self._result(run)
         object.__setattr__(result, "enqueued_at", run.created_at)

@@ -98,6 +98,12 @@ class StartChecks(Protocol):
         `start` would). The gate is typed `Any` here: it is the engine's, a layer above."""
         ...
 
+    def label(self, input: Any) -> str | None:
+        """The name a run of `input` is counted under where starts are (a refused start's
+        `StartRefusal`, the `durable_flow_starts_refused` counter): what it names, e.g. its
+        task's path; None for the workflow's own name."""
+        ...
+
 
 @dataclass(frozen=True, eq=False)
 class WorkflowDefinition:
@@ -119,6 +125,12 @@ class WorkflowDefinition:
         """The debounce or singleton a run of `input` starts under: the workflow's own, or
         the one its input names (`start_checks`)."""
         return self.start_control if self.start_checks is None else self.start_checks.control(input)
+
+    def label_for(self, input: Any) -> str:
+        """The name a start of `input` is counted and refused under: the workflow's, or what its
+        input names (`start_checks`: a `django.tasks` task's path)."""
+        label = self.start_checks.label(input) if self.start_checks is not None else None
+        return label or self.name
 
 
 _workflows: dict[str, WorkflowDefinition] = {}

@@ -104,6 +104,9 @@ class Dispatcher:
         if from_turn and not inline_to:
             inline_to = inline_handoff.taker(turn=True)
         now = self.clock()
+        # A later attempt asked for its slot when its backoff ended (None when that is not known:
+        # a retry an operator asked for, a slot lost in flight); a first one, when it was created.
+        backoff_end = cp.wake_at if cp.attempt and cp.status in (StepStatus.RETRYING, StepStatus.WAITING) else None
         cp.attempt += 1
         if timeout_redispatch:
             # A timed-out attempt is retried in place: it keeps its slot and its attempt budget.
@@ -125,8 +128,9 @@ class Dispatcher:
             save_fields(cp, [*fields, "wait_cause", "wait_detail"])
         if cp.holds_slot and not timeout_redispatch:
             count_admission(cp.queue)  # admitted now (directly or by a grant): durable_flow_admissions_total
-            if cp.queue and cp.attempt == 1:  # the call's wait for its slot: durable_flow_admission_wait_seconds
-                metric_counts.observe_span(metric_counts.ADMISSION_WAIT, {"queue": cp.queue}, cp.created_at, now)
+            if cp.queue:  # the attempt's wait for its slot: durable_flow_admission_wait_seconds
+                asked_at = cp.created_at if cp.attempt == 1 else backoff_end
+                metric_counts.observe_span(metric_counts.ADMISSION_WAIT, {"queue": cp.queue}, asked_at, now)
         if inline_to:
             inline_handoff.hand_over(cp.run_id, cp.key, cp.attempt, self._started_inline(cp, now))
         else:

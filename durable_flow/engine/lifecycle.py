@@ -110,7 +110,7 @@ class Lifecycle:
                 return existing
         new_id = run_id if run_id is not None else new_run_id()
         constraints = step_concurrency.plan_run(definition, input, new_id, self.settings.environment, self.admission)
-        check = quotas.plan(definition.name, definition.quota, quota, input)
+        check = quotas.plan(definition.label_for(input), definition.quota, quota, input)
         gate = gate or start_gate.plan(definition, input, new_id)
         fields: dict[str, Any] = {
             "workflow": definition.name,

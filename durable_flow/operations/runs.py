@@ -141,7 +141,7 @@ def _quota_plans(run_id: str) -> dict[str, QuotaCheck | None]:
         definition = get_workflow(run.workflow)
     except WorkflowNotFound:
         return {}
-    return {run.pk: quota_store.retry_plan(run, definition.quota)}
+    return {run.pk: quota_store.retry_plan(run, definition.quota, definition.label_for(run.input))}
 
 
 def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mapping[str, QuotaCheck | None]) -> None:
@@ -155,7 +155,10 @@ def _admit_again(run: WorkflowRun, definition: WorkflowDefinition, plans: Mappin
             f"run {run.pk!r}: run {other!r} of its singleton key {run.start_key!r} is in progress; "
             f"retry it once that run has finished"
         )
-    check = plans[run.pk] if run.pk in plans else quota_store.retry_plan(run, definition.quota)
+    if run.pk in plans:
+        check = plans[run.pk]
+    else:
+        check = quota_store.retry_plan(run, definition.quota, definition.label_for(run.input))
     if check is not None:
         quota_store.enforce(check, excluding=run.pk)
 

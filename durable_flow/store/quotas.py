@@ -110,12 +110,13 @@ def slot_frees_at(check: QuotaCheck) -> datetime | None:
     return runs.order_by("wake_at").values_list("wake_at", flat=True).first()
 
 
-def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck | None:
+def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None, label: str | None = None) -> QuotaCheck | None:
     """The check a retry of `run` passes before the run is active again, or None when the run
     started unlimited: the key it started under (`concurrency_key`), with the workflow's limit
     for that key now and its counted statuses, or, when a per-start quota gave the key, the limit
     that start stored. A retried run takes a slot as a start does; it never takes one it was not
-    started with."""
+    started with. A refusal names `label` (`WorkflowDefinition.label_for`), else the workflow."""
+    workflow = label or run.workflow
     key = run.concurrency_key
     if not key:
         return None
@@ -129,11 +130,11 @@ def retry_plan(run: WorkflowRun, workflow_quota: QuotaSpec | None) -> QuotaCheck
                 key=key,
                 limit=workflow_quota.resolve_limit(key),
                 count_statuses=workflow_quota.count_statuses,
-                workflow=run.workflow,
+                workflow=workflow,
             )
     if run.concurrency_limit is None:  # a row from before limits were stored: none to check against
         return None
-    return QuotaCheck(key=key, limit=run.concurrency_limit, count_statuses=ACTIVE_STATUSES, workflow=run.workflow)
+    return QuotaCheck(key=key, limit=run.concurrency_limit, count_statuses=ACTIVE_STATUSES, workflow=workflow)
 
 
 def is_refusal(cp: StepCheckpoint) -> bool:

@@ -30,6 +30,37 @@ def test_the_document_is_valid_openapi_3_1() -> None:
     assert DOCUMENT["openapi"].startswith("3.1.")
 
 
+def test_run_and_run_summary_declare_the_fields_they_share_once() -> None:
+    """Both views of a run take their common fields from `RunFields` (`allOf`), so the two
+    cannot drift apart; each declares only what is its own."""
+    schemas = DOCUMENT["components"]["schemas"]
+    run, summary = schemas["Run"], schemas["RunSummary"]
+    repeated = {name for name, schema in run["properties"].items() if summary["properties"].get(name) == schema}
+    assert repeated == set()
+    for schema in (run, summary):
+        assert schema["allOf"] == [{"$ref": "#/components/schemas/RunFields"}]
+    # The shared fields are still required of each: a summary without one is refused.
+    body = {
+        "id": "r1",
+        "workflow": "wf",
+        "version": "1",
+        "status": "completed",
+        "tags": [],
+        "concurrency_key": None,
+        "parent_id": None,
+        "rerun_of": None,
+        "error": None,
+        "wake_at": None,
+        "created_at": "2026-01-01T00:00:00Z",
+        "finished_at": None,
+    }
+    validator = Draft202012Validator({**DOCUMENT, "$ref": "#/components/schemas/RunSummary"})
+    assert list(validator.iter_errors(body)) == []
+    assert [error.message for error in validator.iter_errors({**body, "status": "nope"})] != []
+    del body["created_at"]
+    assert [error.message for error in validator.iter_errors(body)] == ["'created_at' is a required property"]
+
+
 def test_the_document_is_served_under_the_apis_prefix_without_login(engine: Any) -> None:
     response = Client().get("/api/openapi.json")
     assert response.status_code == 200

@@ -7,16 +7,18 @@ The run list filters by it, and the run page names it in operator words."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.db import transaction
 from django.test import Client
 
 from durable_flow import pause_queue, register_queue, resume_queue, send_signal, start
-from durable_flow.admission.base import AdmissionRequest
+from durable_flow.admission.base import AdmissionBackend, AdmissionRequest
 from durable_flow.admission.redis.backend import RedisAdmissionBackend
-from durable_flow.config.queues import QueueConfig
+from durable_flow.config.queues import QueueConfig, RateLimit
 from durable_flow.definitions.step_concurrency import Constraint
 from durable_flow.engine import Engine
 from durable_flow.engine.wait_causes import admission_cause
@@ -25,9 +27,12 @@ from durable_flow.observe.run_filters import filtered_runs
 from durable_flow.observe.timeline import build_timeline
 from durable_flow.observe.waits import describe
 from durable_flow.runtime.poller import TimerPoller
+from durable_flow.transports.inline import InlineTransport
 from tests import sc_workflows  # noqa: F401 - registers the step-concurrency workflows
-from tests.conftest import MovableClock
+from tests.conftest import MovableClock, local_engine
+from tests.support.engine_pairs import db_engine
 from tests.support.held import queued
+from tests.support.redis_admission import REDIS_URL
 from tests.support.redis_keys import delete_keys
 from tests.support.statements import capture
 
@@ -189,16 +194,111 @@ def test_asking_again_for_a_parked_call_rewrites_its_cause_only_when_it_changed(
     assert StepCheckpoint.objects.get(pk=cp.pk).wait_cause == "paused"
 
 
-def test_the_redis_backend_tells_the_limits_a_parked_call_waits_for() -> None:
+# -- the same words on every admission backend ------------------------------------------------
+def told(backend: AdmissionBackend, request: AdmissionRequest, workflow: str = "wf") -> str:
+    """What the run page would say of `request` parked by `backend` (no "until": the backends
+    read their own clocks)."""
+    decision = backend.try_admit(request)
+    assert not decision.admitted
+    cause, detail = admission_cause(decision, request.queue, workflow, request.key, request.constraints)
+    return describe({"cause": cause, **detail}).partition(" until ")[0]
+
+
+def test_every_backend_tells_a_full_cap_in_the_same_words(admission_backend: AdmissionBackend) -> None:
+    admission_backend.register(QueueConfig(name="capped", concurrency=2))
+    for ticket in ("a/1", "b/1"):
+        assert admission_backend.try_admit(AdmissionRequest("capped", ticket)).admitted
+    assert told(admission_backend, AdmissionRequest("capped", "c/1")) == "queue `capped`: cap 2/2"
+
+
+def test_every_backend_names_the_window_that_held_a_call_the_queues_or_its_keys(
+    admission_backend: AdmissionBackend,
+) -> None:
+    """A queue with both a queue-wide and a per-key window: a key whose own window is full is
+    told so while the queue's has room; once the queue's is full, every key is told that."""
+    admission_backend.register(
+        QueueConfig(
+            name="api",
+            rate_limit=RateLimit(2, 60_000),
+            key_rate_limit=RateLimit(1, 60_000),
+            fairness="key",
+        )
+    )
+    assert admission_backend.try_admit(AdmissionRequest("api", "a/1", fairness_key="cust-7")).admitted
+    held_by_key = told(admission_backend, AdmissionRequest("api", "b/1", fairness_key="cust-7"))
+    assert held_by_key == "queue `api`: key `cust-7` limit 1 per 60 s"
+    assert admission_backend.try_admit(AdmissionRequest("api", "c/1", fairness_key="cust-8")).admitted
+    held_by_queue = told(admission_backend, AdmissionRequest("api", "d/1", fairness_key="cust-9"))
+    assert held_by_queue == "queue `api`: rate window 2/2 per 60 s"
+
+
+@pytest.mark.parametrize("queue", ["", "render"])
+def test_every_backend_names_the_step_concurrency_constraint_that_held_a_call(
+    admission_backend: AdmissionBackend, queue: str
+) -> None:
+    """A call with two constraints is told the one that was full (the first, when both are),
+    whether it has a queue or is gated by its constraints alone."""
+    if queue:
+        admission_backend.register(QueueConfig(name=queue, concurrency=10))
+    own, shared = Constraint("sc:fn:wf:cust-7", 1), Constraint("sc:acct:acme", 2)
+    for holder in ("x/1", "y/1"):
+        assert admission_backend.try_admit(AdmissionRequest(queue, holder, constraints=(shared,))).admitted
+    named = f"queue `{queue}`: " if queue else ""
+    second_full = AdmissionRequest(queue, "z/1", constraints=(own, shared))
+    assert told(admission_backend, second_full) == named + "key `acme` (account) limit 2"
+    assert admission_backend.try_admit(AdmissionRequest(queue, "w/1", constraints=(own,))).admitted
+    both_full = AdmissionRequest(queue, "v/1", constraints=(own, shared))
+    assert told(admission_backend, both_full) == named + "key `cust-7` limit 1"
+
+
+@pytest.fixture(params=["local", "db", "redis"])
+def any_admission(request: pytest.FixtureRequest, clock: MovableClock, transactional_db: None) -> Iterator[Engine]:
+    """An engine on each admission backend, on the test's clock: `local` and `db` as the engine
+    pairs run them, `redis` on the inline transport."""
+    if request.param == "db":
+        yield db_engine(clock)
+        return
+    engine = local_engine(clock, InlineTransport())
+    if request.param == "local":
+        yield engine
+        return
     prefix = f"df:t:{uuid.uuid4().hex[:8]}"
-    backend = RedisAdmissionBackend.from_options({"CONNECTION": "default", "KEY_PREFIX": prefix})
+    backend = RedisAdmissionBackend(url=REDIS_URL, clock=lambda: clock.ms, key_prefix=prefix)
+    engine.admission = backend
     try:
-        backend.register(QueueConfig(name="capped", concurrency=2))
-        for ticket in ("a/1", "b/1"):
-            assert backend.try_admit(AdmissionRequest("capped", ticket)).admitted
-        blocked = backend.try_admit(AdmissionRequest("capped", "c/1"))
-        cause, detail = admission_cause(blocked, "capped", "wf", "")
-        assert describe({"cause": cause, **detail}) == "queue `capped`: cap 2/2"
+        yield engine
     finally:
-        delete_keys(backend.redis, f"{prefix}:*")
         backend.close()
+        delete_keys(backend.redis, f"{prefix}:*")
+
+
+def test_the_run_page_names_which_window_held_a_call_on_every_backend(
+    any_admission: Engine, admin_client: Client
+) -> None:
+    register_queue(
+        "per-tenant",
+        rate_limit=[{"limit": 2, "period_ms": 60_000}, {"limit": 1, "period_ms": 60_000, "per": "key"}],
+        fairness="key",
+    )
+    start("tests.queued", queued("per-tenant", "a", key="cust-7"))
+    by_key = start("tests.queued", queued("per-tenant", "b", key="cust-7"))
+    start("tests.queued", queued("per-tenant", "c", key="cust-8"))
+    by_queue = start("tests.queued", queued("per-tenant", "d", key="cust-9"))
+    assert (step_of(by_key).wait_cause, step_of(by_queue).wait_cause) == ("key_rate", "rate")
+    page = admin_client.get(f"/dashboard/runs/{by_key.id}/").content.decode()
+    assert "key `cust-7` limit 1 per 60 s until " in page
+    page = admin_client.get(f"/dashboard/runs/{by_queue.id}/").content.decode()
+    assert "rate window 2/2 per 60 s until " in page
+
+
+def test_the_run_page_names_which_constraint_held_a_call_on_every_backend(
+    any_admission: Engine, admin_client: Client
+) -> None:
+    """`sc.two` declares the shared "openai" ceiling first and its account's limit second: with
+    the account's full, the page names the account's."""
+    for holder in ("h1/1", "h2/1"):
+        hold(any_admission, "", holder, (Constraint("sc:fn:sc.two:acme", 2),))
+    run = start("sc.two", {"account": "acme", "seconds": 0})
+    assert step_of(run).wait_detail["resource"] == "sc:fn:sc.two:acme"
+    page = admin_client.get(f"/dashboard/runs/{run.id}/").content.decode()
+    assert "key `acme` limit 2" in page

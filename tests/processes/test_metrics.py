@@ -22,11 +22,15 @@ from durable_flow.admission.redis.backend import RedisAdmissionBackend
 from durable_flow.config.settings import get_settings, parse_settings, reset_settings
 from durable_flow.engine import Engine, set_engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkflowRun
+from durable_flow.runtime.poller import TimerPoller
 from durable_flow.store import counters
 from durable_flow.store.counters import admissions, count_admission, decisions
 from durable_flow.transports.db.transport import DatabaseTransport
-from tests import sc_workflows  # noqa: F401  (registers the sc.* workflows)
-from tests.conftest import ManagedProcess, wait_for
+from tests import (
+    sc_workflows,  # noqa: F401  (registers the sc.* workflows)
+    workflows,
+)
+from tests.conftest import ManagedProcess, MovableClock, wait_for
 from tests.support.clients import StaffLogin
 from tests.support.redis_keys import delete_keys
 
@@ -229,6 +233,35 @@ def test_admissions_total_counts_direct_admissions_and_grants_once_each(manual: 
     scraped = scrape(staff_client)
     assert scraped[("durable_flow_admissions_total", (("decision", "admitted"), ("queue", "render")))] == 5
     assert scraped[("durable_flow_admissions_total", (("decision", "parked"), ("queue", "render")))] == 3
+
+
+def test_a_retrys_admission_wait_is_observed_from_the_end_of_its_backoff(
+    engine: Engine, clock: MovableClock, staff_client: Client
+) -> None:
+    """The first attempt is admitted at once; it fails, and when its backoff is over the retry
+    finds the queue's one slot taken: it waits 30 s (the test's clock) for it."""
+    register_queue("flaky-q", concurrency=1)
+    workflows.FAILURES_LEFT["w"] = 1
+    before = scrape(staff_client)
+    run = start("tests.flaky_queued", {"key": "w", "queue": "flaky-q"})
+    assert StepCheckpoint.objects.get(run=run).status == StepStatus.RETRYING
+    assert engine.admission.try_admit(AdmissionRequest(queue="flaky-q", ticket="holder/1")).admitted
+    clock.advance(seconds=1)  # the backoff is over: the retry asks for the slot, and waits
+    TimerPoller(engine).tick()
+    assert StepCheckpoint.objects.get(run=run).status == StepStatus.WAITING
+    clock.advance(seconds=30)
+    engine.grants.release_ticket("flaky-q", "holder/1")  # granted to the retry
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    after = scrape(staff_client)
+
+    def delta(sample: str) -> float:
+        key = (f"durable_flow_admission_wait_seconds_{sample}", (("queue", "flaky-q"),))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("count") == 2  # both attempts
+    # The first attempt's wait is about 0 (the call's creation is the wall clock's, which the
+    # test's clock started at); the retry's is the 30 s it waited after its backoff.
+    assert 30 <= delta("sum") < 31
 
 
 def test_a_waiter_offered_again_without_a_slot_is_not_counted_twice(manual: Engine) -> None:

@@ -6,6 +6,7 @@ validation) through the engine, plus one task run by a real `durable_worker` pro
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -19,9 +20,10 @@ from durable_flow.config.settings import get_settings
 from durable_flow.contrib.tasks import DurableFlowBackend, quota
 from durable_flow.engine import Engine, set_engine
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidQuota
-from durable_flow.models import QuotaRefusal, RunStatus, WorkflowRun
+from durable_flow.models import QuotaRefusal, RunStatus, StartRefusal, WorkflowRun
 from durable_flow.operations import api
 from durable_flow.runtime.poller import TimerPoller
+from durable_flow.store import metric_counts
 from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.runner import EngineRunner
 from tests import task_functions
@@ -232,6 +234,19 @@ def test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport(
     assert marker.read_text().split() == ["first", "high", "mid", "low"]
 
 
+def refused_under() -> dict[str, int]:
+    """Refused starts by the name they are recorded under: the `StartRefusal` rows, which must
+    agree with this process's `durable_flow_starts_refused_total` counts."""
+    rows = Counter(StartRefusal.objects.values_list("workflow", flat=True))
+    counted = {
+        dict(labels)["workflow"]: int(value)
+        for (metric, labels), value in metric_counts.pending().items()
+        if metric == metric_counts.STARTS_REFUSED
+    }
+    assert counted == dict(rows)
+    return counted
+
+
 def test_a_task_declared_with_a_quota_refuses_enqueue_when_its_key_is_full(manual: Engine) -> None:
     first = task_functions.per_tenant.enqueue("acme", 1)
     with pytest.raises(ConcurrencyLimitError) as refused:
@@ -240,6 +255,7 @@ def test_a_task_declared_with_a_quota_refuses_enqueue_when_its_key_is_full(manua
     assert refused.value.workflow == "tests.task_functions.per_tenant"
     assert WorkflowRun.objects.count() == 1  # nothing stored for the refused call
     assert QuotaRefusal.objects.get(key="tenant:acme").refusals == 1
+    assert refused_under() == {"tests.task_functions.per_tenant": 1}  # the task, not `durable_flow.task`
     task_functions.per_tenant.enqueue("globex", 3)  # another key has its own quota
     transport_of(manual).run_all()
     assert default_task_backend.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
@@ -252,7 +268,19 @@ def test_a_rerun_of_a_task_run_passes_its_task_quota(manual: Engine) -> None:
     with pytest.raises(ConcurrencyLimitError) as refused:
         api.rerun(first.id)
     assert (refused.value.key, refused.value.active) == ("tenant:acme", 1)
+    assert refused.value.workflow == "tests.task_functions.per_tenant"
     assert WorkflowRun.objects.count() == 1
+    assert refused_under() == {"tests.task_functions.per_tenant": 1}
+
+
+def test_a_retry_of_a_task_run_refused_by_its_task_quota_is_recorded_under_the_task(manual: Engine) -> None:
+    first = task_functions.per_tenant.enqueue("acme", 1)
+    api.cancel(first.id)  # its slot frees: another call takes it
+    task_functions.per_tenant.enqueue("acme", 2)
+    with pytest.raises(ConcurrencyLimitError) as refused:
+        api.retry(first.id)
+    assert (refused.value.key, refused.value.workflow) == ("tenant:acme", "tests.task_functions.per_tenant")
+    assert refused_under() == {"tests.task_functions.per_tenant": 1}
 
 
 def test_a_cel_quota_key_sees_args_and_kwargs_and_null_is_unlimited(manual: Engine) -> None:

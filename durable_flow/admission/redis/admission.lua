@@ -443,7 +443,7 @@ end
 
 if not cfg then
   if op == 'admit' then
-    return {1, now, '', ''} -- never registered: not gated
+    return {1, now, '', '', '', ''} -- never registered: not gated
   end
   return {''}
 end
@@ -462,7 +462,7 @@ if op == 'admit' then
       owner_dec(owner)
       call('HINCRBY', K_OWNERS, me, 1)
     end
-    return {1, now, '', ''}
+    return {1, now, '', '', '', ''}
   end
 end
 
@@ -808,9 +808,12 @@ if op == 'reoffer' then
   return held
 end
 
--- admit. Returns {admitted, now, retry_at, reason, granted...}: the caller joins the line and the
--- room is granted; it is admitted if it was among the granted, and the others granted are
--- returned for the engine to dispatch.
+-- admit. Returns {admitted, now, retry_at, reason, held_by, limits, granted...}: the caller joins
+-- the line and the room is granted; it is admitted if it was among the granted, and the others
+-- granted are returned for the engine to dispatch. A blocked call is told which limit held it
+-- (`held_by`: 'queue' or 'key' for a rate window, the full constraint's index in its constraints
+-- for step concurrency) and the queue's config it was decided by (`limits`, its registered JSON;
+-- '' for the pseudo-queue), so the engine records why it waits with no second round trip.
 local out = {0, now, '', ''}
 R.grant_freed(rfreed, gate, out, PAUSED) -- reclaimed resources go to those already waiting
 if pseudo then
@@ -842,9 +845,10 @@ for i = 5, #out do
     others[#others + 1] = out[i]
   end
 end
-local reply = {out[1], now, '', ''}
-if out[1] == 0 and not R.fits(cs) then
-  reply[3], reply[4] = now + cfg.retry_ms, 'step_concurrency'
+local reply = {out[1], now, '', '', '', ''}
+local full = out[1] == 0 and R.first_full(cs) or nil
+if full then
+  reply[3], reply[4], reply[5] = now + cfg.retry_ms, 'step_concurrency', full
 elseif out[1] == 0 then
   local room, reopen = nil, nil
   if rate then
@@ -855,14 +859,17 @@ elseif out[1] == 0 then
     kat = throttle_blocks_all() or key_blocked_until(ARGV[5])
   end
   if room == 0 then
-    reply[3], reply[4] = reopen, 'rate_limited'
+    reply[3], reply[4], reply[5] = reopen, 'rate_limited', 'queue'
   elseif kat then
-    reply[3], reply[4] = kat, 'rate_limited'
+    reply[3], reply[4], reply[5] = kat, 'rate_limited', 'key'
   else
     local free = free_slots()
     reply[3] = now + cfg.retry_ms
     reply[4] = (free ~= nil and free == 0) and 'concurrency' or 'waiting_turn'
   end
+end
+if out[1] == 0 and raw and not pseudo then
+  reply[6] = raw
 end
 for _, t in ipairs(others) do
   reply[#reply + 1] = t

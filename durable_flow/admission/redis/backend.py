@@ -100,6 +100,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -347,26 +348,18 @@ class RedisAdmissionBackend(AdmissionBackend):
             extra=redis_resources.constraint_args(request.constraints),
         )
         now = int(reply[1])
-        granted = tuple(_text(t) for t in reply[4:])
+        granted = tuple(_text(t) for t in reply[6:])
         if int(reply[0]) == 1:
             return AdmissionDecision.admit(granted), now
         reason = _text(reply[3])
-        limits = self._blocking_limits(request.queue, reason)
-        return AdmissionDecision.block(int(reply[2]), reason, granted, limits), now  # type: ignore[arg-type]
-
-    def _blocking_limits(self, queue: str, reason: str) -> QueueConfig | None:
-        """The queue's limits a blocked call is told (why it waits, for the engine's record):
-        read on the blocked path only, one HGET. None when the script's reason cannot say which
-        limit held it: a rate window on a queue with both a global and a per-key one."""
-        if reason == "step_concurrency" or not queue:
-            return None
-        try:
-            config = self._stored_config(queue)
-        except Exception:  # noqa: BLE001 - only the record of why is lost, never the decision
-            return None
-        if config is not None and reason == "rate_limited" and config.rate_limit is not None and config.keyed:
-            return None
-        return config
+        held_by = _text(reply[4])
+        limits = _told_limits(reply[5])
+        full = None
+        if reason == "step_concurrency" and held_by.isdigit() and 0 < int(held_by) <= len(request.constraints):
+            full = request.constraints[int(held_by) - 1]
+        elif reason == "rate_limited" and held_by == "key" and limits is not None:
+            limits = replace(limits, rate_limit=None)  # the queue's window had room: the key's held it
+        return AdmissionDecision.block(int(reply[2]), reason, granted, limits, full), now  # type: ignore[arg-type]
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         """Free the ticket's slot whoever owns it, withdraw it as a waiter, and grant the room
@@ -537,6 +530,19 @@ def _glob_escape(text: str) -> str:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _told_limits(raw: bytes | str) -> QueueConfig | None:
+    """The queue's config a blocked call was decided by, as the script returned it (its
+    registered JSON; empty for the pseudo-queue). Only the record of why a call waits depends
+    on it, never the decision: a config this code cannot read is told as None."""
+    text = _text(raw)
+    if not text:
+        return None
+    try:
+        return queue_from_dict(json.loads(text))
+    except (ValueError, TypeError):  # bad JSON, InvalidQueueConfig: both ValueErrors
+        return None
 
 
 def _grant(retry_at: bytes | str | int, tickets: Sequence[bytes | str]) -> Grant:

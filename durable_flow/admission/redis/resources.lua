@@ -105,14 +105,19 @@ local function new_resources(prefix, call)
 
   function R.active(r) return call('SCARD', held_key(r)) end
 
-  -- Whether every constraint has room for one more, each against its own limit.
-  function R.fits(cs)
-    for _, c in ipairs(cs) do
+  -- The first constraint of cs with no room (its index in cs), or nil: `base.first_full`.
+  function R.first_full(cs)
+    for i, c in ipairs(cs) do
       if call('SCARD', held_key(c[1])) >= c[2] then
-        return false
+        return i
       end
     end
-    return true
+    return nil
+  end
+
+  -- Whether every constraint has room for one more, each against its own limit.
+  function R.fits(cs)
+    return R.first_full(cs) == nil
   end
 
   -- What a waiting ticket needs ({q, p, a, c}), or nil when it waits for no resource.
