@@ -10,6 +10,8 @@ does not compile, `LookupError` for one that fails on the variables it is given.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,13 +26,61 @@ EVALUATION_ERRORS = (LookupError, TypeError, RuntimeError, ArithmeticError, Valu
 _PARSE_PREFIX = "Failed to parse expression "
 
 
-def compile_cel(expression: str) -> Program:
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+#: A field read: `<variable>.<field>`, not a method call (`input.exists(k, ...)` reads them all).
+_FIELD_READ = r"\s*\.\s*(" + _IDENTIFIER + r")\b(?!\s*\()"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CelProgram:
+    """A compiled expression, the variables it names and, for those it reads only by field, the
+    fields it reads (both found once, at compile time).
+
+    The evaluator converts every value it is handed into CEL, whatever the expression reads, and
+    that conversion is most of an evaluation's cost, growing with the input. So only the named
+    variables are handed over, and a map variable read only as `input.<field>` is cut to those
+    fields: `"tenant:" + input.tenant_id` converts one string, not the whole input.
+    """
+
+    program: Program
+    variables: frozenset[str]
+    fields: dict[str, frozenset[str]]
+
+    def bindings(self, variables: dict[str, Any]) -> dict[str, Any]:
+        """The values `execute` needs, out of the `variables` a caller offers."""
+        named = {}
+        for name, value in variables.items():
+            if name not in self.variables:
+                continue
+            fields = self.fields.get(name)
+            if fields is not None and type(value) is dict:
+                value = {field: value[field] for field in fields if field in value}
+            named[name] = value
+        return named
+
+
+def fields_read(expression: str, variable: str) -> frozenset[str] | None:
+    """The fields of `variable` that `expression` reads, if every mention of the name is a field
+    read (`input.tenant_id`, `input . user`); None if any is not (`input["id"]`, `size(input)`,
+    `"a" in input`, `input.exists(k, ...)`, a macro's variable of that name), so the whole value
+    is needed. A mention inside a string literal counts too: it can only widen what is kept."""
+    mentions = list(re.finditer(rf"\b{re.escape(variable)}\b", expression))
+    fields = set()
+    for mention in mentions:
+        read = re.match(_FIELD_READ, expression[mention.end() :])
+        if read is None:
+            return None
+        fields.add(read.group(1))
+    return frozenset(fields)
+
+
+def compile_cel(expression: str) -> CelProgram:
     """The compiled program of `expression`; `ValueError` naming it if it does not compile."""
     # Imported here: a process whose workflows declare no CEL key never loads the bindings.
     import cel
 
     try:
-        return cel.compile(expression)
+        program = cel.compile(expression)
     except ValueError as exc:
         reason = str(exc)
         # The bindings repeat the expression ("Failed to parse expression '<it>': ..."); it is
@@ -39,14 +89,17 @@ def compile_cel(expression: str) -> Program:
         if reason.startswith(prefix):
             reason = reason[len(prefix) :]
         raise ValueError(f"{expression!r} is not a valid CEL expression: {reason}") from None
+    variables = frozenset(program.variables())
+    fields = {name: read for name in variables if (read := fields_read(expression, name)) is not None}
+    return CelProgram(program=program, variables=variables, fields=fields)
 
 
-def evaluate_cel(program: Program, **variables: Any) -> Any:
+def evaluate_cel(compiled: CelProgram, **variables: Any) -> Any:
     """Run a compiled program over JSON `variables` (plain Python values back: str, int, float,
     bool, None, list, dict); `LookupError` with CEL's message if it fails on them (a missing
     field, a type mismatch, a division by zero)."""
     try:
-        return program.execute(variables)
+        return compiled.program.execute(compiled.bindings(variables))
     except KeyError as exc:
         # The bindings' KeyError carries the bare key; say what it is.
         raise LookupError(f"no such key: {exc.args[0]!r}" if exc.args else "no such key") from None

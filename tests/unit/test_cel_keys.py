@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durable_flow.definitions.cel import compile_cel, evaluate_cel
+from durable_flow.definitions.cel import compile_cel, evaluate_cel, fields_read
 from durable_flow.definitions.keys import evaluate_key, parse_key
 from durable_flow.definitions.quotas import CelKey
 from durable_flow.exceptions import InvalidInput, InvalidQuota, RegistrationError
@@ -66,49 +66,49 @@ def test_the_reference_key_examples_give_their_strings(expression: str, expected
 
 
 # -- the project's own keys, over `input`, `run_id` and `workflow` ------------------------------
-@pytest.mark.parametrize(
-    ("expression", "expected"),
-    [
-        ("input.customer_id", "c-7"),
-        ('input.userId + "-" + input.importId', "u1-i9"),
-        ('"user:" + input.user', "user:ann"),
-        ('"tenant:" + input.tenant_id', "tenant:t1"),
-        ('has(input.tenant_id) ? "tenant:" + input.tenant_id : null', "tenant:t1"),
-        ('has(input.missing) ? "tenant:" + input.missing : null', None),
-        ('input.user + "-" + workflow', "ann-wf"),
-        ("run_id", "r-1"),
-        ("input.args[0]", "first"),
-        ("input.kwargs.tenant", "t"),
-        ('input["dash-key"]', "d"),
-        ("input.nested.deep.x", 1),
-        ('"k:" + string(input.n)', "k:5"),
-        ('"k:" + string(input.f)', "k:1.5"),
-        ("input.uni", "héllo✓"),
-        ('input.flag ? "on" : "off"', "on"),
-        ('input.n > 3 ? "big" : "small"', "big"),
-        ('input.user.startsWith("a")', True),
-        ('input.user.matches("^a.n$")', True),
-        ('"a" in input.tags', True),
-        ('"k" in input.nested', True),
-        ('input.tags.exists(t, t == "b")', True),
-        ('input.tags.map(t, t + "!")', ["a!", "b!"]),
-        ("size(input.tags)", 2),
-        ("size(input.nested)", 2),
-        ("size(input.user)", 3),
-        ("has(input.none)", True),
-        ("input.n == 4 && input.missing == 1", False),  # short-circuits past the error
-        ("input.missing == 1 || input.n == 5", True),
-        ('input.user < "bob"', True),
-        ("input.none == null", True),
-        ("input.n / 2", 2),
-        ("int(input.f)", 1),
-        ('int("12")', 12),
-        ("double(input.n)", 5.0),
-        ("string(3u)", "3"),
-        ("uint(input.n)", 5),
-        ("type(input.n) == int", True),
-    ],
-)
+PROJECT_KEYS = [
+    ("input.customer_id", "c-7"),
+    ('input.userId + "-" + input.importId', "u1-i9"),
+    ('"user:" + input.user', "user:ann"),
+    ('"tenant:" + input.tenant_id', "tenant:t1"),
+    ('has(input.tenant_id) ? "tenant:" + input.tenant_id : null', "tenant:t1"),
+    ('has(input.missing) ? "tenant:" + input.missing : null', None),
+    ('input.user + "-" + workflow', "ann-wf"),
+    ("run_id", "r-1"),
+    ("input.args[0]", "first"),
+    ("input.kwargs.tenant", "t"),
+    ('input["dash-key"]', "d"),
+    ("input.nested.deep.x", 1),
+    ('"k:" + string(input.n)', "k:5"),
+    ('"k:" + string(input.f)', "k:1.5"),
+    ("input.uni", "héllo✓"),
+    ('input.flag ? "on" : "off"', "on"),
+    ('input.n > 3 ? "big" : "small"', "big"),
+    ('input.user.startsWith("a")', True),
+    ('input.user.matches("^a.n$")', True),
+    ('"a" in input.tags', True),
+    ('"k" in input.nested', True),
+    ('input.tags.exists(t, t == "b")', True),
+    ('input.tags.map(t, t + "!")', ["a!", "b!"]),
+    ("size(input.tags)", 2),
+    ("size(input.nested)", 2),
+    ("size(input.user)", 3),
+    ("has(input.none)", True),
+    ("input.n == 4 && input.missing == 1", False),  # short-circuits past the error
+    ("input.missing == 1 || input.n == 5", True),
+    ('input.user < "bob"', True),
+    ("input.none == null", True),
+    ("input.n / 2", 2),
+    ("int(input.f)", 1),
+    ('int("12")', 12),
+    ("double(input.n)", 5.0),
+    ("string(3u)", "3"),
+    ("uint(input.n)", 5),
+    ("type(input.n) == int", True),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), PROJECT_KEYS)
 def test_the_projects_keys_and_operators(expression: str, expected: Any) -> None:
     assert run(expression, input=DATA, run_id="r-1", workflow="wf") == expected
 
@@ -235,3 +235,57 @@ def test_a_quota_key_is_a_string_or_null_and_anything_else_is_an_invalid_quota()
         CelKey.compile("input.t")({})
     with pytest.raises(InvalidQuota, match="is not a valid CEL expression"):
         CelKey.compile("input.(")
+
+
+# -- only what the expression reads is converted, and that changes no result -------------------
+@pytest.mark.parametrize(
+    ("expression", "fields"),
+    [
+        ("input.customer_id", {"customer_id"}),
+        ('input.user_id + "-" + input . import_id', {"user_id", "import_id"}),
+        ("has(input.t) ? input.t : null", {"t"}),
+        ("input.nested.deep.x", {"nested"}),
+        ("input.tags[0]", {"tags"}),
+        ('input.tags.exists(t, t == "a")', {"tags"}),
+        ('"input.q" + input.user', {"q", "user"}),  # a literal can only widen the cut
+        ('"external-api"', set()),
+        ('input["dash-key"]', None),
+        ("size(input)", None),
+        ('"k" in input', None),
+        ('input.exists(k, k == "a")', None),
+        ("input.size()", None),
+        ('[{"x": 1}].map(input, input.x) + [input]', None),
+        ('"the input"', None),
+    ],
+)
+def test_the_fields_an_expression_reads(expression: str, fields: set[str] | None) -> None:
+    assert fields_read(expression, "input") == (None if fields is None else frozenset(fields))
+
+
+TRICKY = [
+    'input.exists(k, k == "user")',
+    "size(input)",
+    "input.size()",
+    'has(input.missing) ? input.missing : "none"',
+    'input.user + "-" + input . n.string()',
+    '[{"user": "x"}].map(input, input.user)',
+    '"user" in input',
+    "input.nested.k",
+    "input",
+]
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [expression for expression, _ in PROJECT_KEYS] + TRICKY,
+)
+def test_cutting_the_input_to_the_fields_read_changes_no_result(expression: str) -> None:
+    compiled = compile_cel(expression)
+    variables = {"input": DATA, "run_id": "r-1", "workflow": "wf"}
+    try:
+        whole = compiled.program.execute(variables)
+    except Exception:  # noqa: BLE001 - over the whole input it fails, so it must over the cut one
+        with pytest.raises(LookupError):
+            evaluate_cel(compiled, **variables)
+        return
+    assert evaluate_cel(compiled, **variables) == whole
