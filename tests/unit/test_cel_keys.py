@@ -2,9 +2,9 @@
 give the same string; values keep their JSON types; a failing expression is a typed error with
 CEL's reason; a value becomes a key only if it is a non-empty string (a quota key may be null).
 
-The rows marked "CEL spec" are where `cel-python` (the evaluator before) departed from the CEL
-specification and the Rust `cel` crate follows it; the rows marked "cel crate" are where the
-crate departs from the specification (docs/reference.md, "CEL keys", lists both)."""
+The `cel_spec` tests are where `cel-python` (the evaluator before) departed from the CEL
+specification and the Rust `cel` crate follows it; `test_cel_crate_rows` is where the crate
+departs from it (docs/cel-keys.md lists both)."""
 
 from __future__ import annotations
 
