@@ -3,9 +3,9 @@ keys, debounce and singleton keys. Compiled once, at registration; evaluated ove
 
 The engine is `common-expression-language` (Python bindings of the Rust `cel` crate): a key is
 evaluated on every start that declares one, and the Rust evaluator is far cheaper than a pure
-Python one (see `bench/cel_keys.py`). This module is the only place that imports it, so the rest
-of the project sees two functions and two exception types: `ValueError` for an expression that
-does not compile, `LookupError` for one that fails on the variables it is given.
+Python one (see `bench/cel_keys.py`). This module is the only place that imports it: the rest of
+the project sees `compile_cel`, which gives a `CelProgram` or raises `ValueError`, and
+`evaluate_cel`, which gives plain Python values or raises `LookupError`.
 """
 
 from __future__ import annotations
