@@ -14,6 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from durable_flow.config.validation import bounded_depth
+from durable_flow.exceptions import InvalidInput
+
 if TYPE_CHECKING:
     from cel import Program
 
@@ -98,8 +101,17 @@ def evaluate_cel(compiled: CelProgram, **variables: Any) -> Any:
     """Run a compiled program over JSON `variables` (plain Python values back: str, int, float,
     bool, None, list, dict); `LookupError` with CEL's message if it fails on them (a missing
     field, a type mismatch, a division by zero)."""
+    bindings = compiled.bindings(variables)
     try:
-        return compiled.program.execute(compiled.bindings(variables))
+        # The bindings convert a value recursively, in native code: a value nested deeper than
+        # the stack holds would end the process, not raise. Inputs are bounded before they get
+        # here (`ensure_json`); this keeps it so for any caller.
+        for name, value in bindings.items():
+            bounded_depth(value, name)
+    except InvalidInput as exc:
+        raise LookupError(str(exc)) from None
+    try:
+        return compiled.program.execute(bindings)
     except KeyError as exc:
         # The bindings' KeyError carries the bare key; say what it is.
         raise LookupError(f"no such key: {exc.args[0]!r}" if exc.args else "no such key") from None

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from durable_flow.config.validation import MAX_JSON_DEPTH
 from durable_flow.definitions.cel import compile_cel, evaluate_cel, fields_read
 from durable_flow.definitions.keys import evaluate_key, parse_key
 from durable_flow.definitions.quotas import CelKey
@@ -191,6 +192,18 @@ def test_an_expression_that_fails_on_its_variables_is_a_lookup_error_with_cels_r
 ) -> None:
     with pytest.raises(LookupError, match=reason):
         run(expression, **variables)
+
+
+@pytest.mark.parametrize("expression", ["size(input)", "size(input.v)"])
+def test_a_value_nested_deeper_than_the_json_limit_is_a_lookup_error_not_a_crash(expression: str) -> None:
+    """The evaluator converts values recursively in native code: 100,000 levels would overflow
+    the stack and end the process (a segmentation fault), so the depth is checked first."""
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(LookupError, match=f"nested more than {MAX_JSON_DEPTH} levels deep"):
+        run(expression, input=deep if expression == "size(input)" else {"v": deep})
+    assert run(expression, input=[[]] if expression == "size(input)" else {"v": [[]]}) == 1
 
 
 @pytest.mark.parametrize("expression", ["input.(", "1 +", '"abc', "", "input['a"])
