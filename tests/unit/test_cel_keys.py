@@ -124,6 +124,11 @@ def test_json_values_keep_their_cel_type_and_come_back_as_plain_python(value: An
     assert (type(result), result) == (type(value), value)
 
 
+def test_an_integer_past_int64_arrives_as_a_uint_then_as_a_double() -> None:
+    assert run("type(input.v) == uint", input={"v": 2**63}) is True
+    assert run("type(input.v) == double", input={"v": 2**70}) is True
+
+
 def test_lists_and_maps_come_back_as_lists_and_dicts() -> None:
     assert run("input.nested", input=DATA) == {"k": "v", "deep": {"x": 1}}
     assert run("input.args", input=DATA) == ["first", 2]
