@@ -17,7 +17,8 @@ For each Django version (5.2 LTS on Python 3.11, the newest 6.x on Python >= 3.1
    `hostsite` and `shop`. A snippet that cannot be applied fails the test, named;
 4. `manage.py check`, `migrate`, a staff superuser, then `durable_worker`, `durable_poller`
    and daphne (the guide's command) as subprocesses; the guide's `start(...)` snippet in
-   `manage.py shell`, waiting until the run is `completed`; then, logged in through the admin's
+   `manage.py shell`, waiting until the run is `completed` (and evaluating a CEL key there, so
+   its bindings must come with the wheel's dependencies); then, logged in through the admin's
    login form, the dashboard's overview and run page and the admin's run page over HTTP: 200,
    the run id on the run pages; and the dashboard's WebSocket through the guide's asgi.py (a 101
    and a first tick).
@@ -423,6 +424,9 @@ from django.urls import reverse
 from durable_flow import get_run
 
 assert durable_flow.__file__.startswith(sys.prefix), f"durable_flow from {durable_flow.__file__}, not the venv"
+# A CEL key compiles and evaluates: its bindings came with the wheel's declared dependencies.
+from durable_flow.definitions.cel import compile_cel, evaluate_cel
+assert evaluate_cel(compile_cel('"tenant:" + input.t'), input={"t": "acme"}) == "tenant:acme", "a CEL key"
 deadline = time.monotonic() + __TIMEOUT_S__
 run = get_run(run.id)
 while run.status not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from durable_flow.definitions.cel import compile_cel, evaluate_cel
+from durable_flow.definitions.cel import CelProgram, compile_cel, evaluate_cel
 from durable_flow.exceptions import InvalidInput, RegistrationError
 
 MAX_KEY_LENGTH = 200
@@ -25,7 +25,7 @@ class CelExpression:
     """A CEL key expression compiled once; evaluated with `input`, `run_id` and `workflow`."""
 
     expression: str
-    program: Any
+    program: CelProgram
 
     @classmethod
     def compile(cls, expression: str) -> CelExpression:

@@ -31,7 +31,7 @@ from asgiref.sync import async_to_sync
 
 from durable_flow.config.limits import QUOTA_KEY_LENGTH
 from durable_flow.config.validation import MAX_COUNT, number_problem, storable_text
-from durable_flow.definitions.cel import compile_cel, evaluate_cel
+from durable_flow.definitions.cel import CelProgram, compile_cel, evaluate_cel
 from durable_flow.definitions.serialization import error_info
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput, InvalidQuota, RegistrationError
 
@@ -125,7 +125,7 @@ class CelKey:
     (null leaves the start unlimited). Compiled once, at registration."""
 
     expression: str
-    program: Any
+    program: CelProgram
 
     @classmethod
     def compile(cls, expression: str) -> CelKey:

@@ -15,10 +15,8 @@ Resource names by scope:
 
 Each run checks a shared resource's active count against its own `limit`.
 
-CEL: `cel-python` (`celpy`), already the engine of workflow quota keys. The Rust-backed
-`common-expression-language` bindings evaluate faster, but a key is evaluated once per run
-start (never per step), where a CEL evaluation is noise next to the run's INSERT, so one CEL
-implementation for the whole project wins.
+CEL: `durable_flow.definitions.cel`, the one evaluator of every key the project takes (quota,
+debounce, singleton and these); a key is evaluated once per run start, never per step.
 """
 
 from __future__ import annotations

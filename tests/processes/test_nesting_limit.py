@@ -34,8 +34,9 @@ STORED_DEPTH = 990
 
 
 def deepest_storable() -> int:
-    """Deeper than a process whose recursion limit `celpy` raised (2500) can decode: what jsonb
-    takes on PostgreSQL; on SQLite, the most its JSON check constraint lets through."""
+    """Deeper than a process whose recursion limit a library raised (`cel-python`, a dev
+    dependency, sets 2500 when imported) can decode: what jsonb takes on PostgreSQL; on SQLite,
+    the most its JSON check constraint lets through."""
     return 5000 if connection.vendor == "postgresql" else 2000
 
 
@@ -76,8 +77,8 @@ def client(transactional_db: None) -> Client:
 
 @pytest.fixture
 def default_recursion_limit() -> Iterator[None]:
-    """Python's default recursion limit, as in a process that never built a CEL environment
-    (`celpy` raises it to 2500 for the whole process, and the test settings' workflows build one)."""
+    """Python's default recursion limit, as in a process where no library raised it (importing
+    `cel-python`, which the benchmarks use, raises it to 2500 for the whole process)."""
     before = sys.getrecursionlimit()
     sys.setrecursionlimit(1000)
     yield
