@@ -240,8 +240,9 @@ class AdmissionBackend(Configurable, ABC):
         """Slots held on `queue` now; None (the default) when the backend cannot tell."""
         return None
 
-    def waiting(self, queue: str) -> int | None:
-        """Calls parked as waiters on `queue`; None (the default) when the backend cannot tell."""
+    def waiting(self, queue: str, limit: int | None = None) -> int | None:
+        """Calls parked as waiters on `queue`, counted up to `limit` when the backend's count
+        reads its line (None: all); None (the default) when the backend cannot tell."""
         return None
 
     def window_usage(self, queue: str) -> int | None:

@@ -167,8 +167,9 @@ class LocalAdmissionBackend(AdmissionBackend):
             state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
             return len(state.slots) if state else 0
 
-    def waiting(self, queue: str) -> int:
-        """Waiters parked now (in this process)."""
+    def waiting(self, queue: str, limit: int | None = None) -> int:
+        """Waiters parked now (in this process); a count that costs nothing, so `limit` is not
+        needed."""
         with self._lock:
             state = self._free if queue == FREE_QUEUE else self._queues.get(queue)
             return len(state.waiters) if state else 0

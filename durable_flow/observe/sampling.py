@@ -33,7 +33,8 @@ def aligned(now: datetime, interval_s: float) -> datetime:
 
 #: Parked calls a queue's count reads at most: past it, the count says "at least this many"
 #: (`Parked.capped`), so a line of 100,000 calls costs a page, a live tick or a sample what a
-#: line of 10,000 does. A shared admission backend (`db`, `redis`) still reports its whole line.
+#: line of 10,000 does. The `db` backend's line is counted up to the same cap; `redis` and
+#: `local` report their whole line (their count reads none of it).
 PARKED_COUNT_CAP = 10_000
 
 
@@ -68,7 +69,7 @@ def parked_calls(queues: Iterable[str], cap: int | None = PARKED_COUNT_CAP) -> d
 def waiting_now(admission: Any, queue: str, parked: int) -> int:
     """Calls waiting on `queue`: the backend's line, or the parked checkpoints when more (a parked
     call the backend lost, e.g. with a crashed process, waits until the poller re-offers it)."""
-    waiting = admission.waiting(queue)
+    waiting = admission.waiting(queue, limit=PARKED_COUNT_CAP)
     return parked if waiting is None else max(waiting, parked)
 
 

@@ -25,7 +25,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow import start
-from durable_flow.engine import Engine
+from durable_flow.admission.db.backend import DatabaseAdmissionBackend
+from durable_flow.config.settings import get_settings
+from durable_flow.engine import Engine, set_engine
 from durable_flow.models import FlowQueue, QueueSample, WorkerHeartbeat, WorkerSample
 from durable_flow.observe.sampling import aligned, prune_samples, take_samples
 from durable_flow.operations import api
@@ -63,6 +65,33 @@ def test_samples_count_the_interval_and_are_written_once_per_queue_and_interval(
 
     take_samples(manual, clock())  # a second poller in the same interval
     assert QueueSample.objects.filter(queue="sampled", at=at).count() == 1
+
+
+def test_a_db_admission_line_longer_than_the_cap_is_sampled_up_to_the_cap(
+    clock: Any, transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `db` backend's line is counted as far as the parked calls are (the cap), not whole:
+    a sample of a line of 100,000 waiters must not read 100,000 index entries."""
+    monkeypatch.setattr("durable_flow.observe.sampling.PARKED_COUNT_CAP", 2)
+    engine = Engine(
+        admission=DatabaseAdmissionBackend(clock=lambda: clock.ms),
+        transport=ManualTransport(),
+        settings=get_settings(),
+        clock=clock,
+    )
+    set_engine(engine)
+    transport = engine.transport
+    assert isinstance(transport, ManualTransport)
+    api.register_queue("long", concurrency=1)
+    for value in range(5):
+        start("tests.queued", {"queue": "long", "value": value})
+    transport.run_turns()  # one admitted, four parked in the database's line
+    assert engine.admission.waiting("long") == 4
+    assert engine.admission.waiting("long", limit=2) == 2
+    clock.advance(seconds=engine.settings.sample_interval_s)
+
+    at = take_samples(engine, clock())
+    assert QueueSample.objects.get(queue="long", at=at).waiting == 2  # the cap, as the parked count
 
 
 def test_a_sampling_pass_takes_as_many_statements_with_eight_queues_as_with_one(manual: Engine, clock: Any) -> None:

@@ -54,9 +54,11 @@ class DatabaseReadModel:
         """Slots held now, by any process."""
         return AdmissionSlot.objects.filter(queue=queue).count()
 
-    def waiting(self, queue: str) -> int:
-        """Waiters parked now, by any process."""
-        return AdmissionWaiter.objects.filter(queue=queue).count()
+    def waiting(self, queue: str, limit: int | None = None) -> int:
+        """Waiters parked now, by any process, counted up to `limit` (the count reads the
+        queue's line in its index, so a cap bounds what a sample of a long line costs)."""
+        line = AdmissionWaiter.objects.filter(queue=queue)
+        return line.count() if limit is None else line.values("pk")[:limit].count()
 
     def key_window_usage(self, queue: str, limit: int) -> list[tuple[str, int]] | None:
         """The busiest keys of the per-key window, by any process."""

@@ -419,8 +419,9 @@ class RedisAdmissionBackend(AdmissionBackend):
         seconds, micros = self.redis.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def waiting(self, queue: str) -> int:
-        """Waiters parked now, by any process."""
+    def waiting(self, queue: str, limit: int | None = None) -> int:
+        """Waiters parked now, by any process (`HLEN` costs the same whatever the line, so
+        `limit` is not needed)."""
         return int(self.redis.hlen(f"{self.prefix}:q:{queue}:waiters"))
 
     def window_usage(self, queue: str) -> int | None:
