@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
 from durable_flow.definitions import registry
 from durable_flow.definitions.registry import WorkflowDefinition, workflow
@@ -196,3 +198,65 @@ def test_a_changed_cron_starts_its_ticks_over(
     row = Schedule.objects.get(workflow="changed-tick")
     assert (row.cron, row.next_tick_at) == ("*/15 * * * *", minute(15))
     assert not WorkflowRun.objects.filter(workflow="changed-tick").exists()
+
+
+# -- the dashboard and the admin ---------------------------------------------------------------
+def _csrf_post(client: Client, url: str, data: dict[str, Any] | None = None) -> Any:
+    client.get(reverse("dashboard:schedules"))
+    return client.post(url, {**(data or {}), "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+
+
+def test_the_schedules_page_shows_next_and_last_ticks_and_pauses_and_resumes(
+    manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition], staff_client: Client
+) -> None:
+    declare("page-tick", schedule={"cron": "*/5 * * * *", "timezone": "Europe/Paris"})
+    ticker = ScheduleTicker(manual)
+    ticker.tick()
+    at_start.advance(seconds=30)
+    ticker.tick()  # starts 10:00
+
+    page = staff_client.get(reverse("dashboard:schedules")).content.decode()
+    assert "page-tick" in page and "Europe/Paris" in page
+    assert "2026-01-01 10:05:00" in page  # next tick
+    assert "2026-01-01 10:00:00" in page  # last tick
+    assert reverse("dashboard:run", args=[tick_run_id("page-tick", minute(0))]) in page
+
+    response = _csrf_post(staff_client, reverse("dashboard:schedule-pause", args=["page-tick"]))
+    assert response.status_code == 303
+    assert Schedule.objects.get(workflow="page-tick").paused
+    at_start.advance(minutes=5)
+    assert ticker.tick() == []
+
+    _csrf_post(staff_client, reverse("dashboard:schedule-resume", args=["page-tick"]))
+    assert not Schedule.objects.get(workflow="page-tick").paused
+    assert Schedule.objects.get(workflow="page-tick").next_tick_at == minute(10)
+
+
+def test_pausing_needs_a_post_with_csrf_and_an_existing_schedule(
+    manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition], staff_client: Client
+) -> None:
+    declare("csrf-tick", schedule="* * * * *")
+    ScheduleTicker(manual).tick()
+    url = reverse("dashboard:schedule-pause", args=["csrf-tick"])
+
+    assert staff_client.get(url).status_code == 405
+    assert staff_client.post(url).status_code == 403  # no CSRF token
+    assert _csrf_post(staff_client, reverse("dashboard:schedule-pause", args=["nothing"])).status_code == 404
+    assert not Schedule.objects.get(workflow="csrf-tick").paused
+
+
+def test_the_admin_pauses_and_resumes_selected_schedules(
+    manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition], staff_client: Client
+) -> None:
+    declare("admin-tick", schedule="* * * * *")
+    ScheduleTicker(manual).tick()
+    url = reverse("admin:durable_flow_schedule_changelist")
+    staff_client.get(url)
+    token = staff_client.cookies["csrftoken"].value
+
+    for action, paused in (("pause_selected", True), ("resume_selected", False)):
+        response = staff_client.post(
+            url, {"action": action, "_selected_action": ["admin-tick"], "csrfmiddlewaretoken": token}
+        )
+        assert response.status_code == 302
+        assert Schedule.objects.get(workflow="admin-tick").paused is paused
