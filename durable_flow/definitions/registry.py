@@ -210,7 +210,7 @@ def workflow(
     control = parse_start_control(name, debounce, singleton)
     schedule_spec = parse_schedule(name, schedule)
     if schedule_spec is not None and internal:
-        raise ScheduleError(f"workflow {name!r}: a built-in workflow cannot be scheduled", "E013")
+        raise ScheduleError(f"workflow {name!r}: a built-in workflow cannot be scheduled", "S004")
 
     def decorate(fn: WorkflowFn) -> WorkflowDefinition:
         existing = _workflows.get(name)

@@ -79,30 +79,30 @@ class ScheduleSpec:
 def parse_schedule(workflow: str, value: object) -> ScheduleSpec | None:
     """Parse `@workflow(..., schedule=...)` once, at registration. Every error is a
     `ScheduleError` naming the workflow, the field, the check id and a hint:
-    `E010` a cron expression croniter refuses, `E011` an unknown timezone, `E012` a bad
-    `catch_up` or `max_catch_up`, `E013` any other malformed declaration."""
+    `S001` a cron expression croniter refuses, `S002` an unknown timezone, `S003` a bad
+    `catch_up` or `max_catch_up`, `S004` any other malformed declaration."""
     if value is None:
         return None
     where = f"workflow {workflow!r}: schedule"
     if isinstance(value, str):
         value = {"cron": value}
     if not isinstance(value, Mapping):
-        raise ScheduleError(f"{where} must be a cron string or a dict, got {type(value).__name__}", "E013")
+        raise ScheduleError(f"{where} must be a cron string or a dict, got {type(value).__name__}", "S004")
     unknown = sorted(set(map(str, value)) - FIELDS)
     if unknown:
-        raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}", "E013")
+        raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}", "S004")
     cron = value.get("cron")
     if not isinstance(cron, str) or not croniter.is_valid(cron):
-        raise ScheduleError(f"{where} cron {cron!r} is not a valid cron expression", "E010")
+        raise ScheduleError(f"{where} cron {cron!r} is not a valid cron expression", "S001")
     zone = value.get("timezone", "UTC")
     if not isinstance(zone, str) or not _known_zone(zone):
-        raise ScheduleError(f"{where} timezone {zone!r} is not a known IANA timezone", "E011")
+        raise ScheduleError(f"{where} timezone {zone!r} is not a known IANA timezone", "S002")
     catch_up = value.get("catch_up", DEFAULT_CATCH_UP)
     if catch_up not in CATCH_UP_POLICIES:
-        raise ScheduleError(f"{where} catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}", "E012")
+        raise ScheduleError(f"{where} catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}", "S003")
     bound = value.get("max_catch_up", DEFAULT_MAX_CATCH_UP)
     if problem := number_problem(bound, minimum=1, maximum=MAX_CATCH_UP, integer=True):
-        raise ScheduleError(f"{where} max_catch_up {problem}", "E012")
+        raise ScheduleError(f"{where} max_catch_up {problem}", "S003")
     return ScheduleSpec(cron=cron, timezone=zone, catch_up=catch_up, max_catch_up=bound, input=value.get("input"))
 
 

@@ -24,16 +24,16 @@ from durable_flow.exceptions import RegistrationError
 @pytest.mark.parametrize(
     ("schedule", "check_id", "says"),
     [
-        ("61 * * * *", "E010", "'61 * * * *' is not a valid cron expression"),
-        ({"cron": "every minute"}, "E010", "not a valid cron expression"),
-        ({"timezone": "UTC"}, "E010", "cron None is not a valid cron expression"),
-        ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "E011", "'Mars/Olympus' is not a known IANA timezone"),
-        ({"cron": "* * * * *", "catch_up": "sometimes"}, "E012", "catch_up must be one of skip, latest, all"),
-        ({"cron": "* * * * *", "catch_up": "all", "max_catch_up": 0}, "E012", "max_catch_up must be"),
-        ({"cron": "* * * * *", "max_catch_up": 10_001}, "E012", "max_catch_up must be"),
-        ({"cron": "* * * * *", "max_catch_up": True}, "E012", "max_catch_up"),
-        ({"cron": "* * * * *", "every": 5}, "E013", "unknown field(s) every"),
-        (60, "E013", "must be a cron string or a dict"),
+        ("61 * * * *", "S001", "'61 * * * *' is not a valid cron expression"),
+        ({"cron": "every minute"}, "S001", "not a valid cron expression"),
+        ({"timezone": "UTC"}, "S001", "cron None is not a valid cron expression"),
+        ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "S002", "'Mars/Olympus' is not a known IANA timezone"),
+        ({"cron": "* * * * *", "catch_up": "sometimes"}, "S003", "catch_up must be one of skip, latest, all"),
+        ({"cron": "* * * * *", "catch_up": "all", "max_catch_up": 0}, "S003", "max_catch_up must be"),
+        ({"cron": "* * * * *", "max_catch_up": 10_001}, "S003", "max_catch_up must be"),
+        ({"cron": "* * * * *", "max_catch_up": True}, "S003", "max_catch_up"),
+        ({"cron": "* * * * *", "every": 5}, "S004", "unknown field(s) every"),
+        (60, "S004", "must be a cron string or a dict"),
     ],
 )
 def test_a_bad_schedule_is_refused_at_declaration_with_its_id_and_a_hint(
