@@ -76,6 +76,7 @@ POSTGRESQL_PASS = (
     "tests/processes/test_current_step.py",
     "tests/processes/test_flow_control_processes.py",
     "tests/processes/test_handoff_processes.py",
+    "tests/processes/test_schedules_processes.py",
     "tests/processes/test_key_limits_processes.py",
     "tests/processes/test_metric_counters.py::test_counters_and_histograms_follow_real_runs",
     "tests/processes/test_metrics.py",
