@@ -50,3 +50,11 @@ def test_two_poller_processes_start_each_second_once_and_a_worker_runs_them(
     assert all(output == run_id for run_id, output in runs.items())
     row = Schedule.objects.get(workflow=WORKFLOW)
     assert row.last_tick_at == ticks[-1]
+
+
+def test_manage_py_check_stops_on_a_bad_schedule_with_its_id_and_a_hint(spawn: Callable[..., ManagedProcess]) -> None:
+    process = spawn("check", env={"DURABLE_FLOW_EXTRA_WORKFLOWS": "tests.bad_schedule"})
+    assert process.proc.wait(60) != 0
+    output = process.output()
+    assert "workflow 'tests.bad-schedule': schedule timezone 'Europe/Atlantis' is not a known IANA timezone" in output
+    assert "durable_flow.S002" in output and "hint:" in output
