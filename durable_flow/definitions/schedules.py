@@ -12,8 +12,10 @@ of every scheduled run, default None).
 
 The cron expression is read by `croniter` (maintained under pallets-eco, already a dependency
 of `rq`'s scheduler): it validates expressions, and it steps through a timezone-aware datetime
-by wall-clock time, so a tick at 02:30 on the night clocks spring forward falls at 03:00 and a
-tick in the hour that repeats in autumn runs once. `cronsim` reads the same syntax but would be
+by wall-clock time, so a tick at 02:30 on the night clocks spring forward falls at 03:00. A
+wall-clock time is one tick: in the hour that repeats when clocks go back, ticks run on its
+first pass only (`_repeated`), so an every-minute schedule in such a zone pauses for that hour;
+declare `UTC` for evenly spaced ticks. `cronsim` reads the same syntax but would be
 one more dependency for the same answer.
 
 This module holds the declaration (`ScheduleSpec`, parsed at registration) and the pure tick
@@ -52,8 +54,8 @@ HINT = (
 
 
 class ScheduleError(RegistrationError):
-    """A `schedule=` that does not parse: `check_id` names the rule it breaks (the ids of
-    `durable_flow.checks`), and the message ends with a hint."""
+    """A `schedule=` that does not parse: `check_id` names the rule it breaks (`S001` to `S004`,
+    listed with the system checks in docs/settings.md), and the message ends with a hint."""
 
     def __init__(self, message: str, check_id: str) -> None:
         super().__init__(f"{message} [durable_flow.{check_id}] ({HINT})")
@@ -117,9 +119,18 @@ def _known_zone(name: str) -> bool:
 def next_tick(spec: ScheduleSpec, after: datetime) -> datetime:
     """The first tick strictly after `after`, in UTC. For example `"0 * * * *"` after 10:00
     is 11:00, after 10:59:59 it is 11:00 too."""
-    local = after.astimezone(spec.zone)
-    tick: datetime = croniter(spec.cron, local).get_next(datetime)
+    walk = croniter(spec.cron, after.astimezone(spec.zone))
+    while _repeated(tick := walk.get_next(datetime), spec.zone):
+        pass
     return tick.astimezone(UTC)
+
+
+def _repeated(tick: datetime, zone: ZoneInfo) -> bool:
+    """Whether `tick` (local, as croniter gives it) is the second pass of a wall-clock time, in
+    the hour that repeats when clocks go back. Each wall-clock time is one tick: `30 2 * * *` in
+    Paris runs at 02:30 summer time that night, not again at 02:30 winter time an hour later."""
+    # Through UTC: the `fold` of croniter's own datetimes is not to be trusted.
+    return tick.astimezone(UTC).astimezone(zone).fold == 1
 
 
 def due_ticks(spec: ScheduleSpec, next_at: datetime, now: datetime) -> tuple[list[datetime], datetime]:
@@ -141,10 +152,12 @@ def due_ticks(spec: ScheduleSpec, next_at: datetime, now: datetime) -> tuple[lis
     walk = croniter(spec.cron, following.astimezone(spec.zone))
     due: list[datetime] = []
     while len(due) < keep:
-        tick = walk.get_prev(datetime).astimezone(UTC)
+        local = walk.get_prev(datetime)
+        tick = local.astimezone(UTC)
         if tick < next_at:
             break
-        due.append(tick)
+        if not _repeated(local, spec.zone):
+            due.append(tick)
     due.reverse()
     if spec.catch_up == "skip" and due != [next_at]:
         return [], following  # later ticks than the stored one are due: it was missed

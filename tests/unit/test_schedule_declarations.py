@@ -66,6 +66,24 @@ def test_ticks_follow_the_timezone_wall_clock_across_daylight_saving() -> None:
     assert next_tick(spec, datetime(2026, 3, 27, 12, tzinfo=UTC)) == datetime(2026, 3, 28, 8, 30, tzinfo=UTC)
 
 
+def test_a_tick_in_the_hour_clocks_skip_falls_at_the_first_time_after_it() -> None:
+    spec = ScheduleSpec(cron="30 2 * * *", timezone="Europe/Paris")
+    # 02:30 does not exist on 29 March 2026 in Paris: 03:00 summer time (01:00 UTC).
+    assert next_tick(spec, datetime(2026, 3, 28, 12, tzinfo=UTC)) == datetime(2026, 3, 29, 1, tzinfo=UTC)
+
+
+def test_a_wall_clock_time_in_the_hour_that_repeats_is_one_tick() -> None:
+    daily = ScheduleSpec(cron="30 2 * * *", timezone="Europe/Paris")
+    # 02:30 happens twice on 25 October 2026 (00:30 and 01:30 UTC): the first only runs.
+    assert next_tick(daily, datetime(2026, 10, 24, 12, tzinfo=UTC)) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    assert next_tick(daily, datetime(2026, 10, 25, 0, 30, tzinfo=UTC)) == datetime(2026, 10, 26, 1, 30, tzinfo=UTC)
+
+    every_20 = ScheduleSpec(cron="*/20 * * * *", timezone="Europe/Paris", catch_up="all", max_catch_up=100)
+    utc = [datetime(2026, 10, 25, 0, m, tzinfo=UTC) for m in (0, 20, 40)] + [datetime(2026, 10, 25, 2, tzinfo=UTC)]
+    assert next_tick(every_20, utc[2]) == utc[3]  # 01:00 to 01:40 UTC repeat 02:00 to 02:40
+    assert due_ticks(every_20, utc[0], utc[3]) == (utc, datetime(2026, 10, 25, 2, 20, tzinfo=UTC))
+
+
 EVERY_MINUTE = "* * * * *"
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
 
