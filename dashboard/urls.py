@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import bulk_views, flow_views, limit_views, run_views, views
+from . import bulk_views, flow_views, limit_views, run_views, schedule_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -25,6 +25,9 @@ urlpatterns = [
     path("dashboard/queues/<path:name>/resize/", views.queue_resize, name="queue-resize"),
     path("dashboard/queues/<path:name>/", views.queue_detail, name="queue"),
     path("dashboard/workers/", views.workers, name="workers"),
+    path("dashboard/schedules/", schedule_views.schedules, name="schedules"),
+    path("dashboard/schedules/<path:workflow>/pause/", schedule_views.schedule_pause, name="schedule-pause"),
+    path("dashboard/schedules/<path:workflow>/resume/", schedule_views.schedule_resume, name="schedule-resume"),
     path("dashboard/quotas/", limit_views.quotas, name="quotas"),
     path("dashboard/keys/", limit_views.keys, name="keys"),
 ]

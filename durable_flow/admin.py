@@ -25,6 +25,7 @@ from durable_flow.models import (
     AccessToken,
     FlowQueue,
     QuotaRefusal,
+    Schedule,
     StartRefusal,
     StepCheckpoint,
     WorkerHeartbeat,
@@ -35,6 +36,7 @@ from durable_flow.observe.admission import step_concurrency
 from durable_flow.operations.api import cancel, pause_queue, rerun, resume_queue, retry, send_signal, start
 from durable_flow.operations.audit import record_operation
 from durable_flow.operations.forms import SignalForm, StartForm
+from durable_flow.operations.schedules import pause_schedule, resume_schedule
 
 
 class CheckpointInline(admin.TabularInline):
@@ -371,6 +373,47 @@ class FlowQueueAdmin(UrlSafeAdmin):
     @admin.display(description="Waiting now")
     def waiting(self, obj: FlowQueue) -> int | str:
         return queues.waiting_calls(obj.name)
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(UrlSafeAdmin):
+    """Declared schedules (`@workflow(schedule=...)`): read-only but for pausing and resuming."""
+
+    list_display = ["workflow", "cron", "timezone", "next_tick_at", "last_tick_at", "last_outcome", "paused"]
+    list_filter = ["paused", "last_outcome"]
+    readonly_fields = [
+        "workflow",
+        "cron",
+        "timezone",
+        "next_tick_at",
+        "last_tick_at",
+        "last_run_id",
+        "last_outcome",
+        "paused",
+        "updated_at",
+    ]
+    actions = ["pause_selected", "resume_selected"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a schedule is declared in code, and its row made by the poller
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # only the actions below change a schedule
+
+    def has_steer_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durable_flow.change_schedule")
+
+    @admin.action(description="Pause selected schedules", permissions=["steer"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            record_operation(request.user, pause_schedule(schedule.workflow), "Paused")
+        self.message_user(request, f"Paused {queryset.count()} schedule(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume selected schedules (at their next tick)", permissions=["steer"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            record_operation(request.user, resume_schedule(schedule.workflow), "Resumed")
+        self.message_user(request, f"Resumed {queryset.count()} schedule(s).", messages.SUCCESS)
 
 
 @admin.register(WorkerHeartbeat)

@@ -43,6 +43,10 @@ class InvalidInput(DurableFlowError, ValueError):
     """Input or output that cannot be stored: not JSON, or too large."""
 
 
+class ScheduleNotFound(DurableFlowError, LookupError):
+    """No schedule is stored for that workflow (it declares none, or no poller has run since)."""
+
+
 class QueueNotFound(DurableFlowError, LookupError):
     """No queue has that name."""
 

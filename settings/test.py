@@ -67,6 +67,10 @@ DURABLE_FLOW = {
     },
 }
 
+# A process test's own workflows, which no other test's poller may see (a schedule's), named by
+# the processes it starts.
+DURABLE_FLOW["WORKFLOWS"] += [m for m in os.environ.get("DURABLE_FLOW_EXTRA_WORKFLOWS", "").split(",") if m]
+
 # Worker, poller and server processes started by tests must use the database the test
 # runner created, not the one named above. They leave out the `daphne` app: it only makes
 # `runserver` serve ASGI (the tests start daphne itself), and importing it (Twisted, TLS) is

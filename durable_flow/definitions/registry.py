@@ -18,6 +18,7 @@ from asgiref.sync import async_to_sync
 from durable_flow.config.limits import STEP_NAME_LENGTH, VERSION_LENGTH, WORKFLOW_NAME_LENGTH
 from durable_flow.config.validation import MAX_COUNT, duration_problem, number_problem, storable_text
 from durable_flow.definitions.quotas import QuotaSpec, parse_workflow_quota
+from durable_flow.definitions.schedules import ScheduleError, ScheduleSpec, parse_schedule
 from durable_flow.definitions.start_control import StartControl, parse_start_control
 from durable_flow.definitions.step_concurrency import ConcurrencySpec, parse_concurrency
 from durable_flow.exceptions import InvalidInput, RegistrationError, StepNotFound, WorkflowNotFound
@@ -117,6 +118,7 @@ class WorkflowDefinition:
     start_control: StartControl | None = None
     internal: bool = False
     start_checks: StartChecks | None = None
+    schedule: ScheduleSpec | None = None
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
@@ -191,6 +193,7 @@ def workflow(
     singleton: Mapping[str, Any] | None = None,
     internal: bool = False,
     start_checks: StartChecks | None = None,
+    schedule: str | Mapping[str, Any] | None = None,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -208,12 +211,18 @@ def workflow(
     `internal` marks a built-in workflow that only durable_flow starts (the tasks backend's, whose
     input names the code it runs): `start()`, the JSON API and the start forms refuse it by name.
     `start_checks` gives a built-in workflow the start rules its input names (`StartChecks`).
+    `schedule` (`"0 3 * * *"`, or `{"cron": ..., "timezone": "Europe/Paris", "catch_up":
+    "latest", "max_catch_up": 10, "input": ...}`) starts a run once per cron tick across the
+    fleet, from the timer poller; see `durable_flow.definitions.schedules`.
     """
     _check_name(name, "workflow")
     _check_version(name, version)
     quota_spec = parse_workflow_quota(name, quota)
     concurrency_specs = parse_concurrency(name, concurrency)
     control = parse_start_control(name, debounce, singleton)
+    schedule_spec = parse_schedule(name, schedule)
+    if schedule_spec is not None and internal:
+        raise ScheduleError(f"workflow {name!r}: a built-in workflow cannot be scheduled", "E013")
 
     def decorate(fn: WorkflowFn) -> WorkflowDefinition:
         existing = _workflows.get(name)
@@ -228,6 +237,7 @@ def workflow(
             start_control=control,
             internal=internal,
             start_checks=start_checks,
+            schedule=schedule_spec,
         )
         _workflows[name] = definition
         return definition
@@ -319,6 +329,11 @@ def workflows() -> dict[str, WorkflowDefinition]:
 def startable_workflows() -> dict[str, WorkflowDefinition]:
     """The workflows `start()` and the start forms accept (every one but the internal ones)."""
     return {name: definition for name, definition in _workflows.items() if not definition.internal}
+
+
+def scheduled_workflows() -> dict[str, WorkflowDefinition]:
+    """The workflows that declare a `schedule=`, by name."""
+    return {name: definition for name, definition in _workflows.items() if definition.schedule is not None}
 
 
 def step_concurrency_declared() -> bool:

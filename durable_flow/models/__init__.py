@@ -1,8 +1,8 @@
 """What durable_flow persists, one module per concept: runs and what they record (`runs`), the
 `db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
 (`workers`), the dashboard's history (`history`), the Prometheus counters (`metrics`), debounce and
-singleton counters (`start_control`), the `db` admission backend's rows (`admission`) and the JSON
-API's personal access tokens (`tokens`).
+singleton counters (`start_control`), where each schedule's ticks stand (`schedules`), the `db`
+admission backend's rows (`admission`) and the JSON API's personal access tokens (`tokens`).
 
 A run's state lives here, never only in memory. Django finds the models through this package,
 which names every one of them."""
@@ -39,6 +39,7 @@ from durable_flow.models.runs import (
     WorkflowRun,
     new_run_id,
 )
+from durable_flow.models.schedules import Schedule, ScheduleOutcome
 from durable_flow.models.start_control import StartCounter
 from durable_flow.models.tasks import Task, TaskKind
 from durable_flow.models.tokens import AccessToken
@@ -68,6 +69,8 @@ __all__ = [
     "QueueSample",
     "QuotaRefusal",
     "RunStatus",
+    "Schedule",
+    "ScheduleOutcome",
     "Signal",
     "StartCounter",
     "StartRefusal",

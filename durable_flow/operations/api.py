@@ -20,6 +20,7 @@ from durable_flow.exceptions import InvalidInput, RunNotFound, UnexpectedSignal
 from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.observe.waits import signal_names_awaited
 from durable_flow.operations import runs
+from durable_flow.operations.schedules import pause_schedule, resume_schedule  # noqa: F401  (the public API)
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import RateLimit

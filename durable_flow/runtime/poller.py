@@ -1,4 +1,5 @@
-"""The timer poller: wakes parked runs whose `wake_at` is due, and re-drives lost work.
+"""The timer poller: wakes parked runs whose `wake_at` is due, starts schedules' due ticks
+(`durable_flow.runtime.schedules`), and re-drives lost work.
 
 Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
 cost follows the number of *due* runs, not of every parked one. Calls parked in a queue's
@@ -24,6 +25,7 @@ from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
+from durable_flow.runtime.schedules import ScheduleTicker
 from durable_flow.store import metric_counts, queries
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
@@ -53,6 +55,7 @@ class TimerPoller:
         # (`maintain` called directly, as in tests and `--once`).
         self._judge_deaths_from: datetime | None = None
         self.sampler = Sampler(self.engine)
+        self.schedules = ScheduleTicker(self.engine)
 
     @retry_on_conflict
     def tick(self) -> list[str]:
@@ -200,6 +203,7 @@ class TimerPoller:
         while not self._stop.is_set():
             try:
                 woken = self.tick()
+                self.schedules.tick()  # declared schedules' due ticks (durable_flow/runtime/schedules.py)
                 self.grant_queues()
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()

@@ -1,4 +1,5 @@
-"""`manage.py durable_poller`: wake due runs; `--once` drains what is due and exits."""
+"""`manage.py durable_poller`: wake due runs and start due schedule ticks; `--once` drains what
+is due and exits."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Command(BaseCommand):
             woken: list[str] = []
             while batch := poller.tick():
                 woken.extend(batch)
+            woken.extend(poller.schedules.tick())
             poller.maintain()
             if options["report"]:
                 with open(options["report"], "w") as handle:
