@@ -86,7 +86,6 @@ POSTGRESQL_PASS = (
     "tests/processes/test_processes.py",
     "tests/processes/test_queue_operations.py",
     "tests/processes/test_quotas.py",
-    "tests/processes/test_rq_transport.py",
     "tests/processes/test_start_control.py",
     "tests/processes/test_step_concurrency_processes.py",
     "tests/processes/test_task_declarations.py::test_a_stored_run_naming_a_non_task_fails_on_a_worker_without_importing_it",
@@ -104,6 +103,23 @@ POSTGRESQL_PASS = (
 )
 
 
+#: Process tests run on PostgreSQL on the `db` stack only: what differs between the databases is
+#: the SQL of the engine and of the `db` admission backend and transport, which the `db` stack
+#: runs; a Redis-backed stack's cases (and the RQ transport's own module) run on SQLite. The
+#: outage tests keep every stack: their PostgreSQL outages are the database's own.
+REDIS_STACKS = frozenset({"redis", "redis+rq", "rq"})
+PROCESS_TESTS = ("tests/processes/", "tests/reliability/test_soak.py::")
+OUTAGE_TESTS = ("tests/processes/test_outages.py",)
+
+
+def on_a_redis_stack(item: pytest.Item) -> bool:
+    """A process test's case on a Redis-backed stack (its parameters name one)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or not item.nodeid.startswith(PROCESS_TESTS) or item.nodeid.startswith(OUTAGE_TESTS):
+        return False
+    return any(isinstance(value, str) and value in REDIS_STACKS for value in callspec.params.values())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`;
     of an engine-pair test, its `db-db` case);
@@ -115,7 +131,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pair = callspec.params.get("engine") if callspec is not None else None
         # An engine-pair test's `db-db` case goes to the PostgreSQL pass (the embedded default,
         # whose SQL is what differs between the databases); its `inline-local` case runs on SQLite.
-        if item.nodeid.startswith(POSTGRESQL_PASS) and pair != INLINE_LOCAL:
+        if item.nodeid.startswith(POSTGRESQL_PASS) and pair != INLINE_LOCAL and not on_a_redis_stack(item):
             item.add_marker(pytest.mark.postgresql)
         on_db = pair == DB_DB
         (dropped if on_db and item.get_closest_marker("inline_only") else kept).append(item)
