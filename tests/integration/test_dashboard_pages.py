@@ -25,9 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow import start
-from durable_flow.admission.db.backend import DatabaseAdmissionBackend
-from durable_flow.config.settings import get_settings
-from durable_flow.engine import Engine, set_engine
+from durable_flow.engine import Engine
 from durable_flow.models import FlowQueue, QueueSample, WorkerHeartbeat, WorkerSample
 from durable_flow.observe.sampling import aligned, prune_samples, take_samples
 from durable_flow.operations import api
@@ -36,6 +34,7 @@ from durable_flow_dashboard import live
 from durable_flow_dashboard.snapshot import human_period, snapshot
 from tests import workflows
 from tests.engine_support import ManualTransport
+from tests.support.engine_pairs import db_engine
 
 
 def csrf_post(client: Client, url: str, data: dict[str, str] | None = None) -> Any:
@@ -73,13 +72,7 @@ def test_a_db_admission_line_longer_than_the_cap_is_sampled_up_to_the_cap(
     """The `db` backend's line is counted as far as the parked calls are (the cap), not whole:
     a sample of a line of 100,000 waiters must not read 100,000 index entries."""
     monkeypatch.setattr("durable_flow.observe.sampling.PARKED_COUNT_CAP", 2)
-    engine = Engine(
-        admission=DatabaseAdmissionBackend(clock=lambda: clock.ms),
-        transport=ManualTransport(),
-        settings=get_settings(),
-        clock=clock,
-    )
-    set_engine(engine)
+    engine = db_engine(clock, ManualTransport())
     transport = engine.transport
     assert isinstance(transport, ManualTransport)
     api.register_queue("long", concurrency=1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
@@ -93,12 +93,13 @@ class SettlingDatabaseTransport(DatabaseTransport):
                 return
 
 
-def db_engine(clock: MovableClock) -> Engine:
+def db_engine(clock: MovableClock, transport: Any = None) -> Engine:
     """An engine on the embedded default pair (`db` admission, `db` transport) on the test's
-    clock, its tasks run by a burst worker on commit; installed as this process's engine."""
+    clock, its tasks run by a burst worker on commit (or on `db` admission and `transport`);
+    installed as this process's engine."""
     engine = Engine(
         admission=DatabaseAdmissionBackend(clock=lambda: clock.ms),
-        transport=SettlingDatabaseTransport(),
+        transport=transport or SettlingDatabaseTransport(),
         settings=get_settings(),
         clock=clock,
     )
