@@ -157,6 +157,7 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep", "Sleep"
     CHILD = "child", "Child run"
     SIGNAL = "signal", "Signal wait"
+    PATCH = "patch", "Patch marker"
 
 
 class StepStatus(models.TextChoices):
@@ -196,7 +197,8 @@ PARKED = frozenset(PARKED_STEP_STATUSES)
 
 
 class StepCheckpoint(models.Model):
-    """The durable record of one call a workflow made: a step, a sleep, a child or a signal wait.
+    """The durable record of one call a workflow made: a step, a sleep, a child or a signal wait;
+    or which side of a `ctx.patched` change the run took (a marker keyed `patch:<id>`).
 
     `key` is deterministic (the call's position in the workflow, `3` or `3.17` inside a fan),
     so a replay finds the same checkpoint for the same call.
