@@ -13,6 +13,7 @@ from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import RunStatus, StepCheckpoint, StepKind, WorkflowRun
 from durable_flow.observe.patches import patch_states
+from durable_flow.observe.timeline import build_timeline
 from tests import patched_workflows
 from tests.patched_workflows import PATCH_ID
 
@@ -76,6 +77,8 @@ def test_the_recorded_answer_holds_on_every_later_turn(engine: Engine, monkeypat
     run = _status(run_id)
     assert run.status == RunStatus.COMPLETED and run.output == {"path": "new", "second": 4}
     assert StepCheckpoint.objects.filter(run_id=run_id, kind=StepKind.PATCH).count() == 1
+    # The run's timeline draws its calls; the marker is a decision, not a bar.
+    assert [row.key for row in build_timeline(run).rows if row.kind != "turn"] == ["1", "2", "3", "4"]
 
 
 def test_the_same_change_without_patched_fails_a_run_past_it(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
