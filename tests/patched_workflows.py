@@ -40,3 +40,9 @@ def patched_flow(ctx: Any, n: int) -> dict[str, Any]:
         second, path = ctx.step(add_one, first), "old"
     ctx.wait_for_signal("finish")
     return {"path": path, "second": second}
+
+
+@workflow("tests.patched_first")
+def patched_first(ctx: Any, n: int) -> int:
+    """`ctx.patched` before any call: a new run's first turn records the marker, then the step."""
+    return ctx.step(double, n) if ctx.patched("first-call") else ctx.step(add_one, n)

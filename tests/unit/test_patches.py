@@ -149,3 +149,13 @@ def test_a_bad_patch_id_fails_the_run_with_invalid_input(engine: Engine, monkeyp
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert run.error["type"].endswith(InvalidInput.__name__)
+
+
+def test_a_patched_call_before_the_first_call_takes_the_new_path(engine: Engine) -> None:
+    # On the `db` pair the first turn's probe stops at the marker (it writes nothing) and the
+    # locked path records it.
+    run = start("tests.patched_first", 4)
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.COMPLETED, 8)
+    assert StepCheckpoint.objects.get(run=run, kind=StepKind.PATCH).output is True
+    assert StepCheckpoint.objects.get(run=run, key="1").name == "tests.double"
