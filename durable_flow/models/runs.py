@@ -267,6 +267,8 @@ class StepCheckpoint(models.Model):
                 name="df_checkpoint_settled",
                 condition=models.Q(finished_at__isnull=False),
             ),
+            # `ctx.patched` markers by change (`manage.py durable_patches`): only markers are in it.
+            models.Index(fields=["name", "run"], name="df_checkpoint_patch", condition=models.Q(kind="patch")),
         ]
 
     def __str__(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from durable_flow import NonDeterminismError, send_signal, start
 from durable_flow.engine import Engine
@@ -159,3 +160,17 @@ def test_a_patched_call_before_the_first_call_takes_the_new_path(engine: Engine)
     assert (run.status, run.output) == (RunStatus.COMPLETED, 8)
     assert StepCheckpoint.objects.get(run=run, kind=StepKind.PATCH).output is True
     assert StepCheckpoint.objects.get(run=run, key="1").name == "tests.double"
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="a plan of PostgreSQL's")
+def test_postgresql_finds_a_change_s_markers_from_their_own_index(transactional_db: None) -> None:
+    markers = StepCheckpoint.objects.filter(kind=StepKind.PATCH, name=PATCH_ID, run__workflow=WORKFLOW)
+    sql, params = markers.values("run_id").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        try:
+            cursor.execute(f"EXPLAIN {sql}", params)
+            text = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET enable_seqscan")
+    assert "df_checkpoint_patch" in text, text
