@@ -317,7 +317,7 @@ class WorkflowContext:
             raise NonDeterminismError(
                 f"run {self._run.id}: call #{key} is now {kind} {name!r} but the history recorded "
                 f"{cp.kind} {cp.name!r}; the workflow's code changed under a running run "
-                f"(bump its version for new runs)"
+                f"(branch the change with ctx.patched, or bump its version for new runs)"
             )
         if cp is not None:
             readable(cp.output, f"output of call #{key} ({cp.kind} {cp.name!r})")
