@@ -7,8 +7,9 @@ old path, and is not finished, needs the old branch. So may a run that has not r
 call yet and whose turns before the deploy ran the old code past the change: nothing records
 that until new code replays it, so every unfinished run without the marker that was created
 before the deploy is counted too. A run created after the deploy was run by the new code from
-its first turn: it takes the new path wherever its `patched` call sits (in a rolling deploy,
-pass the time the last old worker stopped as `deployed_at`).
+its first turn: it takes the new path wherever its `patched` call sits. The deploy's time is
+the first run that took the new path, unless `deployed_at` says when the last old worker
+stopped (later, if an old worker still took turns after a new one had begun).
 """
 
 from __future__ import annotations
