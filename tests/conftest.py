@@ -83,6 +83,7 @@ POSTGRESQL_PASS = (
     "tests/processes/test_metrics.py",
     "tests/processes/test_nesting_limit.py",
     "tests/processes/test_outages.py",
+    "tests/processes/test_patch_deploys.py",
     "tests/processes/test_processes.py",
     "tests/processes/test_queue_operations.py",
     "tests/processes/test_quotas.py",
@@ -99,6 +100,7 @@ POSTGRESQL_PASS = (
     "tests/unit/test_engine_recovery.py",
     "tests/unit/test_engine_robustness.py",
     "tests/unit/test_optimistic_first_step.py",
+    "tests/unit/test_patches.py",
     "tests/unit/test_start_control_tasks.py",
 )
 

@@ -45,6 +45,17 @@ __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowCo
 
 PRIORITY_LIMIT = MAX_COUNT  # the database's integer column
 
+PATCH_KEY_PREFIX = "patch:"
+"""A `ctx.patched` marker's checkpoint key: `patch:<id>`, never a call's position, so adding or
+removing a `ctx.patched` call moves no other call's key."""
+PATCH_ID_LENGTH = 100 - len(PATCH_KEY_PREFIX)  # the checkpoint's key column
+
+
+def _position(key: str) -> int:
+    """The top-level call position of a checkpoint key (`3` for `3` and `3.17`); 0 for a marker."""
+    head = key.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
 
 def _check_number(argument: str, value: object, *, minimum: int, maximum: int) -> None:
     """`InvalidInput` naming `argument` unless `value` is a whole number in range: a workflow's
@@ -220,6 +231,37 @@ class WorkflowContext:
             raise SignalTimeout(f"signal {name!r} did not arrive in time")
         return cp.output
 
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new side of the change named `patch_id`.
+
+        True for a run that reaches this point under code that has the call: a new run, or one
+        started before the change that had not got this far. False for a run that had already
+        recorded a call past this point without the call (started under the old code and past
+        the change): it keeps the old path its history was written by. The answer is recorded
+        the first time (a `patch` checkpoint keyed `patch:<id>`, which takes no call position),
+        so every later turn, and every later `patched` call with the same id, gets the same.
+        """
+        storable_text(patch_id, "ctx.patched: patch id", PATCH_ID_LENGTH)
+        key = PATCH_KEY_PREFIX + patch_id
+        cp = self._checkpoints.get(key)
+        if cp is None:
+            new_path = not any(_position(k) > self._counter for k in self._checkpoints)
+            with engine_call():
+                cp = self._engine.create_checkpoint(
+                    self._run,
+                    key=key,
+                    sequence=self._take_sequence(),
+                    kind=StepKind.PATCH,
+                    name=patch_id,
+                    status=StepStatus.COMPLETED,
+                    output=new_path,
+                    finished_at=self.now,
+                )
+            self._checkpoints[key] = cp
+        elif cp.kind != StepKind.PATCH:
+            raise NonDeterminismError(f"run {self._run.id}: checkpoint {key!r} is a {cp.kind}, not a patch marker")
+        return cp.output is True
+
     # -- the machinery ----------------------------------------------------------------------
     def _next_key(self) -> str:
         self._counter += 1
@@ -275,7 +317,7 @@ class WorkflowContext:
             raise NonDeterminismError(
                 f"run {self._run.id}: call #{key} is now {kind} {name!r} but the history recorded "
                 f"{cp.kind} {cp.name!r}; the workflow's code changed under a running run "
-                f"(bump its version for new runs)"
+                f"(branch the change with ctx.patched, or bump its version for new runs)"
             )
         if cp is not None:
             readable(cp.output, f"output of call #{key} ({cp.kind} {cp.name!r})")

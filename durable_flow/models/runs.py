@@ -157,6 +157,7 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep", "Sleep"
     CHILD = "child", "Child run"
     SIGNAL = "signal", "Signal wait"
+    PATCH = "patch", "Patch marker"
 
 
 class StepStatus(models.TextChoices):
@@ -196,7 +197,8 @@ PARKED = frozenset(PARKED_STEP_STATUSES)
 
 
 class StepCheckpoint(models.Model):
-    """The durable record of one call a workflow made: a step, a sleep, a child or a signal wait.
+    """The durable record of one call a workflow made: a step, a sleep, a child or a signal wait;
+    or which side of a `ctx.patched` change the run took (a marker keyed `patch:<id>`).
 
     `key` is deterministic (the call's position in the workflow, `3` or `3.17` inside a fan),
     so a replay finds the same checkpoint for the same call.
@@ -265,6 +267,8 @@ class StepCheckpoint(models.Model):
                 name="df_checkpoint_settled",
                 condition=models.Q(finished_at__isnull=False),
             ),
+            # `ctx.patched` markers by change (`manage.py durable_patches`): only markers are in it.
+            models.Index(fields=["name", "run"], name="df_checkpoint_patch", condition=models.Q(kind="patch")),
         ]
 
     def __str__(self) -> str:

@@ -325,6 +325,8 @@ def build_timeline(run: WorkflowRun, now: datetime | None = None, executing: boo
     for cp in checkpoints:
         if cp.kind == StepKind.STEP:
             rows.extend(_step_rows(cp, attempts.get(cp.pk, []), now))
+        elif cp.kind == StepKind.PATCH:
+            continue  # a `ctx.patched` marker: a decision, not a wait
         else:
             rows.append(_other_row(cp, now))
     total = len(rows)
