@@ -1,4 +1,5 @@
-"""The timer poller: wakes parked runs whose `wake_at` is due, and re-drives lost work.
+"""The timer poller: wakes parked runs whose `wake_at` is due, re-drives lost work, and keeps the
+hot tables vacuumed on PostgreSQL (`durable_flow.runtime.vacuum`).
 
 Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
 cost follows the number of *due* runs, not of every parked one. Calls parked in a queue's
@@ -24,6 +25,7 @@ from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
+from durable_flow.runtime.vacuum import VacuumPolicy, Vacuums
 from durable_flow.store import metric_counts, queries
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
@@ -53,6 +55,9 @@ class TimerPoller:
         # (`maintain` called directly, as in tests and `--once`).
         self._judge_deaths_from: datetime | None = None
         self.sampler = Sampler(self.engine)
+        settings = self.engine.settings
+        policy = VacuumPolicy(settings.vacuum_dead_rows, settings.vacuum_dead_fraction, settings.vacuum_min_interval_s)
+        self.vacuums = Vacuums(policy)
 
     @retry_on_conflict
     def tick(self) -> list[str]:
@@ -155,6 +160,9 @@ class TimerPoller:
         prune_refusals(settings.refusal_retention_s, now)
         metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
         metric_counts.retire(now)  # fold the metric rows of processes long gone
+        # The hot tables' dead rows (PostgreSQL): a vacuum on a thread of its own when one passes
+        # POLLER["VACUUM_DEAD_ROWS"] (durable_flow/runtime/vacuum.py).
+        self.vacuums.maybe_vacuum()
         return redriven
 
     def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
