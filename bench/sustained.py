@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/sustained.py                          # 30 minutes, arm "tuned"
     .venv/bin/python bench/sustained.py --minutes 6 --arm baseline,tuned --json var/sustained.json
+    .venv/bin/python bench/sustained.py --server postgres://postgres@127.0.0.1:5442 ...  # another server
 
 A steady queued workload: one `durable_worker` process (`--concurrency` threads, 10) and one
 `durable_poller` run one-step no-op workflows (`tests.queued`) through one queue of
@@ -19,8 +20,10 @@ between minutes, a progress line every `--progress-s` (10) seconds. At the end, 
 the rows each hot table took (inserted, updated, of which HOT, deleted): what each workflow
 leaves for a vacuum to clean.
 
-Arms (`--arm`, comma-separated, run one after the other on a fresh database each; compare each
-with its own first minute, and the arms with each other, since a shared host's speed moves):
+Arms (`--arm`, comma-separated), each in a child process of its own on a fresh database of its
+own, all side by side (`--sequential`: one after the other), so that on a shared host whose speed
+moves within minutes every arm sees the same host minute by minute; compare each with its own
+first minute, and the arms with each other, minute by minute:
 
 * `baseline`: the hot tables' storage parameters reset to PostgreSQL's defaults (as before the
   migration that sets them) and the poller's vacuum off (`POLLER["VACUUM_DEAD_ROWS"]: None`).
@@ -64,6 +67,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backlog", type=int, default=2000, help="runs the feeder keeps queued")
     parser.add_argument("--progress-s", type=float, default=10, help="seconds between progress lines")
     parser.add_argument("--json", default="", help="also write the figures to this file")
+    parser.add_argument("--sequential", action="store_true", help="run the arms one after the other")
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child process
+    parser.add_argument(
+        "--server",
+        default=PG_SERVER,
+        help="the PostgreSQL server (e.g. one of your own with autovacuum on, as production runs)",
+    )
     args = parser.parse_args()
     arms = args.arm.split(",")
     if unknown := set(arms) - set(ARMS):
@@ -78,11 +88,12 @@ def say(line: str, end: str = "\n") -> None:
     print(line, end=end, flush=True)
 
 
-def pg_admin(sql: str) -> None:
+def pg_admin(sql: str) -> Any:
     import psycopg
 
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(sql)
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if sql.startswith("SHOW") else None
 
 
 def setup_django() -> None:
@@ -216,11 +227,19 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+def still_waiting(arm: str, what: str, since: float, every: float) -> float:
+    """A progress line once `every` seconds have passed since `since`; the new `since`."""
+    if time.monotonic() < since + every:
+        return since
+    say(f"    [{arm}] still waiting {what}")
+    return time.monotonic()
+
+
 def short(table: str) -> str:
     return table.removeprefix("durable_flow_")
 
 
-def minute_line(minute: int, rate: float, first: float, stats: dict[str, dict[str, int]]) -> str:
+def minute_line(arm: str, minute: int, rate: float, first: float, stats: dict[str, dict[str, int]]) -> str:
     tables = "; ".join(
         f"{short(t)} {s['dead']}/{s['live']} v{s['vacuums']} av{s['autovacuums']}"
         for t, s in sorted(stats.items())
@@ -233,7 +252,7 @@ def minute_line(minute: int, rate: float, first: float, stats: dict[str, dict[st
             "durable_flow_admissionslot",
         )
     )
-    return f"  minute {minute:>3}: {rate:6.1f} wf/s ({rate / first:4.2f} of minute 1); dead/live {tables}"
+    return f"  [{arm}] minute {minute:>3}: {rate:6.1f} wf/s ({rate / first:4.2f} of minute 1); dead/live {tables}"
 
 
 def per_workflow(
@@ -260,16 +279,20 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     feeder = Feeder(args.backlog)
     minutes: list[dict[str, Any]] = []
     try:
-        deadline = time.monotonic() + 120
+        say(f"[{arm}] starting the worker and the poller")
+        waited = started = time.monotonic()
         while not WorkerHeartbeat.objects.filter(stopped_at__isnull=True).exists():
-            if any(proc.poll() is not None for proc in procs) or time.monotonic() > deadline:
+            if any(proc.poll() is not None for proc in procs) or time.monotonic() > started + 120:
                 raise SystemExit(f"[{arm}] the durable_worker did not start")
             time.sleep(0.1)
+            waited = still_waiting(arm, "for the worker's first heartbeat", waited, args.progress_s)
         feeder.start()
+        waited = time.monotonic()
         while completed() == 0:  # the clock starts at the first finished workflow
             if feeder.error or any(proc.poll() is not None for proc in procs):
                 raise SystemExit(f"[{arm}] a process died before the first workflow finished")
             time.sleep(0.05)
+            waited = still_waiting(arm, "for the first finished workflow", waited, args.progress_s)
         say(f"[{arm}] load on: {args.backlog} runs kept queued, {args.minutes:g} minute(s)")
         begin = time.monotonic()
         stats_begin = table_stats()
@@ -293,7 +316,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
                 minutes.append(
                     {"minute": len(minutes) + 1, "rate": rate, "completed": done - done_begin, "tables": stats}
                 )
-                say(minute_line(len(minutes), rate, first, stats))
+                say(minute_line(arm, len(minutes), rate, first, stats))
                 minute_start, done_at_minute = now, done
                 next_progress = now + args.progress_s
             elif now >= next_progress:
@@ -318,37 +341,115 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"arm": arm, "minutes": minutes, "first": first, "last": last, "worst": worst, "per_workflow": rows}
 
 
-def main() -> None:
-    args = parse_args()
+def run_child(arm: str, args: argparse.Namespace) -> None:
+    """One arm in this process, on a database of its own; its figures to `--json`."""
+    global PG_DATABASE
+    PG_DATABASE = f"{PG_DATABASE}_{arm}"
     setup_django()
     from django.db import connections
 
-    (ROOT / "var").mkdir(exist_ok=True)
-    say(f"sustained queued one-step workflows on PostgreSQL: 1 durable_worker x {args.concurrency} threads,")
-    say(f"queue concurrency {args.concurrency}, db transport + db admission, {os.cpu_count()} CPUs;", end=" ")
-    say(f"arms {', '.join(args.arms)}")
-    results: dict[str, Any] = {
-        "minutes": args.minutes,
-        "concurrency": args.concurrency,
-        "backlog": args.backlog,
-        "arms": {},
-    }
     try:
-        for arm in args.arms:
-            results["arms"][arm] = run_arm(arm, args)
-            if args.json:
-                Path(args.json).write_text(json.dumps(results, indent=1))
+        result = run_arm(arm, args)
     finally:
         connections.close_all()
         pg_admin(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
+    Path(args.json).write_text(json.dumps(result))
+
+
+def run_arms(args: argparse.Namespace) -> dict[str, Any]:
+    """Each arm in a child process of its own: all at once (the default: every arm sees the same
+    host, minute by minute), or one after the other with `--sequential`."""
+    command = [sys.executable, __file__, "--minutes", str(args.minutes), "--concurrency", str(args.concurrency)]
+    command += ["--backlog", str(args.backlog), "--progress-s", str(args.progress_s), "--server", PG_SERVER]
+    files = {arm: ROOT / "var" / f"bench-sustained-{os.getpid()}-{arm}.json" for arm in args.arms}
+    children: dict[str, subprocess.Popen[str]] = {}
+    echoes: list[threading.Thread] = []
+
+    def echo(child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            say(line.rstrip("\n"))
+
+    def start(arm: str) -> None:
+        child = subprocess.Popen(
+            [*command, "--child", arm, "--json", str(files[arm])],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        children[arm] = child
+        echoes.append(threading.Thread(target=echo, args=(child,), daemon=True))
+        echoes[-1].start()
+
+    try:
+        for arm in args.arms:
+            start(arm)
+            if args.sequential:
+                children[arm].wait()
+        for child in children.values():
+            child.wait()
+        for thread in echoes:
+            thread.join(10)
+        failed = [arm for arm, child in children.items() if child.returncode != 0]
+        if failed:
+            raise SystemExit(f"arm(s) {', '.join(failed)} failed")
+        return {arm: json.loads(path.read_text()) for arm, path in files.items()}
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.terminate()
+                child.wait(60)
+        for path in files.values():
+            path.unlink(missing_ok=True)
+
+
+def main() -> None:
+    args = parse_args()
+    global PG_SERVER
+    PG_SERVER = args.server.rstrip("/")
+    (ROOT / "var").mkdir(exist_ok=True)
+    if args.child:
+        run_child(args.child, args)
+        return
+    say(f"sustained queued one-step workflows on PostgreSQL: per arm 1 durable_worker x {args.concurrency} threads,")
+    say(f"queue concurrency {args.concurrency}, db transport + db admission, {os.cpu_count()} CPUs;", end=" ")
+    say(f"arms {', '.join(args.arms)} ({'one after the other' if args.sequential else 'side by side'})")
+    autovacuum, naptime = pg_admin("SHOW autovacuum")[0][0], pg_admin("SHOW autovacuum_naptime")[0][0]
+    say(f"server {PG_SERVER}: autovacuum {autovacuum} (naptime {naptime})")
+    results: dict[str, Any] = {
+        "autovacuum": autovacuum,
+        "minutes": args.minutes,
+        "concurrency": args.concurrency,
+        "backlog": args.backlog,
+        "side_by_side": not args.sequential,
+        "arms": run_arms(args),
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    arms = results["arms"]
+    say("per minute, wf/s (of the arm's own first minute):")
+    say("  minute " + " ".join(f"{arm:>17}" for arm in arms))
+    for index in range(min(len(result["minutes"]) for result in arms.values())):
+        cells = []
+        for result in arms.values():
+            rate = result["minutes"][index]["rate"]
+            cells.append(f"{rate:8.1f} ({rate / result['first']:4.2f})")
+        say(f"  {index + 1:>6} " + " ".join(f"{cell:>17}" for cell in cells))
     say("summary (each arm against its own first minute; target: every minute within 10 % of the first):")
-    for arm, result in results["arms"].items():
+    for arm, result in arms.items():
         first, last, worst = result["first"], result["last"], result["worst"]
         verdict = "held" if worst >= 0.9 * first else "FELL"
         tables = result["minutes"][-1]["tables"]
         dead = ", ".join(f"{short(t)} {tables[t]['dead']}" for t in TABLES[:3] if t in tables)
         say(f"  {arm:<9} first {first:6.1f} wf/s, last {last:6.1f} ({last / first:.2f}), worst minute", end=" ")
         say(f"{worst / first:.2f}: {verdict}; dead rows at the end: {dead}")
+    if "baseline" in arms and len(arms) > 1:
+        base = arms["baseline"]
+        for arm, result in arms.items():
+            if arm != "baseline":
+                totals = sum(m["rate"] for m in result["minutes"]) / sum(m["rate"] for m in base["minutes"])
+                say(f"  {arm} / baseline, workflows over the whole run: {totals:.2f}")
 
 
 if __name__ == "__main__":

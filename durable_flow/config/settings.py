@@ -85,10 +85,10 @@ class DurableFlowSettings:
     refusal_retention_s: float = 7 * 86_400.0
     #: The poller vacuums a hot table (PostgreSQL) once its dead rows pass this many plus
     #: `vacuum_dead_fraction` of its live rows; None: never (leave it to autovacuum).
-    vacuum_dead_rows: int | None = 10_000
+    vacuum_dead_rows: int | None = 2_000
     vacuum_dead_fraction: float = 0.05
     #: The shortest time between two of the poller's vacuums of one table.
-    vacuum_min_interval_s: float = 30.0
+    vacuum_min_interval_s: float = 10.0
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000

@@ -59,7 +59,7 @@ def test_the_settings_reach_the_pollers_policy_and_none_turns_it_off() -> None:
     poller_settings = {"VACUUM_DEAD_ROWS": 5000, "VACUUM_DEAD_FRACTION": 0.25, "VACUUM_MIN_INTERVAL_S": 90}
     assert vacuum_policy({"POLLER": poller_settings}) == VacuumPolicy(5000, 0.25, 90.0)
     assert vacuum_policy({"POLLER": {"VACUUM_DEAD_ROWS": None}}).dead_rows is None
-    assert vacuum_policy({}) == VacuumPolicy(10_000, 0.05, 30.0)  # the documented defaults
+    assert vacuum_policy({}) == VacuumPolicy(2_000, 0.05, 10.0)  # the documented defaults
 
 
 def vacuum_policy(durable_flow: dict[str, Any]) -> VacuumPolicy:
