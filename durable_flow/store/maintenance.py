@@ -48,13 +48,17 @@ def hot_table_health() -> list[TableHealth]:
     """The hot tables' dead and live rows (`pg_stat_user_tables`); empty but on PostgreSQL.
 
     The figures are the statistics system's, which backends report at most about once a
-    second: an estimate, not a count, and cheap to read (no table is scanned)."""
+    second: an estimate, not a count, and cheap to read (no table is scanned). Only the tables
+    this role may vacuum (it owns them, as the role that ran the migrations does): PostgreSQL
+    skips the others with a warning, and a vacuum that does nothing is not worth starting."""
     if not can_vacuum():
         return []
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT relname, n_dead_tup, n_live_tup FROM pg_stat_user_tables"
-            " WHERE schemaname = current_schema() AND relname = ANY(%s)",
+            "SELECT s.relname, s.n_dead_tup, s.n_live_tup FROM pg_stat_user_tables s"
+            " JOIN pg_class c ON c.oid = s.relid"
+            " WHERE s.schemaname = current_schema() AND s.relname = ANY(%s)"
+            " AND pg_has_role(c.relowner, 'MEMBER')",
             [list(hot_tables())],
         )
         return [TableHealth(table, dead, live) for table, dead, live in cursor.fetchall()]

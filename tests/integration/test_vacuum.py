@@ -5,6 +5,7 @@ off, and never on SQLite; the migration's per-table autovacuum settings are on t
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -184,6 +185,23 @@ def test_vacuum_refuses_to_run_inside_a_transaction_and_takes_only_hot_tables(tr
         maintenance.vacuum(TASKS)
     with pytest.raises(ValueError, match="not a hot table"):
         maintenance.vacuum("auth_user")
+
+
+@postgresql_only
+def test_a_role_that_does_not_own_the_tables_sees_none_to_vacuum(transactional_db: None) -> None:
+    """PostgreSQL skips a table its owner's role does not hold (a warning, no error): the poller
+    would log a vacuum that did nothing, every interval."""
+    assert {health.table for health in maintenance.hot_table_health()} == set(maintenance.hot_tables())
+    role = f"df_{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}_not_owner".replace("-", "_")
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP ROLE IF EXISTS {role}")
+        cursor.execute(f"CREATE ROLE {role}")
+        try:
+            cursor.execute(f"SET ROLE {role}")
+            assert maintenance.hot_table_health() == []
+        finally:
+            cursor.execute("RESET ROLE")
+            cursor.execute(f"DROP ROLE {role}")
 
 
 @postgresql_only
