@@ -151,6 +151,25 @@ def table_stats() -> dict[str, dict[str, int]]:
         return {row[0]: dict(zip(keys, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
+def claim_pages() -> int:
+    """The pages (buffers) the `db` transport's claim reads to find the next task now: a figure
+    the host's load does not move, that grows as dead index entries pile up before the live
+    rows (the claim's pick, as `store/tasks.py` sends it, without the lock)."""
+    from django.db import connection
+
+    from durable_flow.models import Task
+
+    table = connection.ops.quote_name(Task._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM {table} WHERE claimed_by IS NULL"
+            " AND available_at <= now() ORDER BY kind, priority DESC, id LIMIT 1"
+        )
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return int(plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"])
+
+
 class Feeder(threading.Thread):
     """Keeps `backlog` runs queued: every half second, starts what is missing in one transaction."""
 
@@ -313,10 +332,17 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
                 stats = table_stats()
                 rate = (done - done_at_minute) / (now - minute_start)
                 first = minutes[0]["rate"] if minutes else rate
+                pages = claim_pages()
                 minutes.append(
-                    {"minute": len(minutes) + 1, "rate": rate, "completed": done - done_begin, "tables": stats}
+                    {
+                        "minute": len(minutes) + 1,
+                        "rate": rate,
+                        "completed": done - done_begin,
+                        "claim_pages": pages,
+                        "tables": stats,
+                    }
                 )
-                say(minute_line(arm, len(minutes), rate, first, stats))
+                say(minute_line(arm, len(minutes), rate, first, stats) + f"; a claim reads {pages} pages")
                 minute_start, done_at_minute = now, done
                 next_progress = now + args.progress_s
             elif now >= next_progress:
