@@ -31,6 +31,8 @@ from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
 
 logger = logging.getLogger("durable_flow.runtime.poller")
+#: How long a stopping poller waits for a vacuum it started.
+VACUUM_GRACE_S = 10.0
 
 
 class TimerPoller:
@@ -229,3 +231,6 @@ class TimerPoller:
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)
         metric_counts.flush_quietly()  # a graceful stop loses no count
+        # A vacuum under way gets a moment to end; past it, the process exits and the server
+        # cancels the vacuum (nothing is lost: the next one starts over).
+        self.vacuums.wait(VACUUM_GRACE_S)

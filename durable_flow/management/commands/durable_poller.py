@@ -35,6 +35,7 @@ class Command(BaseCommand):
             while batch := poller.tick():
                 woken.extend(batch)
             poller.maintain()
+            poller.vacuums.wait()  # a vacuum the pass started ends before the process does
             if options["report"]:
                 with open(options["report"], "w") as handle:
                     json.dump(woken, handle)
