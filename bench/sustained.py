@@ -151,10 +151,11 @@ def table_stats() -> dict[str, dict[str, int]]:
         return {row[0]: dict(zip(keys, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
-def claim_pages() -> int:
+def claim_pages() -> tuple[int, str]:
     """The pages (buffers) the `db` transport's claim reads to find the next task now: a figure
     the host's load does not move, that grows as dead index entries pile up before the live
-    rows (the claim's pick, as `store/tasks.py` sends it, without the lock)."""
+    rows (the claim's pick, as `store/tasks.py` sends it, without the lock), and how the planner
+    reads the table (an index scan, or the whole table when it has no statistics)."""
     from django.db import connection
 
     from durable_flow.models import Task
@@ -166,8 +167,14 @@ def claim_pages() -> int:
             " AND available_at <= now() ORDER BY kind, priority DESC, id LIMIT 1"
         )
         plan = cursor.fetchone()[0]
-    plan = json.loads(plan) if isinstance(plan, str) else plan
-    return int(plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"])
+    top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    scans = []
+    nodes = [top]
+    while nodes:
+        node = nodes.pop()
+        scans += [node["Node Type"]] if node["Node Type"].endswith("Scan") else []
+        nodes += node.get("Plans", [])
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), "+".join(scans)
 
 
 class Feeder(threading.Thread):
@@ -332,17 +339,18 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
                 stats = table_stats()
                 rate = (done - done_at_minute) / (now - minute_start)
                 first = minutes[0]["rate"] if minutes else rate
-                pages = claim_pages()
+                pages, scan = claim_pages()
                 minutes.append(
                     {
                         "minute": len(minutes) + 1,
                         "rate": rate,
                         "completed": done - done_begin,
                         "claim_pages": pages,
+                        "claim_scan": scan,
                         "tables": stats,
                     }
                 )
-                say(minute_line(arm, len(minutes), rate, first, stats) + f"; a claim reads {pages} pages")
+                say(minute_line(arm, len(minutes), rate, first, stats) + f"; a claim reads {pages} pages ({scan})")
                 minute_start, done_at_minute = now, done
                 next_progress = now + args.progress_s
             elif now >= next_progress:
