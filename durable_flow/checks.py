@@ -9,6 +9,10 @@
   `POLLER["SAMPLE_RETENTION_S"]`) is out of range;
 - `durable_flow.E009`: the refusal history's retention (`POLLER["REFUSAL_RETENTION_S"]`) is out
   of range;
+- `durable_flow.E010` to `E013`: a workflow's `schedule=` does not parse (raised when its module
+  is imported, so every command stops at start-up: `durable_flow.definitions.schedules`);
+- `durable_flow.E014`: the poller's vacuum of the hot tables (`POLLER["VACUUM_DEAD_ROWS"]`,
+  `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -32,6 +36,7 @@ from durable_flow.config.settings import (
     TRANSPORT_BACKENDS,
     RefusalRetentionMisconfigured,
     SamplingMisconfigured,
+    VacuumMisconfigured,
     parse_settings,
 )
 from durable_flow.definitions.registry import workflows
@@ -48,6 +53,10 @@ HINTS = {
         "SAMPLE_INTERVAL_S is 1 to 3600 s, SAMPLE_RETENTION_S 3600 s (the charts show an hour) to a year (31536000 s)."
     ),
     "E009": "REFUSAL_RETENTION_S is 3600 s (the quota page's chart shows an hour) to a year (31536000 s).",
+    "E014": (
+        "VACUUM_DEAD_ROWS is None (off) or 1000 to 1000000000 rows, VACUUM_DEAD_FRACTION 0 to 100, "
+        "VACUUM_MIN_INTERVAL_S 1 to 86400 s (docs/settings.md)."
+    ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -74,6 +83,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(str(exc), "E006")]
     except RefusalRetentionMisconfigured as exc:
         return [_error(str(exc), "E009")]
+    except VacuumMisconfigured as exc:
+        return [_error(str(exc), "E014")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []

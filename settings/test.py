@@ -71,6 +71,11 @@ DURABLE_FLOW = {
 # the processes it starts.
 DURABLE_FLOW["WORKFLOWS"] += [m for m in os.environ.get("DURABLE_FLOW_EXTRA_WORKFLOWS", "").split(",") if m]
 
+# The poller's vacuum of the hot tables: "off" turns it off (bench/sustained.py's baseline arm),
+# a number sets its threshold of dead rows; unset, the project's default.
+if vacuum_dead_rows := os.environ.get("DURABLE_FLOW_VACUUM_DEAD_ROWS"):
+    DURABLE_FLOW["POLLER"]["VACUUM_DEAD_ROWS"] = None if vacuum_dead_rows == "off" else int(vacuum_dead_rows)  # type: ignore[index]
+
 # Worker, poller and server processes started by tests must use the database the test
 # runner created, not the one named above. They leave out the `daphne` app: it only makes
 # `runserver` serve ASGI (the tests start daphne itself), and importing it (Twisted, TLS) is

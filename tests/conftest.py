@@ -72,6 +72,7 @@ POSTGRESQL_PASS = (
     "tests/integration/test_surfaces_at_scale.py",
     "tests/integration/test_task_notifications.py",
     "tests/integration/test_url_input.py",
+    "tests/integration/test_vacuum.py",
     "tests/integration/test_wait_causes.py",
     "tests/processes/test_base_exceptions.py",
     "tests/processes/test_current_step.py",

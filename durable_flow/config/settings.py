@@ -51,6 +51,9 @@ TRANSPORT_BACKENDS = {
 #: transaction): the bounds of POLLER's INTERVAL_MS and BATCH_SIZE and of the command's flags.
 MAX_POLLER_INTERVAL_MS = HOUR_S * 1000
 MAX_POLLER_BATCH_SIZE = 10_000
+#: The bounds of POLLER's VACUUM_DEAD_ROWS: below a thousand dead rows a vacuum costs more than
+#: it saves; past a billion it would never come.
+MIN_VACUUM_DEAD_ROWS, MAX_VACUUM_DEAD_ROWS = 1_000, 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,12 @@ class DurableFlowSettings:
     sample_retention_s: float = 86_400.0
     #: How long refused starts (`StartRefusal`, `QuotaRefusal`) are kept; the poller deletes older ones.
     refusal_retention_s: float = 7 * 86_400.0
+    #: The poller vacuums a hot table (PostgreSQL) once its dead rows pass this many plus
+    #: `vacuum_dead_fraction` of its live rows; None: never (leave it to autovacuum).
+    vacuum_dead_rows: int | None = 2_000
+    vacuum_dead_fraction: float = 0.05
+    #: The shortest time between two of the poller's vacuums of one table.
+    vacuum_min_interval_s: float = 10.0
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
@@ -95,6 +104,11 @@ class SamplingMisconfigured(ImproperlyConfigured):
 
 class RefusalRetentionMisconfigured(ImproperlyConfigured):
     """POLLER's REFUSAL_RETENTION_S is wrong (`manage.py check`: E009)."""
+
+
+class VacuumMisconfigured(ImproperlyConfigured):
+    """POLLER's VACUUM_DEAD_ROWS / VACUUM_DEAD_FRACTION / VACUUM_MIN_INTERVAL_S are wrong
+    (`manage.py check`: E014)."""
 
 
 def backend(aliases: Mapping[str, str]) -> Validator:
@@ -172,6 +186,22 @@ POLLER_OPTIONS = {
         number(HOUR_S, 365 * DAY_S, unit="seconds"),
         RefusalRetentionMisconfigured,
     ),
+    # The poller's vacuum of the hot tables (PostgreSQL; durable_flow/runtime/vacuum.py).
+    "VACUUM_DEAD_ROWS": Option(
+        "Dead rows past which the poller vacuums a hot table (None: never).",
+        optional(number(MIN_VACUUM_DEAD_ROWS, MAX_VACUUM_DEAD_ROWS, integer=True, unit="rows")),
+        VacuumMisconfigured,
+    ),
+    "VACUUM_DEAD_FRACTION": Option(
+        "Added to VACUUM_DEAD_ROWS: this fraction of the table's live rows.",
+        number(0, 100),
+        VacuumMisconfigured,
+    ),
+    "VACUUM_MIN_INTERVAL_S": Option(
+        "The shortest time between two of the poller's vacuums of one table.",
+        number(1, DAY_S, unit="seconds"),
+        VacuumMisconfigured,
+    ),
 }
 HEARTBEAT_OPTIONS = {
     "INTERVAL_S": Option("How often a worker beats.", seconds(HOUR_S)),
@@ -206,6 +236,9 @@ _FIELDS = {
         "sample_interval_s": "sample_interval_s",
         "sample_retention_s": "sample_retention_s",
         "refusal_retention_s": "refusal_retention_s",
+        "vacuum_dead_rows": "vacuum_dead_rows",
+        "vacuum_dead_fraction": "vacuum_dead_fraction",
+        "vacuum_min_interval_s": "vacuum_min_interval_s",
     },
     "heartbeat": {"interval_s": "heartbeat_interval_s", "ttl_s": "heartbeat_ttl_s"},
     "metrics": {"token": "metrics_token"},
@@ -220,6 +253,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "sample_interval_s": float,
     "sample_retention_s": float,
     "refusal_retention_s": float,
+    "vacuum_dead_fraction": float,
+    "vacuum_min_interval_s": float,
     "redispatch_after_s": float,
 }
 

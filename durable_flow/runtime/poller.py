@@ -1,5 +1,6 @@
 """The timer poller: wakes parked runs whose `wake_at` is due, starts schedules' due ticks
-(`durable_flow.runtime.schedules`), and re-drives lost work.
+(`durable_flow.runtime.schedules`), re-drives lost work, and keeps the hot tables vacuumed on
+PostgreSQL (`durable_flow.runtime.vacuum`).
 
 Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
 cost follows the number of *due* runs, not of every parked one. Calls parked in a queue's
@@ -26,11 +27,14 @@ from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
 from durable_flow.runtime.schedules import ScheduleTicker
+from durable_flow.runtime.vacuum import VacuumPolicy, Vacuums
 from durable_flow.store import metric_counts, queries
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
 
 logger = logging.getLogger("durable_flow.runtime.poller")
+#: How long a stopping poller waits for a vacuum it started.
+VACUUM_GRACE_S = 10.0
 
 
 class TimerPoller:
@@ -56,6 +60,9 @@ class TimerPoller:
         self._judge_deaths_from: datetime | None = None
         self.sampler = Sampler(self.engine)
         self.schedules = ScheduleTicker(self.engine)
+        settings = self.engine.settings
+        policy = VacuumPolicy(settings.vacuum_dead_rows, settings.vacuum_dead_fraction, settings.vacuum_min_interval_s)
+        self.vacuums = Vacuums(policy)
 
     @retry_on_conflict
     def tick(self) -> list[str]:
@@ -158,6 +165,9 @@ class TimerPoller:
         prune_refusals(settings.refusal_retention_s, now)
         metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
         metric_counts.retire(now)  # fold the metric rows of processes long gone
+        # The hot tables' dead rows (PostgreSQL): a vacuum on a thread of its own when one passes
+        # POLLER["VACUUM_DEAD_ROWS"] (durable_flow/runtime/vacuum.py).
+        self.vacuums.maybe_vacuum()
         return redriven
 
     def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
@@ -225,3 +235,6 @@ class TimerPoller:
             if len(woken) < self.batch_size:
                 self._stop.wait(self.interval_s)
         metric_counts.flush_quietly()  # a graceful stop loses no count
+        # A vacuum under way gets a moment to end; past it, the process exits and the server
+        # cancels the vacuum (nothing is lost: the next one starts over).
+        self.vacuums.wait(VACUUM_GRACE_S)

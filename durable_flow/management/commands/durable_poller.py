@@ -37,6 +37,7 @@ class Command(BaseCommand):
                 woken.extend(batch)
             woken.extend(poller.schedules.tick())
             poller.maintain()
+            poller.vacuums.wait()  # a vacuum the pass started ends before the process does
             if options["report"]:
                 with open(options["report"], "w") as handle:
                     json.dump(woken, handle)
