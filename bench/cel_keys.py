@@ -5,7 +5,7 @@ the Rust `cel` crate) against the pure-Python `cel-python` it replaced, measured
 
     .venv/bin/python bench/cel_keys.py            # ~15 s of CPU
     .venv/bin/python bench/cel_keys.py --quick    # ~3 s of CPU
-    .venv/bin/python bench/cel_keys.py --json     # the figures as JSON on stdout, nothing else
+    .venv/bin/python bench/cel_keys.py --json P   # the figures as JSON to P too (bench/reporting.py)
 
 Each expression is compiled once by each library (as registration does), then evaluated over a
 start's variables (`input`, `run_id`, `workflow`) in rounds that alternate which library goes
@@ -22,7 +22,6 @@ dependency; without it, only the project's figures print.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,6 +31,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
 
 from durable_flow.definitions.cel import compile_cel, evaluate_cel  # noqa: E402
 
@@ -170,15 +171,25 @@ def report(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and evaluations")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
+    reporting.add_json_option(parser, "cel_keys")
     options = parser.parse_args()
     rounds, seconds = (4, 0.01) if options.quick else (10, 0.03)
     rows = measure(rounds, seconds)
-    if options.json:
-        print(json.dumps({"rounds": rounds, "seconds_per_timing": seconds, "rows": rows}, indent=1))
-    else:
-        print(f"{rounds} alternating rounds, each timing ~{seconds * 1000:.0f} ms of evaluations\n")
-        report(rows)
+    print(f"{rounds} alternating rounds, each timing ~{seconds * 1000:.0f} ms of evaluations\n")
+    report(rows)
+    compared = [row for row in rows if "ratio_median" in row]
+    summary, targets = [], []
+    if compared:
+        median = statistics.median(row["ratio_median"] for row in compared)
+        summary.append(f"cel (Rust) vs cel-python, per key evaluation: median ratio {median:.1f}x")
+        targets.append(reporting.target("median ratio cel-python / cel (Rust)", median, ">=", 1.0))
+    reporting.write_json(
+        "cel_keys",
+        {"rounds": rounds, "seconds_per_timing": seconds, "rows": rows},
+        path=options.json,
+        summary=summary,
+        targets=targets,
+    )
 
 
 if __name__ == "__main__":

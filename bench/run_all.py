@@ -71,6 +71,9 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     # The production-sized history (1,000,000 finished runs) is the figure: minutes to load.
     ("surfaces", "surfaces.py", ["--scale", "1"], ["--scale", "0.1"]),
     ("index_cost", "index_cost.py", ["--lifecycles", "20000", "--rounds", "5"], []),
+    ("cel_keys", "cel_keys.py", [], ["--quick"]),
+    # Minutes of steady load per arm, side by side: the figure is the last minutes against the first.
+    ("sustained", "sustained.py", ["--minutes", "30", "--arm", "baseline,tuned"], ["--minutes", "2"]),
 ]
 #: Modules in bench/ that other benches import; not benches themselves.
 HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py", "reporting.py"}

@@ -49,6 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_sustained_{os.getpid()}"  # its own: other sessions may run benches too
 QUEUE = "bench-sustained"
@@ -66,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=10, help="worker threads and the queue's concurrency")
     parser.add_argument("--backlog", type=int, default=2000, help="runs the feeder keeps queued")
     parser.add_argument("--progress-s", type=float, default=10, help="seconds between progress lines")
-    parser.add_argument("--json", default="", help="also write the figures to this file")
+    reporting.add_json_option(parser, "sustained")
     parser.add_argument("--sequential", action="store_true", help="run the arms one after the other")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child process
     parser.add_argument(
@@ -459,8 +461,6 @@ def main() -> None:
         "side_by_side": not args.sequential,
         "arms": run_arms(args),
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
     arms = results["arms"]
     say("per minute, wf/s (of the arm's own first minute):")
     say("  minute " + " ".join(f"{arm:>17}" for arm in arms))
@@ -478,12 +478,19 @@ def main() -> None:
         dead = ", ".join(f"{short(t)} {tables[t]['dead']}" for t in TABLES[:3] if t in tables)
         say(f"  {arm:<9} first {first:6.1f} wf/s, last {last:6.1f} ({last / first:.2f}), worst minute", end=" ")
         say(f"{worst / first:.2f}: {verdict}; dead rows at the end: {dead}")
+    lines, targets = [], []
+    for arm, result in arms.items():
+        first, worst = result["first"], result["worst"]
+        lines.append(f"{arm}: first minute {first:.1f} wf/s, worst minute {worst / first:.2f} of it")
+        targets.append(reporting.target(f"{arm}: worst minute / first minute", worst / first, ">=", 0.9))
     if "baseline" in arms and len(arms) > 1:
         base = arms["baseline"]
         for arm, result in arms.items():
             if arm != "baseline":
                 totals = sum(m["rate"] for m in result["minutes"]) / sum(m["rate"] for m in base["minutes"])
                 say(f"  {arm} / baseline, workflows over the whole run: {totals:.2f}")
+                lines.append(f"{arm} / baseline, workflows over the whole run: {totals:.2f}")
+    reporting.write_json("sustained", results, path=args.json, summary=lines, targets=targets)
 
 
 if __name__ == "__main__":
