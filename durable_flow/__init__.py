@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         send_signal,
         start,
         update_queue,
+        wait,
     )
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "start",
     "step",
     "update_queue",
+    "wait",
     "workflow",
 ]
 
