@@ -253,6 +253,8 @@ class DatabaseTaskSource(TaskSource):
         self._monotonic = monotonic
         # From when (monotonic) this source takes lapsed leases: see `outage_seen`. 0: at once.
         self._lapsed_from = 0.0
+        #: The last claim came back empty: the next one reads before it writes (`claim`).
+        self._found_nothing = False
 
     def outage_seen(self) -> None:
         """The worker starts, or its claims fail or succeed again (an outage it rides out): take
@@ -286,7 +288,10 @@ class DatabaseTaskSource(TaskSource):
 
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         deadline = time.monotonic() + wait_s
-        idle = False
+        # A claimer whose last claim found nothing looks first, as within a call: the worker's
+        # loop calls again every fraction of a second, and on SQLite a claim takes the write
+        # lock that a start's transaction then queues behind.
+        idle = self._found_nothing
         while True:
             seen = _generation
             # An idle claimer looks before it claims: on SQLite the claim is a write that takes
@@ -295,6 +300,7 @@ class DatabaseTaskSource(TaskSource):
             lapsed = self._takes_lapsed()
             tasks = self._claim_once(worker_id, limit, lapsed) if not idle or self._any_claimable(lapsed) else []
             if tasks or time.monotonic() >= deadline:
+                self._found_nothing = not tasks
                 return tasks
             idle = True
             with _new_work:  # woken early when this process commits a task
