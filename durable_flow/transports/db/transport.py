@@ -255,6 +255,8 @@ class DatabaseTaskSource(TaskSource):
         self._lapsed_from = 0.0
         #: The last claim came back empty: the next one reads before it writes (`claim`).
         self._found_nothing = False
+        #: Whether a push wakes the claimer straight into a claim (PostgreSQL: see `claim`).
+        self._claims_when_rung = False
 
     def outage_seen(self) -> None:
         """The worker starts, or its claims fail or succeed again (an outage it rides out): take
@@ -273,6 +275,7 @@ class DatabaseTaskSource(TaskSource):
         doorbell); take no lapsed lease for a while (`outage_seen`): this process cannot know
         how long the database was away before it started."""
         self.outage_seen()
+        self._claims_when_rung = db_notify.available()
         if self._notifications is None and db_notify.available():
             self._notifications = db_notify.TaskNotifications(_announce_new_work)
             self._notifications.start()
@@ -302,10 +305,15 @@ class DatabaseTaskSource(TaskSource):
             if tasks or time.monotonic() >= deadline:
                 self._found_nothing = not tasks
                 return tasks
-            idle = True
-            with _new_work:  # woken early when this process commits a task
+            with _new_work:  # woken early when a task is committed (here, or pushed from elsewhere)
                 if _generation == seen:
                     _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+                rung = _generation != seen
+            # Rung on PostgreSQL, claim at once: the claim skips locked rows, and the read would
+            # be one more round trip before the task starts. SQLite reads first even then (a read
+            # there is no round trip, and every idle process was rung: their claims would queue
+            # on the write lock).
+            idle = not (rung and self._claims_when_rung)
 
     @staticmethod
     def _any_claimable(lapsed: bool = True) -> bool:
