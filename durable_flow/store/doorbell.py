@@ -181,6 +181,7 @@ class Doorbell:
 
     def _close(self) -> None:
         atexit.unregister(self._close)
+        self._stop.set()  # at exit too: the thread's `recv` fails on the closed socket, quietly
         self.listening.clear()
         if self._socket is not None:
             self._socket.close()

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.db.transaction import TransactionManagementError
 
-from durable_flow import start, wait
+from durable_flow import RunNotFound, start, wait
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, WorkerHeartbeat
 from durable_flow.operations import api as operations_api
@@ -108,6 +109,14 @@ def test_wait_times_out_on_a_run_nobody_runs(db_transport_engine: Engine) -> Non
     run = start("tests.stamped", {})
     with pytest.raises(TimeoutError, match="still pending"):
         wait(run.id, timeout=0.2)
+
+
+def test_wait_refuses_a_transaction_and_an_unknown_run(db_transport_engine: Engine) -> None:
+    run = start("tests.stamped", {})
+    with pytest.raises(TransactionManagementError), transaction.atomic():
+        wait(run.id, timeout=1)
+    with pytest.raises(RunNotFound):
+        wait("no-such-run", timeout=1)
 
 
 @sqlite_only
