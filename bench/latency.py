@@ -73,6 +73,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dbos-poll-s", type=float, default=0.1, help="DBOS queue polling interval (s)")
     parser.add_argument("--dbos-python", default=str(DEFAULT_DBOS_PYTHON), help="an interpreter with `dbos`")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
+    parser.add_argument(
+        "--baseline-tree",
+        help="another checkout of durable_flow (with this script in its bench/), measured in the same rounds",
+    )
     parser.add_argument("--json", dest="json_path", help="write the figures to this file (JSON)")
     parser.add_argument("--only", help="measure one stack, or `dbos-pg`/`dbos-sqlite`, in this process (internal)")
     return parser.parse_args()
@@ -309,12 +313,12 @@ def dbos_python(args: argparse.Namespace) -> str | None:
 
 
 # -- the driver ----------------------------------------------------------------------------------
-def measure(python: str, only: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(python: str, only: str, args: argparse.Namespace, script: Path = Path(__file__)) -> dict[str, Any]:
     """One stack's figures, from a process of its own (Django and DBOS set up once a process)."""
-    command = [python, str(Path(__file__)), "--only", only, "--runs", str(args.runs), "--burst", str(args.burst)]
+    command = [python, str(script), "--only", only, "--runs", str(args.runs), "--burst", str(args.burst)]
     command += ["--load-s", str(args.load_s), "--concurrency", str(args.concurrency)]
     command += ["--dbos-poll-s", str(args.dbos_poll_s), "--redis-url", args.redis_url]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=script.parent.parent).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -355,6 +359,37 @@ def verdicts(stack: dict[str, Any]) -> str:
     return ", ".join(marks)
 
 
+def write_json(
+    args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], tree: Path | None, dbos: str | None
+) -> None:
+    """Every figure so far, folded over the rounds (each round's kept), as one JSON object."""
+    folded = {name: fold(rounds) for name, rounds in results.items()}
+    document = {
+        "bench": "latency",
+        "runs": args.runs,
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        "cpus": os.cpu_count(),
+        "goals_ms": {
+            "idle_p50": GOAL_P50_MS,
+            "idle_p99": GOAL_P99_MS,
+            "result_extra": GOAL_RESULT_EXTRA_MS,
+            "load_p99": GOAL_LOAD_P99_MS,
+        },
+        "dbos": "measured" if dbos else "not installed",
+        "stacks": {name: figures for name, figures in folded.items() if not name.startswith("baseline-")},
+        "baseline": {
+            "tree": str(tree) if tree else None,
+            "stacks": {
+                name.removeprefix("baseline-"): figures
+                for name, figures in folded.items()
+                if name.startswith("baseline-")
+            },
+        },
+    }
+    Path(args.json_path).write_text(json.dumps(document, indent=2))
+
+
 def main() -> None:
     args = parse_args()
     if args.only:
@@ -375,13 +410,23 @@ def main() -> None:
         f"{args.runs} runs a round, {args.rounds} rounds, {os.cpu_count()} CPUs"
     )
     results: dict[str, list[dict[str, Any]]] = {}
+    tree = Path(args.baseline_tree).resolve() if args.baseline_tree else None
+    contenders = [*stacks, *(f"dbos-{kind}" for kind in dbos_kinds)]
+    if tree is not None:  # each stack's baseline right after it, on the same host's minute
+        contenders = [name for stack in stacks for name in (stack, f"baseline-{stack}")] + contenders[len(stacks) :]
     for round_no in range(1, args.rounds + 1):
-        for name in [*stacks, *(f"dbos-{kind}" for kind in dbos_kinds)]:
+        for name in contenders:
             python = theirs_python if name.startswith("dbos-") else sys.executable
+            script = Path(__file__)
+            if name.startswith("baseline-"):
+                assert tree is not None
+                python, script = str(tree / ".venv" / "bin" / "python"), tree / "bench" / "latency.py"
             assert python is not None
             began = time.monotonic()
-            figures = measure(python, name, args)
+            figures = measure(python, name.removeprefix("baseline-"), args, script)
             results.setdefault(name, []).append(figures)
+            if args.json_path:  # after every contender: a run cut short keeps what it measured
+                write_json(args, results, tree, theirs_python)
             step = figures.get("idle_step") or figures.get("queued_step")
             print(
                 f"  round {round_no} {name}: step p50 {step['p50']:.1f} ms, p99 {step['p99']:.1f} ms "
@@ -392,9 +437,12 @@ def main() -> None:
     print()
     print(f"  {'milliseconds (median of rounds)':<40} {'p50':>8} {'p99':>8} {'max':>8}")
     labels = {"pg": "PostgreSQL db", "sqlite": "SQLite db", "rq": "rq + redis admission (PostgreSQL)"}
-    for name in stacks:
+    shown = [name for stack in stacks for name in (stack, f"baseline-{stack}") if name in folded]
+    for name in shown:
         stack = folded[name]
-        print(f"  {labels[name]} (caller waits by {stack['waiter']})")
+        base = name.startswith("baseline-")
+        label = f"{labels[name.removeprefix('baseline-')]}{', BASELINE ' + tree.name if base and tree else ''}"
+        print(f"  {label} (caller waits by {stack['waiter']})")
         print(row("  idle: start -> step start", stack.get("idle_step")))
         print(row("  idle: start -> result seen", stack.get("idle_result")))
         if "load_step" in stack:
@@ -412,23 +460,16 @@ def main() -> None:
     if not theirs_python:
         print("  DBOS: not installed (see bench/peer_dbos.py's docstring); not measured")
     print("  (figures from one host; on a shared one, compare within a run)")
+    if tree is not None:
+        print("  this tree / baseline, median of the rounds' ratios (below 1: faster here):")
+        for stack in stacks:
+            ours, theirs = results[stack], results[f"baseline-{stack}"]
+            for key, what in (("idle_step", "idle step start"), ("idle_result", "idle result seen")):
+                for stat in ("p50", "p99"):
+                    ratios = [a[key][stat] / b[key][stat] for a, b in zip(ours, theirs, strict=False)]
+                    print(f"    {labels[stack]:<36} {what:<18} {stat}: {median(ratios):.2f} (worst {max(ratios):.2f})")
     if args.json_path:
-        document = {
-            "bench": "latency",
-            "runs": args.runs,
-            "rounds": args.rounds,
-            "concurrency": args.concurrency,
-            "cpus": os.cpu_count(),
-            "goals_ms": {
-                "idle_p50": GOAL_P50_MS,
-                "idle_p99": GOAL_P99_MS,
-                "result_extra": GOAL_RESULT_EXTRA_MS,
-                "load_p99": GOAL_LOAD_P99_MS,
-            },
-            "dbos": "measured" if theirs_python else "not installed",
-            "stacks": folded,
-        }
-        Path(args.json_path).write_text(json.dumps(document, indent=2))
+        write_json(args, results, tree, theirs_python)
         print(f"  figures written to {args.json_path}")
 
 
