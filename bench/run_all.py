@@ -72,6 +72,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("surfaces", "surfaces.py", ["--scale", "1"], ["--scale", "0.1"]),
     ("index_cost", "index_cost.py", ["--lifecycles", "20000", "--rounds", "5"], []),
     ("cel_keys", "cel_keys.py", [], ["--quick"]),
+    ("latency", "latency.py", [], ["--runs", "30", "--rounds", "1"]),
     # Minutes of steady load per arm, side by side: the figure is the last minutes against the first.
     ("sustained", "sustained.py", ["--minutes", "30", "--arm", "baseline,tuned"], ["--minutes", "2"]),
 ]

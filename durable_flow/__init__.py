@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         send_signal,
         start,
         update_queue,
+        wait,
     )
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "start",
     "step",
     "update_queue",
+    "wait",
     "workflow",
 ]
 

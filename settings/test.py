@@ -48,6 +48,10 @@ if TRANSPORT["BACKEND"] in ("rq", "db") and os.environ.get("DURABLE_FLOW_OPTIMIS
     # runs (the locked path: tests of it, bench/transport.py's rq-locked column).
     TRANSPORT["OPTIMISTIC_FIRST_STEP"] = os.environ["DURABLE_FLOW_OPTIMISTIC_FIRST_STEP"] == "1"
 
+if TRANSPORT["BACKEND"] == "db" and os.environ.get("DURABLE_FLOW_POLL_INTERVAL_S"):
+    # A long idle poll: only a push (a notification, SQLite's doorbell) wakes an idle claimer in time.
+    TRANSPORT["POLL_INTERVAL_S"] = float(os.environ["DURABLE_FLOW_POLL_INTERVAL_S"])
+
 DURABLE_FLOW = {
     "WORKFLOWS": ["tests.workflows", "tests.sc_workflows", "tests.task_functions", "tests.contract_tasks"],
     "QUEUES": [],

@@ -537,3 +537,15 @@ def signals_itself(_: Any) -> str:
 @workflow("tests.signals_itself_flow")
 def signals_itself_flow(ctx: Any, _: Any) -> str:
     return ctx.step(signals_itself, None)
+
+
+@step("tests.stamp")
+def stamp(_: Any) -> float:
+    """When the step began, on the wall clock (bench/latency.py: start → step start across processes)."""
+    return time.time()
+
+
+@workflow("tests.stamped")
+def stamped(ctx: Any, payload: dict[str, Any]) -> float:
+    """One step that returns when it began, through `payload["queue"]` when given."""
+    return ctx.step(stamp, None, queue=payload.get("queue"))

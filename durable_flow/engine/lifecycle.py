@@ -38,7 +38,7 @@ from durable_flow.models import (
     new_run_id,
 )
 from durable_flow.models.runs import PARKED, PARKED_STEP_STATUSES
-from durable_flow.store import metric_counts
+from durable_flow.store import metric_counts, run_bells
 from durable_flow.store import quotas as quota_store
 from durable_flow.store.statements import save_fields
 
@@ -238,6 +238,7 @@ class Lifecycle:
         run.wake_at = None
         run.finished_at = self.clock()
         save_fields(run, ["status", "output", "error", "wake_at", "finished_at", "turns", "updated_at"])
+        run_bells.finished(run.pk)  # wakes the callers waiting for it (`durable_flow.wait`), once committed
         metric_counts.count(metric_counts.RUNS_FINISHED, {"workflow": run.workflow, "status": status})
         # A run that ends (say, failing on one child of a fan) takes its unfinished children
         # with it, rather than leave them running for nobody.

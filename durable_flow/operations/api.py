@@ -7,8 +7,12 @@ This module imports the engine and the models, so it loads once Django's app reg
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from django.db import connection
+from django.db.transaction import TransactionManagementError
 
 from durable_flow import models
 from durable_flow.config.limits import RUN_ID_LENGTH
@@ -21,6 +25,7 @@ from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.observe.waits import signal_names_awaited
 from durable_flow.operations import runs
 from durable_flow.operations.schedules import pause_schedule, resume_schedule  # noqa: F401  (the public API)
+from durable_flow.store.run_bells import watchers
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import RateLimit
@@ -65,6 +70,42 @@ def get_run(run_id: str) -> WorkflowRun:
         return WorkflowRun.objects.get(pk=_run_id(run_id))
     except WorkflowRun.DoesNotExist:
         raise RunNotFound(f"no run with id {run_id!r}") from None
+
+
+#: How often a wait reads its run again though nothing woke it: the safety net under the push
+#: (a notification missed while its listener reconnected), and the pace where nothing pushes.
+WAIT_SAFETY_POLL_S = 1.0
+WAIT_POLL_S = 0.05
+
+
+def wait(run_id: str, timeout: float | None = None) -> WorkflowRun:
+    """Block until the run has ended (`completed`, `failed` or `cancelled`) and return it, read
+    after its end; `TimeoutError` after `timeout` seconds (None: no limit), `RunNotFound` for an
+    unknown id. Woken by the transaction that ends the run, in whatever process: PostgreSQL's
+    `LISTEN`/`NOTIFY`, SQLite's doorbell; the run is read again every second all the same.
+
+        run = durable_flow.start("checkout", order)
+        receipt = durable_flow.wait(run.id, timeout=30).output
+
+    Call it outside a transaction: a transaction's snapshot would not show the run's end.
+    """
+    run_id = _run_id(run_id)
+    if connection.in_atomic_block:
+        raise TransactionManagementError("durable_flow.wait() inside a transaction would never see the run end")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with watchers.watching(run_id) as rung:
+        while True:
+            run = get_run(run_id)
+            if run.is_terminal:
+                return run
+            pause = WAIT_SAFETY_POLL_S if watchers.pushed else WAIT_POLL_S
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout} s")
+                pause = min(pause, left)
+            rung.wait(pause)
+            rung.clear()
 
 
 def send_signal(run_id: str, name: str, payload: Any = None, *, confirm: bool = True) -> None:

@@ -139,6 +139,17 @@ def save_fields(obj: Model, fields: Iterable[str]) -> None:
             raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
+def notify(channel: str, payload: str) -> None:
+    """PostgreSQL's `pg_notify(channel, payload)` in the current transaction: held back and sent
+    with the next statement inside a `writes_together` block, as a write is (delivered on the
+    commit either way)."""
+    sql = "SELECT pg_notify(%s, %s)"
+    if _hold(sql, [channel, payload], must_match=False):
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [channel, payload])
+
+
 def fetch(model: type[M], sql: str, params: Sequence[object]) -> list[M]:
     """The rows of `sql` (`SELECT *` of `model`'s table: every concrete field, in the table's
     column order) as saved instances, their values converted as the ORM converts them (JSON

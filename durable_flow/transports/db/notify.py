@@ -1,4 +1,5 @@
-"""Wake-ups for the `db` transport across processes, on PostgreSQL: `LISTEN`/`NOTIFY`.
+"""Wake-ups for the `db` transport across processes: `LISTEN`/`NOTIFY` on PostgreSQL, a doorbell
+of Unix datagram sockets on SQLite (`store.doorbell`).
 
 Without them a task committed by one process (a run started in a web process, a step a worker
 sends on to another worker, a turn the poller wakes) waits for another process's idle claimer to
@@ -8,31 +9,31 @@ hop between processes. So on PostgreSQL each enqueue also sends a notification o
 that transaction commits, and sends one per distinct payload per transaction however many tasks
 it wrote. Each worker process listens on its own connection (`TaskNotifications`) and wakes its
 claimer at once. The poll stays as the safety net (a notification sent while a listener was
-reconnecting is not queued for it), and SQLite, which has no notifications, polls as before.
+reconnecting is not queued for it).
+
+SQLite has no notifications: there each worker process binds a doorbell (`TaskDoorbell`), and a
+transaction that wrote tasks rings the other processes' doorbells once it committed
+(`ring_others_on_commit`); the poll stays the safety net there too.
 
 A step a worker declines to run itself (`DatabaseTaskSource.sent_elsewhere`) is meant for
 another process: its notification carries the sender's token, and the sender's own listener
-ignores it, so the other processes' claimers, woken at once, take it.
+ignores it (on SQLite, the ringer skips its own doorbell), so the other processes' claimers,
+woken at once, take it.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import uuid
 from collections.abc import Callable
 
-from django.db import connection, connections
+from django.db import connection, transaction
 
-from durable_flow.store.outage import Outage
-
-logger = logging.getLogger("durable_flow.transports.db.transport")
+from durable_flow.store import doorbell
+from durable_flow.store.listen import Listener
 
 #: The notification channel (notifications are per database, so one name serves every project).
 CHANNEL = "durable_flow_tasks"
-#: How long a listener waits for notifications before it looks at its stop flag again.
-LISTEN_TIMEOUT_S = 1.0
 
 _BOOT = uuid.uuid4().hex[:12]
 
@@ -57,63 +58,39 @@ def notify(*, for_others: bool = False) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, process_token() if for_others else ""])
 
 
-class TaskNotifications:
+class TaskNotifications(Listener):
     """A daemon thread with its own connection that `LISTEN`s on `CHANNEL` and calls `on_notify`
-    for every notification not sent by this process for the others (`notify(for_others=True)`).
-
-    The connection is a new one of `alias` (`connections.create_connection`), owned by the
-    thread: Django's per-thread connections are not shared, and a connection blocked waiting for
-    notifications could not serve queries anyway. A lost connection is retried with the
-    backoff of `Outage`; each (re)connection calls `on_notify` once, for what was committed
-    while nobody listened.
-    """
+    for every notification not sent by this process for the others (`notify(for_others=True)`),
+    and once on each (re)connection (`store.listen.Listener`)."""
 
     def __init__(self, on_notify: Callable[[], None], alias: str = "default", token: str | None = None) -> None:
-        self._on_notify = on_notify
-        self._alias = alias
         #: The payload this listener ignores: its own process's (another only in tests).
-        self._token = token or process_token()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.listening = threading.Event()  # set while LISTEN is in force (tests wait on it)
+        own = token or process_token()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="df-task-notifications", daemon=True)
-            self._thread.start()
+        def heard(payload: str) -> None:
+            if payload != own:
+                on_notify()
 
-    def stop(self, timeout_s: float = LISTEN_TIMEOUT_S * 3) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        super().__init__(CHANNEL, heard, on_notify, alias, name="df-task-notifications")
 
-    def _loop(self) -> None:
-        outage = Outage(f"task notifications on {CHANNEL!r}", logger)
-        own = self._token
-        while not self._stop.is_set():
-            wrapper = connections.create_connection(self._alias)
-            try:
-                wrapper.ensure_connection()
-                raw = wrapper.connection
-                raw.autocommit = True
-                raw.execute(f"LISTEN {CHANNEL}")
-                self.listening.set()
-                outage.recovered()
-                self._on_notify()  # whatever was committed before this LISTEN
-                while not self._stop.is_set():
-                    for note in raw.notifies(timeout=LISTEN_TIMEOUT_S):
-                        if note.payload != own:
-                            self._on_notify()
-                        if self._stop.is_set():
-                            break
-            except Exception as exc:  # noqa: BLE001 - any failure of the connection: reconnect
-                self.listening.clear()
-                self._stop.wait(outage.failed(exc))
-            finally:
-                self.listening.clear()
-                try:
-                    wrapper.close()
-                except Exception:  # closing a broken connection
-                    logger.debug("closing the notification connection failed", exc_info=True)
+
+class TaskDoorbell(doorbell.Doorbell):
+    """SQLite's stand-in for `TaskNotifications`: this process's doorbell for new tasks
+    (`store.doorbell`); `ring_others_on_commit` rings it from the other processes once they commit."""
+
+    def __init__(self, on_ring: Callable[[], None], alias: str = "default") -> None:
+        super().__init__(doorbell.TASKS, lambda _payload: on_ring(), alias)
+
+
+def ring_others_on_commit() -> None:
+    """On SQLite, ring the other processes' task doorbells once the current transaction commits
+    (once per transaction however many tasks it wrote; this process's own claimers are woken
+    in-process); nothing on another database."""
+    if connection.vendor != "sqlite" or doorbell.folder() is None:
+        return
+    if not any(queued is _ring_others for _, queued, _ in connection.run_on_commit):
+        transaction.on_commit(_ring_others)
+
+
+def _ring_others() -> None:
+    doorbell.ring(doorbell.TASKS, others_only=True)

@@ -16,10 +16,11 @@ one claimed again (handed back, given up, its lease lapsed) takes the locked pat
 An idle claimer polls every `POLL_INTERVAL_S` with a read (is anything claimable?) and claims
 only when there is: the claim is a write, which on SQLite takes the write lock even when it
 finds nothing. A task enqueued by its own process wakes it at once when the enqueueing
-transaction commits; on PostgreSQL, one enqueued by any process does (`LISTEN`/`NOTIFY`,
-`notify`). (A slot freed by a result is not a task at all: the worker thread that
-recorded the result runs the granted step itself; nor is the step a turn dispatches on a
-worker: the turn's thread runs it next, `engine/inline_handoff.py`.)
+transaction commits; one enqueued by any process does too: on PostgreSQL through
+`LISTEN`/`NOTIFY`, on SQLite through a doorbell of Unix datagram sockets (`notify`). (A slot
+freed by a result is not a task at all: the worker thread that recorded the result runs the
+granted step itself; nor is the step a turn dispatches on a worker: the turn's thread runs it
+next, `engine/inline_handoff.py`.)
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class DatabaseTransport(Transport):
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
         )
         db_notify.notify()
+        db_notify.ring_others_on_commit()
         transaction.on_commit(_announce_new_work)
 
     def enqueue_first_turn(self, run_id: str, priority: int) -> None:
@@ -155,6 +157,7 @@ class DatabaseTransport(Transport):
             ignore_conflicts=True,
         )
         db_notify.notify()
+        db_notify.ring_others_on_commit()
         transaction.on_commit(_announce_new_work)
 
     def enqueue_turns(self, run_ids: Sequence[str]) -> None:
@@ -164,6 +167,7 @@ class DatabaseTransport(Transport):
             [Task(kind=TaskKind.TURN, run_id=run_id, available_at=now) for run_id in run_ids], ignore_conflicts=True
         )
         db_notify.notify()
+        db_notify.ring_others_on_commit()
         transaction.on_commit(_announce_new_work)
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
@@ -177,6 +181,7 @@ class DatabaseTransport(Transport):
         )
         elsewhere = getattr(_quiet, "on", False)
         db_notify.notify(for_others=elsewhere)
+        db_notify.ring_others_on_commit()
         if elsewhere:
             _leave_for_others(task.pk, LEFT_FOR_OTHERS_POLLS * self.poll_interval_s)
         else:
@@ -221,9 +226,8 @@ class DatabaseTaskSource(TaskSource):
 
     def sent_elsewhere(self) -> AbstractContextManager[None]:
         """A step task this thread sends while declining a handoff wakes no claimer of this
-        process (woken at once here, the busy process would keep it). On PostgreSQL the other
-        processes' claimers are woken at once (`notify`); on SQLite they find it at their
-        next poll (`poll_interval_s`)."""
+        process (woken at once here, the busy process would keep it); the other processes'
+        claimers are woken at once (`notify`: PostgreSQL's notification, SQLite's doorbell)."""
         return _not_announced()
 
     def __init__(
@@ -245,10 +249,14 @@ class DatabaseTaskSource(TaskSource):
         self._deleted: set[int] = set()
         self.poll_interval_s = poll_interval_s
         self.queues = ["db"]
-        self._notifications: db_notify.TaskNotifications | None = None
+        self._notifications: db_notify.TaskNotifications | db_notify.TaskDoorbell | None = None
         self._monotonic = monotonic
         # From when (monotonic) this source takes lapsed leases: see `outage_seen`. 0: at once.
         self._lapsed_from = 0.0
+        #: The last claim came back empty: the next one reads before it writes (`claim`).
+        self._found_nothing = False
+        #: Whether a push wakes the claimer straight into a claim (PostgreSQL: see `claim`).
+        self._claims_when_rung = False
 
     def outage_seen(self) -> None:
         """The worker starts, or its claims fail or succeed again (an outage it rides out): take
@@ -263,13 +271,18 @@ class DatabaseTaskSource(TaskSource):
         return self._monotonic() >= self._lapsed_from
 
     def open(self, runner: TaskRunner) -> None:
-        """Listen for the tasks other processes commit, where the database can tell
-        (PostgreSQL); take no lapsed lease for a while (`outage_seen`): this process cannot know
+        """Listen for the tasks other processes commit (PostgreSQL's notifications, SQLite's
+        doorbell); take no lapsed lease for a while (`outage_seen`): this process cannot know
         how long the database was away before it started."""
         self.outage_seen()
+        self._claims_when_rung = db_notify.available()
         if self._notifications is None and db_notify.available():
             self._notifications = db_notify.TaskNotifications(_announce_new_work)
             self._notifications.start()
+        elif self._notifications is None:
+            bell = db_notify.TaskDoorbell(_announce_new_work)
+            if bell.start():
+                self._notifications = bell
 
     def close(self, worker_id: str) -> None:
         if self._notifications is not None:
@@ -278,7 +291,10 @@ class DatabaseTaskSource(TaskSource):
 
     def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
         deadline = time.monotonic() + wait_s
-        idle = False
+        # A claimer whose last claim found nothing looks first, as within a call: the worker's
+        # loop calls again every fraction of a second, and on SQLite a claim takes the write
+        # lock that a start's transaction then queues behind.
+        idle = self._found_nothing
         while True:
             seen = _generation
             # An idle claimer looks before it claims: on SQLite the claim is a write that takes
@@ -287,11 +303,17 @@ class DatabaseTaskSource(TaskSource):
             lapsed = self._takes_lapsed()
             tasks = self._claim_once(worker_id, limit, lapsed) if not idle or self._any_claimable(lapsed) else []
             if tasks or time.monotonic() >= deadline:
+                self._found_nothing = not tasks
                 return tasks
-            idle = True
-            with _new_work:  # woken early when this process commits a task
+            with _new_work:  # woken early when a task is committed (here, or pushed from elsewhere)
                 if _generation == seen:
                     _new_work.wait(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+                rung = _generation != seen
+            # Rung on PostgreSQL, claim at once: the claim skips locked rows, and the read would
+            # be one more round trip before the task starts. SQLite reads first even then (a read
+            # there is no round trip, and every idle process was rung: their claims would queue
+            # on the write lock).
+            idle = not (rung and self._claims_when_rung)
 
     @staticmethod
     def _any_claimable(lapsed: bool = True) -> bool:
