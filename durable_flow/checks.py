@@ -9,6 +9,8 @@
   `POLLER["SAMPLE_RETENTION_S"]`) is out of range;
 - `durable_flow.E009`: the refusal history's retention (`POLLER["REFUSAL_RETENTION_S"]`) is out
   of range;
+- `durable_flow.E011`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
+  `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -31,6 +33,7 @@ from durable_flow.config.options import Configurable
 from durable_flow.config.settings import (
     TRANSPORT_BACKENDS,
     RefusalRetentionMisconfigured,
+    RunRetentionMisconfigured,
     SamplingMisconfigured,
     parse_settings,
 )
@@ -48,6 +51,10 @@ HINTS = {
         "SAMPLE_INTERVAL_S is 1 to 3600 s, SAMPLE_RETENTION_S 3600 s (the charts show an hour) to a year (31536000 s)."
     ),
     "E009": "REFUSAL_RETENTION_S is 3600 s (the quota page's chart shows an hour) to a year (31536000 s).",
+    "E011": (
+        "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
+        "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
+    ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -74,6 +81,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(str(exc), "E006")]
     except RefusalRetentionMisconfigured as exc:
         return [_error(str(exc), "E009")]
+    except RunRetentionMisconfigured as exc:
+        return [_error(str(exc), "E011")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []

@@ -66,6 +66,7 @@ POSTGRESQL_PASS = (
     "tests/integration/test_operations.py",
     "tests/integration/test_quota_pages.py::test_a_refused_start_is_kept_with_its_workflow_key_time_and_count",
     "tests/integration/test_release_order.py",
+    "tests/integration/test_retention.py",
     "tests/integration/test_step_concurrency.py",
     "tests/integration/test_surfaces_at_scale.py",
     "tests/integration/test_task_notifications.py",

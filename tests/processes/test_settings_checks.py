@@ -168,6 +168,14 @@ NUMERIC_SETTINGS: list[tuple[Build, str, str, tuple[object, ...]]] = [
     (under("POLLER", "SAMPLE_INTERVAL_S"), "E006", 'DURABLE_FLOW["POLLER"]["SAMPLE_INTERVAL_S"]:', (0, 0.5, 3601)),
     (under("POLLER", "SAMPLE_RETENTION_S"), "E006", 'DURABLE_FLOW["POLLER"]["SAMPLE_RETENTION_S"]:', (0, 600, 10**8)),
     (under("POLLER", "REFUSAL_RETENTION_S"), "E009", 'DURABLE_FLOW["POLLER"]["REFUSAL_RETENTION_S"]:', (0, 600, 10**8)),
+    (
+        under("POLLER", "RUN_RETENTION_S"),
+        "E011",
+        'DURABLE_FLOW["POLLER"]["RUN_RETENTION_S"]:',
+        (0, 600, TEN_YEARS_S + 1),
+    ),
+    (under("POLLER", "PURGE_BATCH_SIZE"), "E011", 'DURABLE_FLOW["POLLER"]["PURGE_BATCH_SIZE"]:', (0, 1.5, 10_001)),
+    (under("POLLER", "PURGE_BATCHES"), "E011", 'DURABLE_FLOW["POLLER"]["PURGE_BATCHES"]:', (0, -1, 1001)),
     (under("HEARTBEAT", "INTERVAL_S", TTL_S=86_400), "E001", 'DURABLE_FLOW["HEARTBEAT"]["INTERVAL_S"]:', (0, -1, 3601)),
     (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]["TTL_S"]:', (0, -1, 86_401)),
     (top("MAX_PAYLOAD_BYTES"), "E001", 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]:', (0, -1, 1.5, 2**30 + 1)),
@@ -214,7 +222,13 @@ def test_every_numeric_setting_refuses_non_finite_and_out_of_bounds_values(
     [pytest.param(names, build, id=names) for build, _, names, _ in NUMERIC_SETTINGS],
 )
 def test_every_numeric_setting_accepts_a_value_within_its_bounds(names: str, durable_flow: Build) -> None:
-    sane = {"SAMPLE_RETENTION_S": 7200, "REFUSAL_RETENTION_S": 7200, "tick_ms": 2000, "RESULT_TTL": -1}
+    sane = {
+        "SAMPLE_RETENTION_S": 7200,
+        "REFUSAL_RETENTION_S": 7200,
+        "RUN_RETENTION_S": 7200,
+        "tick_ms": 2000,
+        "RESULT_TTL": -1,
+    }
     value = next((value for key, value in sane.items() if key in names), 20)
     with override_settings(DURABLE_FLOW=durable_flow(value)):
         assert reported() == []
