@@ -12,6 +12,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.urls import reverse
 from django.utils import timezone
 
 from durable_flow import cancel, start
@@ -334,4 +335,30 @@ def test_a_declared_retention_is_in_the_configured_policy(settings: Any) -> None
     policy = RetentionPolicy.configured(reset_and_get(settings, {"RUN_RETENTION_S": 3600}))
     assert policy.default == timedelta(hours=1)
     assert policy.by_workflow["tests.retention.kept_a_week"] == timedelta(days=7)
+    reset_settings()
+
+
+def test_the_metrics_endpoint_shows_what_retention_removed(staff_client: Any) -> None:
+    make_runs("old", 2, finished=timezone.now() - 3 * DAY, workflow_name="tests.echo_flow")
+    command("--older-than", "1d")
+    text = staff_client.get("/metrics/").content.decode()
+    assert 'durable_flow_runs_purged_total{workflow="tests.echo_flow"} 2.0' in text
+    assert 'durable_flow_rows_purged_total{table="checkpoints"} 2.0' in text
+
+
+def test_the_overview_says_how_long_runs_are_kept_and_what_retention_removed(
+    staff_client: Any, settings: Any, manual: Any
+) -> None:
+    manual.settings = reset_and_get(settings, {"RUN_RETENTION_S": 30 * 86_400})
+    before = staff_client.get(reverse("dashboard:index")).content.decode()
+    assert "Finished runs are kept 30 days; <code>tests.retention.kept_a_week</code>'s 7 days." in before
+    assert "Retention has removed nothing yet." in before
+
+    make_runs("old", 3, finished=timezone.now() - 40 * DAY)
+    TimerPoller(engine=manual).maintain()
+    after = staff_client.get(reverse("dashboard:index")).content.decode()
+    assert (
+        'Retention removed <span class="runs">3</span> finished run(s) with 3 attempts, 3 checkpoints, 3 signals;'
+        in after
+    )
     reset_settings()
