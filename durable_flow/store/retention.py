@@ -7,10 +7,11 @@ own children is unfinished. A purgeable run goes with everything that is only it
 checkpoints, step attempts, signals and any `db` transport task row left for it; a finished
 child it had keeps its row, with no parent (the model's `SET_NULL`).
 
-Each batch is one short transaction: take up to `batch_size` purgeable runs, oldest first
+Each batch is one short transaction: up to `batch_size` purgeable runs, oldest first, are found
+by a read before it, then taken again by primary key inside it with the rule checked once more
 (`FOR UPDATE SKIP LOCKED` on PostgreSQL, so a run an operator is retrying is skipped, and two
-pollers never take the same runs), then delete the rows that name them, children first, by run
-id with plain `DELETE` statements (no ORM collector loading the rows). A batch either commits
+pollers never take the same runs), and the rows that name them are deleted, children first, by
+run id with plain `DELETE` statements (no ORM collector loading the rows). A batch either commits
 whole or not at all, so a purge killed at any point leaves no orphan rows, and the next purge
 takes up where it stopped.
 
@@ -153,14 +154,22 @@ class Purged:
 
 
 def purge_batch(runs: QuerySet[WorkflowRun], batch_size: int) -> Purged:
-    """Delete up to `batch_size` of `runs` (oldest first) and their rows, in one transaction."""
+    """Delete up to `batch_size` of `runs` (oldest first) and their rows, in one transaction.
+
+    The runs are found first outside the transaction (a read: no lock held while the database
+    walks the index), then taken again by primary key inside it, where the rule is checked
+    once more (a run retried meanwhile is no longer finished and stays)."""
     done = Purged()
+    found = list(runs.order_by("created_at").values_list("id", flat=True)[:batch_size])
+    if not found:
+        return done
     with transaction.atomic():
-        oldest = runs.order_by("created_at")
+        again = runs.filter(id__in=found)
         if connection.features.has_select_for_update_skip_locked:
-            oldest = oldest.select_for_update(skip_locked=True)
-        picked = list(oldest.values_list("id", "workflow")[:batch_size])
+            again = again.select_for_update(skip_locked=True)
+        picked = list(again.values_list("id", "workflow"))
         if not picked:
+            done.batches = 1  # all taken or changed meanwhile: the next batch looks again
             return done
         ids = [run_id for run_id, _ in picked]
         with connection.cursor() as cursor:

@@ -66,13 +66,17 @@ class Command(BaseCommand):
             return
         pause = options["pause_ms"] / 1000
 
+        last = [time.monotonic()]
+
         def after_batch(done: Purged) -> None:
             metric_counts.flush_quietly()  # a purge killed later still counted this batch
             rows = ", ".join(f"{table} {count}" for table, count in sorted(done.rows.items()) if count)
-            self.stdout.write(f"batch: {rows}")
+            took = (time.monotonic() - last[0]) * 1000
+            self.stdout.write(f"batch: {rows or 'nothing (taken meanwhile)'} ({took:.0f} ms)")
             self.stdout.flush()
             if pause:
                 time.sleep(pause)
+            last[0] = time.monotonic()
 
         try:
             total = purge(scopes, batch_size, after_batch=after_batch)
