@@ -279,6 +279,21 @@ def test_the_command_refuses_an_age_that_is_not_one(age: str) -> None:
         command(f"--older-than={age}")
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size=0"], "--batch-size must be"),
+        (["--batch-size=10001"], "--batch-size must be"),
+        (["--pause-ms=-1"], "--pause-ms must be"),
+        (["--workflow=a\x00b"], "--workflow contains a NUL"),
+        ([f"--workflow={'w' * 201}"], "--workflow must be at most"),
+    ],
+)
+def test_the_command_refuses_bad_flags_by_name(flags: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        command("--older-than=1d", *flags)
+
+
 def test_the_command_without_an_age_applies_the_configured_retention() -> None:
     now = timezone.now()
     old = make_runs("old", 2, finished=now - 8 * DAY, workflow_name="tests.retention.kept_a_week")

@@ -19,8 +19,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from durable_flow.config.limits import WORKFLOW_NAME_LENGTH
 from durable_flow.config.settings import MAX_PURGE_BATCH_SIZE, MAX_RUN_RETENTION_S, get_settings
-from durable_flow.config.validation import number_problem
+from durable_flow.config.validation import number_problem, storable_text
+from durable_flow.exceptions import InvalidInput
 from durable_flow.store import metric_counts
 from durable_flow.store.retention import Purged, RetentionPolicy, Scope, dry_run, purge
 
@@ -52,11 +54,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = get_settings()
-        batch_size = options["batch_size"] or settings.purge_batch_size
+        batch_size = settings.purge_batch_size if options["batch_size"] is None else options["batch_size"]
         if problem := number_problem(batch_size, minimum=1, maximum=MAX_PURGE_BATCH_SIZE, integer=True):
             raise CommandError(f"--batch-size {problem}")
         if problem := number_problem(options["pause_ms"], minimum=0, maximum=60_000, integer=True):
             raise CommandError(f"--pause-ms {problem}")
+        if options["workflow"] is not None:
+            try:
+                storable_text(options["workflow"], "--workflow", WORKFLOW_NAME_LENGTH)
+            except InvalidInput as exc:
+                raise CommandError(str(exc)) from None
         scopes = self._scopes(options, settings)
         if options["dry_run"]:
             counts = dry_run(scopes)
