@@ -1,4 +1,5 @@
-"""Retention: finished runs deleted past their age, in batches, never orphaning a row."""
+"""Retention: finished runs deleted past their age, in batches, never orphaning a row (a purge
+process killed halfway included)."""
 
 from __future__ import annotations
 
