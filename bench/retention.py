@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,7 +125,10 @@ def count_history() -> int:
     return WorkflowRun.objects.filter(id__gte="history-", id__lt="history.").count()
 
 
-def timed(prefix: str, runs: int, purge: list[str] | None) -> tuple[float, int, bool]:
+BATCH_MS = re.compile(r"^batch: .* \((\d+) ms\)$", re.MULTILINE)
+
+
+def timed(prefix: str, runs: int, purge: list[str] | None) -> tuple[float, int, bool, list[int]]:
     """Workflows/s of one fresh worker over `runs` fresh workflows, with `purge` (a command
     line) running beside it or not; the history runs deleted meanwhile, and whether the purge
     was still running when the timing ended."""
@@ -141,7 +145,6 @@ def timed(prefix: str, runs: int, purge: list[str] | None) -> tuple[float, int, 
             time.sleep(0.05)
         if "batch:" not in log.read_text():
             raise SystemExit(f"the purge did not start: {log.read_text()[-2000:]}")
-        log.unlink()
     procs = fleet.workers(1, concurrency=8)
     try:
         rate = fleet.steady_rate(lambda: fleet.completed(prefix), runs, procs, timeout=900)
@@ -151,7 +154,11 @@ def timed(prefix: str, runs: int, purge: list[str] | None) -> tuple[float, int, 
         if purging is not None and purging.poll() is None:
             purging.terminate()  # between or inside a batch: either way no orphan row
             purging.wait(60)
-    return rate, before - count_history(), still
+    took: list[int] = []
+    if purge is not None:
+        took = [int(ms) for ms in BATCH_MS.findall(log.read_text())]
+        log.unlink()
+    return rate, before - count_history(), still, took
 
 
 def main() -> None:
@@ -170,6 +177,7 @@ def main() -> None:
     beside: list[float] = []
     deleted: list[int] = []
     partial = 0
+    batch_ms: list[int] = []
     purge = [
         sys.executable,
         str(fleet.ROOT / "manage.py"),
@@ -192,12 +200,13 @@ def main() -> None:
             reporting.log(f"round {round_ + 1} of {args.rounds}: {args.runs} runs {order[0]}, then {order[1]}")
             for phase in order:
                 put_back()
-                rate, gone, still = timed(f"{phase}{round_}", args.runs, purge if phase == "beside" else None)
+                rate, gone, still, took = timed(f"{phase}{round_}", args.runs, purge if phase == "beside" else None)
                 if phase == "alone":
                     alone.append(rate)
                 else:
                     beside.append(rate)
                     deleted.append(gone)
+                    batch_ms.extend(took)
                     partial += not still
     ratios = [b / a for a, b in zip(alone, beside, strict=True)]
     ratio = median(ratios)
@@ -214,6 +223,8 @@ def main() -> None:
         f"rounds, alone:beside wf/s {pairs}; ratios {' / '.join(f'{r:.2f}' for r in ratios)}",
         f"runs the purge deleted while timed: {' / '.join(map(str, deleted))}"
         + (f" ({partial} timing(s) outlived the purge)" if partial else ""),
+        f"a purge batch's transaction and its read, ms: median {median(batch_ms):.0f}, "
+        f"worst {max(batch_ms)} ({len(batch_ms)} batches)",
         f"beside / alone, median of the rounds: {ratio:.2f} (target >= 0.9, a slow-down of at most 10 %: {verdict})",
         f"worst round: {min(ratios):.2f}",
     ]
@@ -231,6 +242,7 @@ def main() -> None:
             "beside_wf_s": beside,
             "deleted_while_timed": deleted,
             "timings_outliving_the_purge": partial,
+            "batch_ms": batch_ms,
             "ratios": ratios,
             "ratio": ratio,
             "worst": min(ratios),
