@@ -18,6 +18,7 @@ from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.observe.admission import key_windows, throttle_buckets
 from durable_flow.observe.history import SPAN, History, Sample, history
 from durable_flow.observe.queues import admissions_since, busiest_keys
+from durable_flow.observe.retention import summary as retention_summary
 from durable_flow.observe.runs import RUN_COUNT_CAP
 
 from . import charts
@@ -167,6 +168,29 @@ def overview_context(snap: Mapping[str, Any]) -> dict[str, Any]:
         "queue_table": _queue_table(snap, past),
         "workers": _worker_cards(snap, past),
         "workers_alive": sum(1 for w in snap["workers"] if w["alive"]),
+        "retention": retention_context(),
+    }
+
+
+def retention_context() -> dict[str, Any]:
+    """The overview's retention line: how long finished runs are kept (by default, per
+    workflow) and what purges removed so far. Read at page load, not on the live tick."""
+    read = retention_summary()
+
+    def kept(seconds: float | None) -> str | None:
+        if seconds is None:
+            return None
+        for unit, size in (("day", 86_400), ("hour", 3600), ("minute", 60)):
+            if seconds >= size and seconds % size == 0:
+                n = int(seconds // size)
+                return f"{n} {unit}{'s' if n != 1 else ''}"
+        return f"{seconds:g} seconds"
+
+    return {
+        **read,
+        "default": kept(read["default_s"]),
+        "workflows": [(name, kept(seconds)) for name, seconds in read["workflows"]],
+        "with_rows": ", ".join(f"{n} {table}" for table, n in read["rows"].items() if table != "runs" and n),
     }
 
 

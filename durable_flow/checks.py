@@ -13,6 +13,8 @@
   is imported, so every command stops at start-up: `durable_flow.definitions.schedules`);
 - `durable_flow.E014`: the poller's vacuum of the hot tables (`POLLER["VACUUM_DEAD_ROWS"]`,
   `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
+- `durable_flow.E015`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
+  `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -35,6 +37,7 @@ from durable_flow.config.options import Configurable
 from durable_flow.config.settings import (
     TRANSPORT_BACKENDS,
     RefusalRetentionMisconfigured,
+    RunRetentionMisconfigured,
     SamplingMisconfigured,
     VacuumMisconfigured,
     parse_settings,
@@ -56,6 +59,10 @@ HINTS = {
     "E014": (
         "VACUUM_DEAD_ROWS is None (off) or 1000 to 1000000000 rows, VACUUM_DEAD_FRACTION 0 to 100, "
         "VACUUM_MIN_INTERVAL_S 1 to 86400 s (docs/settings.md)."
+    ),
+    "E015": (
+        "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
+        "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
     ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
@@ -85,6 +92,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(str(exc), "E009")]
     except VacuumMisconfigured as exc:
         return [_error(str(exc), "E014")]
+    except RunRetentionMisconfigured as exc:
+        return [_error(str(exc), "E015")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []

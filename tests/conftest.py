@@ -88,6 +88,7 @@ POSTGRESQL_PASS = (
     "tests/processes/test_processes.py",
     "tests/processes/test_queue_operations.py",
     "tests/processes/test_quotas.py",
+    "tests/processes/test_retention.py",
     "tests/processes/test_start_control.py",
     "tests/processes/test_step_concurrency_processes.py",
     "tests/processes/test_task_declarations.py::test_a_stored_run_naming_a_non_task_fails_on_a_worker_without_importing_it",

@@ -34,7 +34,7 @@ from durable_flow.config.options import (
     text,
 )
 from durable_flow.config.queues import QueueConfig
-from durable_flow.config.validation import DAY_S, HOUR_S, WEEK_S
+from durable_flow.config.validation import DAY_S, HOUR_S, MAX_DURATION, WEEK_S
 from durable_flow.exceptions import InvalidQueueConfig
 
 ADMISSION_BACKENDS = {
@@ -54,6 +54,12 @@ MAX_POLLER_BATCH_SIZE = 10_000
 #: The bounds of POLLER's VACUUM_DEAD_ROWS: below a thousand dead rows a vacuum costs more than
 #: it saves; past a billion it would never come.
 MIN_VACUUM_DEAD_ROWS, MAX_VACUUM_DEAD_ROWS = 1_000, 1_000_000_000
+#: The longest a finished run may be kept before retention deletes it: ten years
+#: (`validation.MAX_DURATION`), so `now - retention` never leaves `datetime`'s range.
+MAX_RUN_RETENTION_S = MAX_DURATION.total_seconds()
+#: The most runs one retention transaction deletes, and the most transactions one poller pass takes.
+MAX_PURGE_BATCH_SIZE = 10_000
+MAX_PURGE_BATCHES = 1000
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ class DurableFlowSettings:
     vacuum_dead_fraction: float = 0.05
     #: The shortest time between two of the poller's vacuums of one table.
     vacuum_min_interval_s: float = 10.0
+    #: How long a finished run is kept (with its checkpoints, attempts and signals) before the
+    #: poller deletes it; None keeps every run (a workflow's own `retention` still applies).
+    run_retention_s: float | None = None
+    #: Runs deleted per transaction by retention, and transactions per poller pass.
+    purge_batch_size: int = 500
+    purge_batches: int = 10
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
@@ -109,6 +121,10 @@ class RefusalRetentionMisconfigured(ImproperlyConfigured):
 class VacuumMisconfigured(ImproperlyConfigured):
     """POLLER's VACUUM_DEAD_ROWS / VACUUM_DEAD_FRACTION / VACUUM_MIN_INTERVAL_S are wrong
     (`manage.py check`: E014)."""
+
+
+class RunRetentionMisconfigured(ImproperlyConfigured):
+    """POLLER's RUN_RETENTION_S, PURGE_BATCH_SIZE or PURGE_BATCHES is wrong (`manage.py check`: E015)."""
 
 
 def backend(aliases: Mapping[str, str]) -> Validator:
@@ -202,6 +218,22 @@ POLLER_OPTIONS = {
         number(1, DAY_S, unit="seconds"),
         VacuumMisconfigured,
     ),
+    # From an hour (a run just finished stays on the pages a while) to ten years; None: forever.
+    "RUN_RETENTION_S": Option(
+        "How long a finished run is kept before the poller deletes it (None: kept forever).",
+        optional(number(HOUR_S, MAX_RUN_RETENTION_S, unit="seconds")),
+        RunRetentionMisconfigured,
+    ),
+    "PURGE_BATCH_SIZE": Option(
+        "The most finished runs retention deletes in one transaction.",
+        number(1, MAX_PURGE_BATCH_SIZE, integer=True),
+        RunRetentionMisconfigured,
+    ),
+    "PURGE_BATCHES": Option(
+        "The most retention transactions in one poller pass.",
+        number(1, MAX_PURGE_BATCHES, integer=True),
+        RunRetentionMisconfigured,
+    ),
 }
 HEARTBEAT_OPTIONS = {
     "INTERVAL_S": Option("How often a worker beats.", seconds(HOUR_S)),
@@ -239,6 +271,9 @@ _FIELDS = {
         "vacuum_dead_rows": "vacuum_dead_rows",
         "vacuum_dead_fraction": "vacuum_dead_fraction",
         "vacuum_min_interval_s": "vacuum_min_interval_s",
+        "run_retention_s": "run_retention_s",
+        "purge_batch_size": "purge_batch_size",
+        "purge_batches": "purge_batches",
     },
     "heartbeat": {"interval_s": "heartbeat_interval_s", "ttl_s": "heartbeat_ttl_s"},
     "metrics": {"token": "metrics_token"},
@@ -255,6 +290,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "refusal_retention_s": float,
     "vacuum_dead_fraction": float,
     "vacuum_min_interval_s": float,
+    "run_retention_s": lambda value: None if value is None else float(value),
     "redispatch_after_s": float,
 }
 

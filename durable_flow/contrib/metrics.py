@@ -46,6 +46,12 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("durable_flow_step_retries", "Failed step attempts followed by another attempt (a retry).", ("step",)),
     ("durable_flow_starts_refused", "Starts a quota refused, by workflow.", ("workflow",)),
+    ("durable_flow_runs_purged", "Finished runs retention deleted, by workflow.", ("workflow",)),
+    (
+        "durable_flow_rows_purged",
+        "Rows retention deleted with those runs, by table (runs, checkpoints, attempts, signals, tasks).",
+        ("table",),
+    ),
 )
 #: The histograms `store.metric_counts` keeps: name, help, labels.
 HISTOGRAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -16,7 +16,14 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 from asgiref.sync import async_to_sync
 
 from durable_flow.config.limits import STEP_NAME_LENGTH, VERSION_LENGTH, WORKFLOW_NAME_LENGTH
-from durable_flow.config.validation import MAX_COUNT, duration_problem, number_problem, storable_text
+from durable_flow.config.validation import (
+    HOUR_S,
+    MAX_COUNT,
+    MAX_DURATION,
+    duration_problem,
+    number_problem,
+    storable_text,
+)
 from durable_flow.definitions.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.definitions.schedules import ScheduleError, ScheduleSpec, parse_schedule
 from durable_flow.definitions.start_control import StartControl, parse_start_control
@@ -119,6 +126,8 @@ class WorkflowDefinition:
     internal: bool = False
     start_checks: StartChecks | None = None
     schedule: ScheduleSpec | None = None
+    #: How long a finished run of it is kept (None: `POLLER["RUN_RETENTION_S"]`).
+    retention: timedelta | None = None
 
     def __call__(self, ctx: Any, input: Any) -> Any:
         return self.fn(ctx, input)
@@ -183,6 +192,19 @@ def _check_version(workflow: str, version: object) -> None:
         raise RegistrationError(f"{where} must be a string or {problem.removeprefix('must be ')}")
 
 
+#: The shortest and longest `retention` a workflow declares (the bounds of `RUN_RETENTION_S`).
+MIN_RETENTION = timedelta(seconds=HOUR_S)
+
+
+def _check_retention(workflow: str, retention: object) -> None:
+    # Subtracted from the clock by the poller's every pass: a timedelta within bounds, checked here.
+    if retention is None:
+        return
+    rule = f"must be None or a timedelta from 1 hour to {MAX_DURATION.days} days"
+    if not isinstance(retention, timedelta) or not MIN_RETENTION <= retention <= MAX_DURATION:
+        raise RegistrationError(f"workflow {workflow!r}: retention {rule}, got {retention!r}")
+
+
 def workflow(
     name: str,
     *,
@@ -194,6 +216,7 @@ def workflow(
     internal: bool = False,
     start_checks: StartChecks | None = None,
     schedule: str | Mapping[str, Any] | None = None,
+    retention: timedelta | None = None,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -214,9 +237,12 @@ def workflow(
     `schedule` (`"0 3 * * *"`, or `{"cron": ..., "timezone": "Europe/Paris", "catch_up":
     "latest", "max_catch_up": 10, "input": ...}`) starts a run once per cron tick across the
     fleet, from the timer poller; see `durable_flow.definitions.schedules`.
+    `retention` (`timedelta(days=7)`) is how long a finished run of it is kept before the poller
+    deletes it, in place of `POLLER["RUN_RETENTION_S"]`; see `durable_flow.store.retention`.
     """
     _check_name(name, "workflow")
     _check_version(name, version)
+    _check_retention(name, retention)
     quota_spec = parse_workflow_quota(name, quota)
     concurrency_specs = parse_concurrency(name, concurrency)
     control = parse_start_control(name, debounce, singleton)
@@ -238,6 +264,7 @@ def workflow(
             internal=internal,
             start_checks=start_checks,
             schedule=schedule_spec,
+            retention=retention,
         )
         _workflows[name] = definition
         return definition

@@ -28,7 +28,7 @@ from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_c
 from durable_flow.observe.sampling import Sampler
 from durable_flow.runtime.schedules import ScheduleTicker
 from durable_flow.runtime.vacuum import VacuumPolicy, Vacuums
-from durable_flow.store import metric_counts, queries
+from durable_flow.store import metric_counts, queries, retention
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
 
@@ -163,6 +163,10 @@ class TimerPoller:
         # The quota page's history of refused starts: rows past POLLER["REFUSAL_RETENTION_S"],
         # a few bounded batches per pass.
         prune_refusals(settings.refusal_retention_s, now)
+        # Finished runs past their retention: a few short batches per pass (store/retention.py).
+        purged = retention.purge_pass(settings, now)
+        if purged.runs:
+            logger.info("retention deleted %d finished run(s) (%d row(s))", purged.runs, sum(purged.rows.values()))
         metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
         metric_counts.retire(now)  # fold the metric rows of processes long gone
         # The hot tables' dead rows (PostgreSQL): a vacuum on a thread of its own when one passes

@@ -181,6 +181,14 @@ NUMERIC_SETTINGS: list[tuple[Build, str, str, tuple[object, ...]]] = [
         'DURABLE_FLOW["POLLER"]["VACUUM_MIN_INTERVAL_S"]:',
         (0, 0.5, 86_401),
     ),
+    (
+        under("POLLER", "RUN_RETENTION_S"),
+        "E015",
+        'DURABLE_FLOW["POLLER"]["RUN_RETENTION_S"]:',
+        (0, 600, TEN_YEARS_S + 1),
+    ),
+    (under("POLLER", "PURGE_BATCH_SIZE"), "E015", 'DURABLE_FLOW["POLLER"]["PURGE_BATCH_SIZE"]:', (0, 1.5, 10_001)),
+    (under("POLLER", "PURGE_BATCHES"), "E015", 'DURABLE_FLOW["POLLER"]["PURGE_BATCHES"]:', (0, -1, 1001)),
     (under("HEARTBEAT", "INTERVAL_S", TTL_S=86_400), "E001", 'DURABLE_FLOW["HEARTBEAT"]["INTERVAL_S"]:', (0, -1, 3601)),
     (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]["TTL_S"]:', (0, -1, 86_401)),
     (top("MAX_PAYLOAD_BYTES"), "E001", 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]:', (0, -1, 1.5, 2**30 + 1)),
@@ -231,6 +239,7 @@ def test_every_numeric_setting_accepts_a_value_within_its_bounds(names: str, dur
         "SAMPLE_RETENTION_S": 7200,
         "REFUSAL_RETENTION_S": 7200,
         "VACUUM_DEAD_ROWS": 5000,
+        "RUN_RETENTION_S": 7200,
         "tick_ms": 2000,
         "RESULT_TTL": -1,
     }
