@@ -17,10 +17,12 @@ one round trip what the ORM did in several:
 - `best_waiter`: a grant's read of the best waiter, its SQL built once per order (every
   database);
 - `take_slot`: a grant's writes (the waiter row gone, the slot, the window mark, the serve
-  counter, the key's last serve and its waiters' copy of it) (PostgreSQL).
+  counter, the key's last serve and its waiters' copy of it) (PostgreSQL);
+- `hand_over`, `join_shared`: a capped queue's release to the next waiter and a call joining
+  its full line, without the queue's exclusive lock (PostgreSQL; see the functions).
 
 Each is what `durable_flow.admission.db.backend` did statement by statement, with the same locks in
-the same order.
+the same order (but `hand_over` and `join_shared`, which take fewer).
 """
 
 from __future__ import annotations

@@ -16,6 +16,15 @@ in SQL so each costs a handful of indexed queries however many waiters there are
 A release grants in its own transaction, so when the engine records a result inside a
 transaction, the slot changes hands exactly when the result commits.
 
+On PostgreSQL, a queue with a cap alone (no rate window, per-key limits or throttle) takes its
+two commonest contended events outside the row's exclusive lock: a release whose slot goes to
+the next waiter (`hand_over`: one statement locks that waiter's row, `SKIP LOCKED`, and swaps
+the slots: the number held never changes) and a call that finds the queue full and joins its
+line (`join_shared`, under a share lock of the row). Only the decisions that add a slot or free
+one with nobody to hand it to take the row `FOR UPDATE`, and they wait for the joins under way,
+so a release that frees its slot sees every waiter. Arrival and serve numbers come from
+sequences, not the row's counters.
+
 Inside a caller's transaction (a turn, a result) a decision or a release takes no savepoint:
 the queue's lock is held from its first statement to the caller's commit, and a savepoint's
 release is one more round trip that every other decider of the queue waits out. A decision
