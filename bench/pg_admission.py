@@ -159,8 +159,9 @@ def ordered(pairs: list[tuple[str, Path]], round_: int) -> list[tuple[str, Path]
     return pairs if round_ % 2 == 0 else pairs[::-1]
 
 
-def spread(values: list[float]) -> str:
-    return f"median {median(values):6.2f}  worst {min(values):6.2f}  rounds " + " / ".join(f"{v:.2f}" for v in values)
+def spread(values: list[float], lower_is_better: bool = False) -> str:
+    worst = max(values) if lower_is_better else min(values)
+    return f"median {median(values):6.2f}  worst {worst:6.2f}  rounds " + " / ".join(f"{v:.2f}" for v in values)
 
 
 def main() -> None:
@@ -186,7 +187,8 @@ def main() -> None:
         if cap[name]:
             rows = cap[name]
             print("  cap 2 x 50 ms, steps/s / 40:      " + spread([r["cap"]["steps_s"] / 40 for r in rows]))
-            print("  cap handoff gap, median ms:        " + spread([r["cap"]["gap_ms"][0] for r in rows]))
+            gaps = [r["cap"]["gap_ms"][0] for r in rows]
+            print("  cap handoff gap, median ms:        " + spread(gaps, lower_is_better=True))
             print(f"  cap most running at once (<= 2):   {max(r['cap']['overlap'] for r in rows)}")
             print("  sliding 20/1 s, steady / 20:       " + spread([r["sliding"]["steady_s"] / 20 for r in rows]))
             print("  sliding from first start / 20:     " + spread([r["sliding"]["starts_s"] / 20 for r in rows]))
