@@ -29,7 +29,8 @@ Inside a caller's transaction (a turn, a result) a decision or a release takes n
 the queue's lock is held from its first statement to the caller's commit, and a savepoint's
 release is one more round trip that every other decider of the queue waits out. A decision
 that fails leaves the caller's transaction to roll back whole (the engine retries it), as
-every caller does already.
+every caller does already. (A join under the share lock takes one, sent with its statements,
+to give the share lock back when the line turns out to have room: see `join_shared`.)
 
 Step-concurrency constraints (`resources`) are decided in the same transaction: a call takes
 its queue slot and its resource slots together or none. A call with constraints and no
