@@ -104,6 +104,10 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         #: such a queue), until when (monotonic s): the candidates for `hand_over` and
         #: `join_shared`, each of which checks the stored config again in its statement.
         self._cap_only: dict[str, tuple[tuple[dict[str, object], QueueConfig] | None, float]] = {}
+        #: Queues whose line this process last saw with somebody in it: only on those are
+        #: `hand_over` and `join_shared` tried first (on a queue nobody waits for, each would be a
+        #: statement more before the decision under the lock).
+        self._crowded: set[str] = set()
         self._lock = threading.Lock()
 
     # -- registration ----------------------------------------------------------------------
@@ -173,8 +177,9 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
         # No savepoint inside a caller's transaction (see the module's docstring).
         with transaction.atomic(savepoint=False):
-            if not request.constraints and (joined := self._join_shared(request)) is not None:
-                return joined
+            if not request.constraints and request.queue in self._crowded:
+                if (joined := self._join_shared(request)) is not None:
+                    return joined
             # The clock is read once the queue is ours: a decision that waited for the lock must
             # not stamp its window mark with the time it started waiting, or the window would
             # reopen early by as long as it waited.
@@ -187,6 +192,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             simple = config.rate_limit is None and not config.keyed and config.fairness != "key"
             if simple and not request.constraints:
                 if db_statements.admit_if_free(queue, request.ticket, now, config.concurrency):
+                    self._crowded.discard(queue)
                     return AdmissionDecision.admit()
             state = db_statements.ticket_state(queue, request.ticket)
             if state.held:
@@ -202,7 +208,9 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                 if (available is None or available > 0) and free_key and counts.fits(request.constraints):
                     self._take_slot(row, config, waiter, now, marks)
                     counts.take(request.ticket, request.constraints)
+                    self._crowded.discard(queue)
                     return AdmissionDecision.admit()
+            self._crowded.add(queue)  # somebody waits, or the caller is about to
             by_key = config.fairness == "key"
             if waiter.pk is None and db_statements.join_line(waiter, by_key, NEVER_SERVED):
                 row.next_arrival = waiter.arrival + 1
@@ -229,11 +237,15 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic(savepoint=False):  # see try_admit
-            if grant_next and (successor := self._hand_over(queue, ticket)) is not None:
+            if grant_next and queue in self._crowded and (successor := self._hand_over(queue, ticket)) is not None:
                 return Grant((successor,))
             together = self._lock_and_withdraw(queue, ticket)
             if together is not None:
                 row, config, now, (freed, line, slots, left) = together
+                if line:
+                    self._crowded.add(queue)
+                else:
+                    self._crowded.discard(queue)
             else:
                 row, config, now = self._lock_queue(queue)
                 freed, line, slots, left = db_statements.withdraw(queue, ticket) or (
