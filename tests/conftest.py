@@ -49,6 +49,7 @@ POSTGRESQL_PASS = (
     "tests/contracts/test_admission_contract.py::TestDatabaseAdmissionBackend",
     "tests/contracts/test_tasks_contract.py",
     "tests/integration/test_admission_db_clock.py",
+    "tests/integration/test_admission_db_row_lock.py",
     "tests/integration/test_admission_redis_outage.py",
     "tests/integration/test_admission_resources_equivalence.py",
     "tests/integration/test_api_list.py",

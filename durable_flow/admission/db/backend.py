@@ -16,11 +16,21 @@ in SQL so each costs a handful of indexed queries however many waiters there are
 A release grants in its own transaction, so when the engine records a result inside a
 transaction, the slot changes hands exactly when the result commits.
 
+On PostgreSQL, a queue with a cap alone (no rate window, per-key limits or throttle) takes its
+two commonest contended events outside the row's exclusive lock: a release whose slot goes to
+the next waiter (`hand_over`: one statement locks that waiter's row, `SKIP LOCKED`, and swaps
+the slots: the number held never changes) and a call that finds the queue full and joins its
+line (`join_shared`, under a share lock of the row). Only the decisions that add a slot or free
+one with nobody to hand it to take the row `FOR UPDATE`, and they wait for the joins under way,
+so a release that frees its slot sees every waiter. Arrival and serve numbers come from
+sequences, not the row's counters.
+
 Inside a caller's transaction (a turn, a result) a decision or a release takes no savepoint:
 the queue's lock is held from its first statement to the caller's commit, and a savepoint's
 release is one more round trip that every other decider of the queue waits out. A decision
 that fails leaves the caller's transaction to roll back whole (the engine retries it), as
-every caller does already.
+every caller does already. (A join under the share lock takes one, sent with its statements,
+to give the share lock back when the line turns out to have room: see `join_shared`.)
 
 Step-concurrency constraints (`resources`) are decided in the same transaction: a call takes
 its queue slot and its resource slots together or none. A call with constraints and no
@@ -90,6 +100,14 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         #: Queues whose stored config has nothing for a start to count in (no rate limit, no
         #: per-key limits), until when (monotonic s): a start on them costs no query.
         self._windowless: dict[str, float] = {}
+        #: Queues with a cap alone as stored (their config as stored, and as parsed; None: not
+        #: such a queue), until when (monotonic s): the candidates for `hand_over` and
+        #: `join_shared`, each of which checks the stored config again in its statement.
+        self._cap_only: dict[str, tuple[tuple[dict[str, object], QueueConfig] | None, float]] = {}
+        #: Queues whose line this process last saw with somebody in it: only on those are
+        #: `hand_over` and `join_shared` tried first (on a queue nobody waits for, each would be a
+        #: statement more before the decision under the lock).
+        self._crowded: set[str] = set()
         self._lock = threading.Lock()
 
     # -- registration ----------------------------------------------------------------------
@@ -101,6 +119,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             self._known[config.name] = (True, float("inf"))
             self._pending_write.add(config.name)
             self._windowless.pop(config.name, None)
+            self._cap_only.pop(config.name, None)
 
     def handles(self, queue: str) -> bool:
         with self._lock:
@@ -158,6 +177,9 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
     def try_admit(self, request: AdmissionRequest) -> AdmissionDecision:
         # No savepoint inside a caller's transaction (see the module's docstring).
         with transaction.atomic(savepoint=False):
+            if not request.constraints and request.queue in self._crowded:
+                if (joined := self._join_shared(request)) is not None:
+                    return joined
             # The clock is read once the queue is ours: a decision that waited for the lock must
             # not stamp its window mark with the time it started waiting, or the window would
             # reopen early by as long as it waited.
@@ -170,6 +192,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             simple = config.rate_limit is None and not config.keyed and config.fairness != "key"
             if simple and not request.constraints:
                 if db_statements.admit_if_free(queue, request.ticket, now, config.concurrency):
+                    self._crowded.discard(queue)
                     return AdmissionDecision.admit()
             state = db_statements.ticket_state(queue, request.ticket)
             if state.held:
@@ -185,7 +208,9 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                 if (available is None or available > 0) and free_key and counts.fits(request.constraints):
                     self._take_slot(row, config, waiter, now, marks)
                     counts.take(request.ticket, request.constraints)
+                    self._crowded.discard(queue)
                     return AdmissionDecision.admit()
+            self._crowded.add(queue)  # somebody waits, or the caller is about to
             by_key = config.fairness == "key"
             if waiter.pk is None and db_statements.join_line(waiter, by_key, NEVER_SERVED):
                 row.next_arrival = waiter.arrival + 1
@@ -212,9 +237,15 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
 
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         with transaction.atomic(savepoint=False):  # see try_admit
+            if grant_next and queue in self._crowded and (successor := self._hand_over(queue, ticket)) is not None:
+                return Grant((successor,))
             together = self._lock_and_withdraw(queue, ticket)
             if together is not None:
                 row, config, now, (freed, line, slots, left) = together
+                if line:
+                    self._crowded.add(queue)
+                else:
+                    self._crowded.discard(queue)
             else:
                 row, config, now = self._lock_queue(queue)
                 freed, line, slots, left = db_statements.withdraw(queue, ticket) or (
@@ -233,6 +264,65 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                 more = self._grant_freed(freed, self._now(), skip_queue=None if grant_next else queue)
                 granted = Grant(granted.tickets + more, granted.retry_at_ms)
             return granted
+
+    # -- outside the queue's lock (PostgreSQL, a queue with a cap alone) --------------------------
+    def _cap_only_config(self, queue: str) -> tuple[dict[str, object], QueueConfig] | None:
+        """The queue's stored config if it has a cap alone (no rate limit, no per-key limits or
+        throttle) and this process has no newer one to write; read at most once per
+        `known_queue_cache_s`. The statements that act on it check it again."""
+        if connection.vendor != "postgresql":
+            return None
+        with self._lock:
+            if queue in self._pending_write:
+                return None
+            cached = self._cap_only.get(queue)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        raw = FlowQueue.objects.filter(name=queue).values_list("config", flat=True).first()
+        found = None
+        if raw is not None:
+            config = queue_from_dict(raw)
+            if config.concurrency is not None and config.rate_limit is None and not config.keyed:
+                found = (raw, config)
+        with self._lock:
+            self._cap_only[queue] = (found, time.monotonic() + self._known_cache_s)
+        return found
+
+    def _hand_over(self, queue: str, ticket: str) -> str | None:
+        """A release whose slot goes straight to the next waiter, without the queue's lock
+        (`admission_statements.hand_over`); the waiter's ticket, or None (the caller releases
+        under the lock)."""
+        known = self._cap_only_config(queue)
+        if known is None:
+            return None
+        raw, config = known
+        now = None if self.clock is system_clock_ms else self.clock()
+        return db_statements.hand_over(queue, ticket, raw, config.order != "fifo", config.fairness == "key", now)
+
+    def _join_shared(self, request: AdmissionRequest) -> AdmissionDecision | None:
+        """A decision that joins a full queue's line under a share lock of its row
+        (`admission_statements.join_shared`); None: decided under the queue's lock instead."""
+        known = self._cap_only_config(request.queue)
+        if known is None:
+            return None
+        raw, config = known
+        assert config.concurrency is not None  # a cap alone: see `_cap_only_config`
+        now = None if self.clock is system_clock_ms else self.clock()
+        by_key = config.fairness == "key"
+        at = db_statements.join_shared(
+            request.queue,
+            request.ticket,
+            raw,
+            config.concurrency,
+            request.priority,
+            request.key,
+            by_key,
+            NEVER_SERVED,
+            now,
+        )
+        if at is None:
+            return None
+        return AdmissionDecision.block(at + config.retry_ms, "concurrency", (), config)
 
     def _lock_and_withdraw(
         self, queue: str, ticket: str
@@ -299,6 +389,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                     ).values_list("fairness_key", "served")
                 )
                 arrival = row.next_arrival
+                arrivals = db_statements.draw_arrivals(len(missing)) or [arrival + i for i in range(len(missing))]
                 AdmissionWaiter.objects.bulk_create(
                     AdmissionWaiter(
                         queue=queue,
@@ -306,7 +397,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                         priority=r.priority,
                         fairness_key=r.key,
                         key_served=served.get(r.key, NEVER_SERVED) if config.fairness == "key" else NEVER_SERVED,
-                        arrival=arrival + i,
+                        arrival=arrivals[i],
                         seen_ms=now,
                         constrained=bool(r.constraints),
                         constraints=db_resources.as_rows(r.constraints),
@@ -420,7 +511,8 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
                 counted, available = True, self._room(config, marks, now)
                 if available is not None and available <= 0:
                     break
-            self._take_slot(row, config, best, now, marks)
+            if not self._take_slot(row, config, best, now, marks):
+                continue  # granted meanwhile by a hand-over: the next read finds the next waiter
             counts.take(best.ticket, waiter_constraints(best))
             granted.append(best.ticket)
             if config.keyed:
@@ -430,18 +522,22 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         return Grant(tuple(granted), db_keyed.reopens_at(config, marks, now, blocked))
 
     @staticmethod
-    def _take_slot(row: FlowQueue, config: QueueConfig, waiter: AdmissionWaiter, now: int, marks: list[int]) -> None:
+    def _take_slot(row: FlowQueue, config: QueueConfig, waiter: AdmissionWaiter, now: int, marks: list[int]) -> bool:
         """A waiter (saved or not) becomes a slot holder; its window mark and serve are recorded
-        (on PostgreSQL in one statement, `admission_statements.take_slot`)."""
+        (on PostgreSQL in one statement, `admission_statements.take_slot`). False: its row was
+        gone (a hand-over granted it meanwhile), nothing written."""
         by_key = config.fairness == "key"
-        if db_statements.take_slot(waiter, now, config.rate_limit is not None, row.next_serve if by_key else None):
+        taken = db_statements.take_slot(waiter, now, config.rate_limit is not None, row.next_serve if by_key else None)
+        if taken is False:
+            return False
+        if taken:
             if config.rate_limit is not None:
                 marks.append(now)
             if config.keyed:
                 db_keyed.take(config, waiter.fairness_key, now)
             if by_key:
                 row.next_serve += 1
-            return
+            return True
         if waiter.pk is not None:
             waiter.delete()
         AdmissionSlot.objects.create(queue=config.name, ticket=waiter.ticket, acquired_ms=now)
@@ -461,6 +557,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             ):
                 AdmissionKeyServed.objects.create(queue=config.name, fairness_key=waiter.fairness_key, served=serve)
             AdmissionWaiter.objects.filter(queue=config.name, fairness_key=waiter.fairness_key).update(key_served=serve)
+        return True
 
     @staticmethod
     def _blocked(

@@ -171,7 +171,7 @@ class ResourceGateMixin:
     _locked_queue: Callable[[str], tuple[FlowQueue | None, QueueConfig | None]]
     _marks: Callable[[QueueConfig, int], list[int]]
     _room: Callable[[QueueConfig, list[int], int], int | None]
-    _take_slot: Callable[..., None]
+    _take_slot: Callable[..., bool]
     paused_queues: Callable[[], Collection[str]]
 
     def _admit_free(self, request: AdmissionRequest) -> AdmissionDecision:
@@ -312,7 +312,8 @@ class ResourceGateMixin:
             available = self._room(config, marks, now)
             if available is not None and available <= 0:
                 return "passed"
-            self._take_slot(row, config, waiter, now, marks)
+            if not self._take_slot(row, config, waiter, now, marks):
+                return "gone"
         counts.take(waiter.ticket, constraints)
         return "granted"
 
