@@ -255,6 +255,10 @@ class StepCheckpoint(models.Model):
             # replaces a plain `(queue, status)` index: the same entries, 8 bytes wider.
             models.Index(fields=["queue", "status", "created_at"], name="df_checkpoint_queue_line"),
             models.Index(fields=["status", "dispatched_at"], name="df_checkpoint_status_disp"),
+            # The metrics' exact count of each queue's line (`durable_flow_queue_waiting`): only
+            # parked calls are in it, one small entry each (the queue's name, deduplicated), so
+            # counting a line of 100,000 reads a tenth of the pages the line's own index holds.
+            models.Index(fields=["queue"], name="df_checkpoint_waiting", condition=models.Q(status="waiting")),
             # "Waiting because of X": only parked calls are in it, so a call admitted at once
             # (most) never writes an entry.
             models.Index(

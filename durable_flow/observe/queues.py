@@ -204,7 +204,11 @@ def gauges() -> list[dict[str, Any]]:
     checkpoints, fleet-wide), slots held across the fleet (`admission.fleet_in_flight`), and
     its configured cap and rate window."""
     queues = list(FlowQueue.objects.all())
-    parked = {name: line.n for name, line in parked_calls((q.name for q in queues), cap=None).items()}
+    # Exact, not capped (a gauge an autoscaler reads): one count of every line, on the index of
+    # parked calls alone (`df_checkpoint_waiting`).
+    parked = _per_queue(
+        StepCheckpoint.objects.filter(status=StepStatus.WAITING, queue__in=[q.name for q in queues]), n=Count("*")
+    )
     recorded = _per_queue(StepCheckpoint.objects.filter(status=StepStatus.DISPATCHED, holds_slot=True), n=Count("id"))
     held = fleet_in_flight([q.name for q in queues], recorded)
     return [

@@ -34,6 +34,7 @@ from durable_flow.models import (
 )
 from durable_flow.observe import run_filters
 from durable_flow.observe.overview import overview
+from durable_flow.observe.queues import gauges as queue_gauges
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs
 from durable_flow.observe.run_pages import PAGE_SIZE, run_page
 from durable_flow.observe.runs import run_counts
@@ -255,6 +256,22 @@ def test_a_queue_s_parked_calls_are_counted_up_to_the_cap(transactional_db: None
     assert parked_calls(["imports"], cap=None)["imports"] == Parked(5, now - timedelta(seconds=4), capped=False)
 
 
+def test_the_metrics_count_each_line_whole_past_the_pages_cap(transactional_db: None) -> None:
+    """`durable_flow_queue_waiting` is exact (an autoscaler reads it): past the cap the pages
+    stop at, and only parked calls, per queue."""
+    now = timezone.now()
+    FlowQueue.objects.create(name="imports", config={"name": "imports"})
+    FlowQueue.objects.create(name="exports", config={"name": "exports"})
+    for i in range(5):
+        make_run(f"w{i}", now, status=RunStatus.RUNNING)
+        checkpoint(f"w{i}", "0", "imports", status=StepStatus.WAITING)
+    make_run("held", now, status=RunStatus.RUNNING)
+    checkpoint("held", "0", "imports", status=StepStatus.DISPATCHED)
+    assert parked_calls(["imports"], cap=3)["imports"].capped
+    waiting = {gauge["name"]: gauge["waiting"] for gauge in queue_gauges()}
+    assert waiting == {"imports": 5, "exports": 0}
+
+
 # --- PostgreSQL: each surface's statement has an index ------------------------------------------
 
 
@@ -278,6 +295,25 @@ def plan(queryset: Any) -> str:
 
 def scans(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if "Seq Scan on durable_flow_" in line]
+
+
+@postgresql_only
+def test_postgresql_counts_the_metrics_lines_on_the_index_of_parked_calls(no_seqscan: None) -> None:
+    now = timezone.now()
+    for i in range(300):
+        make_run(f"m{i}", now, status=RunStatus.RUNNING if i % 3 == 0 else RunStatus.COMPLETED)
+        status = StepStatus.WAITING if i % 3 == 0 else StepStatus.COMPLETED
+        checkpoint(f"m{i}", "0", "imports" if i % 2 else "exports", status=status)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_flow_stepcheckpoint")
+    with CaptureQueriesContext(connection) as queries:
+        FlowQueue.objects.create(name="imports", config={"name": "imports"})
+        queue_gauges()
+    (count,) = [q["sql"] for q in queries.captured_queries if "COUNT(*)" in q["sql"] and "waiting" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {count}")
+        text = "\n".join(row[0] for row in cursor.fetchall())
+    assert "on df_checkpoint_waiting" in text, text  # index-only once vacuumed
 
 
 @postgresql_only
