@@ -278,7 +278,7 @@ def test_the_schedules_topic_renders_each_tick_and_its_forms_are_fitted_by_the_p
     ticker.tick()  # starts 10:00
     after = render_topic({}, "schedules")
     assert after is not None
-    assert '<td class="last">2026-01-01 10:00:00</td>' in after["schedules-table"]
+    assert '<td class="last" data-label="last tick">2026-01-01 10:00:00</td>' in after["schedules-table"]
     assert "2026-01-01 10:01:00" in after["schedules-table"]
     # The fragment has no user: no CSRF token, and its button names the permission it needs.
     assert "csrfmiddlewaretoken" not in after["schedules-table"]
