@@ -30,7 +30,11 @@ from .runs_list import list_context
 
 #: The run page's parts its live topic (`run:<id>`) re-renders every tick: the signal form's
 #: fields are not among them (what was typed stays), only the names the run waits for beside them.
+#: The action controls are all in the page, each marked with the state it is shown in
+#: (`data-show-when`); `run-state` says the run's state and the page's script shows or hides
+#: them by it, so no fragment depends on the user (their permissions and CSRF token stay put).
 RUN_FRAGMENTS = [
+    "run-state",
     "run-badge",
     "run-facts",
     "run-waits",
@@ -39,6 +43,7 @@ RUN_FRAGMENTS = [
     "run-attempts",
     "run-signal-names",
     "run-signals",
+    "run-children",
 ]
 
 
@@ -96,7 +101,7 @@ def _run_page(
         **detail,
         "signal_form": signal_form,
         "unexpected": unexpected,
-        "retryable": run.status in RETRYABLE,
+        **run_state(run),
         **allowed(request),
     }
     return render(request, "dashboard/run_detail.html", context, status=status)
@@ -113,14 +118,19 @@ def _signal_widgets(form: SignalForm) -> None:
     form.fields["payload"].widget.attrs.update({"id": "signal-payload", "placeholder": '{"by": "me"}', "rows": "1"})
 
 
+def run_state(run: WorkflowRun) -> dict[str, bool]:
+    """What the run page's actions are shown by: `unfinished` (cancel, signal) and `retryable`."""
+    return {"unfinished": not run.is_terminal, "retryable": run.status in RETRYABLE}
+
+
 def run_fragments(run_id: str) -> dict[str, str] | None:
-    """The run page's live fragments (`run:<id>`): its badge, facts, waits, error, timeline,
-    failed attempts, the signal names it waits for and the signals received; None once the run
-    is gone."""
+    """The run page's live fragments (`run:<id>`): its state (which actions show), badge, facts,
+    waits, error, timeline, failed attempts, the signal names it waits for, the signals received
+    and its children; None once the run is gone."""
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         return None
-    context = {"run": run, **run_page(run)}
+    context = {"run": run, **run_page(run), **run_state(run)}
     return {name: render_to_string(f"dashboard/fragments/{name}.html", context) for name in RUN_FRAGMENTS}
 
 

@@ -308,3 +308,40 @@ def test_the_cancel_confirmation_follows_the_runs_status(engine: Any, admin_clie
     run = api.start("tests.signal_waiter", None)
     page = admin_client.get(reverse("dashboard:cancel", args=[run.id])).content.decode()
     assert f'data-live-topic="run:{run.id}"' in page and 'data-live="run-badge"' in page
+
+
+def test_a_child_that_appears_is_in_the_next_ticks_children(engine: Any, admin_client: Client) -> None:
+    parent = api.start("tests.signal_waiter", None)
+    page = admin_client.get(reverse("dashboard:run", args=[parent.id])).content.decode()
+    assert 'data-live="run-children"' in page and "Child runs" not in page  # its box, empty
+    before = render_topic({}, f"run:{parent.id}")
+    assert before is not None and before["run-children"].strip() == ""
+    WorkflowRun.objects.create(id="late-child", workflow="tests.three_steps", input=1, parent_id=parent.id)
+    after = render_topic({}, f"run:{parent.id}")
+    assert after is not None and 'data-child="late-child"' in after["run-children"]
+    assert reverse("dashboard:run", args=["late-child"]) in after["run-children"]
+
+
+def test_the_run_state_fragment_flips_when_the_run_finishes(engine: Any, admin_client: Client) -> None:
+    run = api.start("tests.signal_waiter", None)
+    page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
+    # Every action is in the page, marked with when it shows; the run's state shows them now.
+    assert re.search(r'id="cancel-run" data-show-when="unfinished"[^>]*>', page).group(0).count("hidden") == 0
+    assert re.search(r'id="retry-form" data-show-when="retryable"[^>]*>', page).group(0).endswith(" hidden>")
+    assert re.search(r'id="signal-form" data-show-when="unfinished"[^>]*>', page).group(0).count("hidden") == 0
+    assert 'id="retry-run"' in page
+    before = render_topic({}, f"run:{run.id}")
+    assert before is not None
+    assert 'data-run-unfinished="true" data-run-retryable="false"' in before["run-state"]
+    api.send_signal(run.id, "approve", None)
+    done = render_topic({}, f"run:{run.id}")
+    assert done is not None and 'data-run-unfinished="false" data-run-retryable="false"' in done["run-state"]
+    page = admin_client.get(reverse("dashboard:run", args=[run.id])).content.decode()
+    assert re.search(r'id="cancel-run" data-show-when="unfinished"[^>]*>', page).group(0).endswith(" hidden>")
+    assert re.search(r'id="signal-form" data-show-when="unfinished"[^>]*>', page).group(0).endswith(" hidden>")
+    cancelled = api.start("tests.signal_waiter", None)
+    api.cancel(cancelled.id)
+    state = render_topic({}, f"run:{cancelled.id}")
+    assert state is not None and 'data-run-unfinished="false" data-run-retryable="true"' in state["run-state"]
+    for html in state.values():  # rendered for every tab alike: no token, no user
+        assert "csrfmiddlewaretoken" not in html

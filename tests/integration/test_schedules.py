@@ -7,6 +7,7 @@ both down together for a few minutes, after which the declared catch-up policy d
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -260,3 +261,46 @@ def test_the_admin_pauses_and_resumes_selected_schedules(
         )
         assert response.status_code == 302
         assert Schedule.objects.get(workflow="admin-tick").paused is paused
+
+
+def test_the_schedules_topic_renders_each_tick_and_its_forms_are_fitted_by_the_page(
+    manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition], staff_client: Client
+) -> None:
+    from durable_flow_dashboard.live import canonical_topic, render_topic
+
+    declare("live-tick", schedule="* * * * *")
+    ticker = ScheduleTicker(manual)
+    ticker.tick()
+    assert canonical_topic("schedules") == "schedules"
+    before = render_topic({}, "schedules")
+    assert before is not None and "2026-01-01 10:00:00" in before["schedules-table"]  # next tick
+    at_start.advance(seconds=30)
+    ticker.tick()  # starts 10:00
+    after = render_topic({}, "schedules")
+    assert after is not None
+    assert '<td class="last" data-label="last tick">2026-01-01 10:00:00</td>' in after["schedules-table"]
+    assert "2026-01-01 10:01:00" in after["schedules-table"]
+    # The fragment has no user: no CSRF token, and its button names the permission it needs.
+    assert "csrfmiddlewaretoken" not in after["schedules-table"]
+    assert 'data-needs-perm="durable_flow.change_schedule"' in after["schedules-table"]
+    assert " disabled" not in after["schedules-table"]
+    # The page has the token (for the script, and in its own forms) and says the user's permission.
+    page = staff_client.get(reverse("dashboard:schedules")).content.decode()
+    assert 'data-live-topic="schedules"' in page and 'data-live="schedules-table"' in page
+    assert re.search(r'<meta name="csrf-token" content="[^"]+">', page)
+    assert 'data-perms="durable_flow.change_schedule"' in page
+    assert 'name="csrfmiddlewaretoken"' in page
+
+
+def test_the_schedules_page_says_a_user_without_the_permission_lacks_it(
+    manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition]
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    declare("no-perm-tick", schedule="* * * * *")
+    ScheduleTicker(manual).tick()
+    viewer = Client()
+    viewer.force_login(get_user_model().objects.create_user("viewer", password="pw", is_staff=True))
+    page = viewer.get(reverse("dashboard:schedules")).content.decode()
+    assert "data-perms=" not in page
+    assert re.search(r'data-needs-perm="durable_flow.change_schedule" disabled', page)

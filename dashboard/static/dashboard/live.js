@@ -40,11 +40,48 @@
     }
   }
 
+  // A fragment is rendered for every tab alike, with no user: its POST forms carry no CSRF token
+  // and its buttons no permission. The page has both (meta[name=csrf-token], body[data-perms]):
+  // each form gets the token, and a button marked data-needs-perm="<app.codename>" is disabled
+  // for a user without it (the server refuses the POST all the same).
+  const csrf = document.querySelector('meta[name="csrf-token"]')?.content;
+  const perms = new Set((body.dataset.perms || "").split(/\s+/).filter(Boolean));
+  function fitToUser(root) {
+    if (csrf) {
+      for (const form of root.querySelectorAll('form[method="post" i]')) {
+        if (form.querySelector('input[name="csrfmiddlewaretoken"]')) continue;
+        const input = document.createElement("input");
+        input.type = "hidden";
+        input.name = "csrfmiddlewaretoken";
+        input.value = csrf;
+        form.prepend(input);
+      }
+    }
+    for (const el of root.querySelectorAll("[data-needs-perm]")) {
+      if (perms.has(el.dataset.needsPerm)) continue;
+      el.disabled = true;
+      el.title = `needs the ${el.dataset.needsPerm.split(".").pop()} permission`;
+    }
+  }
+
+  // The run page's actions are all in the page; each is shown while the run's live state
+  // (#run-state, data-run-<state>="true|false") holds the state its data-show-when names.
+  function showByState() {
+    const state = document.getElementById("run-state");
+    if (!state) return;
+    for (const el of document.querySelectorAll("[data-show-when]")) {
+      const name = el.dataset.showWhen;
+      el.hidden = state.dataset[`run${name[0].toUpperCase()}${name.slice(1)}`] !== "true";
+    }
+  }
+
   document.addEventListener("input", (event) => {
     if (event.target.matches?.("[data-follow-awaited]")) event.target.dataset.typed = "1";
   });
   clocks();
   setInterval(clocks, 1000);
+  fitToUser(document);
+  showByState();
 
   const topic = body.dataset.liveTopic;
   const status = document.getElementById("live-status");
@@ -87,8 +124,10 @@
         const details = box.querySelector(`#${CSS.escape(id)}`);
         if (details) details.open = true;
       }
+      fitToUser(box);
       if (active) box.querySelector(active)?.focus();
     }
+    showByState();
     clocks();
     followAwaited();
   }
