@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+from services import fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = f"durable_flow_bench_latency_{os.getpid()}"
@@ -100,18 +101,6 @@ def percentiles(values_s: Sequence[float]) -> dict[str, float]:
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
     return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1] * 1000, "n": len(ordered)}
-
-
-def pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(sql)
-
-
-def fresh_sqlite(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 # -- durable_flow --------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+from services import fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = "durable_flow_bench_peer"
@@ -69,18 +70,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", choices=("durable_flow", "dbos"), help="run one contender (internal use)")
     reporting.add_json_option(parser, "peer_dbos")
     return parser.parse_args()
-
-
-def pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(sql)
-
-
-def fresh_sqlite(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 # -- DBOS ----------------------------------------------------------------------------------------

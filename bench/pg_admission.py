@@ -40,6 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PROCESS_COUNTS = (1, 2, 4)
 
@@ -53,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--scaling-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
+    reporting.add_json_option(parser, "pg_admission")
     return parser.parse_args()
 
 
@@ -206,6 +209,28 @@ def main() -> None:
             for old, new in zip(cap[pairs[0][0]], cap[pairs[1][0]], strict=True)
         ]
         print(f"\ncap steps/s, this / baseline (same round): {spread(ratios)}")
+    this = pairs[-1][0]
+    summary, targets = [], []
+    if cap[this]:
+        cap_ratio = median(r["cap"]["steps_s"] / 40 for r in cap[this])
+        most = max(r["cap"]["overlap"] for r in cap[this])
+        summary.append(f"{this}: contended cap {cap_ratio:.2f} of ideal, most at once {most}")
+        targets.append(reporting.target(f"{this}: contended cap / ideal", cap_ratio, ">=", 0.95))
+        targets.append(
+            reporting.target(f"{this}: most running at once", max(r["cap"]["overlap"] for r in cap[this]), "<=", 2)
+        )
+    if any(scaling[this][1]):
+        for processes, bound in ((2, 1.3), (4, 1.5)):
+            ratio = median(rate / one for rate, one in zip(scaling[this][processes], scaling[this][1], strict=True))
+            summary.append(f"{this}: {processes} processes {ratio:.2f}x one")
+            targets.append(reporting.target(f"{this}: {processes} processes / one", ratio, ">=", bound))
+    reporting.write_json(
+        "pg_admission",
+        {"rounds": args.rounds, "arms": {name: str(path) for name, path in pairs}, "cap": cap, "scaling": scaling},
+        path=args.json,
+        summary=summary,
+        targets=targets,
+    )
 
 
 if __name__ == "__main__":

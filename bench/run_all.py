@@ -74,12 +74,13 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("surfaces", "surfaces.py", ["--scale", "1"], ["--scale", "0.1"]),
     ("index_cost", "index_cost.py", ["--lifecycles", "20000", "--rounds", "5"], []),
     ("cel_keys", "cel_keys.py", [], ["--quick"]),
+    ("pg_admission", "pg_admission.py", [], ["--rounds", "1", "--runs", "200"]),
     ("latency", "latency.py", [], ["--runs", "30", "--rounds", "1"]),
     # Minutes of steady load per arm, side by side: the figure is the last minutes against the first.
     ("sustained", "sustained.py", ["--minutes", "30", "--arm", "baseline,tuned"], ["--minutes", "2"]),
 ]
 #: Modules in bench/ that other benches import; not benches themselves.
-HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py", "reporting.py"}
+HELPERS = {"run_all.py", "__init__.py", "plots.py", "fleet.py", "reporting.py", "services.py"}
 #: Where the benches' JSON documents of a run go, one a run (var/ is not committed).
 RUN_DIR = ROOT / "var" / "bench" / "run_all"
 #: Seconds without a line from a bench before this prints that it is still running.

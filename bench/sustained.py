@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+import services  # noqa: E402 - bench/ is on the path of a script run from it
+from services import stop  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_sustained_{os.getpid()}"  # its own: other sessions may run benches too
@@ -91,11 +93,7 @@ def say(line: str, end: str = "\n") -> None:
 
 
 def pg_admin(sql: str) -> Any:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        cursor = conn.execute(sql)
-        return cursor.fetchall() if sql.startswith("SHOW") else None
+    return services.pg_admin(sql, PG_SERVER)  # the server --server names
 
 
 def setup_django() -> None:
@@ -241,18 +239,6 @@ def start_processes(arm: str, concurrency: int) -> list[subprocess.Popen[bytes]]
             [*manage, "durable_poller"], cwd=ROOT, env={**env, "DURABLE_FLOW_LOG": "INFO"}, stdout=log, stderr=log
         ),
     ]
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def still_waiting(arm: str, what: str, since: float, every: float) -> float:

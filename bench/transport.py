@@ -60,6 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
+from services import pg_admin, stop  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_transport_{os.getpid()}"  # its own: other sessions may run this bench too
@@ -79,13 +80,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"))
     reporting.add_json_option(parser, "transport")
     return parser.parse_args()
-
-
-def pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(sql)
 
 
 def setup_django(redis_url: str) -> None:
@@ -176,18 +170,6 @@ def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> dict[str, float]:
             continue
         spent[kind] += times.user + times.system
     return spent
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def clear_redis() -> None:

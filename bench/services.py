@@ -1,0 +1,40 @@
+"""What the benches share besides their reports (`reporting`): statements on the PostgreSQL
+server's maintenance database, a fresh SQLite file, and stopping the processes a bench started."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+#: The machine's PostgreSQL server (trust auth), without a database name.
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+
+
+def pg_admin(sql: str, server: str = PG_SERVER) -> list[tuple[Any, ...]] | None:
+    """Run `sql` on `server`'s maintenance database outside a transaction (CREATE and DROP
+    DATABASE need that); return its rows when it has some (a `SHOW`), else None."""
+    import psycopg
+
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if cursor.description is not None else None
+
+
+def fresh_sqlite(path: Path) -> None:
+    """Remove a SQLite database and its write-ahead log, so the next run starts empty."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def stop(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30) -> None:
+    """Ask every process to stop (SIGTERM), then kill the ones still running after `timeout_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
