@@ -84,10 +84,16 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise CommandError(f"--concurrency: invalid JSON: {exc}") from exc
         controller = build_controller(spec, setting=setting)
+        settings = engine.settings
         outage = Outage("durable_worker start-up", logger)
-        while True:  # the database may be down when the worker starts: wait for it
+        while True:  # the database may be down (or drop us) while the worker starts: wait for it
             try:
                 engine.persist_queues()
+                worker_id = claim_worker_id(
+                    name, engine.transport.name, settings.heartbeat_ttl_s, settings.heartbeat_interval_s
+                )
+            except WorkerNameTaken as exc:
+                raise CommandError(str(exc)) from exc
             except transient_errors() as exc:
                 from django.db import close_old_connections
 
@@ -96,13 +102,6 @@ class Command(BaseCommand):
                 continue
             outage.recovered()
             break
-        settings = engine.settings
-        try:
-            worker_id = claim_worker_id(
-                name, engine.transport.name, settings.heartbeat_ttl_s, settings.heartbeat_interval_s
-            )
-        except WorkerNameTaken as exc:
-            raise CommandError(str(exc)) from exc
         try:
             # Jobs a crashed earlier process of this name had claimed: claimable now, not when
             # their leases lapse (it is dead by the poller's own rule, or the name was not free).
