@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
+from services import fresh_database, fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = f"durable_flow_bench_latency_{os.getpid()}"
@@ -252,15 +252,7 @@ def run_dbos(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """DBOS's idle latency, queued and direct, on `kind` (`pg` or `sqlite`)."""
     from dbos import DBOS, SetWorkflowID
 
-    if kind == "pg":
-        pg_admin(f"DROP DATABASE IF EXISTS {DBOS_DATABASE} WITH (FORCE)")
-        pg_admin(f"CREATE DATABASE {DBOS_DATABASE}")
-        url = f"postgresql://postgres@127.0.0.1:5432/{DBOS_DATABASE}"
-    else:
-        path = ROOT / "var" / "bench-latency-dbos.sqlite3"
-        path.parent.mkdir(exist_ok=True)
-        fresh_sqlite(path)
-        url = f"sqlite:///{path}"
+    url = fresh_database(kind == "pg", DBOS_DATABASE, ROOT / "var" / "bench-latency-dbos.sqlite3")
 
     @DBOS.step()
     def stamp_step() -> float:

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
+from services import fresh_database, fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = "durable_flow_bench_peer"
@@ -77,15 +77,7 @@ def run_dbos(args: argparse.Namespace) -> float:
     """Workflows per second through a DBOS queue (in this interpreter, which has `dbos`)."""
     from dbos import DBOS
 
-    if args.postgres:
-        pg_admin(f"DROP DATABASE IF EXISTS {DBOS_DATABASE} WITH (FORCE)")
-        pg_admin(f"CREATE DATABASE {DBOS_DATABASE}")
-        url = f"postgresql://postgres@127.0.0.1:5432/{DBOS_DATABASE}"
-    else:
-        path = ROOT / "var" / "bench-peer-dbos.sqlite3"
-        path.parent.mkdir(exist_ok=True)
-        fresh_sqlite(path)
-        url = f"sqlite:///{path}"
+    url = fresh_database(args.postgres, DBOS_DATABASE, ROOT / "var" / "bench-peer-dbos.sqlite3")
 
     @DBOS.step()
     def noop_step(value: int) -> int:

@@ -38,3 +38,15 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def fresh_database(postgres: bool, pg_name: str, sqlite_path: Path, server: str = PG_SERVER) -> str:
+    """A new empty database for a peer's run (DBOS): `pg_name` on `server`, or a SQLite file at
+    `sqlite_path`; its SQLAlchemy-style URL."""
+    if postgres:
+        pg_admin(f"DROP DATABASE IF EXISTS {pg_name} WITH (FORCE)", server)
+        pg_admin(f"CREATE DATABASE {pg_name}", server)
+        return f"{server.replace('postgres://', 'postgresql://', 1)}/{pg_name}"
+    sqlite_path.parent.mkdir(exist_ok=True)
+    fresh_sqlite(sqlite_path)
+    return f"sqlite:///{sqlite_path}"
