@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import fresh_database, fresh_sqlite, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
+from services import fresh_database, fresh_sqlite, pg_admin, start_worker  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = "durable_flow_bench_peer"
@@ -167,13 +167,7 @@ def run_durable_flow(args: argparse.Namespace) -> float:
 
     engine = get_engine()
     engine.register_queue(QueueConfig.from_mapping({"name": QUEUE, "concurrency": args.concurrency}))
-    worker = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(args.concurrency)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = start_worker(args.concurrency)
     try:
         deadline = time.monotonic() + 120
         while not WorkerHeartbeat.objects.filter(stopped_at__isnull=True).exists():

@@ -3,10 +3,13 @@ server's maintenance database, a fresh SQLite file, and stopping the processes a
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 #: The machine's PostgreSQL server (trust auth), without a database name.
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 
@@ -50,3 +53,15 @@ def fresh_database(postgres: bool, pg_name: str, sqlite_path: Path, server: str 
     sqlite_path.parent.mkdir(exist_ok=True)
     fresh_sqlite(sqlite_path)
     return f"sqlite:///{sqlite_path}"
+
+
+def start_worker(concurrency: int) -> subprocess.Popen[bytes]:
+    """One `durable_worker` process of this project with `concurrency` threads, on this process's
+    environment (its database and stack), its output discarded."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
