@@ -119,3 +119,8 @@ class UnexpectedSignal(DurableFlowError):
 class RetryRefused(DurableFlowError):
     """The run cannot be retried (not failed/cancelled, its workflow's version changed, or its
     parent has finished); the message says which."""
+
+
+class AdmissionShardError(DurableFlowError, ValueError):
+    """On Redis Cluster, one admission would span two shards: its queue and a step-concurrency
+    resource it needs are declared in different ones (`DURABLE_FLOW["ADMISSION"]["SHARDS"]`)."""

@@ -32,6 +32,7 @@ pytest_plugins = [
     "tests.support.fixtures",
     "tests.support.held",
     "tests.support.redis_admission",
+    "tests.support.redis_cluster",
     "tests.support.workers",
     "tests.support.admission_backends",
     "tests.support.rq",

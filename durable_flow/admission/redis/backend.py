@@ -116,14 +116,16 @@ from durable_flow.admission.base import (
     ResourceUsage,
 )
 from durable_flow.admission.redis import resources as redis_resources
+from durable_flow.admission.redis.shards import BRACES, DEFAULT_SHARD, ShardMap, shards_problem
 from durable_flow.admission.rules.windows import key_start_window, oldest_mark_needed, start_key
-from durable_flow.config.options import Option, non_empty_str, number
+from durable_flow.config.options import Option, boolean, non_empty_str, number
 from durable_flow.config.queues import QueueConfig, queue_from_dict
 from durable_flow.config.validation import HOUR_S
 from durable_flow.store.outage import Outage
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.cluster import RedisCluster
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +178,16 @@ class RedisAdmissionBackend(AdmissionBackend):
             "A dead process's slots are reclaimed within this (ms): 1 to an hour.",
             number(1, HOUR_S * 1000, integer=True, unit="milliseconds"),
         ),
+        "CLUSTER": Option(
+            "True: URL names a node of a Redis Cluster (redis-py's RedisCluster); every key carries its shard's "
+            "hash tag, so each script call touches one hash slot.",
+            boolean,
+        ),
+        "SHARDS": Option(
+            "With CLUSTER: {shard: {'QUEUES': [...], 'WORKFLOWS': [...]}}, the queues and workflows (their fn-scope "
+            "step concurrency) kept together in one hash slot; the rest live in the 'default' shard.",
+            shards_problem,
+        ),
     }
 
     def __init__(
@@ -187,24 +199,39 @@ class RedisAdmissionBackend(AdmissionBackend):
         instance_ttl_ms: int = DEFAULT_INSTANCE_TTL_MS,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         handles_cache_s: float = 1.0,
+        cluster: bool = False,
+        shards: ShardMap | None = None,
     ) -> None:
         """`clock` (epoch ms) replaces the server's `TIME`; give it only in tests, because
-        processes whose clocks disagree would disagree about windows and TTLs."""
+        processes whose clocks disagree would disagree about windows and TTLs.
+
+        `cluster`: `url` (or `connection`, a `RedisCluster`) is a Redis Cluster, and every key
+        carries the hash tag of its shard (`shards`; see the `shards` module)."""
         import redis
+        from redis.cluster import RedisCluster
 
         if connection is None:
             if url is None:
                 raise ValueError("RedisAdmissionBackend needs a connection or a url")
-            connection = redis.Redis.from_url(url)
-        self.redis: Redis = connection
+            connection = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        self.redis: Redis | RedisCluster = connection
+        self.cluster = cluster or isinstance(connection, RedisCluster)
+        if self.cluster and any(c in key_prefix for c in BRACES):
+            raise ValueError(
+                f"a key prefix on Redis Cluster holds no braces (it is in the hash tag), got {key_prefix!r}"
+            )
+        self.shards = shards or ShardMap()
         self.clock = clock
         self.instance_ttl_ms = instance_ttl_ms
         self.prefix = key_prefix
         self.instance_id = uuid.uuid4().hex
-        self.heartbeat_key = f"{key_prefix}:inst:{self.instance_id}"
+        # The default shard's (on a single Redis, the only ones); see `_heartbeat_keys`.
+        self.heartbeat_key, self.fleet_key = self._heartbeat_keys(self._root(DEFAULT_SHARD))
         self._script = self.redis.register_script(redis_resources.script_source())
         self._heartbeat_script = self.redis.register_script(redis_resources.lua("hearing.lua", "heartbeat.lua"))
-        self.fleet_key = f"{key_prefix}:fleet"
+        # The shards this instance made a call in: it beats in each (a slot it holds there lives
+        # as long as those beats). On a single Redis, the one root.
+        self._beating: set[str] = set() if self.cluster else {self.prefix}
         self._lock = threading.Lock()
         self._registered: set[str] = set()
         self._known: dict[str, tuple[bool, float]] = {}
@@ -229,6 +256,8 @@ class RedisAdmissionBackend(AdmissionBackend):
         kwargs: dict[str, Any] = {
             "instance_ttl_ms": options.get("INSTANCE_TTL_MS", DEFAULT_INSTANCE_TTL_MS),
             "key_prefix": options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX),
+            "cluster": options.get("CLUSTER", False),
+            "shards": ShardMap.from_option(options.get("SHARDS")),
         }
         if "URL" in options:
             return cls(url=options["URL"], **kwargs)
@@ -241,34 +270,76 @@ class RedisAdmissionBackend(AdmissionBackend):
         super().check_options(options)
         if "URL" in options and "CONNECTION" in options:
             raise _option_error("URL", "give CONNECTION or URL, not both")
+        if options.get("CLUSTER"):
+            if "URL" not in options:
+                raise _option_error("CLUSTER", "needs URL, a redis:// URL of one node of the cluster")
+            prefix = options.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
+            if any(c in prefix for c in BRACES):
+                raise _option_error(
+                    "KEY_PREFIX", f"holds no braces on Redis Cluster (it is in the hash tag), got {prefix!r}"
+                )
+        elif "SHARDS" in options:
+            raise _option_error("SHARDS", "applies to Redis Cluster only: set CLUSTER to True")
         if "URL" not in options:
             _connection_name(options.get("CONNECTION", "default"))
 
     # -- keys ---------------------------------------------------------------------------------
-    def queue_keys(self, queue: str) -> list[str]:
-        """The KEYS of one queue's script call, in the script's order."""
-        keys = self._keys.get(queue)
+    def _root(self, shard: str) -> str:
+        """The prefix of every key of `shard`: on Redis Cluster `{P:S}`, a hash tag, so the
+        shard's keys share one hash slot; on a single Redis the key prefix itself (one shard)."""
+        return f"{{{self.prefix}:{shard}}}" if self.cluster else self.prefix
+
+    def _heartbeat_keys(self, root: str) -> tuple[str, str]:
+        """This instance's heartbeat key and the fleet-hearing hash under `root`."""
+        return f"{root}:inst:{self.instance_id}", f"{root}:fleet"
+
+    def _queue_root(self, queue: str) -> str:
+        return self._root(self.shards.of_queue(queue))
+
+    def _roots(self, queue: str) -> list[str]:
+        """Where calls of `queue` live: its shard's root; for the pseudo-queue `""` (calls gated
+        by step concurrency alone) on Redis Cluster, every shard's, since their resources say
+        which (a release or a read of `""` goes to each)."""
+        if queue or not self.cluster:
+            return [self._queue_root(queue)]
+        return self._all_roots()
+
+    def _all_roots(self) -> list[str]:
+        """Every shard's key root, the default shard's first (on a single Redis, the one prefix)."""
+        return list(dict.fromkeys(self._root(shard) for shard in self.shards.names()))
+
+    def queue_keys(self, queue: str, root: str | None = None) -> list[str]:
+        """The KEYS of one queue's script call, in the script's order (under `root`, by default
+        the queue's shard's)."""
+        root = root or self._queue_root(queue)
+        keys = self._keys.get(root + "\0" + queue)
         if keys is None:
-            base = f"{self.prefix}:q:{queue}:"
-            keys = [
-                f"{self.prefix}:queues",
-                *(base + suffix for suffix in _QUEUE_KEYS),
-                self.heartbeat_key,
-                self.fleet_key,
-            ]
-            self._keys[queue] = keys
+            base = f"{root}:q:{queue}:"
+            keys = [f"{root}:queues", *(base + suffix for suffix in _QUEUE_KEYS), *self._heartbeat_keys(root)]
+            self._keys[root + "\0" + queue] = keys
         return keys
 
     def _run(
-        self, op: str, queue: str, ticket: str = "", priority: int = 0, key: str = "", extra: Sequence[Any] = ()
+        self,
+        op: str,
+        queue: str,
+        ticket: str = "",
+        priority: int = 0,
+        key: str = "",
+        extra: Sequence[Any] = (),
+        root: str | None = None,
     ) -> Any:
         if self._unsent:
             self._send_registrations()  # the config first: the script reads it
+        root = root or self._queue_root(queue)
+        if root not in self._beating:
+            with self._lock:
+                self._beating.add(root)
         now = "" if self.clock is None else str(int(self.clock()))
         # The ops that may grant a freed resource across queues pass over the paused ones.
         paused = sorted(self.paused_queues()) if op in _GRANTING_OPS else ()
         return self._script(
-            keys=self.queue_keys(queue),
+            keys=self.queue_keys(queue, root),
             args=[
                 op,
                 queue,
@@ -279,7 +350,7 @@ class RedisAdmissionBackend(AdmissionBackend):
                 self.instance_ttl_ms,
                 json.dumps(paused) if paused else "",
                 now,
-                f"{self.prefix}:inst:",
+                f"{root}:inst:",
                 "",
                 *extra,
             ],
@@ -311,9 +382,11 @@ class RedisAdmissionBackend(AdmissionBackend):
                 unsent = dict(self._unsent)
             if not unsent:
                 return
-            self.redis.hset(
-                f"{self.prefix}:queues", mapping={name: json.dumps(c.as_dict()) for name, c in unsent.items()}
-            )
+            by_root: dict[str, dict[str, str]] = {}
+            for name, config in unsent.items():
+                by_root.setdefault(self._queue_root(name), {})[name] = json.dumps(config.as_dict())
+            for root, mapping in by_root.items():
+                self.redis.hset(f"{root}:queues", mapping=mapping)
             with self._lock:
                 for name, config in unsent.items():
                     if self._unsent.get(name) is config:
@@ -327,7 +400,7 @@ class RedisAdmissionBackend(AdmissionBackend):
             known = self._known.get(queue)
         if known is not None and known[1] > time.monotonic():
             return known[0]
-        exists = bool(self.redis.hexists(f"{self.prefix}:queues", queue))
+        exists = bool(self.redis.hexists(f"{self._queue_root(queue)}:queues", queue))
         with self._lock:
             self._known[queue] = (exists, time.monotonic() + self._handles_cache_s)
         return exists
@@ -346,6 +419,7 @@ class RedisAdmissionBackend(AdmissionBackend):
             request.priority,
             request.key,
             extra=redis_resources.constraint_args(request.constraints),
+            root=self._request_root(request),
         )
         now = int(reply[1])
         granted = tuple(_text(t) for t in reply[6:])
@@ -361,23 +435,41 @@ class RedisAdmissionBackend(AdmissionBackend):
             limits = replace(limits, rate_limit=None)  # the queue's window had room: the key's held it
         return AdmissionDecision.block(int(reply[2]), reason, granted, limits, full), now  # type: ignore[arg-type]
 
+    def _request_root(self, request: AdmissionRequest) -> str:
+        """The root of the one shard a call is decided in (`ShardMap.of_request`)."""
+        if not self.cluster:
+            return self.prefix
+        return self._root(self.shards.of_request(request.queue, request.constraints))
+
     def release(self, queue: str, ticket: str, *, grant_next: bool = True) -> Grant:
         """Free the ticket's slot whoever owns it, withdraw it as a waiter, and grant the room
-        on in the same script call."""
-        reply = self._run("release", queue, ticket, extra=("1" if grant_next else "0",))
-        return _grant(reply[1], reply[2:])
+        on in the same script call (one per shard for the pseudo-queue on Redis Cluster)."""
+        grants = [
+            _grant(reply[1], reply[2:])
+            for root in self._roots(queue)
+            for reply in [self._run("release", queue, ticket, extra=("1" if grant_next else "0",), root=root)]
+        ]
+        return _merged(grants)
 
     def grant(self, queue: str) -> Grant:
-        reply = self._run("grant", queue)
-        return _grant(reply[0], reply[1:])
+        grants = [
+            _grant(reply[0], reply[1:])
+            for root in self._roots(queue)
+            for reply in [self._run("grant", queue, root=root)]
+        ]
+        return _merged(grants)
 
     def reoffer(self, queue: str, requests: Sequence[AdmissionRequest]) -> list[str]:
+        by_root: dict[str, list[AdmissionRequest]] = {}
+        for request in requests:
+            by_root.setdefault(self._request_root(request), []).append(request)
         held: list[str] = []
-        for start in range(0, len(requests), 500):  # bounded script calls, however many are parked
-            extra: list[Any] = []
-            for request in requests[start : start + 500]:
-                extra += redis_resources.reoffer_args(request, _bounded(request.priority))
-            held += [_text(t) for t in self._run("reoffer", queue, extra=extra)]
+        for root, share in by_root.items():
+            for start in range(0, len(share), 500):  # bounded script calls, however many are parked
+                extra: list[Any] = []
+                for request in share[start : start + 500]:
+                    extra += redis_resources.reoffer_args(request, _bounded(request.priority))
+                held += [_text(t) for t in self._run("reoffer", queue, extra=extra, root=root)]
         return held
 
     def try_start(self, queue: str, ticket: str, key: str = "", *, on_count: OnCount = None) -> int:
@@ -387,29 +479,29 @@ class RedisAdmissionBackend(AdmissionBackend):
 
     def try_start_timed(self, queue: str, ticket: str, key: str = "") -> tuple[int, int]:
         """`try_start` and the server time (epoch ms) the start was counted at."""
-        wait_ms, now = self._run("start", queue, ticket, key=start_key(ticket, key))
+        wait_ms, now = self._run("start", queue, ticket, key=start_key(ticket, key), root=self._roots(queue)[0])
         return int(wait_ms), int(now)
 
     def adopt(self, queue: str, ticket: str) -> bool:
         """Make this process the owner of the ticket's slot (it is about to execute the step),
         so the slot lives exactly as long as the execution. False if the slot is gone: its
         owner died and the slot was reclaimed, so the step must go through admission again."""
-        return int(self._run("adopt", queue, ticket)) == 1
+        return any(int(self._run("adopt", queue, ticket, root=root)) == 1 for root in self._roots(queue))
 
     def in_flight(self, queue: str) -> int:
         """Slots held now (including those of a dead instance not yet reclaimed)."""
-        return int(self._run("inflight", queue))
+        return sum(int(self._run("inflight", queue, root=root)) for root in self._roots(queue))
 
     def held_tickets(self, queue: str) -> list[str]:
         """Tickets holding a slot of `queue` (its `slots` hash: bounded by the concurrency;
         `""`, the calls gated by step concurrency alone, by their resources' limits). A
         ticket's step-concurrency slots are freed with its queue slot, in the same script call,
         so a release lost to an outage leaves a ticket here in every case."""
-        return [_text(t) for t in self.redis.hkeys(f"{self.prefix}:q:{queue}:slots")]
+        return [_text(t) for root in self._roots(queue) for t in self.redis.hkeys(f"{root}:q:{queue}:slots")]
 
     def _stored_config(self, queue: str) -> QueueConfig | None:
         """The queue's config as registered in Redis (what every process decides by)."""
-        raw = self.redis.hget(f"{self.prefix}:queues", queue)
+        raw = self.redis.hget(f"{self._queue_root(queue)}:queues", queue)
         return queue_from_dict(json.loads(raw)) if raw else None
 
     def _now_ms(self) -> int:
@@ -422,7 +514,7 @@ class RedisAdmissionBackend(AdmissionBackend):
     def waiting(self, queue: str, limit: int | None = None) -> int:
         """Waiters parked now, by any process (`HLEN` costs the same whatever the line, so
         `limit` is not needed)."""
-        return int(self.redis.hlen(f"{self.prefix}:q:{queue}:waiters"))
+        return sum(int(self.redis.hlen(f"{root}:q:{queue}:waiters")) for root in self._roots(queue))
 
     def window_usage(self, queue: str) -> int | None:
         """Step starts in the current rate window, by any process, on the server's clock."""
@@ -431,15 +523,17 @@ class RedisAdmissionBackend(AdmissionBackend):
         if rate is None:
             return None
         start = oldest_mark_needed(rate, self._now_ms())
-        return int(self.redis.zcount(f"{self.prefix}:q:{queue}:starts", start, "+inf"))
+        return int(self.redis.zcount(f"{self._queue_root(queue)}:q:{queue}:starts", start, "+inf"))
 
     def resource_usage(self, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Per resource: (slots held, calls waiting), by any process."""
-        return redis_resources.resource_usage(self.redis, self.prefix, resources)
+        return redis_resources.resource_usage(
+            self.redis, {r: self._root(self.shards.of_resource(r)) for r in resources}
+        )
 
     def constraint_usage(self, prefix: str = "", limit: int = 10) -> list[ResourceUsage]:
         """The busiest step-concurrency resources, by any process (see `resources`)."""
-        return redis_resources.constraint_usage(self.redis, self.prefix, prefix, limit)
+        return redis_resources.constraint_usage(self.redis, self._all_roots(), prefix, limit)
 
     def key_window_usage(self, queue: str, limit: int, scan: int = 10_000) -> list[tuple[str, int]] | None:
         """The busiest keys of the per-key window, by any process: a SCAN over the queue's live
@@ -448,7 +542,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         if config is None or (rate := key_start_window(config)) is None:
             return None
         now = self.clock() if self.clock is not None else int(self.redis.time()[0]) * 1000
-        root = f"{self.prefix}:q:{queue}:ks:"
+        root = f"{self._queue_root(queue)}:q:{queue}:ks:"
         names = list(islice(self.redis.scan_iter(match=_glob_escape(root) + "*", count=1000), scan))
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
@@ -463,7 +557,7 @@ class RedisAdmissionBackend(AdmissionBackend):
         if config is None or config.throttle is None:
             return None
         now = self._now_ms()
-        root = f"{self.prefix}:q:{queue}:kt:s:"
+        root = f"{self._queue_root(queue)}:q:{queue}:kt:s:"
         names = list(islice(self.redis.scan_iter(match=_glob_escape(root) + "*", count=1000), scan))
         tats = self.redis.mget(names) if names else []
         ahead = [
@@ -475,15 +569,26 @@ class RedisAdmissionBackend(AdmissionBackend):
 
     def keyed_keys(self, queue: str) -> int:
         """Per-key window and throttle keys held for `queue` (the idle-key bench counts them)."""
-        root = _glob_escape(f"{self.prefix}:q:{queue}:")
+        root = _glob_escape(f"{self._queue_root(queue)}:q:{queue}:")
         return sum(1 for pattern in ("kw:*", "ks:*", "kt:*") for _ in self.redis.scan_iter(root + pattern, 1000))
 
     # -- heartbeat ----------------------------------------------------------------------------
     def _beat(self) -> None:
-        """Refresh this instance's heartbeat; the server counts it as hearing the fleet (`hearing.lua`)."""
-        self._heartbeat_script(
-            keys=[self.heartbeat_key, self.fleet_key], args=[self._heartbeat_value, self.instance_ttl_ms]
-        )
+        """Refresh this instance's heartbeat in every shard it made a call in; each shard's
+        server counts it as hearing the fleet (`hearing.lua`). A shard that fails is retried at
+        the next beat, after the others have beaten."""
+        with self._lock:
+            roots = sorted(self._beating)
+        failed: Exception | None = None
+        for root in roots:
+            try:
+                self._heartbeat_script(
+                    keys=list(self._heartbeat_keys(root)), args=[self._heartbeat_value, self.instance_ttl_ms]
+                )
+            except Exception as exc:  # noqa: BLE001 - raised below, once every other shard has beaten
+                failed = exc
+        if failed is not None:
+            raise failed
 
     def _heartbeat_loop(self) -> None:
         """Keep this instance's slots alive: refresh the heartbeat every ttl/4, so three missed
@@ -544,6 +649,14 @@ def _told_limits(raw: bytes | str) -> QueueConfig | None:
         return queue_from_dict(json.loads(text))
     except (ValueError, TypeError):  # bad JSON, InvalidQueueConfig: both ValueErrors
         return None
+
+
+def _merged(grants: Sequence[Grant]) -> Grant:
+    """One shard's grant, or the shards' together: every ticket, the earliest reopening."""
+    if len(grants) == 1:
+        return grants[0]
+    reopens = [g.retry_at_ms for g in grants if g.retry_at_ms is not None]
+    return Grant(tuple(t for g in grants for t in g.tickets), min(reopens) if reopens else None)
 
 
 def _grant(retry_at: bytes | str | int, tickets: Sequence[bytes | str]) -> Grant:

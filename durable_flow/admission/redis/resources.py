@@ -14,7 +14,7 @@ reclaimed with its queue slots.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from durable_flow.admission.rules.resources import top_usage
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.cluster import RedisCluster
 
 HERE = Path(__file__).parent
 
@@ -51,24 +52,29 @@ def reoffer_args(request: AdmissionRequest, priority: int) -> list[Any]:
     return [request.ticket, priority, request.key, json.dumps([[c.resource, c.limit] for c in request.constraints])]
 
 
-def resource_usage(redis: Redis, prefix: str, resources: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """Per resource: (slots held, calls waiting), by any process."""
+def resource_usage(redis: Redis | RedisCluster, roots: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """Per resource (each under its shard's key root): (slots held, calls waiting), by any process."""
+    resources = list(roots)
     pipe = redis.pipeline(transaction=False)
     for r in resources:
-        pipe.zscore(f"{prefix}:res:active", r)
-        pipe.zscore(f"{prefix}:res:waiting", r)
+        pipe.zscore(f"{roots[r]}:res:active", r)
+        pipe.zscore(f"{roots[r]}:res:waiting", r)
     values = pipe.execute()
     return {r: (int(values[2 * i] or 0), int(values[2 * i + 1] or 0)) for i, r in enumerate(resources)}
 
 
-def constraint_usage(redis: Redis, prefix: str, resource_prefix: str, limit: int) -> list[ResourceUsage]:
-    """The busiest resources whose name starts with `resource_prefix`: most active, then most
-    waiting. Reads the two counter zsets, which hold only resources in use (O(resources in use))."""
+def constraint_usage(
+    redis: Redis | RedisCluster, roots: Sequence[str], resource_prefix: str, limit: int
+) -> list[ResourceUsage]:
+    """The busiest resources whose name starts with `resource_prefix`, in every shard (`roots`):
+    most active, then most waiting. Reads the two counter zsets, which hold only resources in
+    use (O(resources in use))."""
     counts: dict[str, list[int]] = {}
-    for index, name in enumerate(("active", "waiting")):
-        for member, score in redis.zscan_iter(f"{prefix}:res:{name}", match=_glob(resource_prefix) + "*", count=500):
-            resource = member.decode() if isinstance(member, bytes) else str(member)
-            counts.setdefault(resource, [0, 0])[index] = int(score)
+    for root in roots:
+        for index, name in enumerate(("active", "waiting")):
+            for member, score in redis.zscan_iter(f"{root}:res:{name}", match=_glob(resource_prefix) + "*", count=500):
+                resource = member.decode() if isinstance(member, bytes) else str(member)
+                counts.setdefault(resource, [0, 0])[index] = int(score)
     return top_usage({r: (a, w) for r, (a, w) in counts.items()}, limit)
 
 
