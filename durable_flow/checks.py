@@ -15,6 +15,8 @@
   `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
 - `durable_flow.E015`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
   `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
+- `durable_flow.E030`: the admission backend cannot keep a declaration (the `redis` backend on Redis
+  Cluster: a workflow placed in a shard whose step-concurrency keys would cross hash slots);
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -64,6 +66,10 @@ HINTS = {
         "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
         "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
     ),
+    "E030": (
+        "On Redis Cluster one admission stays in one shard: keep a workflow declaring env- or account-scope "
+        "concurrency (and the queues its steps use) out of SHARDS, in the 'default' shard (docs/admission.md)."
+    ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -111,6 +117,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 cls.check_options(spec.options)
             except ImproperlyConfigured as exc:
                 errors.append(_error(str(exc), options_id))
+            else:
+                errors.extend(_undeclarable(cls, spec.options) if key == "ADMISSION" else [])
         if key == "ADMISSION" and not getattr(cls, "SUPPORTS_CONSTRAINTS", False):
             errors.extend(_unenforced_step_concurrency())
     if config.transport.path == TRANSPORT_BACKENDS["inline"] and not settings.DEBUG:
@@ -170,6 +178,16 @@ def missing_templates(names: list[str]) -> list[str]:
         except TemplateDoesNotExist:
             missing.append(f"template {name!r} not found: the app's templates directory is not searched")
     return missing
+
+
+def _undeclarable(cls: type, options: Any) -> list[checks.CheckMessage]:
+    """The admission backend's word on the declarations it could not keep (E030)."""
+    problems = getattr(cls, "declaration_problems", None)
+    if problems is None:
+        return []
+    return [
+        _error(f'DURABLE_FLOW["ADMISSION"]: {message}', "E030") for message in problems(options, workflows().values())
+    ]
 
 
 def _unenforced_step_concurrency() -> list[checks.CheckMessage]:

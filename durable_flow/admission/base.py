@@ -159,6 +159,13 @@ class AdmissionBackend(Configurable, ABC):
     #: fails to commit finds its slot gone at its retry: `engine/release_order.py`).
     SLOTS_ADOPTED: ClassVar[bool] = False
 
+    @classmethod
+    def declaration_problems(cls, options: Mapping[str, object], definitions: Collection[object]) -> list[str]:
+        """What in these options and the registered workflows (`definitions`) the backend could
+        not keep, one message each (`manage.py check`: `durable_flow.E030`); checked without
+        building the backend. Default: nothing."""
+        return []
+
     @abstractmethod
     def register(self, config: QueueConfig) -> None:
         """Add or replace a queue's config."""

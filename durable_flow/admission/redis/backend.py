@@ -99,7 +99,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -116,7 +116,7 @@ from durable_flow.admission.base import (
     ResourceUsage,
 )
 from durable_flow.admission.redis import resources as redis_resources
-from durable_flow.admission.redis.shards import BRACES, DEFAULT_SHARD, ShardMap, shards_problem
+from durable_flow.admission.redis.shards import BRACES, DEFAULT_SHARD, ShardMap, crossing_workflows, shards_problem
 from durable_flow.admission.rules.windows import key_start_window, oldest_mark_needed, start_key
 from durable_flow.config.options import Option, boolean, non_empty_str, number
 from durable_flow.config.queues import QueueConfig, queue_from_dict
@@ -282,6 +282,14 @@ class RedisAdmissionBackend(AdmissionBackend):
             raise _option_error("SHARDS", "applies to Redis Cluster only: set CLUSTER to True")
         if "URL" not in options:
             _connection_name(options.get("CONNECTION", "default"))
+
+    @classmethod
+    def declaration_problems(cls, options: Mapping[str, Any], definitions: Collection[Any]) -> list[str]:
+        """On Redis Cluster, the declared shards whose keys would cross hash slots in one call
+        (`shards.crossing_workflows`)."""
+        if not options.get("CLUSTER") or not options.get("SHARDS"):
+            return []
+        return crossing_workflows(ShardMap.from_option(options["SHARDS"]), definitions)
 
     # -- keys ---------------------------------------------------------------------------------
     def _root(self, shard: str) -> str:
