@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from durable_flow.definitions.current import NotInStep, StepInfo, current_step
 from durable_flow.definitions.registry import step, workflow
 from durable_flow.exceptions import (
+    AdmissionShardError,
     ChildFailed,
     ConcurrencyLimitError,
     DurableFlowError,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "AdmissionShardError",
     "ChildFailed",
     "ConcurrencyLimitError",
     "DurableFlowError",

@@ -68,7 +68,7 @@ HINTS = {
     ),
     "E030": (
         "On Redis Cluster one admission stays in one shard: keep a workflow declaring env- or account-scope "
-        "concurrency (and the queues its steps use) out of SHARDS, in the 'default' shard (docs/admission.md)."
+        "concurrency (and the queues its steps use) out of SHARDS, in the 'default' shard (docs/redis-cluster.md)."
     ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',

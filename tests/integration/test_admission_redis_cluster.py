@@ -219,3 +219,76 @@ def test_check_refuses_malformed_cluster_options(admission: dict[str, Any], mess
     errors = reported({"ADMISSION": admission})
     assert [e.id for e in errors] == ["durable_flow.E004"]
     assert message in errors[0].msg and errors[0].hint
+
+
+# -- what a failover can lose -------------------------------------------------------------------
+class LostWrites:
+    """What a promoted replica lacks: the shard's keys as they were before some acknowledged
+    writes (asynchronous replication). `snapshot` them, let calls run, then `lose` what those
+    calls wrote: the keys go back to the snapshot, as on a replica that never received them."""
+
+    def __init__(self, client: RedisCluster, root: str) -> None:
+        self.client, self.root = client, root
+        self.saved: dict[bytes, tuple[bytes, int]] = {}
+
+    def snapshot(self) -> None:
+        names = list(self.client.scan_iter(match=f"{self.root}:*", count=1000))
+        self.saved = {n: (self.client.dump(n), self.client.pttl(n)) for n in names}
+
+    def lose(self) -> None:
+        names = list(self.client.scan_iter(match=f"{self.root}:*", count=1000))
+        for name in names:
+            self.client.delete(name)
+        for name, (value, ttl) in self.saved.items():
+            self.client.restore(name, max(ttl, 0), value, replace=True)
+
+
+@pytest.fixture
+def lost(client: RedisCluster, prefix: str) -> LostWrites:
+    return LostWrites(client, f"{{{prefix}:default}}")
+
+
+def test_a_lost_grant_is_caught_by_adopt_and_the_call_goes_back_in_line(make: Make, lost: LostWrites) -> None:
+    backend = make()
+    backend.register(QueueConfig(name="q", concurrency=1))
+    assert ask(backend, "h/1", queue="q").admitted and backend.adopt("q", "h/1")
+    assert not ask(backend, "w/1", queue="q").admitted
+    lost.snapshot()
+    assert backend.release("q", "h/1").tickets == ("w/1",)  # acknowledged...
+    lost.lose()  # ...and lost: the new master still has h holding the slot, w waiting
+    assert not backend.adopt("q", "w/1")  # the executing process finds no slot: the step is not run
+    # The release is lost too: h is a settled call still holding its slot, which the poller's
+    # repair releases again (`held_tickets`), granting w once more.
+    assert backend.held_tickets("q") == ["h/1"]
+    assert backend.release("q", "h/1").tickets == ("w/1",)
+    assert backend.adopt("q", "w/1")
+
+
+def test_a_lost_waiter_is_put_back_by_reoffer_keeping_no_one_out(make: Make, lost: LostWrites) -> None:
+    backend = make()
+    backend.register(QueueConfig(name="q", concurrency=1))
+    assert ask(backend, "h/1", queue="q").admitted
+    lost.snapshot()
+    assert not ask(backend, "w/1", queue="q").admitted  # parked, then lost
+    lost.lose()
+    assert backend.waiting("q") == 0
+    assert backend.reoffer("q", [AdmissionRequest(queue="q", ticket="w/1")]) == []  # the safety net re-parks it
+    assert backend.release("q", "h/1").tickets == ("w/1",)
+
+
+def test_a_lost_admission_of_a_running_step_is_the_one_breach_a_failover_can_cause(
+    make: Make, lost: LostWrites
+) -> None:
+    """The step was admitted and adopted on the old master, which the replica never heard of: the
+    new master counts its slot free, so one more call is admitted while it runs. The cap is
+    exceeded by the admissions lost, for as long as those steps run; nothing in Redis can tell."""
+    backend = make()
+    backend.register(QueueConfig(name="q", concurrency=1))
+    lost.snapshot()
+    assert ask(backend, "a/1", queue="q").admitted and backend.adopt("q", "a/1")  # a runs
+    lost.lose()
+    assert backend.held_tickets("q") == []
+    assert ask(backend, "b/1", queue="q").admitted  # b runs beside a: 2 > 1
+    backend.release("q", "a/1")  # a ends: its release frees nothing, b's slot is kept
+    assert backend.held_tickets("q") == ["b/1"]
+    assert not ask(backend, "c/1", queue="q").admitted  # the cap holds again

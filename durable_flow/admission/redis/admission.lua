@@ -220,7 +220,7 @@ end
 
 -- ---------------------------------------------------------------------------------------------
 -- Per-key rate windows and the GCRA throttle (`admission/keyed.py` is the rulebook). Their state
--- lives in keys named per fairness key (so, like the heartbeat lookups, a single Redis):
+-- lives in keys named per fairness key (under the queue's root: on Redis Cluster its shard's hash tag):
 --   R kw:<key>      zset   the key's grants in its window (member "ms:seq", score ms)
 --   R ks:<key>      zset   the key's step starts in its (widened) start window
 --   R kt:g:<bucket> string a throttle bucket's TAT over grants ("%.17g": exact doubles)

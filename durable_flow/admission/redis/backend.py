@@ -14,7 +14,10 @@ the whole fleet) unless the backend was given an explicit `clock` (tests), whose
 passed in.
 
 Key layout (P = `KEY_PREFIX`, Q = queue name). The script touches several keys per call and
-looks up other instances' heartbeat keys by name, so this targets a single, non-cluster Redis.
+looks up other instances' heartbeat keys by name. On Redis Cluster (`CLUSTER`) every P below is
+`{P:S}`, the hash tag of the shard S the queue or resource lives in (`shards`), so each call
+touches one hash slot: the table is then one shard's, and the instance and fleet keys are kept
+per shard (a process beats in each shard it made a call in).
 
 ====================  =======  ==============================================================
 key                   type     contents

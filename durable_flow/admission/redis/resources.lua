@@ -33,8 +33,9 @@
 -- more key of their own (`''`), served in turn with the others. Within one key the order stays
 -- arrival (FIFO). The work of a grant is O(log n) per key head looked at, whatever the backlog.
 --
--- Resource keys are named inside the script (as the heartbeat keys are), so this needs a single,
--- non-cluster Redis, like the rest of the backend.
+-- Resource keys are named inside the script (as the heartbeat keys are), under the prefix the
+-- call's keys carry: on Redis Cluster that prefix is a shard's hash tag, so a resource lives in
+-- one shard with the queues whose calls need it (see `shards.py`).
 
 local function new_resources(prefix, call)
   local R = { MAX_SCAN = 5000 } -- resources.py's MAX_SCAN

@@ -124,7 +124,7 @@ class ShardMap:
             if other != shard:
                 raise AdmissionShardError(
                     f"{first_what} is in shard {shard!r} but {what} in shard {other!r}: one admission must "
-                    'stay in one shard (DURABLE_FLOW["ADMISSION"]["SHARDS"], see docs/admission.md)'
+                    'stay in one shard (DURABLE_FLOW["ADMISSION"]["SHARDS"], see docs/redis-cluster.md)'
                 )
         return shard
 
