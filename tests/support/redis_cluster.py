@@ -89,6 +89,24 @@ class OwnCluster:
         )
         self.wait_healthy()
 
+    def start_masters(self) -> None:
+        """Every node a master, no replica, the slots split evenly (any number of nodes, one
+        included, which `redis-cli --cluster create` refuses): the benchmark's clusters."""
+        for port in self.ports:
+            self.start_node(port)
+        share = 16384 // len(self.ports)
+        for i, port in enumerate(self.ports):
+            last = 16383 if i == len(self.ports) - 1 else (i + 1) * share - 1
+            self.client(port).execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
+            if i:
+                self.client(port).execute_command("CLUSTER", "MEET", "127.0.0.1", self.ports[0])
+        wait_for(
+            lambda: self._healthy() and len(self.masters()) == len(self.ports),
+            timeout=60,
+            interval=0.2,
+            what=f"a {len(self.ports)}-master Redis Cluster to report cluster_state:ok",
+        )
+
     def masters(self) -> dict[int, list[tuple[int, int]]]:
         """Each live master's port and its slot ranges, as the first answering node sees them."""
         for port in self.ports:
