@@ -19,7 +19,7 @@ from durable_flow.admission.redis.shards import ShardMap
 from durable_flow.config.queues import QueueConfig
 from durable_flow.exceptions import AdmissionShardError
 from durable_flow.testing.clock import FakeClock
-from tests.support.redis_admission import server_ms
+from tests.support.redis_admission import closing, server_ms
 from tests.support.redis_cluster import OwnCluster
 from tests.support.redis_keys import delete_keys
 
@@ -42,19 +42,14 @@ def prefix(client: RedisCluster) -> Iterator[str]:
 
 @pytest.fixture
 def make(redis_cluster: OwnCluster, prefix: str) -> Iterator[Make]:
-    made: list[RedisAdmissionBackend] = []
     clock = FakeClock()
 
     def build(shards: dict[str, Any] | None = None) -> RedisAdmissionBackend:
-        backend = RedisAdmissionBackend(
+        return RedisAdmissionBackend(
             url=redis_cluster.url, cluster=True, clock=clock, key_prefix=prefix, shards=ShardMap.from_option(shards)
         )
-        made.append(backend)
-        return backend
 
-    yield build
-    for backend in made:
-        backend.close()
+    yield from closing(build)
 
 
 def ask(backend: RedisAdmissionBackend, ticket: str, *constraints: Constraint, queue: str = "", **kw: Any) -> Any:

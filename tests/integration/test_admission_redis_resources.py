@@ -15,22 +15,13 @@ from durable_flow.admission.base import AdmissionRequest, Constraint, ResourceUs
 from durable_flow.admission.redis.backend import RedisAdmissionBackend
 from durable_flow.config.queues import QueueConfig
 from durable_flow.testing.clock import FakeClock
-from tests.support.redis_admission import REDIS_URL, lapse
+from tests.support.redis_admission import REDIS_URL, closing, lapse
 
 
 @pytest.fixture
 def make(prefix: str) -> Iterator[Callable[[], RedisAdmissionBackend]]:
-    made: list[RedisAdmissionBackend] = []
     clock = FakeClock()
-
-    def build() -> RedisAdmissionBackend:
-        backend = RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix, clock=clock)
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        backend.close()
+    yield from closing(lambda: RedisAdmissionBackend(url=REDIS_URL, key_prefix=prefix, clock=clock))
 
 
 def ask(backend: RedisAdmissionBackend, ticket: str, *constraints: Constraint, queue: str = "", **kw: Any) -> Any:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -35,6 +36,19 @@ def prefix(redis_client: redis.Redis) -> Iterator[str]:
     value = f"test:adm:{uuid.uuid4().hex[:12]}"
     yield value
     delete_keys(redis_client, f"{value}:*")
+
+
+def closing(build: Callable[..., RedisAdmissionBackend]) -> Iterator[Callable[..., RedisAdmissionBackend]]:
+    """For a fixture: `build`, recording every backend it makes, each closed when the test ends."""
+    made: list[RedisAdmissionBackend] = []
+
+    def make(*args: Any, **kwargs: Any) -> RedisAdmissionBackend:
+        made.append(build(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for backend in made:
+        backend.close()
 
 
 def lapse(client: redis.Redis, backend: RedisAdmissionBackend) -> None:
