@@ -6,7 +6,7 @@
     .venv/bin/python bench/cluster_admission.py --clients 6
 
 For each size it starts its own cluster (every node a master, no replica, the slots split evenly;
-ports from `REDIS_CLUSTER_PORT`, default 7100) in a temporary directory, and removes it after.
+free ports, or from `REDIS_CLUSTER_PORT`) in a temporary directory, and removes it after.
 Six queues, each in a shard of its own (`SHARDS`), named so that the shards spread evenly over the
 masters (6 on one, 3 + 3 on two, 2 + 2 + 2 on three). `--clients` processes, each with its own
 backend, loop admit + release pairs (two decisions, two script calls) round-robin over the
@@ -98,10 +98,10 @@ def measure(masters: int, clients: int, seconds: float) -> dict[str, Any]:
     from durable_flow.admission.redis.backend import RedisAdmissionBackend
     from durable_flow.admission.redis.shards import ShardMap
     from durable_flow.config.queues import QueueConfig
-    from tests.support.redis_cluster import FIRST_PORT, OwnCluster
+    from tests.support.redis_cluster import OwnCluster
 
     directory = Path(tempfile.mkdtemp(prefix="df-bench-cluster-"))
-    cluster = OwnCluster(directory, FIRST_PORT, nodes=masters)
+    cluster = OwnCluster(directory, nodes=masters)
     try:
         cluster.start_masters()
         prefix = f"bench:adm:{uuid.uuid4().hex[:8]}"

@@ -1,5 +1,6 @@
-"""A Redis Cluster the tests start themselves: three masters and three replicas on ports
-7100-7105 (`REDIS_CLUSTER_PORT` moves the first), in a temporary directory, for the whole session.
+"""A Redis Cluster the tests start themselves: three masters and three replicas on six
+consecutive free ports (`REDIS_CLUSTER_PORT` fixes the first), in a temporary directory, for the
+whole session.
 
 `redis-server --cluster-enabled yes` on six ports, then `redis-cli --cluster create ...
 --cluster-replicas 1`; ready once every node says `cluster_state:ok` and every master has its
@@ -14,7 +15,9 @@ test finds three masters with a replica each again.
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -26,7 +29,33 @@ from redis.exceptions import RedisError
 
 from tests.conftest import wait_for
 
-FIRST_PORT = int(os.environ.get("REDIS_CLUSTER_PORT", "7100"))
+#: The cluster bus of a node listens on its port + 10000 (Redis's rule).
+BUS_OFFSET = 10000
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_first_port(nodes: int = 6, low: int = 7100, high: int = 9000) -> int:
+    """`REDIS_CLUSTER_PORT`, or the first port of `nodes` consecutive ports that are free, bus
+    ports included, from a random start: test passes running side by side (`make test`'s
+    shards) each start a cluster of their own without agreeing on ports beforehand."""
+    if chosen := os.environ.get("REDIS_CLUSTER_PORT"):
+        return int(chosen)
+    start = random.randrange(low, high - nodes)
+    for first in [*range(start, high - nodes, nodes), *range(low, start, nodes)]:
+        ports = range(first, first + nodes)
+        if all(_bindable(port) and _bindable(port + BUS_OFFSET) for port in ports):
+            return first
+    raise RuntimeError(f"no {nodes} consecutive free ports between {low} and {high} for a Redis Cluster")
+
+
 NODE_TIMEOUT_MS = 1000
 """How long a master may be silent before its replica is promoted (the test's failover time)."""
 
@@ -34,8 +63,9 @@ NODE_TIMEOUT_MS = 1000
 class OwnCluster:
     """Six redis-server processes forming one cluster: 3 masters, 3 replicas."""
 
-    def __init__(self, directory: Path, first_port: int = FIRST_PORT, nodes: int = 6) -> None:
+    def __init__(self, directory: Path, first_port: int | None = None, nodes: int = 6) -> None:
         self.directory = directory
+        first_port = free_first_port(nodes) if first_port is None else first_port
         self.ports = [first_port + i for i in range(nodes)]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
