@@ -549,3 +549,39 @@ def stamp(_: Any) -> float:
 def stamped(ctx: Any, payload: dict[str, Any]) -> float:
     """One step that returns when it began, through `payload["queue"]` when given."""
     return ctx.step(stamp, None, queue=payload.get("queue"))
+
+
+@workflow("tests.queued_deadline")
+def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """One step through a flow-control queue with a start timeout (`start_timeout`, seconds;
+    `on`: fail or skip); with `catch`, the workflow catches the `StartTimeoutError` and returns
+    what it says; with `then`, a second step follows (a skipped call lets the workflow go on)."""
+    from durable_flow import StartTimeoutError
+
+    start_timeout = payload.get("start_timeout")
+    if isinstance(start_timeout, dict):  # JSON has no timedelta, NaN or infinity: built here
+        start_timeout = (
+            timedelta(seconds=start_timeout["timedelta"])
+            if "timedelta" in start_timeout
+            else float(start_timeout["float"])
+        )
+
+    def call() -> Any:
+        seconds = payload.get("seconds")
+        return ctx.step(
+            slow if seconds else echo,
+            {"id": payload.get("value"), "seconds": seconds} if seconds else payload.get("value"),
+            queue=payload.get("queue"),
+            start_timeout=start_timeout,
+            on_start_timeout=payload.get("on"),
+        )
+
+    if payload.get("catch"):
+        try:
+            return {"result": call()}
+        except StartTimeoutError as exc:
+            return {"gave_up": str(exc), "queue": exc.queue, "waited_s": exc.waited_s, "held_by": exc.held_by}
+    result = call()
+    if payload.get("then"):
+        return {"result": result, "then": ctx.step(echo, payload["then"])}
+    return result
