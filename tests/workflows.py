@@ -551,11 +551,11 @@ def stamped(ctx: Any, payload: dict[str, Any]) -> float:
     return ctx.step(stamp, None, queue=payload.get("queue"))
 
 
-@workflow("tests.queued_deadline")
-def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
-    """One step through a flow-control queue with a start timeout (`start_timeout`, seconds;
-    `on`: fail or skip); with `catch`, the workflow catches the `StartTimeoutError` and returns
-    what it says; with `then`, a second step follows (a skipped call lets the workflow go on)."""
+def _call_with_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """One step (`tests.file_gate` with `open`, `tests.slow` with `seconds`, else `tests.echo`) through
+    `queue`, with a start timeout (`start_timeout`, seconds, or `{"timedelta": s}` / `{"float":
+    "nan"}` for what JSON cannot carry; `on`: fail or skip); with `catch`, the workflow catches the
+    `StartTimeoutError` and returns what it says; with `then`, a second step follows."""
     from durable_flow import StartTimeoutError
 
     start_timeout = payload.get("start_timeout")
@@ -567,10 +567,16 @@ def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
         )
 
     def call() -> Any:
-        seconds = payload.get("seconds")
+        value = payload.get("value")
+        if payload.get("open"):
+            target, argument = file_gate, {"id": value, "path": payload["open"]}
+        elif payload.get("seconds"):
+            target, argument = slow, {"id": value, "seconds": payload["seconds"]}
+        else:
+            target, argument = echo, value
         return ctx.step(
-            slow if seconds else echo,
-            {"id": payload.get("value"), "seconds": seconds} if seconds else payload.get("value"),
+            target,
+            argument,
             queue=payload.get("queue"),
             start_timeout=start_timeout,
             on_start_timeout=payload.get("on"),
@@ -585,3 +591,15 @@ def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
     if payload.get("then"):
         return {"result": result, "then": ctx.step(echo, payload["then"])}
     return result
+
+
+@workflow("tests.queued_deadline")
+def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """A step through a flow-control queue with a start timeout (`_call_with_deadline`)."""
+    return _call_with_deadline(ctx, payload)
+
+
+@workflow("tests.keyed_deadline", concurrency={"limit": 1, "key": "input.account"})
+def keyed_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """`tests.queued_deadline` under step concurrency: one step at a time per account."""
+    return _call_with_deadline(ctx, payload)
