@@ -15,6 +15,8 @@
   `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
 - `durable_flow.E015`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
   `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
+- `durable_flow.E016`: a queue's start timeout in `QUEUES` (`start_timeout_s`, `on_start_timeout`)
+  is wrong: negative, zero, NaN, infinite or over a week, or an outcome other than fail/skip;
 - `durable_flow.E030`: the admission backend cannot keep a declaration (the `redis` backend on Redis
   Cluster: a workflow placed in a shard whose step-concurrency keys would cross hash slots);
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
@@ -41,6 +43,7 @@ from durable_flow.config.settings import (
     RefusalRetentionMisconfigured,
     RunRetentionMisconfigured,
     SamplingMisconfigured,
+    StartTimeoutMisconfigured,
     VacuumMisconfigured,
     parse_settings,
 )
@@ -65,6 +68,10 @@ HINTS = {
     "E015": (
         "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
         "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
+    ),
+    "E016": (
+        "start_timeout_s is a number of seconds above 0 and at most 604800 (a week), or omitted to wait as long as "
+        "it takes; on_start_timeout is 'fail' or 'skip' (docs/flow-control.md, Start timeouts)."
     ),
     "E030": (
         "On Redis Cluster one admission stays in one shard: keep a workflow declaring env- or account-scope "
@@ -100,6 +107,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(str(exc), "E014")]
     except RunRetentionMisconfigured as exc:
         return [_error(str(exc), "E015")]
+    except StartTimeoutMisconfigured as exc:
+        return [_error(str(exc), "E016")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
     errors: list[checks.CheckMessage] = []

@@ -55,6 +55,10 @@ class InvalidQueueConfig(DurableFlowError, ValueError):
     """A queue's configuration is invalid; the message names the field."""
 
 
+class InvalidStartTimeout(InvalidQueueConfig):
+    """A queue's `start_timeout_s` or `on_start_timeout` is wrong (`manage.py check`: E016)."""
+
+
 class InvalidQuota(DurableFlowError, ValueError):
     """A start quota is malformed (or its key/limit callable returned a bad value)."""
 
@@ -73,6 +77,28 @@ class StepFailed(DurableFlowError):
         self.step = step
         self.error = error
         super().__init__(f"step {step!r} failed: {error.get('type')}: {error.get('message')}")
+
+
+class StartTimeoutError(StepFailed, TimeoutError):
+    """A step call waited for admission longer than its `start_timeout` and gave up, never run;
+    raised inside the workflow at the `ctx.step` call (`on_start_timeout="fail"`, the default).
+
+    A `StepFailed`, so a workflow that catches step failures catches it too, and a fan fails
+    with it as with any failed step. `.queue`, `.waited_s` (seconds in line), `.timeout_s` (the
+    limit), `.held_by` (what was full, in words: "its cap of 2 was full")."""
+
+    def __init__(self, step: str, error: dict[str, object]) -> None:
+        self.queue = str(error.get("queue") or "")
+        self.waited_s = _seconds(error.get("waited_s"))
+        self.timeout_s = _seconds(error.get("timeout_s"))
+        self.held_by = str(error.get("held_by") or "")
+        self.step = step
+        self.error = error
+        DurableFlowError.__init__(self, str(error.get("message") or f"step {step!r} gave up waiting for admission"))
+
+
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 class ChildFailed(DurableFlowError):

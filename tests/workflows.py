@@ -549,3 +549,57 @@ def stamp(_: Any) -> float:
 def stamped(ctx: Any, payload: dict[str, Any]) -> float:
     """One step that returns when it began, through `payload["queue"]` when given."""
     return ctx.step(stamp, None, queue=payload.get("queue"))
+
+
+def _call_with_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """One step (`tests.file_gate` with `open`, `tests.slow` with `seconds`, else `tests.echo`) through
+    `queue`, with a start timeout (`start_timeout`, seconds, or `{"timedelta": s}` / `{"float":
+    "nan"}` for what JSON cannot carry; `on`: fail or skip); with `catch`, the workflow catches the
+    `StartTimeoutError` and returns what it says; with `then`, a second step follows."""
+    from durable_flow import StartTimeoutError
+
+    start_timeout = payload.get("start_timeout")
+    if isinstance(start_timeout, dict):  # JSON has no timedelta, NaN or infinity: built here
+        start_timeout = (
+            timedelta(seconds=start_timeout["timedelta"])
+            if "timedelta" in start_timeout
+            else float(start_timeout["float"])
+        )
+
+    def call() -> Any:
+        value = payload.get("value")
+        if payload.get("open"):
+            target, argument = file_gate, {"id": value, "path": payload["open"]}
+        elif payload.get("seconds"):
+            target, argument = slow, {"id": value, "seconds": payload["seconds"]}
+        else:
+            target, argument = echo, value
+        return ctx.step(
+            target,
+            argument,
+            queue=payload.get("queue"),
+            start_timeout=start_timeout,
+            on_start_timeout=payload.get("on"),
+        )
+
+    if payload.get("catch"):
+        try:
+            return {"result": call()}
+        except StartTimeoutError as exc:
+            return {"gave_up": str(exc), "queue": exc.queue, "waited_s": exc.waited_s, "held_by": exc.held_by}
+    result = call()
+    if payload.get("then"):
+        return {"result": result, "then": ctx.step(echo, payload["then"])}
+    return result
+
+
+@workflow("tests.queued_deadline")
+def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """A step through a flow-control queue with a start timeout (`_call_with_deadline`)."""
+    return _call_with_deadline(ctx, payload)
+
+
+@workflow("tests.keyed_deadline", concurrency={"limit": 1, "key": "input.account"})
+def keyed_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
+    """`tests.queued_deadline` under step concurrency: one step at a time per account."""
+    return _call_with_deadline(ctx, payload)

@@ -24,6 +24,20 @@ Validator = Callable[[Any], str | None]
 """Returns what is wrong with a value, or None when it is fine."""
 
 
+class Refusal(str):
+    """A validator's problem that names its own error, for a part of an option's value that has
+    a `manage.py check` id of its own (a queue's start timeout inside `QUEUES`):
+    `Refusal("[0]...: must be ...", StartTimeoutMisconfigured)`. `parse_options` raises that
+    error instead of the option's."""
+
+    error: type[ImproperlyConfigured]
+
+    def __new__(cls, problem: str, error: type[ImproperlyConfigured]) -> Refusal:
+        refusal = super().__new__(cls, problem)
+        refusal.error = error
+        return refusal
+
+
 def number(
     minimum: float, maximum: float, *, integer: bool = False, above_minimum: bool = False, unit: str = ""
 ) -> Validator:
@@ -169,7 +183,8 @@ def parse_options(declared: Mapping[str, Option], raw: Mapping[str, Any], settin
         option, where = declared[key], f'{setting}["{key}"]'
         problem = option.validate(value)
         if problem:
-            raise option.error(f"{where}{problem}" if problem.startswith("[") else f"{where}: {problem}")
+            error = problem.error if isinstance(problem, Refusal) else option.error
+            raise error(f"{where}{problem}" if problem.startswith("[") else f"{where}: {problem}")
         if isinstance(option.validate, Table):
             value = parse_options(option.validate.declared, value, where)
         parsed[key.lower()] = value

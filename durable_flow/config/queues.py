@@ -11,13 +11,20 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from durable_flow.config.limits import QUEUE_NAME_LENGTH
-from durable_flow.config.validation import MAX_COUNT, MAX_DURATION_MS, number_problem
-from durable_flow.exceptions import InvalidQueueConfig
+from durable_flow.config.validation import (
+    MAX_COUNT,
+    MAX_DURATION_MS,
+    number_problem,
+    start_timeout_outcome_problem,
+    start_timeout_problem,
+)
+from durable_flow.exceptions import InvalidQueueConfig, InvalidStartTimeout
 
 Algorithm = Literal["fixed", "sliding"]
 Fairness = Literal["fifo", "key"]
 Order = Literal["fifo", "lifo"]
 Per = Literal["global", "key"]
+OnStartTimeout = Literal["fail", "skip"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,11 @@ class QueueConfig:
     order: Order = "fifo"
     key_rate_limit: RateLimit | None = None
     throttle: Throttle | None = None
+    #: How long a call may wait in this queue's line before it gives up (seconds; None: for as
+    #: long as it takes), unless the call gives its own `start_timeout`; and what it then does.
+    #: Engine policy: the backends decide admission without it.
+    start_timeout_s: float | None = None
+    on_start_timeout: OnStartTimeout = "fail"
 
     @property
     def keyed(self) -> bool:
@@ -77,7 +89,17 @@ class QueueConfig:
         """Parse and validate a settings dict; `where` prefixes error messages."""
         if not isinstance(raw, Mapping):
             raise InvalidQueueConfig(f"{where}: expected a dict, got {type(raw).__name__}")
-        known = {"name", "concurrency", "rate_limit", "retry_ms", "fairness", "order", "throttle"}
+        known = {
+            "name",
+            "concurrency",
+            "rate_limit",
+            "retry_ms",
+            "fairness",
+            "order",
+            "throttle",
+            "start_timeout_s",
+            "on_start_timeout",
+        }
         unknown = sorted(set(raw) - known)
         if unknown:
             raise InvalidQueueConfig(f"{where}: unknown option(s) {', '.join(unknown)}")
@@ -90,6 +112,8 @@ class QueueConfig:
             fairness=raw.get("fairness", "fifo"),
             order=raw.get("order", "fifo"),
             where=where,
+            start_timeout_s=raw.get("start_timeout_s"),
+            on_start_timeout=raw.get("on_start_timeout", "fail"),
         )
 
     @classmethod
@@ -105,9 +129,12 @@ class QueueConfig:
         where: str = "queue",
         key_rate_limit: RateLimit | None = None,
         throttle: Throttle | Mapping[str, Any] | None = None,
+        start_timeout_s: float | None = None,
+        on_start_timeout: str = "fail",
     ) -> QueueConfig:
         """Validate keyword options (the `register_queue` form). `rate_limit` is one window or
-        a list of a global and a per-key one (`"per": "key"`)."""
+        a list of a global and a per-key one (`"per": "key"`). A bad `start_timeout_s` or
+        `on_start_timeout` is an `InvalidStartTimeout` (its own `manage.py check` id)."""
         longest = QUEUE_NAME_LENGTH
         if not isinstance(name, str) or not name.strip() or len(name) > longest or "\x00" in name:
             raise InvalidQueueConfig(f"{where}.name: a non-empty string of at most {longest} characters is required")
@@ -127,6 +154,10 @@ class QueueConfig:
             raise InvalidQueueConfig(f"{where}.fairness: must be 'fifo' or 'key', got {fairness!r}")
         if order not in ("fifo", "lifo"):
             raise InvalidQueueConfig(f"{where}.order: must be 'fifo' or 'lifo', got {order!r}")
+        if start_timeout_s is not None and (problem := start_timeout_problem(start_timeout_s, seconds_only=True)):
+            raise InvalidStartTimeout(f"{where}.start_timeout_s: {problem} (or omitted)")
+        if problem := start_timeout_outcome_problem(on_start_timeout):
+            raise InvalidStartTimeout(f"{where}.on_start_timeout: {problem}")
         return cls(
             name=name,
             concurrency=concurrency,
@@ -136,6 +167,8 @@ class QueueConfig:
             order=order,  # type: ignore[arg-type]
             key_rate_limit=key_rate_limit,
             throttle=throttle,
+            start_timeout_s=None if start_timeout_s is None else float(start_timeout_s),
+            on_start_timeout=on_start_timeout,  # type: ignore[arg-type]
         )
 
 

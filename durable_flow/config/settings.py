@@ -23,6 +23,7 @@ from django.utils.module_loading import import_string
 
 from durable_flow.config.options import (
     Option,
+    Refusal,
     Validator,
     list_of,
     non_empty_str,
@@ -35,7 +36,7 @@ from durable_flow.config.options import (
 )
 from durable_flow.config.queues import QueueConfig
 from durable_flow.config.validation import DAY_S, HOUR_S, MAX_DURATION, WEEK_S
-from durable_flow.exceptions import InvalidQueueConfig
+from durable_flow.exceptions import InvalidQueueConfig, InvalidStartTimeout
 
 ADMISSION_BACKENDS = {
     "local": "durable_flow.admission.local.LocalAdmissionBackend",
@@ -127,6 +128,10 @@ class RunRetentionMisconfigured(ImproperlyConfigured):
     """POLLER's RUN_RETENTION_S, PURGE_BATCH_SIZE or PURGE_BATCHES is wrong (`manage.py check`: E015)."""
 
 
+class StartTimeoutMisconfigured(ImproperlyConfigured):
+    """A queue's `start_timeout_s` or `on_start_timeout` in QUEUES is wrong (`manage.py check`: E016)."""
+
+
 def backend(aliases: Mapping[str, str]) -> Validator:
     """`ADMISSION` / `TRANSPORT`: an alias, a dotted class path, or a dict with `BACKEND` (one of
     those) and the backend's options, which the backend class checks itself (`E004`/`E005`)."""
@@ -169,6 +174,8 @@ def _queues(value: Any) -> str | None:
     for index, entry in enumerate(value):
         try:
             name = QueueConfig.from_mapping(entry, where=f"[{index}]").name
+        except InvalidStartTimeout as exc:
+            return Refusal(str(exc), StartTimeoutMisconfigured)
         except InvalidQueueConfig as exc:
             return str(exc)
         if name in seen:

@@ -153,6 +153,35 @@ def duration_problem(value: object, *, minimum: Literal["positive", "zero", "any
     return None
 
 
+#: The longest a step call may wait for admission before it gives up (`start_timeout`): a week.
+#: Queued work still useful after a week is a backlog to size, not a deadline.
+MAX_START_TIMEOUT_S = WEEK_S
+#: What a call that gave up waiting does: fail at its `ctx.step` (`StartTimeoutError`) or
+#: return None there and let the workflow go on.
+START_TIMEOUT_OUTCOMES = ("fail", "skip")
+
+
+def start_timeout_problem(value: object, *, seconds_only: bool = False) -> str | None:
+    """What is wrong with `value` as a start timeout, or None when it is fine: a `timedelta` (not
+    when `seconds_only`: a queue's setting) or a number of seconds, above 0 and at most
+    `MAX_START_TIMEOUT_S`. NaN, the infinities, a bool and a negative or zero wait are refused:
+    `start_timeout_problem(-1)` is "must be a timedelta or a number of seconds above 0 and at
+    most 604800 (a week), got -1"."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) and not seconds_only else value
+    if number_problem(seconds, minimum=0, maximum=MAX_START_TIMEOUT_S, above_minimum=True) is None:
+        return None
+    kind = "a number of seconds" if seconds_only else "a timedelta or a number of seconds"
+    longest = _shown(MAX_START_TIMEOUT_S)
+    return f"must be {kind} above 0 and at most {longest} (a week), got {reprlib.repr(value)}"
+
+
+def start_timeout_outcome_problem(value: object) -> str | None:
+    """What is wrong with `value` as `on_start_timeout`: "fail" or "skip"."""
+    if isinstance(value, str) and value in START_TIMEOUT_OUTCOMES:
+        return None
+    return f"must be 'fail' or 'skip', got {reprlib.repr(value)}"
+
+
 def bounded_int(value: object, what: str, *, minimum: int, maximum: int) -> int:
     """`value` if it is an int (not a bool) within [minimum, maximum]; else `InvalidInput`."""
     problem = number_problem(value, minimum=minimum, maximum=maximum, integer=True)

@@ -46,6 +46,11 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("durable_flow_step_retries", "Failed step attempts followed by another attempt (a retry).", ("step",)),
     ("durable_flow_starts_refused", "Starts a quota refused, by workflow.", ("workflow",)),
+    (
+        "durable_flow_start_timeouts",
+        "Step calls that gave up waiting for admission (their start timeout), by queue and outcome (failed, skipped).",
+        ("queue", "outcome"),
+    ),
     ("durable_flow_runs_purged", "Finished runs retention deleted, by workflow.", ("workflow",)),
     (
         "durable_flow_rows_purged",

@@ -53,8 +53,11 @@ class TurnCalls:
             run, key=key, sequence=sequence, step=step, input=input, options=options, group=group
         )
 
-    def admit(self, cp: StepCheckpoint) -> bool:
-        return self.admitter.admit(cp)
+    def admit(self, cp: StepCheckpoint, options: StepOptions | None = None) -> bool:
+        return self.admitter.admit(cp, options)
+
+    def give_up(self, cp: StepCheckpoint) -> bool:
+        return self.admitter.give_up(cp)
 
     def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False, from_turn: bool = False) -> None:
         self.dispatcher.dispatch(cp, timeout_redispatch=timeout_redispatch, from_turn=from_turn)

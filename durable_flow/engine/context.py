@@ -12,7 +12,15 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from durable_flow.config.limits import FAIRNESS_KEY_LENGTH, QUEUE_NAME_LENGTH, SIGNAL_NAME_LENGTH
-from durable_flow.config.validation import MAX_COUNT, MAX_DURATION, duration_problem, number_problem, storable_text
+from durable_flow.config.validation import (
+    MAX_COUNT,
+    MAX_DURATION,
+    duration_problem,
+    number_problem,
+    start_timeout_outcome_problem,
+    start_timeout_problem,
+    storable_text,
+)
 from durable_flow.definitions.registry import (
     MAX_RETRIES,
     StepDefinition,
@@ -28,6 +36,7 @@ from durable_flow.exceptions import (
     InvalidInput,
     NonDeterminismError,
     SignalTimeout,
+    StartTimeoutError,
     StepFailed,
 )
 from durable_flow.models import (
@@ -108,13 +117,19 @@ class WorkflowContext:
         fairness_key: str | None = None,
         retries: int | None = None,
         timeout: timedelta | None = None,
+        start_timeout: timedelta | float | None = None,
+        on_start_timeout: str | None = None,
     ) -> Any:
         """Run `step(input)` on a worker, once, and return its result.
 
         `queue` subjects the call to a flow-control queue; `priority` and `fairness_key` decide
         who gets a contended slot. `retries`/`timeout` override the step's own defaults.
+        `start_timeout` (a timedelta or seconds; default: the queue's `start_timeout_s`) bounds
+        how long the call may wait for admission: then it gives up its place in line and, with
+        `on_start_timeout="fail"` (the default), raises `StartTimeoutError` here; with
+        `"skip"`, returns None.
         """
-        options = self._options(step, queue, priority, fairness_key, retries, timeout)
+        options = self._options(step, queue, priority, fairness_key, retries, timeout, start_timeout, on_start_timeout)
         key = self._next_key()
         with engine_call():
             result = self._drive_step(key, step, input, options, group="")
@@ -155,6 +170,8 @@ class WorkflowContext:
                 None,
                 step_options.pop("retries", None),
                 step_options.pop("timeout", None),
+                step_options.pop("start_timeout", None),
+                step_options.pop("on_start_timeout", None),
             )
             if step_options:
                 raise TypeError(f"ctx.all: unexpected option(s) {', '.join(sorted(step_options))}")
@@ -292,8 +309,16 @@ class WorkflowContext:
         fairness_key: str | None,
         retries: int | None,
         timeout: timedelta | None,
+        start_timeout: timedelta | float | None = None,
+        on_start_timeout: str | None = None,
     ) -> StepOptions:
         self._registered_step(step)
+        if start_timeout is not None and (problem := start_timeout_problem(start_timeout)):
+            raise InvalidInput(f"start_timeout {problem}")
+        if on_start_timeout is not None and (problem := start_timeout_outcome_problem(on_start_timeout)):
+            raise InvalidInput(f"on_start_timeout {problem}")
+        if start_timeout is not None and not isinstance(start_timeout, timedelta):
+            start_timeout = timedelta(seconds=start_timeout)
         if queue is not None:
             storable_text(queue, "queue", QUEUE_NAME_LENGTH)
         _check_number("priority", priority, minimum=-PRIORITY_LIMIT, maximum=PRIORITY_LIMIT)
@@ -309,6 +334,8 @@ class WorkflowContext:
             fairness_key=fairness_key or "",
             retries=retries,
             timeout=timeout,
+            start_timeout=start_timeout,
+            on_start_timeout=on_start_timeout,
         )
 
     def _checkpoint(self, key: str, kind: str, name: str) -> StepCheckpoint | None:
@@ -343,19 +370,27 @@ class WorkflowContext:
                 group=group,
             )
             self._checkpoints[key] = cp
-            return self._admit(cp)
+            return self._admit(cp, options)
         status = cp.status
         if status == StepStatus.COMPLETED:
             return cp.output
         if status == StepStatus.FAILED:
-            raise StepFailed(step.name, cp.error or {})
+            error = cp.error or {}
+            if error.get("type") == StartTimeoutError.__name__:
+                raise StartTimeoutError(step.name, error)
+            raise StepFailed(step.name, error)
         if status == StepStatus.WAITING:
-            return self._admit(cp)
+            if cp.start_deadline is not None and cp.start_deadline <= self.now and not cp.holds_slot:
+                # Gave up waiting (a call a grant has given a slot to runs instead).
+                if self._engine.give_up(cp):
+                    raise StartTimeoutError(step.name, cp.error or {})
+                return None
+            return self._admit(cp, options)
         if status == StepStatus.RETRYING:
             if cp.wake_at is not None and cp.wake_at > self.now:
                 self._wait_until(cp.wake_at)
                 return PENDING
-            return self._admit(cp)
+            return self._admit(cp, options)
         # DISPATCHED: in flight. Past its deadline, re-dispatch (the slot stays held).
         if cp.wake_at is not None and cp.wake_at <= self.now:
             self._engine.dispatch(cp, timeout_redispatch=True)
@@ -363,9 +398,12 @@ class WorkflowContext:
         self._wait_until(cp.wake_at)
         return PENDING
 
-    def _admit(self, cp: StepCheckpoint) -> Any:
-        if not self._engine.admit(cp):
-            return PENDING  # parked in the queue's line: a grant dispatches it, no wake time
+    def _admit(self, cp: StepCheckpoint, options: StepOptions) -> Any:
+        if not self._engine.admit(cp, options):
+            # Parked in the queue's line: a grant dispatches it; the turn comes back only to
+            # give it up, when its start timeout runs out.
+            self._wait_until(cp.start_deadline)
+            return PENDING
         self._engine.dispatch(cp, from_turn=True)
         self.in_flight = True
         self._wait_until(cp.wake_at)

@@ -103,7 +103,7 @@ class Engine:
         self.dispatcher = Dispatcher(settings, admission, transport, clock)
         self.grants = Grants(admission, self.paused_queues, self.dispatcher)
         self.releases = Releases(admission, self.grants)
-        self.admitter = Admitter(admission, self.paused_queues, self.grants, self.releases)
+        self.admitter = Admitter(admission, self.paused_queues, self.grants, self.releases, clock)
         self.start_window = StartWindow(admission, clock, self.sleep)
         self.waker = Waker(transport, clock)
         self.lifecycle = Lifecycle(settings, admission, transport, clock, self.releases, self.waker)

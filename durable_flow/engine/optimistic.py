@@ -112,11 +112,14 @@ class _Probe:
             raise _NotOptimistic
         return self._dispatcher.create_step_checkpoint(run, **call)
 
-    def admit(self, cp: StepCheckpoint) -> bool:
+    def admit(self, cp: StepCheckpoint, options: StepOptions | None = None) -> bool:
         gated = bool(cp.queue) and self._admission.handles(cp.queue)
         if gated or constraints_of(cp.run.step_concurrency):
             raise _NotOptimistic  # admission decides, and a slot is written down
         return True
+
+    def give_up(self, cp: StepCheckpoint) -> bool:
+        raise _NotOptimistic  # a first turn has no call in line to give up
 
     def dispatch(self, cp: StepCheckpoint, **_: Any) -> None:
         raise _FirstStep(cp)

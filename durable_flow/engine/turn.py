@@ -69,6 +69,10 @@ class StepOptions:
     fairness_key: str = ""
     retries: int | None = None
     timeout: timedelta | None = None
+    #: How long the call may wait for admission (None: its queue's `start_timeout_s`, if any),
+    #: and what it does then ("fail" or "skip"; None: its queue's, else "fail").
+    start_timeout: timedelta | None = None
+    on_start_timeout: str | None = None
 
 
 class TurnEngine(Protocol):
@@ -93,8 +97,13 @@ class TurnEngine(Protocol):
     ) -> StepCheckpoint:
         """Build (unsaved) a step call's checkpoint."""
 
-    def admit(self, cp: StepCheckpoint) -> bool:
-        """Ask the step's queue for a slot: True when admitted, False when parked in its line."""
+    def admit(self, cp: StepCheckpoint, options: StepOptions | None = None) -> bool:
+        """Ask the step's queue for a slot: True when admitted, False when parked in its line
+        (with a deadline, when `options` or its queue give a start timeout)."""
+
+    def give_up(self, cp: StepCheckpoint) -> bool:
+        """A parked call's start timeout ran out: withdraw and settle it; True when it failed,
+        False when it was skipped."""
 
     def dispatch(self, cp: StepCheckpoint, *, timeout_redispatch: bool = False, from_turn: bool = False) -> None:
         """Send a new attempt of the step out (`from_turn`: a turn's call just admitted, which a

@@ -105,3 +105,34 @@ def timed(cause: str, until: datetime | None) -> tuple[str, dict[str, Any]]:
 
 def backoff(until: datetime | None) -> tuple[str, dict[str, Any]]:
     return timed(WaitCause.BACKOFF, until)
+
+
+#: A call that gave up waiting for admission (its start timeout): the `type` of its error, and
+#: the `cause` of the record of its wait kept on its checkpoint (`wait_detail`), skipped or failed.
+START_TIMEOUT = "start_timeout"
+
+
+def held_by(detail: dict[str, Any] | None) -> str:
+    """What kept a parked call waiting, from its recorded detail, as the end of a sentence:
+    "its cap of 2 was full". Written into a start timeout's error, so the run's error reads on
+    its own wherever it is shown."""
+    detail = detail or {}
+    cause, limit, key = detail.get("cause"), detail.get("limit"), detail.get("key")
+    if cause == WaitCause.CAP:
+        return f"its cap of {limit} was full" if limit is not None else "its cap was full"
+    if cause == WaitCause.RATE:
+        per = f" of {limit} per {detail.get('period_ms')} ms" if limit else ""
+        return f"its rate window{per} was full"
+    if cause == WaitCause.KEY_RATE:
+        return f"key {key!r} had used its own rate limit"
+    if cause == WaitCause.KEY:
+        name = f"step-concurrency key {key!r}" if key else "the workflow's step concurrency"
+        return f"{name} (limit {limit}) was full" if limit is not None else f"{name} was full"
+    if cause == WaitCause.PAUSED:
+        return "the queue was paused"
+    return "other calls were ahead of it in line"
+
+
+def seconds_text(seconds: float) -> str:
+    """A wait in seconds as a message shows it: "30 s", "2.5 s"."""
+    return f"{round(seconds)} s" if seconds >= 10 else f"{seconds:.3g} s"

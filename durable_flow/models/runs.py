@@ -225,6 +225,11 @@ class StepCheckpoint(models.Model):
     group = models.CharField(max_length=100, blank=True, default="", help_text="Fan-out wave this call belongs to.")
     wake_at = models.DateTimeField(null=True, blank=True, help_text="Sleep end, backoff end or step deadline.")
     timeout_s = models.FloatField(null=True, blank=True, help_text="Per-call timeout, overriding the step's.")
+    start_deadline = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a call waiting for admission gives up (its start timeout), set as it joins the line.",
+    )
     child_run_id = models.CharField(max_length=200, blank=True, default="")
     worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker executing the attempt.")
     late_result = BoundedJSONField(default=None, null=True, blank=True)

@@ -20,7 +20,7 @@ and the rows drawn before it keep their "attempt 2 of 2".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -34,7 +34,7 @@ from durable_flow.models import (
     StepStatus,
     WorkflowRun,
 )
-from durable_flow.observe.waits import NO_WORKER, POLLER, describe, when
+from durable_flow.observe.waits import NO_WORKER, POLLER, START_TIMEOUT, describe, when
 
 #: More rows than this are cut (a fan-out of thousands); the table below says how many.
 MAX_ROWS = 300
@@ -208,6 +208,15 @@ def _step_rows(cp: StepCheckpoint, attempts: list[StepAttempt], now: datetime) -
             row.segments.append(Segment("poller" if after == "backoff" else "retried", begin, max(now, begin)))
         else:
             row.segments.append(Segment("queue", begin, max(now, begin), detail=describe(cp.wait_detail, now)))
+        rows.append(row)
+    elif cp.finished_at and (cp.wait_detail or {}).get("cause") == START_TIMEOUT:
+        # Gave up waiting for admission (its start timeout): the wait it gave up, and why.
+        row = Row(cp.key, cp.name, "step", str(cp.wait_detail.get("outcome", "")), latest + 1, cp.max_attempts)
+        waited = cp.wait_detail.get("waited_s")
+        joined = cp.finished_at - timedelta(seconds=waited) if isinstance(waited, int | float) else None
+        begin = min(joined or ready or cp.created_at, cp.finished_at)
+        row.segments.append(Segment("queue", begin, cp.finished_at, detail=describe(cp.wait_detail, now)))
+        row.error = cp.error if cp.status == StepStatus.FAILED else None
         rows.append(row)
     _number_rounds(rows, attempts, cp.max_attempts)
     return rows

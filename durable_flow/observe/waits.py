@@ -30,6 +30,8 @@ from durable_flow.models import (
 )
 
 SETTLED = list(SETTLED_STEP_STATUSES)
+#: The recorded wait of a call that gave up waiting for admission (`engine.wait_causes.START_TIMEOUT`).
+START_TIMEOUT = "start_timeout"
 
 #: What "waiting because of" can filter the run list by: the recorded causes, and a step
 #: dispatched but not yet claimed (`worker`).
@@ -107,9 +109,21 @@ def describe(detail: dict[str, Any] | None, now: datetime | None = None, *, with
         return f"sleeping{until}"
     elif cause == WaitCause.BACKOFF:
         return f"retry backoff{until}"
+    elif cause == START_TIMEOUT:
+        outcome = "skipped" if detail.get("outcome") == "skipped" else "failed"
+        reason = detail.get("held_by") or "no slot"
+        text = f"gave up waiting after {_seconds(detail.get('waited_s'))}: {reason} ({outcome})"
     else:
         return ""
+    if detail.get("gives_up_at"):
+        text += f", gives up at {when(detail['gives_up_at'], now)}"
     return f"queue `{queue}`: {text}" if with_queue and queue else text
+
+
+def _seconds(value: Any) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "its start timeout"
+    return f"{round(value)} s" if value >= 10 else f"{value:.3g} s"
 
 
 @dataclass(frozen=True)

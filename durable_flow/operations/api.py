@@ -172,9 +172,13 @@ def register_queue(
     fairness: str = "fifo",
     order: str = "fifo",
     throttle: Mapping[str, Any] | None = None,
+    start_timeout_s: float | None = None,
+    on_start_timeout: str = "fail",
 ) -> QueueConfig:
     """Register (or replace) a flow-control queue at run time; `InvalidQueueConfig` on bad values.
-    `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window."""
+    `rate_limit` may be a list of a global and a per-key (`"per": "key"`) window.
+    `start_timeout_s`: how long a call may wait in line before it gives up (`"fail"`: its
+    `ctx.step` raises `StartTimeoutError`; `"skip"`: it returns None), unless the call says."""
     config = QueueConfig.build(
         name=name,
         concurrency=concurrency,
@@ -183,6 +187,8 @@ def register_queue(
         fairness=fairness,
         order=order,
         throttle=throttle,
+        start_timeout_s=start_timeout_s,
+        on_start_timeout=on_start_timeout,
     )
     return get_engine().register_queue(config)
 

@@ -104,8 +104,10 @@ def _reset(run_id: str, *, top_level: bool, plans: Mapping[str, QuotaCheck | Non
         if cp.kind == StepKind.STEP:
             operator_retried([cp.pk], get_engine().now())
             cp.status, cp.holds_slot, cp.wake_at, cp.finished_at = StepStatus.WAITING, False, None, None
+            cp.start_deadline = None  # a start timeout counts from its new wait, not the one that gave up
             cp.max_attempts = cp.attempt + attempt_budget(cp.name)
-            cp.save(update_fields=["status", "holds_slot", "wake_at", "finished_at", "max_attempts"])
+            fields = ["status", "holds_slot", "wake_at", "finished_at", "max_attempts", "start_deadline"]
+            cp.save(update_fields=fields)
         elif cp.kind == StepKind.CHILD and quota_store.is_refusal(cp):
             # No child was created. A refusal that ended the run (its last call) is asked again:
             # the replay starts the child if there is room now, or is refused as the first time.
@@ -218,6 +220,8 @@ def update_queue(
         fairness=current.fairness,
         order=current.order,
         throttle=current.throttle if isinstance(throttle, _Unset) else throttle,
+        start_timeout_s=current.start_timeout_s,
+        on_start_timeout=current.on_start_timeout,
     )
     engine = get_engine()
     engine.register_queue(config)
