@@ -15,6 +15,12 @@
   `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
 - `durable_flow.E015`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
   `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
+- `durable_flow.E020`: `EVENTS` is not a list of well-formed event names, each once;
+- `durable_flow.E021` / `E023`: a workflow's `trigger=` / `cancel_on=` names an event that
+  `EVENTS` does not declare;
+- `durable_flow.E022` / `E024`: a workflow's `trigger_if` or `cancel_on` match does not compile /
+  its event declaration is malformed (raised when its module is imported, as a bad schedule:
+  `durable_flow.definitions.events`);
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -36,6 +42,8 @@ from django.utils.module_loading import import_string
 from durable_flow.config.options import Configurable
 from durable_flow.config.settings import (
     TRANSPORT_BACKENDS,
+    DurableFlowSettings,
+    EventsMisconfigured,
     RefusalRetentionMisconfigured,
     RunRetentionMisconfigured,
     SamplingMisconfigured,
@@ -64,6 +72,12 @@ HINTS = {
         "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
         "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
     ),
+    "E020": (
+        'EVENTS is a list of event names such as ["orders/created", "orders/paid"]: a letter or digit first, then '
+        "letters, digits and _ . : / - (docs/events.md)."
+    ),
+    "E021": 'Add the event to DURABLE_FLOW["EVENTS"] or fix the trigger= name (docs/events.md).',
+    "E023": 'Add the event to DURABLE_FLOW["EVENTS"] or fix the cancel_on event name (docs/events.md).',
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -94,9 +108,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(str(exc), "E014")]
     except RunRetentionMisconfigured as exc:
         return [_error(str(exc), "E015")]
+    except EventsMisconfigured as exc:
+        return [_error(str(exc), "E020")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
-    errors: list[checks.CheckMessage] = []
+    errors: list[checks.CheckMessage] = _undeclared_events(config)
     for key, spec, import_id, options_id in (
         ("ADMISSION", config.admission, "E002", "E004"),
         ("TRANSPORT", config.transport, "E003", "E005"),
@@ -182,3 +198,20 @@ def _unenforced_step_concurrency() -> list[checks.CheckMessage]:
         f"{' and others' if len(declaring) > 5 else ''}: starting those runs will fail"
     )
     return [checks.Warning(message, hint=HINTS["W001"], id="durable_flow.W001")]
+
+
+def _undeclared_events(config: DurableFlowSettings) -> list[checks.CheckMessage]:
+    """A trigger or a `cancel_on` naming an event `EVENTS` does not declare: it would never fire."""
+    errors = []
+    for name, definition in sorted(workflows().items()):
+        for trigger in definition.triggers:
+            if trigger.event not in config.events:
+                message = f'workflow {name!r}: trigger {trigger.event!r} is not declared in DURABLE_FLOW["EVENTS"]'
+                errors.append(_error(message, "E021"))
+        for cancel in definition.cancel_on:
+            if cancel.event not in config.events:
+                message = (
+                    f'workflow {name!r}: cancel_on event {cancel.event!r} is not declared in DURABLE_FLOW["EVENTS"]'
+                )
+                errors.append(_error(message, "E023"))
+    return errors

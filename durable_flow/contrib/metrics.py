@@ -46,6 +46,12 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("durable_flow_step_retries", "Failed step attempts followed by another attempt (a retry).", ("step",)),
     ("durable_flow_starts_refused", "Starts a quota refused, by workflow.", ("workflow",)),
+    ("durable_flow_events_received", "Events recorded (a repeated id counts once), by name.", ("event",)),
+    (
+        "durable_flow_event_starts",
+        "Runs events started, by workflow and what the start came to (started, gated, refused, invalid).",
+        ("workflow", "action"),
+    ),
     ("durable_flow_runs_purged", "Finished runs retention deleted, by workflow.", ("workflow",)),
     (
         "durable_flow_rows_purged",

@@ -59,6 +59,8 @@ RUNS_FINISHED = "durable_flow_runs_finished_total"  # workflow, status
 STEP_ATTEMPTS = "durable_flow_step_attempts_total"  # step, outcome
 STEP_RETRIES = "durable_flow_step_retries_total"  # step
 STARTS_REFUSED = "durable_flow_starts_refused_total"  # workflow
+EVENTS_RECEIVED = "durable_flow_events_received_total"  # event
+EVENT_STARTS = "durable_flow_event_starts_total"  # workflow, action
 
 #: Histograms: name → bucket upper bounds (seconds). Waits under flow control run from
 #: milliseconds to the length of a rate window, hence bounds well past 15 s.
