@@ -63,3 +63,24 @@ def test_a_fan_out_killed_half_way_starts_each_run_exactly_once(
         (f"tests.fanout.{n}", EventAction.STARTED) for n in range(event_workflows.FANOUT)
     ]
     assert Event.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "check_id", "says"),
+    [
+        (
+            "tests.bad_events",
+            "E021",
+            "workflow 'tests.bad-trigger': trigger 'tests/orders.misspelt' is not declared in DURABLE_FLOW[\"EVENTS\"]",
+        ),
+        ("tests.bad_event_condition", "E022", "'event.data.total >' is not a valid CEL expression"),
+    ],
+)
+def test_manage_py_check_fails_an_unknown_trigger_and_a_trigger_if_that_does_not_compile(
+    spawn: Callable[..., ManagedProcess], module: str, check_id: str, says: str
+) -> None:
+    process = spawn("check", env={"DURABLE_FLOW_EXTRA_WORKFLOWS": module})
+    assert process.proc.wait(60) != 0
+    output = process.output()
+    assert says in output
+    assert f"durable_flow.{check_id}" in output and ("HINT:" in output or "hint:" in output)
