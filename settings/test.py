@@ -70,7 +70,13 @@ DURABLE_FLOW = {
         "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", "10")),
     },
     # The events tests send, trigger on and wait for (tests/integration/test_events.py).
-    "EVENTS": ["tests/orders.created", "tests/orders.paid", "tests/orders.cancelled", "tests/fanout"],
+    "EVENTS": [
+        "tests/orders.created",
+        "tests/orders.paid",
+        "tests/orders.cancelled",
+        "tests/fanout",
+        "tests/http.ping",
+    ],
 }
 
 # A process test's own workflows, which no other test's poller may see (a schedule's), named by

@@ -549,3 +549,9 @@ def stamp(_: Any) -> float:
 def stamped(ctx: Any, payload: dict[str, Any]) -> float:
     """One step that returns when it began, through `payload["queue"]` when given."""
     return ctx.step(stamp, None, queue=payload.get("queue"))
+
+
+@workflow("tests.on_ping", trigger="tests/http.ping")
+def on_ping(ctx: Any, event: dict[str, Any]) -> Any:
+    """Started by each `tests/http.ping` event (the JSON API's events tests): its data back."""
+    return event["data"]

@@ -238,3 +238,45 @@ def test_cancel_on_cancels_the_matching_runs_in_progress_only(
     assert statuses == {1: RunStatus.SUSPENDED, 2: RunStatus.CANCELLED}
     cancel = EventDelivery.objects.get(event_id="x2")
     assert (cancel.action, cancel.run_id) == (EventAction.CANCELLED, triggered_run_id("tests.events.cancellable", "c2"))
+
+
+# -- from a Django signal ---------------------------------------------------------------------
+def test_send_event_on_sends_with_the_saving_transaction_and_not_on_a_rollback(
+    engine: Engine, declare: Callable[..., WorkflowDefinition]
+) -> None:
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+    from django.db.models.signals import post_save
+
+    user_model = get_user_model()
+    declare("tests.events.welcome", trigger=CREATED)
+    receiver = durable_flow.send_event_on(
+        post_save,
+        CREATED,
+        sender=user_model,
+        data=lambda instance, created, **kw: {"user": instance.username} if created else None,
+        id=lambda instance, **kw: f"user-{instance.pk}",
+    )
+    try:
+        with transaction.atomic():
+            user = user_model.objects.create_user("ada")
+            assert Event.objects.filter(pk=f"user-{user.pk}", pending=True).exists()  # recorded with the save
+            assert not _runs("tests.events.welcome")  # delivered once the save commits
+        user.save()  # not created: `data` says None, nothing is sent
+        with pytest.raises(RuntimeError), transaction.atomic():
+            user_model.objects.create_user("rolled-back")
+            raise RuntimeError
+    finally:
+        post_save.disconnect(receiver, sender=user_model)
+    event = Event.objects.get()  # one: the update and the rolled-back create sent none
+    ts = int(event.received_at.timestamp() * 1000)
+    expected = {"name": CREATED, "data": {"user": "ada"}, "id": f"user-{user.pk}", "ts": ts}
+    assert [run.input for run in _runs("tests.events.welcome")] == [expected]
+
+
+@pytest.mark.inline_only("checks a name, runs nothing")
+def test_send_event_on_refuses_an_undeclared_name_at_once(engine: Engine) -> None:
+    from django.db.models.signals import post_save
+
+    with pytest.raises(UnknownEvent):
+        durable_flow.send_event_on(post_save, "tests/never.declared", data=lambda **kw: {})
