@@ -280,3 +280,38 @@ def test_send_event_on_refuses_an_undeclared_name_at_once(engine: Engine) -> Non
 
     with pytest.raises(UnknownEvent):
         durable_flow.send_event_on(post_save, "tests/never.declared", data=lambda **kw: {})
+
+
+# -- dashboard and admin ----------------------------------------------------------------------
+@pytest.mark.inline_only("about the pages; the engine pair does not change them")
+def test_the_events_page_and_topic_list_each_event_with_the_runs_it_started_and_resumed(
+    engine: Engine, declare: Callable[..., WorkflowDefinition], clock: MovableClock, staff_client: Any
+) -> None:
+    from django.urls import reverse
+
+    from durable_flow_dashboard.live import canonical_topic, render_topic
+
+    declare("tests.events.a", _wait_forever, trigger=CREATED, quota={"key": '"one"', "limit": 1})
+    declare("tests.events.wait", _wait_paid)
+    waiting = durable_flow.start("tests.events.wait", {"data": {"order": 9}})
+    clock.advance(seconds=1)
+    durable_flow.send_event(CREATED, {"order": 9}, id="page-1")
+    durable_flow.send_event(CREATED, {"order": 9}, id="page-2")  # its start is refused: the quota is full
+    durable_flow.send_event(PAID, {"order": 9}, id="page-3")
+
+    page = staff_client.get(reverse("dashboard:events")).content.decode()  # loads the pages' topics too
+    assert canonical_topic("events") == "events"
+    fragments = render_topic({}, "events")
+    assert fragments is not None
+    table = fragments["events-table"]
+    run_url = reverse("dashboard:run", args=[triggered_run_id("tests.events.a", "page-1")])
+    assert f'started: <a href="{run_url}">tests.events.a</a>' in table
+    assert 'data-action="refused">refused by the start quota: tests.events.a</span>' in table
+    assert f'resumed a wait: <a href="{reverse("dashboard:run", args=[waiting.pk])}">' in table
+    assert table.index("page-3") < table.index("page-2") < table.index("page-1")  # newest first
+    assert 'data-live-topic="events"' in page and 'data-live="events-table"' in page and run_url in page
+
+    admin = staff_client.get(reverse("admin:durable_flow_event_change", args=["page-1"])).content.decode()
+    assert triggered_run_id("tests.events.a", "page-1") in admin
+    assert staff_client.get(reverse("admin:durable_flow_event_changelist")).status_code == 200
+    assert staff_client.get(reverse("admin:durable_flow_event_add")).status_code == 403
