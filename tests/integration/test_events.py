@@ -315,3 +315,21 @@ def test_the_events_page_and_topic_list_each_event_with_the_runs_it_started_and_
     assert triggered_run_id("tests.events.a", "page-1") in admin
     assert staff_client.get(reverse("admin:durable_flow_event_changelist")).status_code == 200
     assert staff_client.get(reverse("admin:durable_flow_event_add")).status_code == 403
+
+
+@pytest.mark.inline_only("about the pages; the engine pair does not change them")
+def test_a_run_waiting_for_an_event_says_so_on_its_pages(
+    engine: Engine, declare: Callable[..., WorkflowDefinition], staff_client: Any
+) -> None:
+    from django.urls import reverse
+
+    declare("tests.events.wait", _wait_paid)
+    run = durable_flow.start("tests.events.wait", {"data": {"order": 4}})
+    page = staff_client.get(reverse("dashboard:run", args=[run.pk]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "event `tests/orders.paid` where `async.data.order == event.data.order`" in text.replace("&#x60;", "`")
+    assert "waits for event `tests/orders.paid`" in text.replace("&#x60;", "`")
+    listed = staff_client.get(reverse("dashboard:runs"), {"waiting": "event"}).content.decode()
+    assert run.pk in listed
+    assert staff_client.get(reverse("admin:durable_flow_workflowrun_change", args=[run.pk])).status_code == 200
