@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,9 @@ def _echo(ctx: Any, event: Any) -> Any:
 for index in range(FANOUT):
     name = f"tests.fanout.{index}"
     workflow(name, trigger=EVENT, quota={"key": '"fanout:" + event.id', "limit": _limit(name)})(_echo)
+
+
+@workflow("tests.events.await_paid")
+def await_paid(ctx: Any, order: int) -> Any:
+    """Waits for `tests/orders.paid` of its own order (the wait-versus-event race of the process test)."""
+    return ctx.wait_for_event("tests/orders.paid", match="async.data.order == event", timeout=timedelta(hours=1))

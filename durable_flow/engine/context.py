@@ -261,21 +261,11 @@ class WorkflowContext:
             spec = {"match": match.expression if match is not None else None}
             found = self._engine.find_event(name, match, self.now, self._run.input)
             if found is not PENDING:  # arrived since this turn began, before the wait was written
-                self._checkpoints[key] = self._engine.create_checkpoint(
-                    self._run,
-                    key=key,
-                    sequence=self._take_sequence(),
-                    kind=StepKind.EVENT,
-                    name=name,
-                    input=spec,
-                    status=StepStatus.COMPLETED,
-                    output=found,
-                    dispatched_at=self.now,
-                    finished_at=self.now,
-                )
-                return found
-            until = self.now + timeout if timeout is not None else None
-            cause, detail = event_wait(name, spec["match"], until)
+                fields = {"status": StepStatus.COMPLETED, "output": found, "finished_at": self.now}
+            else:
+                until = self.now + timeout if timeout is not None else None
+                cause, detail = event_wait(name, spec["match"], until)
+                fields = {"status": StepStatus.DISPATCHED, "wake_at": until, "wait_cause": cause, "wait_detail": detail}
             cp = self._engine.create_checkpoint(
                 self._run,
                 key=key,
@@ -283,11 +273,8 @@ class WorkflowContext:
                 kind=StepKind.EVENT,
                 name=name,
                 input=spec,
-                status=StepStatus.DISPATCHED,
                 dispatched_at=self.now,  # when the wait began: only events recorded since count
-                wake_at=until,
-                wait_cause=cause,
-                wait_detail=detail,
+                **fields,
             )
             self._checkpoints[key] = cp
         if cp.status == StepStatus.DISPATCHED:

@@ -198,6 +198,19 @@ def test_a_wait_counts_only_matching_events_recorded_after_it_began(
     assert list(EventDelivery.objects.filter(action=EventAction.RESUMED).values_list("event_id", flat=True)) == ["late"]
 
 
+def test_an_event_recorded_once_the_turn_began_is_found_by_the_waits_look_back(
+    engine: Engine, declare: Callable[..., WorkflowDefinition], clock: MovableClock
+) -> None:
+    """As if the event committed between the turn's start (the wait's beginning, on the clock)
+    and the wait's checkpoint: its delivery read no wait, the wait's look-back finds it."""
+    declare("tests.events.wait", _wait_paid)
+    durable_flow.send_event(PAID, {"order": 5}, id="racing")  # no wait exists yet: nothing resumed
+    run = durable_flow.start("tests.events.wait", {"data": {"order": 5}})  # the same instant
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED and run.output["id"] == "racing"
+    assert not EventDelivery.objects.filter(action=EventAction.RESUMED).exists()  # not through a delivery
+
+
 def test_a_wait_returns_none_at_its_timeout(engine: Engine, declare: Callable[..., WorkflowDefinition]) -> None:
     from durable_flow.runtime.poller import TimerPoller
 

@@ -1,10 +1,13 @@
 """Events with real processes: a worker killed (SIGKILL) in the middle of an event's fan-out,
-after two of its six starts committed; the poller finishes the delivery, the sender's step runs
+after two of its six starts committed (the poller finishes the delivery, the sender's step runs
 again on another worker and sends the same event id: every triggered workflow has exactly one
-run. Runs on SQLite and, with DATABASE_URL set, on PostgreSQL."""
+run); waits written by a worker while their events arrive (each counts exactly the events
+recorded after it began); and `manage.py check` on bad declarations. Runs on SQLite and, with
+DATABASE_URL set, on PostgreSQL."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,3 +87,55 @@ def test_manage_py_check_fails_an_unknown_trigger_and_a_trigger_if_that_does_not
     output = process.output()
     assert says in output
     assert f"durable_flow.{check_id}" in output and ("HINT:" in output or "hint:" in output)
+
+
+RACERS = 30
+
+
+def test_waits_written_by_a_worker_while_events_arrive_count_exactly_the_events_after_them(
+    spawn: Callable[..., ManagedProcess], db_transport_engine: Engine
+) -> None:
+    """Each run's event is sent right after its start, while a worker writes the waits: some
+    waits begin before their event, some after. A wait that began at or before its event was
+    recorded resumes with it (whether the event's delivery or the wait's look-back found it);
+    one that began after it never counts it."""
+    spawn("durable_worker", "--concurrency", "4", env=ENV)
+    spawn("durable_poller", env=ENV)
+    durable_flow.start(event_workflows.await_paid, -1, run_id="warm-up")
+    wait_for(
+        lambda: WorkflowRun.objects.get(pk="warm-up").status == RunStatus.SUSPENDED,
+        timeout=120,
+        what="the worker to take its first turn",
+    )
+    # Each event is sent a moment after its run's start, while the worker takes the run's first
+    # turn: some come before their wait is written, some after (the split follows the pace).
+    for order in range(RACERS):
+        durable_flow.start(event_workflows.await_paid, order, run_id=f"racer-{order}")
+        time.sleep(0.002 * order)
+        durable_flow.send_event("tests/orders.paid", {"order": order}, id=f"paid-{order}")
+    runs = WorkflowRun.objects.filter(workflow="tests.events.await_paid").exclude(pk="warm-up")
+    wait_for(
+        lambda: (
+            runs.filter(status__in=[RunStatus.COMPLETED, RunStatus.SUSPENDED]).count() == RACERS
+            and not Event.objects.filter(pending=True).exists()
+        ),
+        timeout=180,
+        what="every racer to wait or finish and every event to be delivered",
+    )
+    outcomes = {"resumed": 0, "began after": 0}
+    for order in range(RACERS):
+        run = WorkflowRun.objects.get(pk=f"racer-{order}")
+        event = Event.objects.get(pk=f"paid-{order}")
+        wait = run.checkpoints.get(kind="event")
+        if wait.dispatched_at <= event.received_at:
+            assert run.status == RunStatus.COMPLETED and run.output["id"] == event.pk, run.pk
+            outcomes["resumed"] += 1
+        else:
+            assert run.status == RunStatus.SUSPENDED and wait.status == "dispatched", run.pk
+            outcomes["began after"] += 1
+    assert sum(outcomes.values()) == RACERS
+    # A later event of each order resumes every run still waiting.
+    for order in range(RACERS):
+        durable_flow.send_event("tests/orders.paid", {"order": order}, id=f"paid-again-{order}")
+    wait_for(lambda: runs.filter(status=RunStatus.COMPLETED).count() == RACERS, timeout=180, what="every racer")
+    assert all(run.output["id"] in (f"paid-{run.input}", f"paid-again-{run.input}") for run in runs)
