@@ -18,7 +18,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
 
-from . import bulk_views, run_live, schedule_views  # noqa: F401 - register these pages' topics
+from . import bulk_views, event_views, run_live, schedule_views  # noqa: F401 - register these pages' topics
 from .live import broadcaster, canonical_topic, group_name
 
 #: Close codes the page's script understands. 4401: the session no longer logs this user in

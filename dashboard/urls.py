@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import bulk_views, flow_views, limit_views, run_views, schedule_views, views
+from . import bulk_views, event_views, flow_views, limit_views, run_views, schedule_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -28,6 +28,7 @@ urlpatterns = [
     path("dashboard/schedules/", schedule_views.schedules, name="schedules"),
     path("dashboard/schedules/<path:workflow>/pause/", schedule_views.schedule_pause, name="schedule-pause"),
     path("dashboard/schedules/<path:workflow>/resume/", schedule_views.schedule_resume, name="schedule-resume"),
+    path("dashboard/events/", event_views.events, name="events"),
     path("dashboard/quotas/", limit_views.quotas, name="quotas"),
     path("dashboard/keys/", limit_views.keys, name="keys"),
 ]

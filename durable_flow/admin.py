@@ -23,6 +23,8 @@ from durable_flow.contrib.admin_tokens import AccessTokenAdminMixin
 from durable_flow.exceptions import DurableFlowError, InvalidInput
 from durable_flow.models import (
     AccessToken,
+    Event,
+    EventDelivery,
     FlowQueue,
     QuotaRefusal,
     Schedule,
@@ -414,6 +416,38 @@ class ScheduleAdmin(UrlSafeAdmin):
         for schedule in queryset:
             record_operation(request.user, resume_schedule(schedule.workflow), "Resumed")
         self.message_user(request, f"Resumed {queryset.count()} schedule(s).", messages.SUCCESS)
+
+
+class EventDeliveryInline(admin.TabularInline):
+    """What the event did: the runs it started (or whose start its quota refused), resumed and cancelled."""
+
+    model = EventDelivery
+    extra = 0
+    can_delete = False
+    fields = ["action", "workflow", "run_id", "created_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Event)
+class EventAdmin(UrlSafeAdmin):
+    """Events `send_event` recorded (`durable_flow.definitions.events`): read-only; the runs each
+    started, resumed or cancelled are listed on its page. Sent from code or the JSON API."""
+
+    list_display = ["id", "name", "received_at", "pending", "delivered_at"]
+    list_filter = ["pending", "name"]
+    search_fields = ["=id", "name"]
+    date_hierarchy = "received_at"
+    readonly_fields = ["id", "name", "data", "received_at", "pending", "delivered_at"]
+    inlines = [EventDeliveryInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sent with send_event or the JSON API, which deliver it
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(WorkerHeartbeat)

@@ -17,6 +17,12 @@
   `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
 - `durable_flow.E016`: a queue's start timeout in `QUEUES` (`start_timeout_s`, `on_start_timeout`)
   is wrong: negative, zero, NaN, infinite or over a week, or an outcome other than fail/skip;
+- `durable_flow.E020`: `EVENTS` is not a list of well-formed event names, each once;
+- `durable_flow.E021` / `E023`: a workflow's `trigger=` / `cancel_on=` names an event that
+  `EVENTS` does not declare;
+- `durable_flow.E022` / `E024`: a workflow's `trigger_if` or `cancel_on` match does not compile /
+  its event declaration is malformed (raised when its module is imported, as a bad schedule:
+  `durable_flow.definitions.events`);
 - `durable_flow.E030`: the admission backend cannot keep a declaration (the `redis` backend on Redis
   Cluster: a workflow placed in a shard whose step-concurrency keys would cross hash slots);
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
@@ -40,6 +46,8 @@ from django.utils.module_loading import import_string
 from durable_flow.config.options import Configurable
 from durable_flow.config.settings import (
     TRANSPORT_BACKENDS,
+    DurableFlowSettings,
+    EventsMisconfigured,
     RefusalRetentionMisconfigured,
     RunRetentionMisconfigured,
     SamplingMisconfigured,
@@ -77,6 +85,12 @@ HINTS = {
         "On Redis Cluster one admission stays in one shard: keep a workflow declaring env- or account-scope "
         "concurrency (and the queues its steps use) out of SHARDS, in the 'default' shard (docs/redis-cluster.md)."
     ),
+    "E020": (
+        'EVENTS is a list of event names such as ["orders/created", "orders/paid"]: a letter or digit first, then '
+        "letters, digits and _ . : / - (docs/events.md)."
+    ),
+    "E021": 'Add the event to DURABLE_FLOW["EVENTS"] or fix the trigger= name (docs/events.md).',
+    "E023": 'Add the event to DURABLE_FLOW["EVENTS"] or fix the cancel_on event name (docs/events.md).',
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -109,9 +123,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(str(exc), "E015")]
     except StartTimeoutMisconfigured as exc:
         return [_error(str(exc), "E016")]
+    except EventsMisconfigured as exc:
+        return [_error(str(exc), "E020")]
     except ImproperlyConfigured as exc:
         return [_error(str(exc), "E001")]
-    errors: list[checks.CheckMessage] = []
+    errors: list[checks.CheckMessage] = _undeclared_events(config)
     for key, spec, import_id, options_id in (
         ("ADMISSION", config.admission, "E002", "E004"),
         ("TRANSPORT", config.transport, "E003", "E005"),
@@ -209,3 +225,20 @@ def _unenforced_step_concurrency() -> list[checks.CheckMessage]:
         f"{' and others' if len(declaring) > 5 else ''}: starting those runs will fail"
     )
     return [checks.Warning(message, hint=HINTS["W001"], id="durable_flow.W001")]
+
+
+def _undeclared_events(config: DurableFlowSettings) -> list[checks.CheckMessage]:
+    """A trigger or a `cancel_on` naming an event `EVENTS` does not declare: it would never fire."""
+    errors = []
+    for name, definition in sorted(workflows().items()):
+        for trigger in definition.triggers:
+            if trigger.event not in config.events:
+                message = f'workflow {name!r}: trigger {trigger.event!r} is not declared in DURABLE_FLOW["EVENTS"]'
+                errors.append(_error(message, "E021"))
+        for cancel in definition.cancel_on:
+            if cancel.event not in config.events:
+                message = (
+                    f'workflow {name!r}: cancel_on event {cancel.event!r} is not declared in DURABLE_FLOW["EVENTS"]'
+                )
+                errors.append(_error(message, "E023"))
+    return errors

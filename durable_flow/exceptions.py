@@ -43,6 +43,16 @@ class InvalidInput(DurableFlowError, ValueError):
     """Input or output that cannot be stored: not JSON, or too large."""
 
 
+class InvalidEvent(InvalidInput):
+    """An event that cannot be recorded: a malformed name or id, or data that is not a JSON
+    object within `MAX_PAYLOAD_BYTES`; the message names what is wrong."""
+
+
+class UnknownEvent(DurableFlowError, LookupError):
+    """The event name is not declared in `DURABLE_FLOW["EVENTS"]` (a misspelt name would
+    otherwise be sent, and waited for, in vain)."""
+
+
 class ScheduleNotFound(DurableFlowError, LookupError):
     """No schedule is stored for that workflow (it declares none, or no poller has run since)."""
 

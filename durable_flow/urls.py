@@ -23,6 +23,7 @@ urlpatterns = [
     path("runs/<path:run_id>/", endpoint(GET=views.run_detail), name="detail"),
     # Not under runs/: a run may be named "bulk".
     re_path(r"^bulk/(?P<action>cancel|retry)/$", endpoint(POST=views.bulk_operation), name="bulk"),
+    path("events/", endpoint(POST=views.send_event), name="events"),
     re_path(
         r"^queues/(?P<name>[^/]+)/(?P<operation>pause|resume|update)/$",
         endpoint(POST=views.steer_queue),

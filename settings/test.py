@@ -69,6 +69,14 @@ DURABLE_FLOW = {
         "MAINTENANCE_S": float(os.environ.get("DURABLE_FLOW_MAINTENANCE_S", "5")),
         "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", "10")),
     },
+    # The events tests send, trigger on and wait for (tests/integration/test_events.py).
+    "EVENTS": [
+        "tests/orders.created",
+        "tests/orders.paid",
+        "tests/orders.cancelled",
+        "tests/fanout",
+        "tests/http.ping",
+    ],
 }
 
 # A process test's own workflows, which no other test's poller may see (a schedule's), named by

@@ -25,6 +25,10 @@ QUEUE_NAME_LENGTH = 100
 FAIRNESS_KEY_LENGTH = 200
 #: A signal's name (`Signal.name`).
 SIGNAL_NAME_LENGTH = 200
+#: An event's name (`Event.name`, a trigger's or a wait's event).
+EVENT_NAME_LENGTH = 200
+#: An event's id (`Event.id`), its sender's idempotency key.
+EVENT_ID_LENGTH = 200
 #: Why a worker's adaptive concurrency last changed (`WorkerHeartbeat.last_adjustment_reason`).
 ADJUSTMENT_REASON_LENGTH = 300
 

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from durable_flow.config.limits import EVENT_NAME_LENGTH
 from durable_flow.config.options import (
     Option,
     Refusal,
@@ -35,7 +36,7 @@ from durable_flow.config.options import (
     text,
 )
 from durable_flow.config.queues import QueueConfig
-from durable_flow.config.validation import DAY_S, HOUR_S, MAX_DURATION, WEEK_S
+from durable_flow.config.validation import DAY_S, HOUR_S, MAX_DURATION, WEEK_S, event_name_problem
 from durable_flow.exceptions import InvalidQueueConfig, InvalidStartTimeout
 
 ADMISSION_BACKENDS = {
@@ -109,6 +110,8 @@ class DurableFlowSettings:
     metrics_token: str | None = None
     #: Names the `env` scope of step concurrency (`sc:env:<environment>:<key>`).
     environment: str = "default"
+    #: The event names this project sends, triggers on and waits for (docs/events.md).
+    events: frozenset[str] = frozenset()
 
 
 class SamplingMisconfigured(ImproperlyConfigured):
@@ -122,6 +125,10 @@ class RefusalRetentionMisconfigured(ImproperlyConfigured):
 class VacuumMisconfigured(ImproperlyConfigured):
     """POLLER's VACUUM_DEAD_ROWS / VACUUM_DEAD_FRACTION / VACUUM_MIN_INTERVAL_S are wrong
     (`manage.py check`: E014)."""
+
+
+class EventsMisconfigured(ImproperlyConfigured):
+    """EVENTS is not a list of event names, each once (`manage.py check`: E020)."""
 
 
 class RunRetentionMisconfigured(ImproperlyConfigured):
@@ -180,6 +187,20 @@ def _queues(value: Any) -> str | None:
             return str(exc)
         if name in seen:
             return f"queue {name!r} is declared twice (entry {index})"
+        seen.add(name)
+    return None
+
+
+def _events(value: Any) -> str | None:
+    """A list of event names (`validation.event_name_problem`), each once."""
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        return f"must be a list of event names, got {reprlib.repr(value)}"
+    seen: set[str] = set()
+    for index, name in enumerate(value):
+        if problem := event_name_problem(name, EVENT_NAME_LENGTH):
+            return f"[{index}]: {problem}"
+        if name in seen:
+            return f"event {name!r} is declared twice (entry {index})"
         seen.add(name)
     return None
 
@@ -265,6 +286,9 @@ SETTINGS_OPTIONS = {
     "REDISPATCH_AFTER_S": Option("When a lost step of no known worker is sent again.", seconds(WEEK_S)),
     "METRICS": Option("The /metrics/ endpoint.", table(METRICS_OPTIONS)),
     "ENVIRONMENT": Option("Names the `env` scope of step concurrency.", text(max_length=100, forbidden=":")),
+    "EVENTS": Option(
+        "The event names sent, triggered on and waited for (docs/events.md).", _events, EventsMisconfigured
+    ),
 }
 #: Where each key of a section lands in `DurableFlowSettings`.
 _FIELDS = {
@@ -287,6 +311,7 @@ _FIELDS = {
 }
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "workflows": tuple,
+    "events": frozenset,
     "queues": lambda entries: tuple(QueueConfig.from_mapping(entry) for entry in entries),
     "admission": lambda raw: _backend_spec(raw, ADMISSION_BACKENDS),
     "transport": lambda raw: _backend_spec(raw, TRANSPORT_BACKENDS),

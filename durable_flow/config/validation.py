@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import reprlib
 from collections.abc import Iterator
 from datetime import timedelta
@@ -56,6 +57,24 @@ def storable_text(value: object, what: str, max_length: int, *, allow_empty: boo
     except UnicodeEncodeError:
         raise InvalidInput(f"{what} contains a lone surrogate, which is not valid Unicode") from None
     return value
+
+
+#: An event name: a letter or digit first, then letters, digits and `_ . : / -` (no spaces),
+#: e.g. `orders/created` or `app/user.signed-up`.
+EVENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
+
+
+def event_name_problem(value: object, max_length: int) -> str | None:
+    """What is wrong with `value` as an event name, or None: `event_name_problem("orders/created",
+    200)` is None, `event_name_problem("orders created", 200)` says which characters it may hold."""
+    if not isinstance(value, str) or not value or len(value) > max_length:
+        return f"must be a non-empty string of at most {max_length} characters, got {reprlib.repr(value)}"
+    if not EVENT_NAME_PATTERN.fullmatch(value):
+        return (
+            "must start with a letter or digit and hold only letters, digits and '_', '.', ':', '/', '-', "
+            f"got {reprlib.repr(value)}"
+        )
+    return None
 
 
 def text_problem(

@@ -51,6 +51,12 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Step calls that gave up waiting for admission (their start timeout), by queue and outcome (failed, skipped).",
         ("queue", "outcome"),
     ),
+    ("durable_flow_events_received", "Events recorded (a repeated id counts once), by name.", ("event",)),
+    (
+        "durable_flow_event_starts",
+        "Runs events started, by workflow and what the start came to (started, gated, refused, invalid).",
+        ("workflow", "action"),
+    ),
     ("durable_flow_runs_purged", "Finished runs retention deleted, by workflow.", ("workflow",)),
     (
         "durable_flow_rows_purged",

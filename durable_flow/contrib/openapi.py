@@ -8,7 +8,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from durable_flow.config.limits import RUN_ID_LENGTH
+from durable_flow.config.limits import EVENT_ID_LENGTH, EVENT_NAME_LENGTH, RUN_ID_LENGTH
 from durable_flow.contrib.api_access import MAX_BODY_BYTES
 from durable_flow.contrib.views import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from durable_flow.models import RunStatus
@@ -179,6 +179,54 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["run_id", "signal", "status"],
         "properties": {"run_id": {"type": "string"}, "signal": {"type": "string"}, "status": ref("RunStatus")},
+    },
+    "EventRequest": {
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {
+                "type": "string",
+                "maxLength": EVENT_NAME_LENGTH,
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
+                "description": 'An event name declared in `DURABLE_FLOW["EVENTS"]`.',
+            },
+            "data": {"type": "object", "description": "The event's JSON object (default `{}`)."},
+            "id": {
+                "type": "string",
+                "maxLength": EVENT_ID_LENGTH,
+                "description": "Its idempotency key: an id sent before returns that event and starts nothing again.",
+            },
+        },
+    },
+    "Event": {
+        "type": "object",
+        "required": ["id", "name", "data", "received_at", "pending", "runs"],
+        "properties": {
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "data": {"type": "object"},
+            "received_at": TIMESTAMP,
+            "pending": {"type": "boolean", "description": "Its delivery to runs is not finished yet."},
+            "runs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["action", "workflow", "run_id"],
+                    "properties": {
+                        "action": {
+                            "type": "string",
+                            "enum": ["started", "gated", "refused", "invalid", "resumed", "cancelled"],
+                        },
+                        "workflow": {"type": "string"},
+                        "run_id": {
+                            "type": ["string", "null"],
+                            "description": "The run; null for a start refused by its quota or as invalid.",
+                        },
+                    },
+                },
+            },
+        },
     },
     "RunFilter": {
         "type": "object",
@@ -362,6 +410,19 @@ PATHS: dict[str, Any] = {
             body="SignalRequest",
         ),
     },
+    "/events/": {
+        "post": operation(
+            "sendEvent",
+            "Send an event: start the workflows it triggers, resume the waits and cancel the runs it matches",
+            {
+                "201": answer("The event, recorded now, and what it did to runs.", ref("Event")),
+                "200": answer("The event its id named, recorded before.", ref("Event")),
+                **errors(400, 401, 403, 413),
+            },
+            permission=needs("add_event"),
+            body="EventRequest",
+        ),
+    },
     "/bulk/{action}/": {
         "parameters": [
             {
@@ -409,7 +470,7 @@ PATHS: dict[str, Any] = {
 
 DESCRIPTION = """\
 Runs of durable workflows: list and search them, start, inspect, cancel, retry, re-run and
-signal them, act on many by filter, steer queues.
+signal them, act on many by filter, steer queues, send events.
 
 Authenticate with a personal access token (`Authorization: Bearer dfp_…`, created in the
 Django admin, acting as its user with that user's permissions) or a staff session (whose

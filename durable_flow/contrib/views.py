@@ -16,10 +16,13 @@ POST /api/runs/<run_id>/signals/ {"name": "...", "payload": ...} → 202
 POST /api/bulk/cancel/ | bulk/retry/      {"status": [...], "workflow", "queue", "tag", "q", "range",
                                            "since", "until"} or {"all": true} → {"done", "refused", "batches"}
 POST /api/queues/<name>/pause/ | resume/ | update/ {"concurrency"?, "rate_limit"?} → the queue
+POST /api/events/                {"name": "...", "data": {...}?, "id": "..."?} → 201, the event and the
+                                 runs it started, resumed or cancelled (200 if the id was sent before)
 GET  /api/openapi.json           → the OpenAPI 3.1 document of these routes (no login needed)
 
 Operations need a model permission besides staff status (`durable_flow.start_workflowrun`,
-`cancel_workflowrun`, `retry_workflowrun`, `signal_workflowrun`): 403 without it, for a token
+`cancel_workflowrun`, `retry_workflowrun`, `signal_workflowrun`; `add_event` to send an event,
+which may start and cancel runs): 403 without it, for a token
 as for a session. Each one is logged as an admin `LogEntry` under the acting user.
 """
 
@@ -38,11 +41,13 @@ from durable_flow.config.validation import storable_text
 from durable_flow.contrib.api_access import ApiError, json_body, requires
 from durable_flow.exceptions import InvalidInput
 from durable_flow.models import WorkflowRun
+from durable_flow.observe.events import event_json, event_view
 from durable_flow.observe.queues import stored_queue
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs, runs_from_json
 from durable_flow.observe.run_pages import run_page
 from durable_flow.operations import api, bulk
 from durable_flow.operations.audit import record_operation
+from durable_flow.operations.events import record_event
 
 #: Runs on one page of the list, unless `limit` asks for fewer or more (up to `MAX_PAGE_SIZE`).
 DEFAULT_PAGE_SIZE = 50
@@ -251,6 +256,20 @@ def bulk_operation(request: HttpRequest, action: str) -> HttpResponse:
     else:
         result = bulk.retry_matching(runs, request.user, message)
     return JsonResponse({"done": result.done, "refused": result.refused, "batches": result.batches})
+
+
+@requires("add_event")
+def send_event(request: HttpRequest) -> HttpResponse:
+    """Record an event and deliver it (its starts, resumed waits and cancels are in the answer:
+    the delivery runs once the request's transaction, if any, commits)."""
+    body = json_body(request)
+    unknown = sorted(set(body) - {"name", "data", "id"})
+    if unknown:
+        raise ApiError(400, "InvalidInput", f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+    event, created = record_event(body.get("name"), body.get("data"), body.get("id"))  # type: ignore[arg-type]
+    view = event_view(event.pk)
+    assert view is not None
+    return JsonResponse(event_json(view), status=201 if created else 200)
 
 
 @requires("change_flowqueue")

@@ -1,5 +1,6 @@
 """Keys users declare on a workflow (step concurrency, debounce, singleton): a CEL expression
-over the start's `input` (with `run_id` and `workflow`), or a callable of the input.
+over the start's `input` (also named `event`, for a run an event triggered; with `run_id` and
+`workflow`), or a callable of the input.
 
 Parsed once, at registration, so a bad expression fails `@workflow` with a `RegistrationError`
 naming the workflow; evaluated once per start, before anything is created, so a key that is not
@@ -36,7 +37,9 @@ class CelExpression:
         return cls(expression=expression, program=program)
 
     def __call__(self, input: Any, run_id: str, workflow: str) -> Any:
-        return evaluate_cel(self.program, input=input, run_id=run_id, workflow=workflow)
+        # `event` is the input too: a run an event triggered has the event as its input, so a key
+        # reads `event.data.account_id`, as in the reference.
+        return evaluate_cel(self.program, input=input, event=input, run_id=run_id, workflow=workflow)
 
     def __str__(self) -> str:
         return self.expression

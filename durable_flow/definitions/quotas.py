@@ -120,7 +120,8 @@ class QuotaSpec:
 
 @dataclass(frozen=True)
 class CelKey:
-    """A workflow's quota key as a CEL expression over the start's `input`, e.g.
+    """A workflow's quota key as a CEL expression over the start's `input` (or `event`, the same
+    value: a triggered run's input is its event), e.g.
     `"tenant:" + input.tenant_id`, or `has(input.tenant_id) ? "tenant:" + input.tenant_id : null`
     (null leaves the start unlimited). Compiled once, at registration."""
 
@@ -137,7 +138,7 @@ class CelKey:
 
     def __call__(self, input: Any) -> str | None:
         try:
-            value = evaluate_cel(self.program, input=input)
+            value = evaluate_cel(self.program, input=input, event=input)  # `event`: a triggered run's input
         except LookupError as exc:
             raise InvalidQuota(f"quota key {self.expression!r} failed on this input: {exc.args[0]}") from None
         if value is None:

@@ -24,6 +24,13 @@ from durable_flow.config.validation import (
     number_problem,
     storable_text,
 )
+from durable_flow.definitions.events import (
+    CancelSpec,
+    EventDeclarationError,
+    TriggerSpec,
+    parse_cancel_on,
+    parse_triggers,
+)
 from durable_flow.definitions.quotas import QuotaSpec, parse_workflow_quota
 from durable_flow.definitions.schedules import ScheduleError, ScheduleSpec, parse_schedule
 from durable_flow.definitions.start_control import StartControl, parse_start_control
@@ -126,6 +133,10 @@ class WorkflowDefinition:
     internal: bool = False
     start_checks: StartChecks | None = None
     schedule: ScheduleSpec | None = None
+    #: The events that start a run of it (`trigger=`), each with its `trigger_if`.
+    triggers: tuple[TriggerSpec, ...] = ()
+    #: The events that cancel a run of it in progress (`cancel_on=`).
+    cancel_on: tuple[CancelSpec, ...] = ()
     #: How long a finished run of it is kept (None: `POLLER["RUN_RETENTION_S"]`).
     retention: timedelta | None = None
 
@@ -217,6 +228,9 @@ def workflow(
     start_checks: StartChecks | None = None,
     schedule: str | Mapping[str, Any] | None = None,
     retention: timedelta | None = None,
+    trigger: str | list[str] | None = None,
+    trigger_if: str | None = None,
+    cancel_on: str | Mapping[str, Any] | list[Any] | None = None,
 ) -> Callable[[WorkflowFn], WorkflowDefinition]:
     """Declare `fn(ctx, input)` as the workflow `name`.
 
@@ -239,6 +253,10 @@ def workflow(
     fleet, from the timer poller; see `durable_flow.definitions.schedules`.
     `retention` (`timedelta(days=7)`) is how long a finished run of it is kept before the poller
     deletes it, in place of `POLLER["RUN_RETENTION_S"]`; see `durable_flow.store.retention`.
+    `trigger` (`"orders/created"` or a list) starts a run for every such event `send_event`
+    records, with the event as its input, if `trigger_if` (CEL over `event`) holds; `cancel_on`
+    (`[{"event": "orders/cancelled", "match": "async.data.id == event.data.id"}]`) cancels a run
+    in progress when a matching event arrives; see `durable_flow.definitions.events`.
     """
     _check_name(name, "workflow")
     _check_version(name, version)
@@ -249,6 +267,10 @@ def workflow(
     schedule_spec = parse_schedule(name, schedule)
     if schedule_spec is not None and internal:
         raise ScheduleError(f"workflow {name!r}: a built-in workflow cannot be scheduled", "E013")
+    triggers = parse_triggers(name, trigger, trigger_if)
+    cancels = parse_cancel_on(name, cancel_on)
+    if (triggers or cancels) and internal:
+        raise EventDeclarationError(f"workflow {name!r}: a built-in workflow cannot declare events", "E024")
 
     def decorate(fn: WorkflowFn) -> WorkflowDefinition:
         existing = _workflows.get(name)
@@ -265,6 +287,8 @@ def workflow(
             start_checks=start_checks,
             schedule=schedule_spec,
             retention=retention,
+            triggers=triggers,
+            cancel_on=cancels,
         )
         _workflows[name] = definition
         return definition
@@ -361,6 +385,16 @@ def startable_workflows() -> dict[str, WorkflowDefinition]:
 def scheduled_workflows() -> dict[str, WorkflowDefinition]:
     """The workflows that declare a `schedule=`, by name."""
     return {name: definition for name, definition in _workflows.items() if definition.schedule is not None}
+
+
+def triggered_by(event: str) -> list[WorkflowDefinition]:
+    """The workflows an event of this name starts, in name order (the order a delivery starts them)."""
+    return sorted((d for d in _workflows.values() if any(t.event == event for t in d.triggers)), key=lambda d: d.name)
+
+
+def cancelled_by(event: str) -> list[WorkflowDefinition]:
+    """The workflows whose runs an event of this name may cancel, in name order."""
+    return sorted((d for d in _workflows.values() if any(c.event == event for c in d.cancel_on)), key=lambda d: d.name)
 
 
 def step_concurrency_declared() -> bool:

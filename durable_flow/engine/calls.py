@@ -1,7 +1,8 @@
 """What a replaying workflow's calls reach in the engine (`turn.TurnEngine`, seen by `ctx`).
 
-`ctx.step` builds a step's checkpoint, asks for its admission and dispatches it; `ctx.sleep`
-and `ctx.wait_for_signal` write a checkpoint, settle it and consume a signal; `ctx.child`
+`ctx.step` builds a step's checkpoint, asks for its admission and dispatches it; `ctx.sleep`,
+`ctx.wait_for_signal` and `ctx.wait_for_event` write a checkpoint, settle it, consume a signal
+and look back for an event; `ctx.child`
 starts a child run. Each goes to the part that owns it. A turn's replay is given this; the
 optimistic first turn's probe is given its own (`optimistic._Probe`), which writes nothing.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from durable_flow.definitions.events import Condition
 from durable_flow.definitions.registry import StepDefinition, WorkflowDefinition
 from durable_flow.engine.base import settle
 from durable_flow.engine.turn import StepOptions
@@ -67,6 +69,9 @@ class TurnCalls:
 
     def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
         return self.lifecycle.consume_signal(run, name, key)
+
+    def find_event(self, name: str, match: Condition | None, began: datetime, event: Any) -> Any:
+        return self.lifecycle.find_event(name, match, began, event)
 
     def start_child(
         self,

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from durable_flow.config.limits import FAIRNESS_KEY_LENGTH, QUEUE_NAME_LENGTH, SIGNAL_NAME_LENGTH
+from durable_flow.config.settings import get_settings
 from durable_flow.config.validation import (
     MAX_COUNT,
     MAX_DURATION,
@@ -21,6 +22,7 @@ from durable_flow.config.validation import (
     start_timeout_problem,
     storable_text,
 )
+from durable_flow.definitions.events import Condition, check_event_name, condition_for
 from durable_flow.definitions.registry import (
     MAX_RETRIES,
     StepDefinition,
@@ -30,7 +32,7 @@ from durable_flow.definitions.registry import (
 )
 from durable_flow.definitions.serialization import readable
 from durable_flow.engine.turn import PENDING, EngineUnavailable, StepOptions, Suspend, TurnEngine, engine_call
-from durable_flow.engine.wait_causes import signal_wait, timed
+from durable_flow.engine.wait_causes import event_wait, signal_wait, timed
 from durable_flow.exceptions import (
     ChildFailed,
     InvalidInput,
@@ -38,6 +40,7 @@ from durable_flow.exceptions import (
     SignalTimeout,
     StartTimeoutError,
     StepFailed,
+    UnknownEvent,
 )
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
@@ -246,6 +249,57 @@ class WorkflowContext:
                 raise Suspend
         if cp.status == StepStatus.FAILED:
             raise SignalTimeout(f"signal {name!r} did not arrive in time")
+        return cp.output
+
+    def wait_for_event(self, name: str, *, match: str | None = None, timeout: timedelta | None = None) -> Any:
+        """Suspend until an event `name` arrives after this call, for which the CEL expression
+        `match` holds (`async`: the incoming event, `event`: this run's input, the triggering
+        event of a run an event started); return the event (`{"name", "data", "id", "ts"}`), or
+        None once `timeout` has passed without one. The run holds no slot while it waits.
+
+            paid = ctx.wait_for_event("orders/paid", match="async.data.order_id == event.data.id",
+                                      timeout=timedelta(days=1))
+
+        An event recorded before the call never counts, as in the reference: send the event
+        after the wait began (a signal, `wait_for_signal`, is kept for a wait to come)."""
+        check_event_name(name, "ctx.wait_for_event: event name")
+        if name not in get_settings().events:
+            raise UnknownEvent(f'ctx.wait_for_event: event {name!r} is not declared in DURABLE_FLOW["EVENTS"]')
+        condition = condition_for(match, "ctx.wait_for_event: match")
+        if timeout is not None:
+            _check_duration("ctx.wait_for_event: timeout", timeout)
+        key = self._next_key()
+        with engine_call():
+            return self._drive_event(key, name, condition, timeout)
+
+    def _drive_event(self, key: str, name: str, match: Condition | None, timeout: timedelta | None) -> Any:
+        cp = self._checkpoint(key, StepKind.EVENT, name)
+        if cp is None:
+            spec = {"match": match.expression if match is not None else None}
+            found = self._engine.find_event(name, match, self.now, self._run.input)
+            if found is not PENDING:  # arrived since this turn began, before the wait was written
+                fields = {"status": StepStatus.COMPLETED, "output": found, "finished_at": self.now}
+            else:
+                until = self.now + timeout if timeout is not None else None
+                cause, detail = event_wait(name, spec["match"], until)
+                fields = {"status": StepStatus.DISPATCHED, "wake_at": until, "wait_cause": cause, "wait_detail": detail}
+            cp = self._engine.create_checkpoint(
+                self._run,
+                key=key,
+                sequence=self._take_sequence(),
+                kind=StepKind.EVENT,
+                name=name,
+                input=spec,
+                dispatched_at=self.now,  # when the wait began: only events recorded since count
+                **fields,
+            )
+            self._checkpoints[key] = cp
+        if cp.status == StepStatus.DISPATCHED:
+            if cp.wake_at is not None and cp.wake_at <= self.now:
+                self._engine.settle(cp, StepStatus.COMPLETED, output=None)  # timed out
+                return None
+            self._wait_until(cp.wake_at)
+            raise Suspend
         return cp.output
 
     def patched(self, patch_id: str) -> bool:

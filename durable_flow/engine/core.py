@@ -146,6 +146,10 @@ class Engine:
         """Deliver a signal (`Lifecycle.send_signal`)."""
         self.lifecycle.send_signal(run_id, name, payload)
 
+    def deliver_event(self, run_id: str, key: str, incoming: dict[str, Any]) -> bool:
+        """Resume the run's event wait `key` with `incoming` (`Lifecycle.deliver_event`)."""
+        return self.lifecycle.deliver_event(run_id, key, incoming)
+
     def wake(self, run: WorkflowRun | str) -> bool:
         """Queue a turn for a parked run now (`Waker.wake`)."""
         return self.waker.wake(run)

@@ -1,4 +1,4 @@
-"""A run's life: start (and child start), finish, cancel, and signals.
+"""A run's life: start (and child start), finish, cancel, signals, and events reaching waits.
 
 A run that ends withdraws its parked calls from their queues (`release_order`), cancels its
 unfinished children and reports to its parent, waking it when its wave has settled (`wake`).
@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from durable_flow.config.limits import RUN_ID_LENGTH, SIGNAL_NAME_LENGTH
 from durable_flow.config.validation import storable_text
 from durable_flow.definitions import quotas, step_concurrency
+from durable_flow.definitions.events import Condition, payload
 from durable_flow.definitions.quotas import QuotaSpec
 from durable_flow.definitions.registry import WorkflowDefinition, resolve_workflow
 from durable_flow.definitions.serialization import ensure_json
@@ -29,6 +30,7 @@ from durable_flow.exceptions import ConcurrencyLimitError, DurableFlowError, Inv
 from durable_flow.models import (
     SETTLED_STEP_STATUSES,
     TERMINAL_RUN_STATUSES,
+    EventAction,
     RunStatus,
     Signal,
     StepCheckpoint,
@@ -38,6 +40,7 @@ from durable_flow.models import (
     new_run_id,
 )
 from durable_flow.models.runs import PARKED, PARKED_STEP_STATUSES
+from durable_flow.store import events as event_store
 from durable_flow.store import metric_counts, run_bells
 from durable_flow.store import quotas as quota_store
 from durable_flow.store.statements import save_fields
@@ -336,3 +339,36 @@ class Lifecycle:
         signal.consumed_by = key
         signal.save(update_fields=["consumed_by"])
         return signal.payload
+
+    def find_event(self, name: str, match: Condition | None, began: datetime, event: Any) -> Any:
+        """A new wait's look-back (inside its turn): the first event of `name` recorded since
+        `began` for which `match` holds (`event`: the run's input), as its payload; `PENDING`
+        when none has. Takes the name's lock to the turn's commit (`store.events`), so an event
+        whose delivery reads the waits too early is seen here."""
+        event_store.lock_name(name)
+        for row in event_store.since(name, began):
+            incoming = row_payload(row)
+            if match is None or match.holds(event=event, incoming=incoming):
+                return incoming
+        return PENDING
+
+    @retry_on_conflict
+    def deliver_event(self, run_id: str, key: str, incoming: dict[str, Any]) -> bool:
+        """Settle the run's wait `key` with the event `incoming` and wake the run, if the wait
+        still waits (an event that comes twice, or after the wait timed out, changes nothing).
+        Whether it resumed the wait."""
+        with transaction.atomic():
+            run, cp = locked_run(run_id, key)
+            if run is None or cp is None or run.is_terminal:
+                return False
+            if cp.kind != StepKind.EVENT or cp.status != StepStatus.DISPATCHED:
+                return False
+            settle(cp, StepStatus.COMPLETED, self.clock(), output=incoming)
+            event_store.record_delivery(incoming["id"], EventAction.RESUMED, run.workflow, run.id)
+            self.waker.wake(run)
+            return True
+
+
+def row_payload(row: Any) -> dict[str, Any]:
+    """An `Event` row as runs see it (`definitions.events.payload`)."""
+    return payload(row.name, row.data, row.id, row.received_at)

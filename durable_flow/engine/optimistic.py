@@ -135,6 +135,9 @@ class _Probe:
     def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
         raise _NotOptimistic
 
+    def find_event(self, name: str, match: Any, began: datetime, event: Any) -> Any:
+        raise _NotOptimistic
+
     def start_child(self, parent: WorkflowRun, **call: Any) -> StepCheckpoint:
         raise _NotOptimistic
 

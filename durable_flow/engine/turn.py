@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from durable_flow.definitions.events import Condition
 from durable_flow.definitions.registry import StepDefinition, WorkflowDefinition
 from durable_flow.exceptions import DurableFlowError
 from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -114,6 +115,9 @@ class TurnEngine(Protocol):
 
     def consume_signal(self, run: WorkflowRun, name: str, key: str) -> Any:
         """The oldest unconsumed signal `name`, or `PENDING`."""
+
+    def find_event(self, name: str, match: Condition | None, began: datetime, event: Any) -> Any:
+        """A new event wait's look-back: the first matching event since `began`, or `PENDING`."""
 
     def start_child(
         self,

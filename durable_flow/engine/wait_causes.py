@@ -98,6 +98,17 @@ def signal_wait(names: Sequence[str], until: datetime | None) -> tuple[str, dict
     return WaitCause.SIGNAL, detail
 
 
+def event_wait(name: str, match: str | None, until: datetime | None) -> tuple[str, dict[str, Any]]:
+    """An event wait: the event's name, its `match` expression and its timeout (None: none)."""
+    detail = {
+        "cause": WaitCause.EVENT.value,
+        "names": [_text(name)],
+        "match": _text(match) if match is not None else None,
+        "until": _iso(until),
+    }
+    return WaitCause.EVENT, detail
+
+
 def timed(cause: str, until: datetime | None) -> tuple[str, dict[str, Any]]:
     """A sleep or a retry's backoff until `until`: the checkpoint's `wait_cause` and `wait_detail`."""
     return cause, {"cause": cause, "until": _iso(until)}

@@ -1,8 +1,9 @@
 """What durable_flow persists, one module per concept: runs and what they record (`runs`), the
 `db` transport's task rows (`tasks`), queues and their counters (`queues`), worker heartbeats
 (`workers`), the dashboard's history (`history`), the Prometheus counters (`metrics`), debounce and
-singleton counters (`start_control`), where each schedule's ticks stand (`schedules`), the `db`
-admission backend's rows (`admission`) and the JSON API's personal access tokens (`tokens`).
+singleton counters (`start_control`), where each schedule's ticks stand (`schedules`), events and
+what they did to runs (`events`), the `db` admission backend's rows (`admission`) and the JSON
+API's personal access tokens (`tokens`).
 
 A run's state lives here, never only in memory. Django finds the models through this package,
 which names every one of them."""
@@ -20,6 +21,7 @@ from durable_flow.models.admission import (
     AdmissionStart,
     AdmissionWaiter,
 )
+from durable_flow.models.events import START_ACTIONS, Event, EventAction, EventDelivery
 from durable_flow.models.history import QueueSample, WorkerSample
 from durable_flow.models.metrics import MetricCount
 from durable_flow.models.queues import FlowQueue, QueueCounter, QuotaRefusal, StartRefusal
@@ -48,6 +50,7 @@ from durable_flow.models.workers import WorkerHeartbeat, dead_worker_cutoff
 __all__ = [
     "ADMISSION_CAUSES",
     "SETTLED_STEP_STATUSES",
+    "START_ACTIONS",
     "TERMINAL_RUN_STATUSES",
     "AccessToken",
     "AdmissionHold",
@@ -63,6 +66,9 @@ __all__ = [
     "AdmissionWaiter",
     "AttemptStatus",
     "BoundedJSONField",
+    "Event",
+    "EventAction",
+    "EventDelivery",
     "FlowQueue",
     "MetricCount",
     "QueueCounter",

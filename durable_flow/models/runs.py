@@ -157,6 +157,7 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep", "Sleep"
     CHILD = "child", "Child run"
     SIGNAL = "signal", "Signal wait"
+    EVENT = "event", "Event wait"
     PATCH = "patch", "Patch marker"
 
 
@@ -180,6 +181,7 @@ class WaitCause(models.TextChoices):
     PAUSED = "paused", "Queue paused"
     TURN = "turn", "Others ahead in line"
     SIGNAL = "signal", "Waiting for a signal"
+    EVENT = "event", "Waiting for an event"
     SLEEP = "sleep", "Sleeping"
     BACKOFF = "backoff", "Retry backoff"
 
@@ -275,6 +277,13 @@ class StepCheckpoint(models.Model):
                 fields=["status", "finished_at"],
                 name="df_checkpoint_settled",
                 condition=models.Q(finished_at__isnull=False),
+            ),
+            # `ctx.wait_for_event`'s waits by event name: an event reads only the waits for its
+            # name, and a wait leaves the index when it settles.
+            models.Index(
+                fields=["name", "dispatched_at"],
+                name="df_checkpoint_event_wait",
+                condition=models.Q(kind="event", status="dispatched"),
             ),
             # `ctx.patched` markers by change (`manage.py durable_patches`): only markers are in it.
             models.Index(fields=["name", "run"], name="df_checkpoint_patch", condition=models.Q(kind="patch")),

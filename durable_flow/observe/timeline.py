@@ -49,6 +49,7 @@ SEGMENT_LABELS = {
     "backoff": "backoff",
     "sleep": "sleep",
     "signal": "signal wait",
+    "event": "event wait",
     "child": "child run",
     "lost": "lost (worker gone)",
     "turn": "turn: waiting for a worker, then replay",
@@ -58,7 +59,7 @@ SEGMENT_LABELS = {
 
 #: Segments during which only people (or the clock) are awaited: a long stretch of nothing
 #: else is compressed (`_compress`).
-IDLE_KINDS = frozenset({"operator", "signal", "sleep"})
+IDLE_KINDS = frozenset({"operator", "signal", "event", "sleep"})
 #: An idle stretch longer than this share of the run's span is compressed to `BREAK_SHARE`.
 IDLE_SHARE, BREAK_SHARE = 0.2, 0.06
 
@@ -250,10 +251,12 @@ def _number_rounds(rows: list[Row], attempts: list[StepAttempt], max_attempts: i
 
 
 def _other_row(cp: StepCheckpoint, now: datetime) -> Row:
-    kind = {StepKind.SLEEP: "sleep", StepKind.SIGNAL: "signal", StepKind.CHILD: "child"}[cp.kind]
+    kind = {StepKind.SLEEP: "sleep", StepKind.SIGNAL: "signal", StepKind.EVENT: "event", StepKind.CHILD: "child"}[
+        cp.kind
+    ]
     status = cp.status
-    if status == StepStatus.DISPATCHED:  # a sleep, signal wait or child still going
-        status = {"sleep": "sleeping", "signal": "waiting", "child": "running"}[kind]
+    if status == StepStatus.DISPATCHED:  # a sleep, signal or event wait or child still going
+        status = {"sleep": "sleeping", "signal": "waiting", "event": "waiting", "child": "running"}[kind]
     row = Row(cp.key, cp.name, kind, status, error=cp.error)
     # A sleep still going is drawn up to now (an hour-long sleep would squash every other bar);
     # its wake time is a note.
@@ -265,6 +268,10 @@ def _other_row(cp: StepCheckpoint, now: datetime) -> Row:
     if cp.kind == StepKind.SIGNAL and not cp.finished_at:
         # The real wake: the signal, or its timeout (with its date when not today).
         row.note = f"waits for signal `{cp.name}`, " + (
+            f"times out {when(cp.wake_at, now)}" if cp.wake_at else "no timeout"
+        )
+    if cp.kind == StepKind.EVENT and not cp.finished_at:
+        row.note = f"waits for event `{cp.name}`, " + (
             f"times out {when(cp.wake_at, now)}" if cp.wake_at else "no timeout"
         )
     row.segments.append(Segment(kind, cp.created_at, max(end, cp.created_at)))

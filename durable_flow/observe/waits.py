@@ -44,6 +44,7 @@ FILTER_CHOICES = [
     ("turn", "others ahead in line"),
     ("worker", "no worker free"),
     ("signal", "a signal"),
+    ("event", "an event"),
     ("sleep", "a sleep"),
     ("backoff", "a retry backoff"),
 ]
@@ -105,6 +106,11 @@ def describe(detail: dict[str, Any] | None, now: datetime | None = None, *, with
         names = ", ".join(f"`{n}`" for n in detail.get("names") or [])
         timeout = f", times out {when(detail['until'], now)}" if detail.get("until") else ", no timeout"
         return f"signal {names}{timeout}"
+    elif cause == WaitCause.EVENT:
+        names = ", ".join(f"`{n}`" for n in detail.get("names") or [])
+        match = f" where `{detail['match']}`" if detail.get("match") else ""
+        timeout = f", times out {when(detail['until'], now)}" if detail.get("until") else ", no timeout"
+        return f"event {names}{match}{timeout}"
     elif cause == WaitCause.SLEEP:
         return f"sleeping{until}"
     elif cause == WaitCause.BACKOFF:

@@ -24,6 +24,7 @@ from durable_flow.exceptions import InvalidInput, RunNotFound, UnexpectedSignal
 from durable_flow.models import FlowQueue, WorkflowRun
 from durable_flow.observe.waits import signal_names_awaited
 from durable_flow.operations import runs
+from durable_flow.operations.events import send_event, send_event_on  # noqa: F401  (the public API)
 from durable_flow.operations.schedules import pause_schedule, resume_schedule  # noqa: F401  (the public API)
 from durable_flow.store.run_bells import watchers
 

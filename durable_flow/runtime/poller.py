@@ -1,5 +1,6 @@
 """The timer poller: wakes parked runs whose `wake_at` is due, starts schedules' due ticks
-(`durable_flow.runtime.schedules`), re-drives lost work, and keeps the hot tables vacuumed on
+(`durable_flow.runtime.schedules`), delivers events a dead sender left pending
+(`durable_flow.runtime.events`), re-drives lost work, and keeps the hot tables vacuumed on
 PostgreSQL (`durable_flow.runtime.vacuum`).
 
 Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
@@ -26,6 +27,7 @@ from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
 from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
+from durable_flow.runtime.events import EventDeliverer
 from durable_flow.runtime.schedules import ScheduleTicker
 from durable_flow.runtime.vacuum import VacuumPolicy, Vacuums
 from durable_flow.store import metric_counts, queries, retention
@@ -60,6 +62,7 @@ class TimerPoller:
         self._judge_deaths_from: datetime | None = None
         self.sampler = Sampler(self.engine)
         self.schedules = ScheduleTicker(self.engine)
+        self.events = EventDeliverer(self.engine)
         settings = self.engine.settings
         policy = VacuumPolicy(settings.vacuum_dead_rows, settings.vacuum_dead_fraction, settings.vacuum_min_interval_s)
         self.vacuums = Vacuums(policy)
@@ -218,6 +221,7 @@ class TimerPoller:
             try:
                 woken = self.tick()
                 self.schedules.tick()  # declared schedules' due ticks (durable_flow/runtime/schedules.py)
+                self.events.sweep()  # events a dead sender left pending (durable_flow/runtime/events.py)
                 self.grant_queues()
                 if time.monotonic() >= self._next_maintenance:
                     self.maintain()

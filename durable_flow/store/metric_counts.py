@@ -60,6 +60,8 @@ STEP_ATTEMPTS = "durable_flow_step_attempts_total"  # step, outcome
 STEP_RETRIES = "durable_flow_step_retries_total"  # step
 STARTS_REFUSED = "durable_flow_starts_refused_total"  # workflow
 START_TIMEOUTS = "durable_flow_start_timeouts_total"  # queue, outcome
+EVENTS_RECEIVED = "durable_flow_events_received_total"  # event
+EVENT_STARTS = "durable_flow_event_starts_total"  # workflow, action
 
 #: Histograms: name → bucket upper bounds (seconds). Waits under flow control run from
 #: milliseconds to the length of a rate window, hence bounds well past 15 s.

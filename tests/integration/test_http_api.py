@@ -130,3 +130,52 @@ def test_bulk_all_needs_the_operations_permission(client: Client) -> None:
     assert client.get("/api/bulk/cancel/").status_code == 405
     assert post(client, "/api/bulk/cancel/", {"all": True}).json()["done"] == 1
     assert WorkflowRun.objects.get(pk="kept").status == RunStatus.CANCELLED
+
+
+# -- events ------------------------------------------------------------------------------------
+@pytest.fixture
+def event_client(engine: Any) -> Client:
+    return logged_in_client("events", permissions=["add_event"])
+
+
+def test_an_event_posted_starts_its_triggered_run_and_answers_it(event_client: Client) -> None:
+    sent = post(event_client, "/api/events/", {"name": "tests/http.ping", "data": {"n": 1}, "id": "p-1"})
+    assert sent.status_code == 201
+    body = sent.json()
+    assert (body["id"], body["name"], body["data"], body["pending"]) == ("p-1", "tests/http.ping", {"n": 1}, False)
+    assert body["runs"] == [{"action": "started", "workflow": "tests.on_ping", "run_id": "tests.on_ping@event:p-1"}]
+    assert WorkflowRun.objects.get(pk="tests.on_ping@event:p-1").output == {"n": 1}
+    again = post(event_client, "/api/events/", {"name": "tests/http.ping", "data": {"n": 2}, "id": "p-1"})
+    assert again.status_code == 200 and again.json()["data"] == {"n": 1}
+    assert WorkflowRun.objects.filter(workflow="tests.on_ping").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "says"),
+    [
+        ({"name": "tests/never.declared"}, "UnknownEvent", "not declared"),
+        ({"name": "bad name"}, "InvalidEvent", "letters, digits"),
+        ({}, "InvalidEvent", "non-empty string"),
+        ({"name": "tests/http.ping", "data": [1]}, "InvalidEvent", "JSON object"),
+        ({"name": "tests/http.ping", "id": 3}, "InvalidEvent", "event id must be a string"),
+        ({"name": "tests/http.ping", "payload": {}}, "InvalidInput", "unknown field(s): payload"),
+        ("[1]", "InvalidInput", "JSON object"),
+    ],
+)
+def test_a_bad_event_answers_400_and_records_nothing(event_client: Client, body: Any, error: str, says: str) -> None:
+    from durable_flow.models import Event
+
+    response = post(event_client, "/api/events/", body)
+    assert response.status_code == 400
+    assert response.json()["error"] == error and says in response.json()["message"]
+    assert not Event.objects.exists()
+
+
+def test_sending_an_event_needs_the_add_event_permission(engine: Any) -> None:
+    from durable_flow.models import Event
+
+    client = logged_in_client("no-events", permissions=["start_workflowrun"])
+    refused = post(client, "/api/events/", {"name": "tests/http.ping"})
+    assert refused.status_code == 403 and "durable_flow.add_event" in refused.json()["message"]
+    assert post(Client(), "/api/events/", {"name": "tests/http.ping"}).status_code == 401
+    assert not Event.objects.exists()

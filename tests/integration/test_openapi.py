@@ -124,6 +124,7 @@ def test_real_answers_fit_the_documents_schemas(engine: Any) -> None:
         permissions=["start_workflowrun", "cancel_workflowrun", "retry_workflowrun", "signal_workflowrun"],
     )
     user.user_permissions.add(Permission.objects.get(codename="change_flowqueue"))
+    user.user_permissions.add(Permission.objects.get(codename="add_event"))
     token_row = AccessToken(user=user, name="openapi test")
     token = token_row.set_new_token()
     token_row.save()
@@ -147,6 +148,10 @@ def test_real_answers_fit_the_documents_schemas(engine: Any) -> None:
     check("/bulk/{action}/", "post", post("/api/bulk/cancel/", {"workflow": "tests.sleeper"}))
     FlowQueue.objects.create(name="emails", config={"name": "emails", "concurrency": 2})
     check("/queues/{name}/{operation}/", "post", post("/api/queues/emails/pause/"))
+    ping = {"name": "tests/http.ping", "data": {"n": 1}, "id": "ping-1"}
+    assert check("/events/", "post", post("/api/events/", ping))["runs"][0]["action"] == "started"  # 201
+    check("/events/", "post", post("/api/events/", ping))  # 200
+    check("/events/", "post", post("/api/events/", {"name": "tests/never.declared"}))  # 400
     # The errors, each against its shared answer.
     check("/runs/", "get", client.get("/api/runs/", {"limit": "0"}))  # 400
     check("/runs/", "get", Client().get("/api/runs/"))  # 401
