@@ -603,9 +603,3 @@ def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
 def keyed_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
     """`tests.queued_deadline` under step concurrency: one step at a time per account."""
     return _call_with_deadline(ctx, payload)
-
-
-@workflow("tests.on_ping", trigger="tests/http.ping")
-def on_ping(ctx: Any, event: dict[str, Any]) -> Any:
-    """Started by each `tests/http.ping` event (the JSON API's events tests): its data back."""
-    return event["data"]

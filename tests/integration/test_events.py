@@ -7,16 +7,15 @@ count for it (an event counts for a wait that began at or before it was recorded
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 import durable_flow
-from durable_flow.definitions import registry
 from durable_flow.definitions.events import triggered_run_id
-from durable_flow.definitions.registry import WorkflowDefinition, workflow
+from durable_flow.definitions.registry import WorkflowDefinition
 from durable_flow.engine import Engine
 from durable_flow.exceptions import InvalidEvent, UnknownEvent
 from durable_flow.models import Event, EventAction, EventDelivery, RunStatus, StartRefusal, WorkflowRun
@@ -41,20 +40,6 @@ def _wait_paid(ctx: Any, order: Any) -> Any:
 def _wait_forever(ctx: Any, order: Any) -> Any:
     ctx.sleep(timedelta(days=1))
     return order
-
-
-@pytest.fixture
-def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
-    """Register a workflow for one test only (so no other test's events start it)."""
-    names: list[str] = []
-
-    def make(name: str, fn: Callable[[Any, Any], Any] = _echo, **options: Any) -> WorkflowDefinition:
-        names.append(name)
-        return workflow(name, **options)(fn)
-
-    yield make
-    for name in names:
-        registry._workflows.pop(name, None)
 
 
 def _runs(workflow_name: str) -> list[WorkflowRun]:

@@ -118,7 +118,8 @@ def check(path: str, method: str, response: Any) -> dict[str, Any]:
     return body
 
 
-def test_real_answers_fit_the_documents_schemas(engine: Any) -> None:
+def test_real_answers_fit_the_documents_schemas(engine: Any, declare: Any) -> None:
+    declare("tests.on_ping", lambda ctx, event: event["data"], trigger="tests/http.ping")
     user = create_user(
         "api",
         permissions=["start_workflowrun", "cancel_workflowrun", "retry_workflowrun", "signal_workflowrun"],

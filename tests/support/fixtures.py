@@ -5,7 +5,7 @@ A module that needs a variant overrides the small fixture the shared one reads (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ from django.test import Client
 from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
+from durable_flow.definitions import registry
+from durable_flow.definitions.registry import WorkflowDefinition, workflow
 from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests.support.clients import StaffLogin, create_user, logged_in
@@ -75,3 +77,23 @@ def db_admission_engine(transactional_db: None) -> Engine:
     engine = Engine(admission=DatabaseAdmissionBackend(), transport=DatabaseTransport(), settings=get_settings())
     set_engine(engine)
     return engine
+
+
+# -- workflows of one test -----------------------------------------------------------------------
+def _event_back(ctx: Any, event: Any) -> Any:
+    return event
+
+
+@pytest.fixture
+def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
+    """Register a workflow for one test only: no other test's events start it, and no other
+    test's `manage.py check` (whose settings may declare no events) sees its trigger."""
+    names: list[str] = []
+
+    def make(name: str, fn: Callable[[Any, Any], Any] = _event_back, **options: Any) -> WorkflowDefinition:
+        names.append(name)
+        return workflow(name, **options)(fn)
+
+    yield make
+    for name in names:
+        registry._workflows.pop(name, None)
