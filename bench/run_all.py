@@ -76,6 +76,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("cel_keys", "cel_keys.py", [], ["--quick"]),
     ("pg_admission", "pg_admission.py", [], ["--rounds", "1", "--runs", "200"]),
     ("latency", "latency.py", [], ["--runs", "30", "--rounds", "1"]),
+    ("timers", "timers.py", [], ["--runs", "20", "--rounds", "1"]),
     # Minutes of steady load per arm, side by side: the figure is the last minutes against the first.
     ("sustained", "sustained.py", ["--minutes", "30", "--arm", "baseline,tuned"], ["--minutes", "2"]),
 ]

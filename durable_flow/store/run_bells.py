@@ -12,7 +12,7 @@ and wakes only the waits for that run. Every wait still reads the run again now 
 On PostgreSQL the notification is sent only while someone waits for that run: every commit
 that notifies queues behind one lock of the whole server, which a busy host's finishing runs
 would all take for nobody. A wait holds a shared advisory lock named after its run (`WAITS`,
-the hash of the run's id) on its own connection for as long as it waits; the finishing
+the hash of the run's id) on the caller's connection for as long as it waits; the finishing
 transaction tries that lock exclusively in the statement that would notify, and notifies only
 if it is held. An advisory lock is the cheapest registry that is correct: it takes no write
 and leaves no row behind (a waiter that dies takes its lock with its connection), and its
