@@ -31,6 +31,7 @@ from durable_flow.store.run_bells import watchers
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests.conftest import ManagedProcess, MovableClock, local_engine, wait_for
 from tests.engine_support import ManualTransport
+from tests.support.workers import RQ_ENV
 
 #: The poller's interval in these tests (ms): far past every verdict's timeout.
 INTERVAL_MS = 120_000
@@ -46,14 +47,14 @@ def quiet_watchers() -> Iterator[None]:
     watchers.stop()  # its connection would hold the test database open
 
 
-def start_worker_and_poller(spawn: Callable[..., ManagedProcess]) -> None:
+def start_worker_and_poller(spawn: Callable[..., ManagedProcess], env: dict[str, str] = TIMER_ENV) -> None:
     """A worker, then a poller whose first tick is over (it woke a run due before it started:
     the poller has read its next wake time since, and sleeps until it or the interval)."""
-    spawn("durable_worker", env=TIMER_ENV)
+    spawn("durable_worker", env=env)
     canary = start("tests.sleep_then_stamp", {"s": 0.01})
     parked = WorkflowRun.objects.filter(pk=canary.id, status=RunStatus.SUSPENDED)
     wait_for(lambda: parked.filter(wake_at__lt=timezone.now()).exists(), timeout=60, what="the canary to fall due")
-    spawn("durable_poller", env=TIMER_ENV)
+    spawn("durable_poller", env=env)
     assert wait(canary.id, timeout=120).status == RunStatus.COMPLETED
 
 
@@ -76,6 +77,13 @@ def test_a_sleep_parked_after_the_poller_planned_rings_it_and_resumes_on_time(
     run = resumed_in_time(run.id)
     sleep = StepCheckpoint.objects.get(run_id=run.id, kind=StepKind.SLEEP)
     assert run.output >= datetime.fromisoformat(sleep.wait_detail["until"]).timestamp()  # not before its time
+
+
+def test_a_sleep_resumes_on_time_on_the_rq_transport(rq_engine: Engine, spawn: Callable[..., ManagedProcess]) -> None:
+    """The poller listens to the database, where the run is parked, whatever the transport."""
+    start_worker_and_poller(spawn, {**RQ_ENV, "DURABLE_FLOW_POLLER_INTERVAL_MS": str(INTERVAL_MS)})
+    run = start("tests.sleep_then_stamp", {"s": 0.3})
+    resumed_in_time(run.id)
 
 
 def test_a_retry_backoff_resumes_on_time(db_transport_engine: Engine, spawn: Callable[..., ManagedProcess]) -> None:
