@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import PG_SERVER, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
+from services import PG_SERVER, percentiles, pg_admin  # noqa: E402 - bench/ is on the path of a script run from it
 
 DATABASE = f"durable_flow_bench_run_end_{os.getpid()}"
 ARMS = ("always", "gated")
@@ -113,12 +113,9 @@ def arm_round(arm: str, run_ids: list[str], args: argparse.Namespace) -> dict[st
     for thread in threads:
         thread.join(60)
     elapsed = time.perf_counter() - began
-    every = sorted(value for per_thread in latencies for value in per_thread)
-
-    def at(q: float) -> float:
-        return every[min(len(every) - 1, round(q * (len(every) - 1)))] * 1000
-
-    return {"tx_per_s": len(every) / elapsed, "p50_ms": at(0.5), "p99_ms": at(0.99)}
+    every = [value for per_thread in latencies for value in per_thread]
+    spread = percentiles(every)
+    return {"tx_per_s": len(every) / elapsed, "p50_ms": spread["p50"], "p99_ms": spread["p99"]}
 
 
 def main() -> None:

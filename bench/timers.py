@@ -42,9 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import fresh_sqlite, pg_admin, stop  # noqa: E402 - bench/ is on the path of a script run from it
+from services import django_on_fresh_database, percentiles, pg_admin, stop  # noqa: E402 - bench/ is on the path of a script run from it
 
-PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = f"durable_flow_bench_timers_{os.getpid()}"
 TEST_ID = "bench-timers"
 STACKS = ("pg", "sqlite")
@@ -64,45 +63,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def percentiles(values_s: list[float]) -> dict[str, float]:
-    """p50, p99 and max of `values_s` (seconds), in milliseconds."""
-    ordered = sorted(values_s)
-    if not ordered:
-        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
-
-    return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1] * 1000, "n": len(ordered)}
-
-
 def setup_stack(stack: str, interval_ms: int) -> None:
-    os.environ.update(
-        {
-            "DURABLE_FLOW_TEST_ID": TEST_ID,
-            "DJANGO_SETTINGS_MODULE": "settings.test",
-            "DJANGO_DEBUG": "0",
-            "DURABLE_FLOW_TRANSPORT": "db",
-            "DURABLE_FLOW_ADMISSION": "db",
-            "DURABLE_FLOW_LOG": "WARNING",
-            "DURABLE_FLOW_POLLER_INTERVAL_MS": str(interval_ms),
-        }
-    )
-    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
-    if stack == "sqlite":
-        os.environ.pop("DATABASE_URL", None)
-        from settings.base import VAR_DIR
-
-        fresh_sqlite(VAR_DIR / f"test-{TEST_ID}.sqlite3")
-    else:
-        pg_admin(f"DROP DATABASE IF EXISTS {DF_DATABASE} WITH (FORCE)")
-        pg_admin(f"CREATE DATABASE {DF_DATABASE}")
-        os.environ["DATABASE_URL"] = f"{PG_SERVER}/{DF_DATABASE}"
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    env = {
+        "DURABLE_FLOW_TRANSPORT": "db",
+        "DURABLE_FLOW_ADMISSION": "db",
+        "DURABLE_FLOW_POLLER_INTERVAL_MS": str(interval_ms),
+    }
+    django_on_fresh_database(TEST_ID, None if stack == "sqlite" else DF_DATABASE, env)
 
 
 def manage(*args: str) -> subprocess.Popen[bytes]:
