@@ -42,7 +42,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -51,9 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import fresh_database, fresh_sqlite, pg_admin, start_worker  # noqa: E402 - bench/ is on the path of a script run from it
+from services import django_on_fresh_database, fresh_database, percentiles, pg_admin, start_worker  # noqa: E402 - bench/ is on the path of a script run from it
 
-PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DF_DATABASE = f"durable_flow_bench_latency_{os.getpid()}"
 DBOS_DATABASE = f"durable_flow_bench_latency_dbos_{os.getpid()}"
 QUEUE = "bench-latency"
@@ -91,42 +90,9 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def percentiles(values_s: Sequence[float]) -> dict[str, float]:
-    """p50, p99 and max of `values_s` (seconds), in milliseconds."""
-    ordered = sorted(values_s)
-    if not ordered:
-        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
-
-    return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1] * 1000, "n": len(ordered)}
-
-
 # -- durable_flow --------------------------------------------------------------------------------
 def setup_stack(stack: str, redis_url: str) -> None:
-    os.environ.update(
-        {
-            "DURABLE_FLOW_TEST_ID": TEST_ID,
-            "DJANGO_SETTINGS_MODULE": "settings.test",
-            "DJANGO_DEBUG": "0",  # as deployed: DEBUG logs every query's SQL
-            "DURABLE_FLOW_TRANSPORT": "rq" if stack == "rq" else "db",
-            "DURABLE_FLOW_ADMISSION": "redis" if stack == "rq" else "db",
-            "DURABLE_FLOW_LOG": "WARNING",
-            "REDIS_URL": redis_url,
-        }
-    )
-    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
-    if stack == "sqlite":
-        os.environ.pop("DATABASE_URL", None)
-        from settings.base import VAR_DIR
-
-        fresh_sqlite(VAR_DIR / f"test-{TEST_ID}.sqlite3")
-    else:
-        pg_admin(f"DROP DATABASE IF EXISTS {DF_DATABASE} WITH (FORCE)")
-        pg_admin(f"CREATE DATABASE {DF_DATABASE}")
-        os.environ["DATABASE_URL"] = f"{PG_SERVER}/{DF_DATABASE}"
-    if stack == "rq":
+    def clear_redis() -> None:
         import redis
 
         client = redis.Redis.from_url(redis_url)
@@ -134,11 +100,14 @@ def setup_stack(stack: str, redis_url: str) -> None:
             keys = list(client.scan_iter(pattern, count=1000))
             if keys:
                 client.delete(*keys)
-    import django
-    from django.core.management import call_command
 
-    django.setup()
-    call_command("migrate", verbosity=0)
+    env = {
+        "DURABLE_FLOW_TRANSPORT": "rq" if stack == "rq" else "db",
+        "DURABLE_FLOW_ADMISSION": "redis" if stack == "rq" else "db",
+        "REDIS_URL": redis_url,
+    }
+    pg_database = None if stack == "sqlite" else DF_DATABASE
+    django_on_fresh_database(TEST_ID, pg_database, env, clear_redis if stack == "rq" else None)
 
 
 def result_waiter() -> tuple[str, Callable[[str], Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,49 @@ def start_worker(concurrency: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def percentiles(values_s: Sequence[float]) -> dict[str, float]:
+    """p50, p99 and max of `values_s` (seconds), in milliseconds, and their count."""
+    ordered = sorted(values_s)
+    if not ordered:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1] * 1000, "n": len(ordered)}
+
+
+def django_on_fresh_database(
+    test_id: str, pg_database: str | None, env: dict[str, str], before_setup: Callable[[], None] | None = None
+) -> None:
+    """Set this process up as a bench's Django on a fresh database: `settings.test` with DEBUG off
+    and `env`, on PostgreSQL's `pg_database` (created anew) or, if None, the SQLite file of
+    `test_id` (removed first); `before_setup` runs before Django is set up; then migrated."""
+    os.environ.update(
+        {
+            "DURABLE_FLOW_TEST_ID": test_id,
+            "DJANGO_SETTINGS_MODULE": "settings.test",
+            "DJANGO_DEBUG": "0",  # as deployed: DEBUG logs every query's SQL
+            "DURABLE_FLOW_LOG": "WARNING",
+            **env,
+        }
+    )
+    os.environ.pop("DURABLE_FLOW_SUBPROCESS", None)
+    if pg_database is None:
+        os.environ.pop("DATABASE_URL", None)
+        from settings.base import VAR_DIR
+
+        fresh_sqlite(VAR_DIR / f"test-{test_id}.sqlite3")
+    else:
+        pg_admin(f"DROP DATABASE IF EXISTS {pg_database} WITH (FORCE)")
+        pg_admin(f"CREATE DATABASE {pg_database}")
+        os.environ["DATABASE_URL"] = f"{PG_SERVER}/{pg_database}"
+    if before_setup is not None:
+        before_setup()
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)

@@ -65,7 +65,8 @@ DURABLE_FLOW = {
     # tests sample every second to see the charts move (the default is 10 s).
     "REDISPATCH_AFTER_S": float(os.environ.get("DURABLE_FLOW_REDISPATCH_AFTER_S", "600")),
     "POLLER": {
-        "INTERVAL_MS": 100,
+        # A long interval in tests of the poller's timers (only a wake time, or a ring, wakes it early).
+        "INTERVAL_MS": int(os.environ.get("DURABLE_FLOW_POLLER_INTERVAL_MS", "100")),
         "MAINTENANCE_S": float(os.environ.get("DURABLE_FLOW_MAINTENANCE_S", "5")),
         "SAMPLE_INTERVAL_S": float(os.environ.get("DURABLE_FLOW_SAMPLE_INTERVAL_S", "10")),
     },

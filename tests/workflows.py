@@ -12,7 +12,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from durable_flow import step, workflow
+from durable_flow import current_step, step, workflow
 
 EXECUTIONS: list[tuple[str, Any]] = []
 FAILURES_LEFT: dict[str, int] = {}
@@ -603,3 +603,30 @@ def queued_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
 def keyed_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
     """`tests.queued_deadline` under step concurrency: one step at a time per account."""
     return _call_with_deadline(ctx, payload)
+
+
+@workflow("tests.sleep_then_stamp")
+def sleep_then_stamp(ctx: Any, payload: dict[str, Any]) -> float:
+    """Sleeps `payload["s"]` seconds, then one step that returns when it began (a timer's
+    lateness: the stamp less the sleep's `wake_at`; bench/timers.py, tests/processes/test_timers.py)."""
+    ctx.sleep(timedelta(seconds=payload["s"]))
+    return ctx.step(stamp, None)
+
+
+@step("tests.fails_once_then_stamps", retries=1, backoff=timedelta(milliseconds=50))
+def fails_once_then_stamps(_: Any) -> float:
+    """Fails its first attempt; the retry, due 50 ms later, returns when it began."""
+    if current_step().attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return time.time()
+
+
+@workflow("tests.backoff_then_stamp")
+def backoff_then_stamp(ctx: Any, _: Any) -> float:
+    return ctx.step(fails_once_then_stamps, None)
+
+
+@workflow("tests.short_debounce", debounce={"key": '"user:" + input.user', "period": timedelta(milliseconds=300)})
+def short_debounce(ctx: Any, input: dict[str, Any]) -> float:
+    """Begins 0.3 s after its user's last start (tests/processes/test_timers.py: the poller is rung)."""
+    return ctx.step(stamp, None)

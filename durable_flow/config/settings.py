@@ -207,7 +207,9 @@ def _events(value: Any) -> str | None:
 
 POLLER_OPTIONS = {
     "INTERVAL_MS": Option(
-        "The poller's sleep between ticks (ms).", number(1, MAX_POLLER_INTERVAL_MS, unit="milliseconds")
+        "The poller's longest sleep between ticks, and the pace of its grants and schedules (ms); a run "
+        "due sooner wakes it at its wake time.",
+        number(1, MAX_POLLER_INTERVAL_MS, unit="milliseconds"),
     ),
     "BATCH_SIZE": Option(
         "The most runs the poller wakes in one tick (one transaction).",

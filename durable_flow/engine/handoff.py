@@ -30,6 +30,7 @@ from durable_flow.definitions.step_concurrency import constraints_of
 from durable_flow.engine import inline_handoff
 from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepKind, StepStatus, WorkflowRun
+from durable_flow.store import timer_bells
 from durable_flow.store.statements import lock_step_and_run_now, save_fields, writes_together
 
 if TYPE_CHECKING:
@@ -218,8 +219,7 @@ class Grants:
         self.release_ticket(queue, ticket)
         return False
 
-    @staticmethod
-    def _mark_running(run: WorkflowRun, deadline: datetime | None) -> None:
+    def _mark_running(self, run: WorkflowRun, deadline: datetime | None) -> None:
         """The run now has a step in flight; its turn must come back by the step's deadline."""
         fields = []
         if run.status == RunStatus.SUSPENDED:
@@ -230,6 +230,9 @@ class Grants:
             fields.append("wake_at")
         if fields:
             save_fields(run, [*fields, "updated_at"])
+        if "wake_at" in fields:  # a deadline sooner than the poller's next look rings it
+            dispatcher = self.dispatcher
+            timer_bells.parked(deadline, dispatcher.clock(), dispatcher.settings.poller_interval_ms / 1000)
 
     def reoffer_waiting(self, queue: str) -> int:
         """The safety net (poller maintenance): every call parked on `queue` is offered to the

@@ -41,7 +41,7 @@ from durable_flow.models import (
 )
 from durable_flow.models.runs import PARKED, PARKED_STEP_STATUSES
 from durable_flow.store import events as event_store
-from durable_flow.store import metric_counts, run_bells
+from durable_flow.store import metric_counts, run_bells, timer_bells
 from durable_flow.store import quotas as quota_store
 from durable_flow.store.statements import save_fields
 
@@ -138,8 +138,10 @@ class Lifecycle:
                 run = WorkflowRun.objects.create(**fields)
                 if run.status == RunStatus.PENDING and priority:
                     self.transport.enqueue_first_turn(run.id, priority)
-                elif run.status == RunStatus.PENDING:  # a debounced run waits for the poller
+                elif run.status == RunStatus.PENDING:
                     self.transport.enqueue_turn(run.id)
+                else:  # a debounced run waits for the poller, rung if its period is short
+                    timer_bells.parked(run.wake_at, self.clock(), self.settings.poller_interval_ms / 1000)
         except ConcurrencyLimitError as exc:
             quota_store.record_refusal(exc)
             raise

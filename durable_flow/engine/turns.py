@@ -22,6 +22,7 @@ from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, WorkflowRun
 from durable_flow.models.runs import WAKEABLE
+from durable_flow.store import timer_bells
 from durable_flow.store.statements import save_fields, writes_together
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class Turns:
             run.status = RunStatus.RUNNING if ctx.in_flight else RunStatus.SUSPENDED
             run.wake_at = ctx.wake_at
             save_fields(run, ["status", "wake_at", "turns", "updated_at"])
+            # A wake-up sooner than the poller's next look rings it (nothing otherwise).
+            timer_bells.parked(run.wake_at, ctx.now, self.settings.poller_interval_ms / 1000)
             return run
         except DatabaseError as exc:
             # The workflow's code touched the database and failed (or aborted the transaction):

@@ -4,7 +4,12 @@
 PostgreSQL (`durable_flow.runtime.vacuum`).
 
 Each tick selects at most `BATCH_SIZE` due runs through the `(status, wake_at)` index, so its
-cost follows the number of *due* runs, not of every parked one. Calls parked in a queue's
+cost follows the number of *due* runs, not of every parked one. Between ticks the poller sleeps
+until the earliest `wake_at` still to come (read from the same index, `queries.next_wake`) or
+for `INTERVAL_MS`, whichever comes first; a run parked meanwhile until sooner than that rings it
+(`store.timer_bells`: PostgreSQL's `NOTIFY`, SQLite's doorbell) and it sleeps until that time
+instead. So a sleep, a backoff or a timeout resumes at its `wake_at`, not at the next interval.
+The rest of the pass (schedules, grants, maintenance, samples) keeps the interval's pace. Calls parked in a queue's
 waiting line have no `wake_at`: grants dispatch them. The tick grants each queue's room as a
 safety net (one backend call per queue, whatever the number of waiters), and the maintenance
 pass re-offers the parked calls to the backend, for grants lost in a crash. On PostgreSQL the rows are
@@ -15,6 +20,7 @@ run twice; on SQLite the IMMEDIATE write transaction serialises them.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -33,6 +39,7 @@ from durable_flow.runtime.vacuum import VacuumPolicy, Vacuums
 from durable_flow.store import metric_counts, queries, retention
 from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.quotas import prune_refusals
+from durable_flow.store.timer_bells import TimerBell
 
 logger = logging.getLogger("durable_flow.runtime.poller")
 #: How long a stopping poller waits for a vacuum it started.
@@ -66,11 +73,20 @@ class TimerPoller:
         settings = self.engine.settings
         policy = VacuumPolicy(settings.vacuum_dead_rows, settings.vacuum_dead_fraction, settings.vacuum_min_interval_s)
         self.vacuums = Vacuums(policy)
+        #: The engine-clock time of the last tick: what it found due was due by then.
+        self.ticked_at: datetime | None = None
+        # The sleep between ticks (`_sleep_until`): until `_planned` (on `time.monotonic`'s
+        # scale), brought forward by a ring (`_rung`) for a run parked until sooner.
+        self._plan_lock = threading.Lock()
+        self._planned = math.inf
+        self._rung_at = math.inf
+        self._woken = threading.Event()
+        self.bell = TimerBell(self._rung)
 
     @retry_on_conflict
     def tick(self) -> list[str]:
         """Wake one batch of due runs; return their ids."""
-        now = self.engine.now()
+        now = self.ticked_at = self.engine.now()
         with transaction.atomic():
             due = queries.due_runs(now)
             if connection.features.has_select_for_update_skip_locked:
@@ -200,9 +216,55 @@ class TimerPoller:
 
     def request_stop(self, *_: Any) -> None:
         self._stop.set()
+        self._woken.set()
+
+    # -- sleeping until the next wake-up ---------------------------------------------------------
+    def _in_monotonic(self, when: datetime | float) -> float:
+        """`when` (engine clock: a datetime, or a Unix timestamp) on `time.monotonic`'s scale."""
+        at = when.timestamp() if isinstance(when, datetime) else when
+        return time.monotonic() + (at - self.engine.now().timestamp())
+
+    def _rung(self, when: float) -> None:
+        """A run was parked until `when` (a Unix timestamp; 0.0: look now): wake the sleep if
+        that is sooner than planned. Called from the bell's thread."""
+        at = self._in_monotonic(when)
+        with self._plan_lock:
+            self._rung_at = min(self._rung_at, at)
+            if at < self._planned:
+                self._woken.set()
+
+    def _open_plan(self) -> None:
+        """Before a tick: every ring from now on is kept for the next sleep (`_rung_at`), and
+        wakes the sleep (it may come before the plan is read)."""
+        with self._plan_lock:
+            self._planned = math.inf
+            self._rung_at = math.inf
+            self._woken.clear()
+
+    def next_wake(self, next_pass: float) -> float:
+        """When to tick next (`time.monotonic`'s scale): the earliest `wake_at` after the last
+        tick (`queries.next_wake`), or `next_pass` (the interval's next full pass) if that
+        comes first."""
+        upcoming = queries.next_wake(self.ticked_at) if self.ticked_at is not None else None
+        return next_pass if upcoming is None else min(next_pass, self._in_monotonic(upcoming))
+
+    def _sleep_until(self, planned: float) -> None:
+        """Sleep until `planned`, or until a ring's time sooner than that, or a stop."""
+        with self._plan_lock:
+            self._planned = planned
+        while not self._stop.is_set():
+            with self._plan_lock:
+                self._planned = min(self._planned, self._rung_at)
+                target = self._planned
+                self._woken.clear()
+            left = target - time.monotonic()
+            if left <= 0:
+                return
+            self._woken.wait(left)
 
     def run_forever(self) -> None:
-        """Poll until SIGTERM/SIGINT; a tick that found a full batch loops without sleeping."""
+        """Poll until SIGTERM/SIGINT: tick, then sleep until the next `wake_at` or the interval's
+        next full pass; a tick that found a full batch loops without sleeping."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         outage = Outage("poller", logger)
@@ -217,31 +279,39 @@ class TimerPoller:
             break
         self.outage_seen()
         self.engine.grant_timer.start()
-        while not self._stop.is_set():
-            try:
-                woken = self.tick()
-                self.schedules.tick()  # declared schedules' due ticks (durable_flow/runtime/schedules.py)
-                self.events.sweep()  # events a dead sender left pending (durable_flow/runtime/events.py)
-                self.grant_queues()
-                if time.monotonic() >= self._next_maintenance:
-                    self.maintain()
-                    self._next_maintenance = time.monotonic() + self.maintenance_every_s
-                self.sampler.maybe_sample()  # the dashboard's history (durable_flow/observe/sampling.py)
-            except transient as exc:
-                # Database or broker down: back off (logged once per outage) and carry on.
-                self.outage_seen()  # so the first pass that succeeds judges no death either
-                close_old_connections()
-                self._stop.wait(outage.failed(exc))
-                continue
-            except Exception:
-                logger.exception("poller tick failed; retrying")
-                woken = []
-            else:
-                if outage.ongoing:
-                    self.outage_seen()  # the TTL counts from the services' return
-                outage.recovered()
-            if len(woken) < self.batch_size:
-                self._stop.wait(self.interval_s)
+        self.bell.start()
+        next_pass = 0.0  # `time.monotonic`'s scale: the first loop takes the whole pass
+        try:
+            while not self._stop.is_set():
+                self._open_plan()
+                try:
+                    woken = self.tick()
+                    if time.monotonic() >= next_pass:
+                        self.schedules.tick()  # declared schedules' due ticks (durable_flow/runtime/schedules.py)
+                        self.events.sweep()  # events a dead sender left pending (durable_flow/runtime/events.py)
+                        self.grant_queues()
+                        if time.monotonic() >= self._next_maintenance:
+                            self.maintain()
+                            self._next_maintenance = time.monotonic() + self.maintenance_every_s
+                        self.sampler.maybe_sample()  # the dashboard's history (durable_flow/observe/sampling.py)
+                        next_pass = time.monotonic() + self.interval_s
+                    planned = self.next_wake(next_pass) if len(woken) < self.batch_size else -math.inf
+                except transient as exc:
+                    # Database or broker down: back off (logged once per outage) and carry on.
+                    self.outage_seen()  # so the first pass that succeeds judges no death either
+                    close_old_connections()
+                    self._stop.wait(outage.failed(exc))
+                    continue
+                except Exception:
+                    logger.exception("poller tick failed; retrying")
+                    planned = time.monotonic() + self.interval_s
+                else:
+                    if outage.ongoing:
+                        self.outage_seen()  # the TTL counts from the services' return
+                    outage.recovered()
+                self._sleep_until(planned)
+        finally:
+            self.bell.stop()
         metric_counts.flush_quietly()  # a graceful stop loses no count
         # A vacuum under way gets a moment to end; past it, the process exits and the server
         # cancels the vacuum (nothing is lost: the next one starts over).

@@ -46,9 +46,11 @@ from django.db import connections
 
 logger = logging.getLogger("durable_flow.store.doorbell")
 
-#: Topics: new task rows (the `db` transport's claimers), finished runs (callers' waits).
+#: Topics: new task rows (the `db` transport's claimers), finished runs (callers' waits), runs
+#: parked until soon (the timer poller, `store.timer_bells`).
 TASKS = "tasks"
 RUNS = "runs"
+TIMERS = "timers"
 #: The longest socket path every platform takes (`sun_path` is 104 bytes on macOS).
 MAX_SOCKET_PATH = 100
 #: How long a listener blocks in `recv` before it looks at its stop flag again.

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
@@ -35,6 +36,36 @@ def due_runs(now: datetime) -> QuerySet[WorkflowRun]:
     debounced run is due when its period has passed with no new start."""
     due = (*WAKEABLE, RunStatus.DEBOUNCED)
     return WorkflowRun.objects.filter(status__in=due, wake_at__lte=now).order_by("wake_at")
+
+
+def next_wake(after: datetime) -> datetime | None:
+    """The earliest `wake_at` later than `after` of a run `due_runs` would wake then, or None.
+
+    One statement: a subquery per parked status, each a seek to the first entry past `after` in
+    the `(status, wake_at)` index (one query over all the statuses would read every parked
+    run's entry to sort them: the index is ordered by status first). Later than `after`, the
+    time of the tick just taken: a due run that tick left (its row locked by another
+    transaction) is not planned for again before the next interval, so it cannot spin."""
+    parts: list[str] = []
+    params: list[object] = []
+    for status in (*WAKEABLE, RunStatus.DEBOUNCED):
+        first = WorkflowRun.objects.filter(status=status, wake_at__gt=after).order_by("wake_at")
+        sql, part_params = first.values_list("wake_at")[:1].query.sql_with_params()
+        parts.append(f"({sql})")
+        params.extend(part_params)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(parts)}", params)
+        row = cursor.fetchone()
+    field = WorkflowRun._meta.get_field("wake_at")
+    column = field.get_col(WorkflowRun._meta.db_table)
+    converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+    times = []
+    for value in row or ():
+        for convert in converters:
+            value = convert(value, column, connection)
+        if value is not None:
+            times.append(value)
+    return min(times, default=None)
 
 
 def stale_pending_runs(lost_after: datetime, executing: Iterable[str] = ()) -> QuerySet[WorkflowRun]:

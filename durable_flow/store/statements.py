@@ -139,15 +139,22 @@ def save_fields(obj: Model, fields: Iterable[str]) -> None:
             raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
-def notify(channel: str, payload: str) -> None:
+def notify(channel: str, payload: str, *, if_held: tuple[int, str] | None = None) -> None:
     """PostgreSQL's `pg_notify(channel, payload)` in the current transaction: held back and sent
     with the next statement inside a `writes_together` block, as a write is (delivered on the
-    commit either way)."""
-    sql = "SELECT pg_notify(%s, %s)"
-    if _hold(sql, [channel, payload], must_match=False):
+    commit either way).
+
+    `if_held` (`(class, key)`): only if another session holds the advisory lock `(class,
+    hashtext(key))`; else this transaction takes it (exclusive, to its end), so a session that
+    asks for it meanwhile waits for the commit (`store.run_bells`)."""
+    sql, params = "SELECT pg_notify(%s, %s)", [channel, payload]
+    if if_held is not None:
+        sql += " WHERE NOT pg_try_advisory_xact_lock(%s::integer, hashtext(%s))"
+        params += [*if_held]
+    if _hold(sql, params, must_match=False):
         return
     with connection.cursor() as cursor:
-        cursor.execute(sql, [channel, payload])
+        cursor.execute(sql, params)
 
 
 def fetch(model: type[M], sql: str, params: Sequence[object]) -> list[M]:
