@@ -62,7 +62,7 @@ cannot be killed safely mid-transaction, and step timeouts are the engine's (the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -429,6 +429,11 @@ class RQTransport(Transport):
         return booked, registered
 
     # -- consuming ---------------------------------------------------------------------------
-    def source(self) -> RQTaskSource:
-        """The consuming side, for `durable_worker`: every lane, on every Redis they are on."""
-        return RQTaskSource(self)
+    def source(self, lanes: Sequence[str] | None = None) -> RQTaskSource:
+        """The consuming side, for `durable_worker`: every lane (on every Redis they are on), or
+        only `lanes` (`durable_worker --lane`). An unknown lane name is `ImproperlyConfigured`."""
+        if lanes is not None and (unknown := [name for name in lanes if name not in self.lanes]):
+            raise ImproperlyConfigured(
+                f"no lane {', '.join(map(repr, unknown))}: this transport's lanes are {', '.join(self.lanes)}"
+            )
+        return RQTaskSource(self, lanes=lanes)
