@@ -62,7 +62,7 @@ def test_two_lanes_on_one_redis_are_served_by_one_wait() -> None:
     assert [lane.name for lane in source.servers[0].lanes] == ["durable", "default"]
 
 
-def test_a_route_to_a_missing_entry_is_E040() -> None:
+def test_a_route_to_a_missing_entry_is_e040() -> None:
     found = findings({"ROUTES": {"far": "durable-gone"}}, queues=["far"])
     assert len(found) == 1
     (message,) = found
@@ -72,19 +72,19 @@ def test_a_route_to_a_missing_entry_is_E040() -> None:
         RQTransport(routes={"far": "durable-gone"})  # and the engine would not build
 
 
-def test_a_route_for_an_undeclared_queue_is_W041() -> None:
+def test_a_route_for_an_undeclared_queue_is_w041() -> None:
     assert findings({"ROUTES": {"far": "durable-far"}}, queues=["far"]) == set()
     (message,) = findings({"ROUTES": {"fra": "durable-far"}}, queues=["far"])
     assert message.startswith("durable_flow.W041: ") and "'fra'" in message
 
 
-def test_a_lane_named_like_another_lanes_tier_is_E042() -> None:
+def test_a_lane_named_like_another_lanes_tier_is_e042() -> None:
     rq_queues = {**RQ_QUEUES, "durable:high": {"URL": NEAR}}
     (message,) = findings({"ROUTES": {"far": "durable:high"}}, rq_queues, queues=["far"])
     assert message.startswith("durable_flow.E042: ") and "'durable:high' is a lane and also the high tier" in message
 
 
-def test_a_tier_on_another_redis_than_its_lane_is_E043() -> None:
+def test_a_tier_on_another_redis_than_its_lane_is_e043() -> None:
     rq_queues = {**RQ_QUEUES, "durable-far:low": {"URL": NEAR}}
     (message,) = findings({"ROUTES": {"far": "durable-far"}}, rq_queues, queues=["far"])
     assert message.startswith("durable_flow.E043: ") and "['durable-far:low'] is on another Redis" in message
@@ -100,6 +100,6 @@ def test_a_tier_on_another_redis_than_its_lane_is_E043() -> None:
         ({"": "durable-far"}, "a queue name must be a"),
     ],
 )
-def test_a_malformed_routes_is_E005(routes: Any, problem: str) -> None:
+def test_a_malformed_routes_is_e005(routes: Any, problem: str) -> None:
     (message,) = findings({"ROUTES": routes})
     assert message.startswith("durable_flow.E005: ") and problem in message, message
