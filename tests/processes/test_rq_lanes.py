@@ -177,8 +177,9 @@ def test_killing_a_worker_re_drives_its_steps_on_both_redis(
     for where, lane_name in (("far", FAR), ("near", "durable")):
         cp = StepCheckpoint.objects.get(run=runs[where], kind="step")
         wait_for(
-            lambda cp=cp, lane_name=lane_name: (cp.run_id, cp.key, cp.attempt)
-            in finished_steps(lane(lanes_engine, lane_name)),
+            lambda cp=cp, lane_name=lane_name: (
+                (cp.run_id, cp.key, cp.attempt) in finished_steps(lane(lanes_engine, lane_name))
+            ),
             timeout=30,
             what=f"attempt {cp.attempt} of the {where} step finished on its lane's Redis",
         )
