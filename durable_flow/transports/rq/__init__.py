@@ -27,6 +27,11 @@ Three tiers keep the set of queue names fixed (operators can list them in `RQ_QU
 django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
 the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
 
+Lanes (`ROUTES`, `lanes`). `ROUTES = {"openai": "durable-llm"}` sends the steps of flow-control
+queue `openai` to the `RQ_QUEUES` entry `durable-llm`, with its own three tiers, claim book and
+doorbell on the Redis that entry names; turns and every other step stay on `QUEUE`. A worker
+serves every lane (`source`), and recovery (`reclaim_from`) runs lane by lane on each one's Redis.
+
 Consuming. `RQTransport.source()` is an `RQTaskSource` (`source`) for the shared
 worker runtime: jobs run on threads under the live concurrency limit, with RQ's bookkeeping kept
 the way a `SimpleWorker` keeps it.
