@@ -213,3 +213,21 @@ def test_with_one_redis_down_the_other_is_served_and_its_work_resumes_when_it_is
     where = f"rq on 127.0.0.1:{own_redis.port}/1"
     assert log.count(f"{where}: service unavailable") == 1, log
     assert log.count(f"{where}: service back") == 1, log
+
+
+def test_the_backlog_counts_the_jobs_on_every_redis(lanes_engine: Engine, own_redis: OwnRedis) -> None:
+    """`durable_flow_tasks_unclaimed` reads every lane; with one Redis unreadable it is left out
+    of the scrape rather than shown short."""
+    from durable_flow.observe.metrics import backlog
+
+    transport = lanes_engine.transport
+    with transaction.atomic():
+        transport.enqueue_step_of_queue("far", "run-a", "s", 1, 5)  # high tier, far Redis
+        transport.enqueue_step_of_queue("far", "run-b", "s", 1, 0)
+        transport.enqueue_step_of_queue("near", "run-c", "s", 1, 0)  # QUEUE's lane
+    assert lane(lanes_engine, FAR).tiers[NORMAL].count == 1
+    assert backlog() == ("rq", 3)
+    own_redis.kill()
+    assert backlog() == ("rq", None)
+    own_redis.start()  # its append-only file kept the jobs
+    assert backlog() == ("rq", 3)
