@@ -61,6 +61,9 @@ class NullTransport:
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         pass
 
+    def enqueue_step_of_queue(self, queue: str, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        pass
+
 
 def setup_django(database: str) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "settings.test"

@@ -25,6 +25,10 @@
   `durable_flow.definitions.events`);
 - `durable_flow.E030`: the admission backend cannot keep a declaration (the `redis` backend on Redis
   Cluster: a workflow placed in a shard whose step-concurrency keys would cross hash slots);
+- `durable_flow.E040` to `E049`: the `rq` transport's lanes (`TRANSPORT["ROUTES"]`): `E040` a route
+  to an `RQ_QUEUES` entry that is not there, `E042` a lane named like another lane's tier, `E043` a
+  tier listed in `RQ_QUEUES` on another Redis than its lane; `W041` a route for a flow-control queue
+  `QUEUES` does not declare;
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -91,6 +95,14 @@ HINTS = {
     ),
     "E021": 'Add the event to DURABLE_FLOW["EVENTS"] or fix the trigger= name (docs/events.md).',
     "E023": 'Add the event to DURABLE_FLOW["EVENTS"] or fix the cancel_on event name (docs/events.md).',
+    "E040": "Add the entry to settings.RQ_QUEUES (its URL names the Redis) or route the queue to one that is "
+    "there (docs/deployment.md, Several Redis servers for rq).",
+    "W041": 'Declare the queue in DURABLE_FLOW["QUEUES"] or fix the name: a step of a queue no route names goes '
+    "on QUEUE's Redis.",
+    "E042": "Rename the RQ_QUEUES entry: a lane's tiers are '<entry>:high' and '<entry>:low', so no other lane "
+    "may be named so.",
+    "E043": "Point the tier's RQ_QUEUES entry at the same Redis as its lane, or drop it (a tier not listed "
+    "is built on its lane's connection).",
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
     "E008": 'Set "APP_DIRS": True on the DjangoTemplates backend in TEMPLATES (or list the app directories loader).',
@@ -141,9 +153,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             try:
                 cls.check_options(spec.options)
             except ImproperlyConfigured as exc:
-                errors.append(_error(str(exc), options_id))
+                errors.append(_error(str(exc), getattr(exc, "check_id", options_id)))
             else:
                 errors.extend(_undeclarable(cls, spec.options) if key == "ADMISSION" else [])
+                if key == "TRANSPORT":
+                    errors.extend(_deployment_problems(cls, spec.options, [q.name for q in config.queues]))
         if key == "ADMISSION" and not getattr(cls, "SUPPORTS_CONSTRAINTS", False):
             errors.extend(_unenforced_step_concurrency())
     if config.transport.path == TRANSPORT_BACKENDS["inline"] and not settings.DEBUG:
@@ -154,6 +168,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         )
         errors.append(checks.Warning(message, hint=HINTS["W002"], id="durable_flow.W002"))
     return errors
+
+
+def _deployment_problems(cls: Any, options: Any, declared_queues: list[str]) -> list[checks.CheckMessage]:
+    """What the transport finds wrong with where its work goes (`Transport.deployment_problems`)."""
+    found = cls.deployment_problems(options, declared_queues) if hasattr(cls, "deployment_problems") else []
+    level = {"E": checks.Error, "W": checks.Warning}
+    return [
+        level[check_id[0]](message, hint=HINTS[check_id], id=f"durable_flow.{check_id}") for check_id, message in found
+    ]
 
 
 @checks.register("durable_flow")

@@ -117,3 +117,10 @@ DASHBOARD_BURST = {
 
 # inline transport is what most tests run on (W002 warns about it outside DEBUG).
 SILENCED_SYSTEM_CHECKS = ["durable_flow.W002"]
+
+if TRANSPORT["BACKEND"] == "rq" and (FAR_REDIS_URL := os.environ.get("DURABLE_FLOW_RQ_FAR_URL")):
+    # A second Redis (tests/processes/test_rq_lanes.py): the steps of flow-control queue "far"
+    # go on lane "durable-far" there; the queue is not declared (W041), as the tests' queues are not.
+    RQ_QUEUES["durable-far"] = {"URL": FAR_REDIS_URL}
+    TRANSPORT["ROUTES"] = {"far": "durable-far"}
+    SILENCED_SYSTEM_CHECKS.append("durable_flow.W041")

@@ -122,6 +122,14 @@ class RefusalRetentionMisconfigured(ImproperlyConfigured):
     """POLLER's REFUSAL_RETENTION_S is wrong (`manage.py check`: E009)."""
 
 
+class RoutesMisconfigured(ImproperlyConfigured):
+    """The `rq` transport's `ROUTES` cannot be kept (`manage.py check`: `check_id`, E040 to E049)."""
+
+    def __init__(self, message: str, check_id: str) -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
 class VacuumMisconfigured(ImproperlyConfigured):
     """POLLER's VACUUM_DEAD_ROWS / VACUUM_DEAD_FRACTION / VACUUM_MIN_INTERVAL_S are wrong
     (`manage.py check`: E014)."""

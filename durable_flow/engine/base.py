@@ -28,6 +28,10 @@ class TaskQueue(Protocol):
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         """Queue attempt `attempt` of the run's step `step_key`."""
 
+    def enqueue_step_of_queue(self, queue: str, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        """`enqueue_step` for a step of flow-control queue `queue` (where the transport places
+        work by queue)."""
+
 
 class TransportPort(TaskQueue, Protocol):
     """The transport as the engine holds it: what it queues, and `bind`, which hands it the

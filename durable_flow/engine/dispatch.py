@@ -134,7 +134,7 @@ class Dispatcher:
         if inline_to:
             inline_handoff.hand_over(cp.run_id, cp.key, cp.attempt, self._started_inline(cp, now))
         else:
-            self.transport.enqueue_step(cp.run_id, cp.key, cp.attempt, cp.priority)
+            self.transport.enqueue_step_of_queue(cp.queue, cp.run_id, cp.key, cp.attempt, cp.priority)
 
     def _started_inline(self, cp: StepCheckpoint, now: datetime) -> StepCheckpoint | None:
         """An attempt handed to this thread starts here, in the dispatching transaction: its

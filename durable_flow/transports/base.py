@@ -50,6 +50,11 @@ class Transport(Configurable, ABC):
         higher `priority` first where the broker can order work."""
 
     # -- optional, with defaults -------------------------------------------------------------
+    def enqueue_step_of_queue(self, queue: str, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        """`enqueue_step` for a step of flow-control queue `queue` ("" for none), for a transport
+        that places work by queue (`rq`'s `ROUTES`); the default ignores the queue."""
+        self.enqueue_step(run_id, step_key, attempt, priority)
+
     def enqueue_first_turn(self, run_id: str, priority: int) -> None:
         """Queue a new run's first turn at `priority` (a task's, `durable_flow.contrib.tasks`): higher
         first where the transport orders turns (`db`); the default queues it as any turn."""
@@ -81,6 +86,13 @@ class Transport(Configurable, ABC):
         super().check_options(options)
         if "CONCURRENCY" in options:
             cls.check_concurrency(options["CONCURRENCY"])
+
+    @classmethod
+    def deployment_problems(cls, options: Mapping[str, Any], declared_queues: list[str]) -> list[tuple[str, str]]:
+        """What `manage.py check` reports beyond a refused option, as (check id, message), given
+        the flow-control queues `DURABLE_FLOW["QUEUES"]` declares; reads settings only, connects to
+        nothing. Default: nothing."""
+        return []
 
     @classmethod
     def check_concurrency(cls, spec: object) -> None:

@@ -24,6 +24,7 @@ from durable_flow.models import RunStatus, WorkflowRun
 from durable_flow.transports.db.transport import DatabaseTransport
 from durable_flow.transports.rq import RQTransport
 from durable_flow.transports.rq.common import HIGH, LOW, NORMAL
+from durable_flow.transports.rq.lanes import Lane
 from tests.conftest import ManagedProcess, use_redis_admission, wait_for
 from tests.support.own_redis import OwnRedis, free_port
 
@@ -41,11 +42,12 @@ def outage_engine(transactional_db: None, own_redis: OwnRedis) -> Engine:
     """This process enqueues on the test's own Redis (the workers get it through REDIS_URL)."""
     transport = RQTransport(queue="durable", concurrency=2)
     connection = Redis(port=own_redis.port, db=1)
-    transport.__dict__["tiers"] = {
+    tiers = {
         NORMAL: Queue("durable", connection=connection),
         HIGH: Queue("durable:high", connection=connection),
         LOW: Queue("durable:low", connection=connection),
     }
+    transport.__dict__["lanes"] = {"durable": Lane.of("durable", tiers)}
     engine = Engine(admission=LocalAdmissionBackend(), transport=transport, settings=get_settings())
     set_engine(engine)
     return engine

@@ -36,6 +36,7 @@ class RecordingQueue:
     def __init__(self) -> None:
         self.turns: list[str] = []
         self.steps: list[tuple[str, str, int, int]] = []
+        self.queues: list[str] = []
 
     def enqueue_turn(self, run_id: str) -> None:
         self.turns.append(run_id)
@@ -45,6 +46,10 @@ class RecordingQueue:
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
         self.steps.append((run_id, step_key, attempt, priority))
+
+    def enqueue_step_of_queue(self, queue: str, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        self.queues.append(queue)
+        self.enqueue_step(run_id, step_key, attempt, priority)
 
 
 def test_no_part_holds_the_engine() -> None:

@@ -11,6 +11,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_flow.engine import get_engine
@@ -54,6 +55,13 @@ class Command(BaseCommand):
         parser.add_argument("--max-tasks", type=int, default=None, help="Exit after this many tasks.")
         parser.add_argument("--grace", type=float, default=30.0, help="Seconds to finish in-flight tasks on SIGTERM.")
         parser.add_argument(
+            "--lane",
+            action="append",
+            default=None,
+            help="rq only: serve this RQ_QUEUES entry's jobs (QUEUE, or one TRANSPORT['ROUTES'] names); repeat "
+            "for several. Default: every lane, on every Redis they are on.",
+        )
+        parser.add_argument(
             "--name",
             default=None,
             help="This worker's name, its id being host:NAME, kept across restarts (default: the lowest "
@@ -63,7 +71,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         log_startup_signals()
         engine = get_engine()
-        source = engine.transport.source()
+        lanes = options["lane"]
+        if lanes and engine.transport.name != "rq":
+            raise CommandError(f"--lane: the {engine.transport.name!r} transport has no lanes (rq has)")
+        try:
+            source = engine.transport.source(lanes=lanes) if lanes else engine.transport.source()
+        except ImproperlyConfigured as exc:
+            raise CommandError(f"--lane: {exc}") from exc
         if source is None:
             raise CommandError(
                 f"the {engine.transport.name!r} transport runs work in-process; durable_worker serves db and rq"

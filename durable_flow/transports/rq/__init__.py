@@ -27,6 +27,11 @@ Three tiers keep the set of queue names fixed (operators can list them in `RQ_QU
 django-rq dashboard) and cover "urgent", "normal", "background". Ordering *within* a tier by
 the exact value is admission's job; the broker only needs to let urgent work overtake the backlog.
 
+Lanes (`ROUTES`, `lanes`). `ROUTES = {"openai": "durable-llm"}` sends the steps of flow-control
+queue `openai` to the `RQ_QUEUES` entry `durable-llm`, with its own three tiers, claim book and
+doorbell on the Redis that entry names; turns and every other step stay on `QUEUE`. A worker
+serves every lane (`source`), and recovery (`reclaim_from`) runs lane by lane on each one's Redis.
+
 Consuming. `RQTransport.source()` is an `RQTaskSource` (`source`) for the shared
 worker runtime: jobs run on threads under the live concurrency limit, with RQ's bookkeeping kept
 the way a `SimpleWorker` keeps it.
@@ -62,7 +67,7 @@ cannot be killed safely mid-transaction, and step timeouts are the engine's (the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -74,12 +79,15 @@ from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
 from durable_flow.config.options import Option, Validator, boolean, non_empty_str, number, optional
+from durable_flow.config.settings import RoutesMisconfigured
 from durable_flow.config.validation import MAX_DURATION_MS
 from durable_flow.engine import get_engine
 from durable_flow.store import metric_counts
+from durable_flow.store.outage import transient_errors
 from durable_flow.transports.base import CONCURRENCY_OPTION, Transport
 from durable_flow.transports.rq.claims import ClaimBook
 from durable_flow.transports.rq.common import HIGH, LOW, NORMAL, current_runner
+from durable_flow.transports.rq.lanes import Lane, build_lane, configured_server
 from durable_flow.transports.rq.source import RQTaskSource
 from durable_flow.transports.runner import EngineRunner, TaskRunner
 
@@ -91,6 +99,64 @@ logger = logging.getLogger("durable_flow.transports.rq")
 SETTING = 'DURABLE_FLOW["TRANSPORT"]'
 #: RESULT_TTL / FAILURE_TTL: whole seconds up to ten years, -1 (forever) or None (RQ's).
 _ttl: Validator = optional(number(-1, MAX_DURATION_MS // 1000, integer=True, unit="seconds, -1: forever"))
+
+
+def _routes(value: Any) -> str | None:
+    """ROUTES: a dict of flow-control queue names to RQ_QUEUES entry names, both non-empty strings."""
+    if not isinstance(value, Mapping):
+        return f"must be a dict of queue names to RQ_QUEUES entries, got {type(value).__name__}"
+    for queue, entry in value.items():
+        if problem := non_empty_str(queue):
+            return f"a queue name {problem}"
+        if problem := non_empty_str(entry):
+            return f"[{queue!r}]: {problem}"
+    return None
+
+
+def lane_problem(queue: str, routes: Mapping[str, str], rq_queues: Mapping[str, Any]) -> RoutesMisconfigured | None:
+    """What makes the lanes unusable, found from the settings alone: a route to an entry that is
+    not in `RQ_QUEUES` (E040), or a lane whose name is another lane's tier (E042: both would
+    use one Redis list)."""
+    for flow_queue, entry in routes.items():
+        if entry not in rq_queues:
+            known = ", ".join(sorted(rq_queues)) or "none"
+            return RoutesMisconfigured(
+                f'{SETTING}["ROUTES"][{flow_queue!r}]: {entry!r} is not in settings.RQ_QUEUES (configured: {known})',
+                "E040",
+            )
+    lanes = [queue, *routes.values()]
+    for lane in lanes:
+        for tier in (HIGH, LOW):
+            if f"{lane}:{tier}" in lanes:
+                return RoutesMisconfigured(
+                    f"{SETTING}: {lane + ':' + tier!r} is a lane and also the {tier} tier of lane {lane!r}",
+                    "E042",
+                )
+    return None
+
+
+def lane_warnings(options: Mapping[str, Any], declared_queues: list[str]) -> list[tuple[str, str]]:
+    """`manage.py check`'s findings on lanes that build but look wrong, as (check id, message):
+    a route for a flow-control queue `DURABLE_FLOW["QUEUES"]` does not declare (W041: a
+    misspelt name sends its steps to `QUEUE`'s Redis), a tier listed in `RQ_QUEUES` on another
+    Redis than its lane (E043: one script pops all three tiers, on the lane's connection)."""
+    from django_rq.settings import QUEUES
+
+    found: list[tuple[str, str]] = []
+    routes: Mapping[str, str] = options.get("ROUTES") or {}
+    for flow_queue in routes:
+        if flow_queue not in declared_queues:
+            found.append(
+                ("W041", f'{SETTING}["ROUTES"]: {flow_queue!r} is not a queue DURABLE_FLOW["QUEUES"] declares')
+            )
+    for lane in dict.fromkeys([options.get("QUEUE", "durable"), *routes.values()]):
+        for tier in (HIGH, LOW):
+            name = f"{lane}:{tier}"
+            if name in QUEUES and configured_server(name) != configured_server(lane):
+                found.append(
+                    ("E043", f"settings.RQ_QUEUES[{name!r}] is on another Redis than {lane!r}, whose {tier} tier it is")
+                )
+    return found
 
 
 def tier_for(priority: int) -> str:
@@ -141,6 +207,11 @@ class RQTransport(Transport):
     name = "rq"
     OPTIONS: ClassVar[Mapping[str, Option]] = {
         "QUEUE": Option("The RQ_QUEUES entry whose connection, serializer and job class are used.", non_empty_str),
+        "ROUTES": Option(
+            "Flow-control queues whose steps go on another RQ_QUEUES entry (maybe on another Redis) than QUEUE: "
+            "{queue name: RQ_QUEUES entry}. Turns and the steps of other queues stay on QUEUE.",
+            _routes,
+        ),
         "CONCURRENCY": CONCURRENCY_OPTION,
         "RESULT_TTL": Option("Seconds RQ keeps a finished job in its registry (-1: forever).", _ttl),
         "FAILURE_TTL": Option("Seconds RQ keeps a failed job in its registry (-1: forever).", _ttl),
@@ -166,6 +237,7 @@ class RQTransport(Transport):
         failure_ttl: int | None = None,
         eager_steps: bool = True,
         optimistic_first_step: bool | None = None,
+        routes: Mapping[str, str] | None = None,
     ) -> None:
         from django_rq.settings import QUEUES
 
@@ -184,6 +256,9 @@ class RQTransport(Transport):
         if optimistic_first_step is None:
             optimistic_first_step = eager_steps  # on by default, wherever it can be
         self.check_concurrency(concurrency)  # validate now, not at worker start
+        self.routes = dict(routes or {})
+        if problem := lane_problem(queue, self.routes, QUEUES):
+            raise problem
         self.queue_name = queue
         self.concurrency = concurrency
         self.result_ttl = result_ttl
@@ -198,69 +273,67 @@ class RQTransport(Transport):
         super().check_options(options)
         cls(**{key.lower(): value for key, value in options.items()})
 
-    # -- queues ------------------------------------------------------------------------------
+    @classmethod
+    def deployment_problems(cls, options: Mapping[str, Any], declared_queues: list[str]) -> list[tuple[str, str]]:
+        """Routes to undeclared queues (W041), tiers on another Redis than their lane (E043)."""
+        return lane_warnings(options, declared_queues)
+
+    # -- lanes -------------------------------------------------------------------------------
     @cached_property
-    def tiers(self) -> dict[str, Queue]:
-        """The three RQ queues, built lazily (no Redis connection at import or engine build).
+    def lanes(self) -> dict[str, Lane]:
+        """Every `RQ_QUEUES` entry this transport sends to, `QUEUE`'s first, built lazily (no
+        Redis connection at import or engine build): its tiers, claim book and connection."""
+        names = dict.fromkeys([self.queue_name, *self.routes.values()])
+        return {name: build_lane(name) for name in names}
 
-        A tier listed in `RQ_QUEUES` is taken from there; otherwise it is a plain RQ queue on
-        the base queue's connection, serializer, job class and default timeout (django-rq's
-        queue class insists on an `RQ_QUEUES` entry).
-        """
-        import django_rq
-        from django_rq.settings import QUEUES
+    def lane_for(self, queue: str) -> Lane:
+        """The lane a step of flow-control queue `queue` goes on ("" or unrouted: `QUEUE`'s)."""
+        return self.lanes[self.routes.get(queue, self.queue_name)]
 
-        base = django_rq.get_queue(self.queue_name, commit_mode="auto")
-        tiers = {NORMAL: base}
-        for tier in (HIGH, LOW):
-            name = f"{self.queue_name}:{tier}"
-            if name in QUEUES:
-                tiers[tier] = django_rq.get_queue(name, commit_mode="auto")
-            else:
-                tiers[tier] = Queue(
-                    name,
-                    connection=base.connection,
-                    default_timeout=base._default_timeout,
-                    job_class=base.job_class,
-                    serializer=base.serializer,
-                )
-        return tiers
+    @property
+    def tiers(self) -> Mapping[str, Queue]:
+        """`QUEUE`'s three RQ queues (turns, and steps of unrouted queues)."""
+        return self.lanes[self.queue_name].tiers
 
-    @cached_property
-    def _result_ttl(self) -> int | None:
-        """RESULT_TTL, else the base queue's DEFAULT_RESULT_TTL / RQ's (None: RQ's default)."""
+    @property
+    def connection(self) -> Redis:
+        return self.lanes[self.queue_name].connection
+
+    @property
+    def claims(self) -> ClaimBook:
+        """`QUEUE`'s popped-but-unregistered jobs, and its doorbell (`claims`)."""
+        return self.lanes[self.queue_name].claims
+
+    def _result_ttl(self, lane: str) -> int | None:
+        """RESULT_TTL, else the lane's DEFAULT_RESULT_TTL / RQ's (None: RQ's default)."""
         if self.result_ttl is not None:
             return self.result_ttl
         from django_rq.queues import get_result_ttl
 
-        return get_result_ttl(self.queue_name)
-
-    @property
-    def connection(self) -> Redis:
-        return self.tiers[NORMAL].connection
-
-    @cached_property
-    def claims(self) -> ClaimBook:
-        """Popped-but-unregistered jobs, and the doorbell idle workers wait on (`claims`)."""
-        tier_keys = [self.tiers[tier].key for tier in (HIGH, NORMAL, LOW)]
-        job_prefix = self.tiers[NORMAL].job_class.redis_job_namespace_prefix
-        return ClaimBook(self.connection, self.queue_name, tier_keys, job_prefix)
+        return get_result_ttl(lane)
 
     # -- producing ---------------------------------------------------------------------------
     def enqueue_turn(self, run_id: str) -> None:
-        transaction.on_commit(partial(self._push, NORMAL, run_turn_job, (run_id,), f"turn {run_id}"))
+        lane = self.lanes[self.queue_name]
+        transaction.on_commit(partial(self._push, lane, NORMAL, run_turn_job, (run_id,), f"turn {run_id}"))
 
     def enqueue_first_turn(self, run_id: str, priority: int) -> None:
         """A task's first turn goes on its priority's tier, as its step will: tasks that no queue
         holds back overtake the backlog by priority (tiers are coarse; admission orders within)."""
-        transaction.on_commit(
-            partial(self._push, tier_for(priority), run_turn_job, (run_id,), f"turn {run_id} (priority {priority})")
-        )
+        lane = self.lanes[self.queue_name]
+        description = f"turn {run_id} (priority {priority})"
+        transaction.on_commit(partial(self._push, lane, tier_for(priority), run_turn_job, (run_id,), description))
 
     def enqueue_step(self, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        self.enqueue_step_of_queue("", run_id, step_key, attempt, priority)
+
+    def enqueue_step_of_queue(self, queue: str, run_id: str, step_key: str, attempt: int, priority: int) -> None:
+        """On the lane `ROUTES` gives `queue` (`QUEUE`'s if none), on its priority's tier."""
+        lane = self.lane_for(queue)
         transaction.on_commit(
             partial(
                 self._push,
+                lane,
                 tier_for(priority),
                 run_step_job,
                 (run_id, step_key, attempt),
@@ -268,26 +341,27 @@ class RQTransport(Transport):
             )
         )
 
-    def _push(self, tier: str, func: Any, args: tuple[Any, ...], description: str) -> None:
-        queue = self.tiers[tier]
+    def _push(self, lane: Lane, tier: str, func: Any, args: tuple[Any, ...], description: str) -> None:
+        queue = lane.tiers[tier]
         options: dict[str, Any] = {}
-        if self._result_ttl is not None:
-            options["result_ttl"] = self._result_ttl
+        if (result_ttl := self._result_ttl(lane.name)) is not None:
+            options["result_ttl"] = result_ttl
         if self.failure_ttl is not None:
             options["failure_ttl"] = self.failure_ttl
         # No job timeout (timeout=-1): step timeouts are the engine's, and a worker thread
         # cannot be killed safely in the middle of a database transaction.
         # One MULTI: the job, then its bell (a worker woken by the bell finds the job).
-        with self.connection.pipeline() as pipeline:
+        with lane.connection.pipeline() as pipeline:
             queue.enqueue_call(
                 func, args=args, timeout=-1, retry=Retry(max=3), description=description, pipeline=pipeline, **options
             )
-            self.claims.ring(pipeline)
+            lane.claims.ring(pipeline)
             pipeline.execute()
 
     def backlog(self) -> int:
-        """Jobs waiting on the tiers' RQ queues (not popped by a worker yet)."""
-        return sum(queue.count for queue in self.tiers.values())
+        """Jobs waiting on every lane's tiers (not popped by a worker yet), over every Redis the
+        lanes are on; raises if one cannot be read (a sum without it would look like fewer jobs)."""
+        return sum(queue.count for lane in self.lanes.values() for queue in lane.tiers.values())
 
     # -- recovery ----------------------------------------------------------------------------
     def reclaim_from(self, dead_workers: list[str]) -> int:
@@ -300,14 +374,41 @@ class RQTransport(Transport):
         registry entry is taken with its own `ZREM`, each booked one by a script that checks its
         owner, so of several pollers exactly one re-queues it. A re-run is harmless: a turn
         replays, and a stale step attempt is skipped by the engine.
-        Returns how many jobs were re-queued.
+
+        Each lane is reclaimed on its own Redis. One that is down is skipped (logged) and the
+        others are reclaimed; the poller asks again at its next maintenance while the worker is
+        still listed dead, and RQ's own started-registry cleanup is the backstop. Raised only if
+        every lane failed. Returns how many jobs were re-queued.
         """
         dead = set(dead_workers)
         if not dead:
             return 0
-        booked = reclaimed = self.claims.release_dead(dead)  # popped, killed before registering them
-        connection = self.connection
-        for queue in self.tiers.values():
+        reclaimed = booked = 0
+        failed: list[BaseException] = []
+        for lane in self.lanes.values():
+            try:
+                lane_booked, lane_registered = self._reclaim_lane(lane, dead)
+            except transient_errors() as exc:
+                if len(self.lanes) == 1:
+                    raise
+                logger.warning("could not reclaim dead workers' jobs on lane %r: %s", lane.name, exc)
+                failed.append(exc)
+                continue
+            booked += lane_booked
+            reclaimed += lane_booked + lane_registered
+        if reclaimed:
+            logger.warning("re-queued %d job(s) popped by dead worker(s), %d of them unregistered", reclaimed, booked)
+        if failed and len(failed) == len(self.lanes):
+            raise failed[0]
+        return reclaimed
+
+    @staticmethod
+    def _reclaim_lane(lane: Lane, dead: set[str]) -> tuple[int, int]:
+        """(booked, registered) jobs of `dead` workers re-queued on one lane."""
+        booked = lane.claims.release_dead(dead)  # popped, killed before registering them
+        registered = 0
+        connection = lane.connection
+        for queue in lane.tiers.values():
             registry = StartedJobRegistry(queue.name, connection=connection, job_class=queue.job_class)
             entries = registry.get_job_and_execution_ids()
             if not entries:
@@ -327,14 +428,17 @@ class RQTransport(Transport):
                     ExecutionRegistry(job_id=execution.job_id, connection=connection).remove(execution, pipeline)
                     pipeline.hset(queue.job_class.key_for(execution.job_id), "status", JobStatus.QUEUED.value)
                     queue.push_job_id(execution.job_id, pipeline=pipeline, at_front=True)
-                    self.claims.ring(pipeline)
+                    lane.claims.ring(pipeline)
                     pipeline.execute()
-                reclaimed += 1
-        if reclaimed:
-            logger.warning("re-queued %d job(s) popped by dead worker(s), %d of them unregistered", reclaimed, booked)
-        return reclaimed
+                registered += 1
+        return booked, registered
 
     # -- consuming ---------------------------------------------------------------------------
-    def source(self) -> RQTaskSource:
-        """The consuming side, for `durable_worker`."""
-        return RQTaskSource(self)
+    def source(self, lanes: Sequence[str] | None = None) -> RQTaskSource:
+        """The consuming side, for `durable_worker`: every lane (on every Redis they are on), or
+        only `lanes` (`durable_worker --lane`). An unknown lane name is `ImproperlyConfigured`."""
+        if lanes is not None and (unknown := [name for name in lanes if name not in self.lanes]):
+            raise ImproperlyConfigured(
+                f"no lane {', '.join(map(repr, unknown))}: this transport's lanes are {', '.join(self.lanes)}"
+            )
+        return RQTaskSource(self, lanes=lanes)
