@@ -46,13 +46,15 @@ demo: venv
 	$(PY) manage.py migrate --noinput
 	DEMO_PORT=$(PORT) exec $(PY) -m examples.demo
 
-## Lint, then the whole suite on SQLite, the database-dependent tests (marked `postgresql`,
-## see tests/conftest.py) on PostgreSQL, the tasks tests on Django 6, and the host-project test
-## (the wheel in a fresh `startproject` wired by docs/add-to-your-project.md, Django 5.2 and 6.x),
-## side by side (.ci/test-passes; TEST_PASSES=serial for one after the other). Redis and
-## PostgreSQL are started if down. `make test-postgresql` runs the whole suite on PostgreSQL;
-## `make test-django6` the tasks tests on Django 6 alone; `make test-host-project` the
-## host-project test alone.
+## Lint, then the whole suite on SQLite in two shards (pytest-split, balanced by
+## .ci/test-durations.json, each on its own SQLite file and Redis database; a check that they ran
+## every test exactly once), the database-dependent tests (marked `postgresql`, see
+## tests/conftest.py) on PostgreSQL, the tasks tests on Django 6, and the host-project test (the
+## wheel in a fresh `startproject` wired by docs/add-to-your-project.md, Django 5.2 and 6.x), side
+## by side (.ci/test-passes: one line per pass with its result and time; SQLITE_SHARDS=1|2|3,
+## TEST_PASSES=serial for one after the other, unsharded). Redis and PostgreSQL are started if
+## down. `make test-postgresql` runs the whole suite on PostgreSQL; `make test-django6` the tasks
+## tests on Django 6 alone; `make test-host-project` the host-project test alone.
 test: venv venv-django6
 	bash .ci/ensure-services
 	bash .ci/ensure-browser

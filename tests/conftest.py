@@ -134,6 +134,13 @@ def on_a_redis_stack(item: pytest.Item) -> bool:
     return any(isinstance(value, str) and value in REDIS_STACKS for value in callspec.params.values())
 
 
+#: `DURABLE_FLOW_TEST_LISTS=<prefix>`: the session writes the node ids it collected to
+#: `<prefix>.collected` and those it runs to `<prefix>.selected`, so .ci/test-passes can check
+#: that the SQLite pass's shards (pytest-split) ran every collected test exactly once. Taken out
+#: of the environment, so no child process inherits it.
+TEST_LISTS = os.environ.pop("DURABLE_FLOW_TEST_LISTS", "")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests of `POSTGRESQL_PASS` (the PostgreSQL pass selects them with `-m postgresql`;
     of an engine-pair test, its `db-db` case);
@@ -152,6 +159,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    if TEST_LISTS:  # the whole collection: pytest-split keeps a shard of it after this hook (trylast)
+        write_node_ids(f"{TEST_LISTS}.collected", items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With `DURABLE_FLOW_TEST_LISTS=<prefix>`, write the node ids this session runs to
+    `<prefix>.selected`, one a line (those it collected are in `<prefix>.collected`)."""
+    if TEST_LISTS:
+        write_node_ids(f"{TEST_LISTS}.selected", session.items)
+
+
+def write_node_ids(path: str, items: list[pytest.Item]) -> None:
+    Path(path).write_text("".join(f"{item.nodeid}\n" for item in items))
 
 
 def use_redis_admission(settings: Any) -> AdmissionBackend:
