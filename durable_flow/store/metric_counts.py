@@ -59,6 +59,7 @@ RUNS_FINISHED = "durable_flow_runs_finished_total"  # workflow, status
 STEP_ATTEMPTS = "durable_flow_step_attempts_total"  # step, outcome
 STEP_RETRIES = "durable_flow_step_retries_total"  # step
 STARTS_REFUSED = "durable_flow_starts_refused_total"  # workflow
+SCHEDULE_TICKS = "durable_flow_schedule_ticks_total"  # workflow, outcome
 
 #: Histograms: name → bucket upper bounds (seconds). Waits under flow control run from
 #: milliseconds to the length of a rate window, hence bounds well past 15 s.

@@ -5,7 +5,7 @@ A module that needs a variant overrides the small fixture the shared one reads (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,32 @@ from django.test import Client
 from durable_flow.admission.db.backend import DatabaseAdmissionBackend
 from durable_flow.admission.local import LocalAdmissionBackend
 from durable_flow.config.settings import get_settings
+from durable_flow.definitions import registry
+from durable_flow.definitions.registry import WorkflowDefinition, workflow
 from durable_flow.engine import Engine, set_engine
 from durable_flow.transports.db.transport import DatabaseTransport
 from tests.support.clients import StaffLogin, create_user, logged_in
 from tests.support.own_redis import OwnRedis, free_port
+
+
+# -- schedules -----------------------------------------------------------------------------------
+def _noop(ctx: Any, input: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
+    """Register a workflow (a scheduled one) for one test only, so no other test's poller
+    starts it: `declare("nightly", schedule="0 3 * * *")`."""
+    names: list[str] = []
+
+    def make(name: str, **options: Any) -> WorkflowDefinition:
+        names.append(name)
+        return workflow(name, **options)(_noop)
+
+    yield make
+    for name in names:
+        registry._workflows.pop(name, None)
 
 
 # -- the dashboard's staff ---------------------------------------------------------------------
