@@ -356,6 +356,14 @@ def operation(
     return result
 
 
+def steering(name: str, operations: list[str]) -> list[dict[str, Any]]:
+    """The path parameters of `/<things>/{name}/{operation}/`: what is steered, and how."""
+    return [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "operation", "in": "path", "required": True, "schema": {"type": "string", "enum": operations}},
+    ]
+
+
 PATHS: dict[str, Any] = {
     "/runs/": {
         "get": operation(
@@ -440,15 +448,7 @@ PATHS: dict[str, Any] = {
         ),
     },
     "/queues/{name}/{operation}/": {
-        "parameters": [
-            {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
-            {
-                "name": "operation",
-                "in": "path",
-                "required": True,
-                "schema": {"type": "string", "enum": ["pause", "resume", "update"]},
-            },
-        ],
+        "parameters": steering("name", ["pause", "resume", "update"]),
         "post": operation(
             "steerQueue",
             "Pause, resume or resize a queue (`update` takes a body)",
@@ -465,15 +465,7 @@ PATHS: dict[str, Any] = {
         ),
     },
     "/schedules/{workflow}/{operation}/": {
-        "parameters": [
-            {"name": "workflow", "in": "path", "required": True, "schema": {"type": "string"}},
-            {
-                "name": "operation",
-                "in": "path",
-                "required": True,
-                "schema": {"type": "string", "enum": ["pause", "resume"]},
-            },
-        ],
+        "parameters": steering("workflow", ["pause", "resume"]),
         "post": operation(
             "steerSchedule",
             "Pause a schedule, or resume it at its next tick from now (the paused ticks are not caught up)",

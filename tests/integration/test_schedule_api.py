@@ -62,17 +62,25 @@ def csrf_post(client: Client, url: str) -> Any:
     return client.post(url, HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
 
 
+def quota_full(
+    engine: Engine, clock: MovableClock, declare: Callable[..., WorkflowDefinition], name: str
+) -> ScheduleTicker:
+    """`name` every minute with a start quota of 1, stored at 09:59:30; its 10:00 tick started
+    at 10:00 (pending: it holds the quota) and its 10:01 tick refused at 10:01."""
+    declare(name, schedule="* * * * *", quota={"key": lambda _: "one", "limit": 1})
+    ticker = ScheduleTicker(engine)
+    ticker.tick()
+    for step in (30, 60):
+        clock.advance(seconds=step)
+        ticker.tick()
+    return ticker
+
+
 # -- the JSON API ---------------------------------------------------------------------------------
 def test_the_list_gives_each_schedule_its_ticks_last_run_and_last_refusal(
     manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition]
 ) -> None:
-    declare("quota-api", schedule="* * * * *", quota={"key": lambda _: "one", "limit": 1})
-    ticker = ScheduleTicker(manual)
-    ticker.tick()
-    at_start.advance(seconds=30)
-    ticker.tick()  # 10:00 starts and stays pending: the quota is full
-    at_start.advance(minutes=1)
-    ticker.tick()  # 10:01 is refused
+    quota_full(manual, at_start, declare, "quota-api")
 
     body = token_client().get("/api/schedules/").json()
 
@@ -103,13 +111,7 @@ def test_the_list_gives_each_schedule_its_ticks_last_run_and_last_refusal(
 def test_a_refusal_stays_the_last_refusal_after_later_ticks_start(
     manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition]
 ) -> None:
-    declare("quota-later", schedule="* * * * *", quota={"key": lambda _: "one", "limit": 1})
-    ticker = ScheduleTicker(manual)
-    ticker.tick()
-    at_start.advance(seconds=30)
-    ticker.tick()  # 10:00 starts
-    at_start.advance(minutes=1)
-    ticker.tick()  # 10:01 is refused
+    ticker = quota_full(manual, at_start, declare, "quota-later")
     manual.cancel(tick_run_id("quota-later", minute(0)))  # the quota frees
     at_start.advance(minutes=1)
     ticker.tick()  # 10:02 starts
@@ -207,12 +209,9 @@ def test_the_metrics_count_ticks_by_outcome_and_show_a_growing_lag_while_no_poll
 def test_refused_ticks_are_counted_per_schedule(
     manual: Engine, at_start: MovableClock, declare: Callable[..., WorkflowDefinition]
 ) -> None:
-    declare("quota-metric", schedule="* * * * *", quota={"key": lambda _: "one", "limit": 1})
-    ticker = ScheduleTicker(manual)
-    ticker.tick()
-    for _ in range(3):  # 10:00 starts and holds the quota; 10:01 and 10:02 are refused
-        at_start.advance(minutes=1)
-        ticker.tick()
+    ticker = quota_full(manual, at_start, declare, "quota-metric")
+    at_start.advance(minutes=1)
+    ticker.tick()  # 10:02 is refused too
 
     ticks = scrape(at_start)["durable_flow_schedule_ticks_total"]
     assert ticks == {"quota-metric/started": 1, "quota-metric/refused": 2}
