@@ -14,11 +14,11 @@ alternating until the poller has purged the whole history:
 
 - *beside*: a `durable_poller` with `POLLER["RUN_RETENTION_S"]` set deletes the history at its
   own pace (`PURGE_BATCHES` batches of `PURGE_BATCH_SIZE` runs each `MAINTENANCE_S`, and its
-  vacuum of the tables the purge leaves dead rows in, as deployed), started before the workers
-  and given until its first purge;
+  vacuum of the tables the purge leaves dead rows in, as deployed), started before the window's
+  runs are queued and given until its first purge;
 - *alone*: the same poller with no retention.
 
-A window is `--runs` one-step no-op workflows started up front, run by one fresh
+A window is `--runs` one-step no-op workflows queued up front, run by one fresh
 `durable_worker --concurrency 8` (the `db` transport and admission) and timed between the 10 %
 and 90 % completion marks (bench/transport.py's `steady_rate`). A pair is one window of each,
 their order alternating from pair to pair, so a host whose speed moves over the hour weighs on
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -261,12 +262,13 @@ def start_poller(purging: bool, log: Path) -> subprocess.Popen[bytes]:
 def timed_window(kind: str, index: int, runs: int) -> Window:
     """One window of `kind` (beside or alone) over `runs` fresh workflows."""
     prefix = f"{kind}{index}"
-    fleet.start_runs(prefix, runs)
     log = fleet.ROOT / "var" / f"bench-retention-{os.getpid()}-{prefix}.log"
     load = os.getloadavg()[0]
     started = time.monotonic()
+    # Before the runs are queued, so a beside window purges while they are too (untimed).
     poller = start_poller(kind == "beside", log)
     try:
+        fleet.start_runs(prefix, runs)
         procs = fleet.workers(1, concurrency=8)
         try:
             rate = fleet.steady_rate(lambda: fleet.completed(prefix), runs, procs, timeout=900)
@@ -291,6 +293,9 @@ def timed_window(kind: str, index: int, runs: int) -> Window:
 
 
 def main() -> None:
+    # A TERM ends the bench through its cleanup (the poller and workers stopped, its databases
+    # dropped), as Ctrl-C does; a shell's background job ignores INT.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--history", type=int, default=100_000, help="finished runs to purge (default 100,000)")
     parser.add_argument("--runs", type=int, default=3000, help="workflows timed per window (default 3,000)")
