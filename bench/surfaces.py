@@ -185,7 +185,8 @@ ATTEMPT_COLUMNS = (
 )
 
 #: (label, SQL) in order; `%(finished)s` etc. are the counts. Finished run i starts at
-#: now - 30 days + i * (30 days / finished), so the newest finished run is a moment old.
+#: now - 30 days - aged_s + i * (30 days / finished), so the newest finished run is `aged_s`
+#: seconds old (a moment here; bench/retention.py ages them past its retention).
 #: The `db` admission backend's line: a waiter per call parked on a queue (a history kept by an
 #: earlier `--reuse` run without it gets it when reused).
 WAITERS_LABEL = "the db admission line of the waiting runs"
@@ -218,7 +219,7 @@ HISTORY_SQL: list[tuple[str, str]] = [
                NULL, '', NULL, NULL, '[]'::jsonb, 2, t.at, t.at + interval '1 second', t.at + interval '1 second',
                '', NULL, NULL
         FROM generate_series(0, %(finished)s - 1) AS i,
-             LATERAL (SELECT now() - interval '30 days'
+             LATERAL (SELECT now() - interval '30 days' - %(aged_s)s * interval '1 second'
                              + (i * 2592000.0 / %(finished)s) * interval '1 second' AS at) AS t
         """,
     ),
@@ -293,12 +294,20 @@ HISTORY_SQL: list[tuple[str, str]] = [
 ]
 
 
-def load_history(batch: str, finished: int, waiting: int, sleeping: int, quiet: bool = False) -> dict[str, int]:
+def load_history(
+    batch: str, finished: int, waiting: int, sleeping: int, quiet: bool = False, aged_s: float = 0
+) -> dict[str, int]:
     """Bulk-insert runs whose ids start with `batch` (and their checkpoints and attempts), then
     VACUUM ANALYZE; return the tables' row counts."""
     from django.db import connection
 
-    counts: dict[str, Any] = {"batch": batch, "finished": finished, "waiting": waiting, "sleeping": sleeping}
+    counts: dict[str, Any] = {
+        "batch": batch,
+        "finished": finished,
+        "waiting": waiting,
+        "sleeping": sleeping,
+        "aged_s": aged_s,
+    }
     # One statement a phase: each shows its elapsed time while it runs (a heartbeat), not rows.
     shown = (lambda label: nullcontext()) if quiet else (lambda label: reporting.progress(f"  {label}"))
     with connection.cursor() as cursor:

@@ -391,6 +391,8 @@ class ScheduleAdmin(UrlSafeAdmin):
         "last_tick_at",
         "last_run_id",
         "last_outcome",
+        "last_refused_tick_at",
+        "last_refusal",
         "paused",
         "updated_at",
     ]

@@ -29,6 +29,12 @@ urlpatterns = [
         endpoint(POST=views.steer_queue),
         name="steer_queue",
     ),
+    path("schedules/", endpoint(GET=views.list_schedules), name="schedules"),
+    re_path(
+        r"^schedules/(?P<workflow>.+)/(?P<operation>pause|resume)/$",
+        endpoint(POST=views.steer_schedule),
+        name="steer_schedule",
+    ),
     # Last: any other path under the prefix is a JSON 404, not Django's HTML page.
     re_path(r"^(?P<path>.*)$", not_found, name="not_found"),
 ]

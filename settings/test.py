@@ -89,6 +89,10 @@ DURABLE_FLOW["WORKFLOWS"] += [m for m in os.environ.get("DURABLE_FLOW_EXTRA_WORK
 if vacuum_dead_rows := os.environ.get("DURABLE_FLOW_VACUUM_DEAD_ROWS"):
     DURABLE_FLOW["POLLER"]["VACUUM_DEAD_ROWS"] = None if vacuum_dead_rows == "off" else int(vacuum_dead_rows)  # type: ignore[index]
 
+# Retention in the poller: bench/retention.py's arm with a purge beside the workload.
+if run_retention_s := os.environ.get("DURABLE_FLOW_RUN_RETENTION_S"):
+    DURABLE_FLOW["POLLER"]["RUN_RETENTION_S"] = float(run_retention_s)  # type: ignore[index]
+
 # Worker, poller and server processes started by tests must use the database the test
 # runner created, not the one named above. They leave out the `daphne` app: it only makes
 # `runserver` serve ASGI (the tests start daphne itself), and importing it (Twisted, TLS) is

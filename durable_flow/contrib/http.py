@@ -1,8 +1,8 @@
 """HTTP mapping of durable_flow's typed errors: a bad request answers 4xx, never 500.
 
 `DurableFlowErrorMiddleware` turns an uncaught `DurableFlowError` raised by any view into a
-JSON error with the right status: unknown workflow/run → 404, refused by a quota → 429, any
-other bad input → 400. The 429 carries `Retry-After` only when the quota knows when a slot
+JSON error with the right status: an unknown workflow, run, step, queue or schedule → 404,
+refused by a quota → 429, any other bad input → 400. The 429 carries `Retry-After` only when the quota knows when a slot
 frees (a run holding one is parked until a known time); a slot held by a running run has no
 known end, and then the header is left out rather than guessed.
 
@@ -29,6 +29,7 @@ from durable_flow.exceptions import (
     DurableFlowError,
     QueueNotFound,
     RunNotFound,
+    ScheduleNotFound,
     StepNotFound,
     WorkflowNotFound,
 )
@@ -43,7 +44,7 @@ def retry_after_s(retry_at: datetime, now: datetime) -> int:
 def error_response(exc: DurableFlowError) -> JsonResponse:
     """The JSON response for a typed error."""
     body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc)}
-    if isinstance(exc, WorkflowNotFound | RunNotFound | StepNotFound | QueueNotFound):
+    if isinstance(exc, WorkflowNotFound | RunNotFound | StepNotFound | QueueNotFound | ScheduleNotFound):
         return JsonResponse(body, status=404)
     if isinstance(exc, ConcurrencyLimitError):
         return respond_429(exc)

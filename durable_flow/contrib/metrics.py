@@ -4,7 +4,7 @@ Counters and histograms are counted at the event, by whichever process saw it (a
 recorded a step's result, the web process that refused a start), and kept in the database
 (`durable_flow.store.metric_counts`: one row per process and series, written in batches, summed
 at the scrape). Gauges (runs by status, queue depths and limits, the transport's backlog,
-workers) are read from the database and the admission backend at scrape time. So one scrape of
+workers, schedules) are read from the database and the admission backend at scrape time. So one scrape of
 any web process gives the fleet's figures, however many worker processes run.
 
 Mount it with `path("metrics/", durable_flow.contrib.metrics.metrics_view)`. A staff session or
@@ -30,7 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from durable_flow.config.settings import get_settings
-from durable_flow.observe import metrics, queues, runs, start_control
+from durable_flow.observe import metrics, queues, runs, schedules, start_control
 
 WORKER_HORIZON = timedelta(hours=1)
 """A crashed worker reads `worker_up 0` this long after its last heartbeat, then drops out; a
@@ -62,6 +62,12 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "durable_flow_rows_purged",
         "Rows retention deleted with those runs, by table (runs, checkpoints, attempts, signals, tasks).",
         ("table",),
+    ),
+    (
+        "durable_flow_schedule_ticks",
+        "Schedule ticks by workflow and outcome: started, gated (debounce or singleton), refused (the start "
+        "quota), invalid, or skipped (a missed tick the catch-up policy dropped).",
+        ("workflow", "outcome"),
     ),
 )
 #: The histograms `store.metric_counts` keeps: name, help, labels.
@@ -97,6 +103,7 @@ class DurableFlowCollector(Collector):
         yield self._start_outcomes()
         yield self._backlog()
         yield from self._workers(now)
+        yield from self._schedules(now)
 
     @staticmethod
     def _counters(counted: dict[str, dict[metrics.Labels, float]]) -> Iterator[Metric]:
@@ -227,6 +234,34 @@ class DurableFlowCollector(Collector):
                 slots.add_metric([beat.worker_id, "busy"], busy)
                 slots.add_metric([beat.worker_id, "idle"], max(0, beat.live_limit - busy))
         yield from (slots, up)
+
+    @staticmethod
+    def _schedules(now: datetime) -> Iterator[Metric]:
+        """Each stored schedule: paused or not, and (while a poller should start it) the seconds
+        to its next tick and how long that tick is overdue: a lag that grows means no poller
+        runs, the alert to set."""
+        paused = GaugeMetricFamily(
+            "durable_flow_schedule_paused", "1 while a schedule is paused, else 0.", labels=["workflow"]
+        )
+        until = GaugeMetricFamily(
+            "durable_flow_schedule_next_tick_seconds",
+            "Seconds until a schedule's next tick (negative once it is due and not started yet); "
+            "no series while paused or no longer declared.",
+            labels=["workflow"],
+        )
+        lag = GaugeMetricFamily(
+            "durable_flow_schedule_lag_seconds",
+            "How long a schedule's next tick is overdue (0 until it is due): it grows while no poller runs. "
+            "No series while paused or no longer declared.",
+            labels=["workflow"],
+        )
+        for view in schedules.schedules():
+            paused.add_metric([view.workflow], 1 if view.paused else 0)
+            overdue = view.lag_s(now)
+            if overdue is not None:
+                until.add_metric([view.workflow], (view.next_tick_at - now).total_seconds())
+                lag.add_metric([view.workflow], overdue)
+        yield from (paused, until, lag)
 
 
 def _values(series: metrics.Labels, names: tuple[str, ...]) -> list[str]:

@@ -11,7 +11,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from durable_flow.config.limits import EVENT_ID_LENGTH, EVENT_NAME_LENGTH, RUN_ID_LENGTH
 from durable_flow.contrib.api_access import MAX_BODY_BYTES
 from durable_flow.contrib.views import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from durable_flow.models import RunStatus
+from durable_flow.models import RunStatus, ScheduleOutcome
+from durable_flow.observe.schedules import CATCH_UP_POLICIES
 
 JSON = "application/json"
 
@@ -38,7 +39,7 @@ ERROR_RESPONSES: dict[int, tuple[str, str]] = {
     400: ("BadRequest", "Bad input: the body, a parameter or a value (`field` names it when one is to blame)."),
     401: ("Unauthorized", "No session and no bearer token, or a token that is unknown, revoked or expired."),
     403: ("Forbidden", "Not staff, without the operation's permission, or a session request failing CSRF."),
-    404: ("NotFound", "No such run, workflow or queue."),
+    404: ("NotFound", "No such run, workflow, queue or schedule."),
     405: ("MethodNotAllowed", "The route does not serve this method (`Allow` lists those it does)."),
     413: ("PayloadTooLarge", f"The request body is over {MAX_BODY_BYTES:,} bytes."),
     429: ("TooManyRequests", "The workflow's start quota is full."),
@@ -267,6 +268,65 @@ SCHEMAS: dict[str, Any] = {
         "required": ["name", "paused", "config"],
         "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"}, "config": {"type": "object"}},
     },
+    "ScheduleOutcome": {"type": "string", "enum": list(ScheduleOutcome.values)},
+    "Schedule": {
+        "type": "object",
+        "required": [
+            "workflow",
+            "cron",
+            "timezone",
+            "catch_up",
+            "max_catch_up",
+            "declared",
+            "paused",
+            "next_tick_at",
+            "last_tick_at",
+            "last_run_id",
+            "last_outcome",
+            "last_refusal",
+        ],
+        "properties": {
+            "workflow": {"type": "string", "description": "The scheduled workflow's name (the schedule's)."},
+            "cron": {"type": "string"},
+            "timezone": {"type": "string", "description": "The IANA timezone whose wall clock the ticks follow."},
+            "catch_up": {
+                **nullable({"type": "string", "enum": list(CATCH_UP_POLICIES)}),
+                "description": "What a poller does with missed ticks; null for a schedule no longer declared.",
+            },
+            "max_catch_up": nullable({"type": "integer", "minimum": 1}),
+            "declared": {
+                "type": "boolean",
+                "description": "False when the workflow no longer declares this schedule: no poller starts it.",
+            },
+            "paused": {"type": "boolean"},
+            "next_tick_at": {
+                **nullable(TIMESTAMP),
+                "description": "The next tick a poller will start; null while paused (resuming sets it).",
+            },
+            "last_tick_at": {**nullable(TIMESTAMP), "description": "The last tick started or dropped."},
+            "last_run_id": {**nullable({"type": "string"}), "description": "The last tick's run."},
+            "last_outcome": {**nullable(ref("ScheduleOutcome")), "description": "What the last tick came to."},
+            "last_refusal": {
+                **nullable(
+                    {
+                        "type": "object",
+                        "required": ["tick_at", "run_id", "outcome"],
+                        "properties": {
+                            "tick_at": TIMESTAMP,
+                            "run_id": {"type": "string", "description": "The run id the tick would have had."},
+                            "outcome": {"type": "string", "enum": ["refused", "invalid"]},
+                        },
+                    }
+                ),
+                "description": "The last tick whose start was refused: by the start quota, or as invalid.",
+            },
+        },
+    },
+    "ScheduleList": {
+        "type": "object",
+        "required": ["schedules"],
+        "properties": {"schedules": {"type": "array", "items": ref("Schedule")}},
+    },
 }
 
 
@@ -342,6 +402,14 @@ def operation(
     if body:
         result["requestBody"] = {"required": body != "RerunRequest", "content": {JSON: {"schema": ref(body)}}}
     return result
+
+
+def steering(name: str, operations: list[str]) -> list[dict[str, Any]]:
+    """The path parameters of `/<things>/{name}/{operation}/`: what is steered, and how."""
+    return [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "operation", "in": "path", "required": True, "schema": {"type": "string", "enum": operations}},
+    ]
 
 
 PATHS: dict[str, Any] = {
@@ -441,21 +509,29 @@ PATHS: dict[str, Any] = {
         ),
     },
     "/queues/{name}/{operation}/": {
-        "parameters": [
-            {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
-            {
-                "name": "operation",
-                "in": "path",
-                "required": True,
-                "schema": {"type": "string", "enum": ["pause", "resume", "update"]},
-            },
-        ],
+        "parameters": steering("name", ["pause", "resume", "update"]),
         "post": operation(
             "steerQueue",
             "Pause, resume or resize a queue (`update` takes a body)",
             {"200": answer("The queue as stored.", ref("Queue")), **errors(400, 401, 403, 404, 413)},
             permission=needs("change_flowqueue"),
             body="QueueChange",
+        ),
+    },
+    "/schedules/": {
+        "get": operation(
+            "listSchedules",
+            "Every schedule, with its next and last ticks",
+            {"200": answer("The schedules, by workflow name.", ref("ScheduleList")), **errors(401, 403)},
+        ),
+    },
+    "/schedules/{workflow}/{operation}/": {
+        "parameters": steering("workflow", ["pause", "resume"]),
+        "post": operation(
+            "steerSchedule",
+            "Pause a schedule, or resume it at its next tick from now (the paused ticks are not caught up)",
+            {"200": answer("The schedule as stored.", ref("Schedule")), **errors(400, 401, 403, 404)},
+            permission=needs("change_schedule"),
         ),
     },
     "/openapi.json": {
@@ -470,7 +546,7 @@ PATHS: dict[str, Any] = {
 
 DESCRIPTION = """\
 Runs of durable workflows: list and search them, start, inspect, cancel, retry, re-run and
-signal them, act on many by filter, steer queues, send events.
+signal them, act on many by filter, steer queues, send events, list, pause and resume schedules.
 
 Authenticate with a personal access token (`Authorization: Bearer dfp_…`, created in the
 Django admin, acting as its user with that user's permissions) or a staff session (whose

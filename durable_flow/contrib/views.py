@@ -18,12 +18,15 @@ POST /api/bulk/cancel/ | bulk/retry/      {"status": [...], "workflow", "queue",
 POST /api/queues/<name>/pause/ | resume/ | update/ {"concurrency"?, "rate_limit"?} → the queue
 POST /api/events/                {"name": "...", "data": {...}?, "id": "..."?} → 201, the event and the
                                  runs it started, resumed or cancelled (200 if the id was sent before)
+GET  /api/schedules/             → {"schedules": [...]}: each schedule's cron, timezone, catch-up,
+                                 next and last ticks, last run and last refusal
+POST /api/schedules/<workflow>/pause/ | resume/  → the schedule (resumed at its next tick from now)
 GET  /api/openapi.json           → the OpenAPI 3.1 document of these routes (no login needed)
 
 Operations need a model permission besides staff status (`durable_flow.start_workflowrun`,
-`cancel_workflowrun`, `retry_workflowrun`, `signal_workflowrun`; `add_event` to send an event,
-which may start and cancel runs): 403 without it, for a token
-as for a session. Each one is logged as an admin `LogEntry` under the acting user.
+`cancel_workflowrun`, `retry_workflowrun`, `signal_workflowrun`, `change_flowqueue`,
+`change_schedule`; `add_event` to send an event, which may start and cancel runs): 403 without
+it, for a token as for a session. Each one is logged as an admin `LogEntry` under the acting user.
 """
 
 from __future__ import annotations
@@ -39,12 +42,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from durable_flow.config.limits import RUN_ID_LENGTH
 from durable_flow.config.validation import storable_text
 from durable_flow.contrib.api_access import ApiError, json_body, requires
-from durable_flow.exceptions import InvalidInput
+from durable_flow.exceptions import InvalidInput, ScheduleNotFound
 from durable_flow.models import WorkflowRun
 from durable_flow.observe.events import event_json, event_view
 from durable_flow.observe.queues import stored_queue
 from durable_flow.observe.run_filters import RunFilterForm, filtered_runs, runs_from_json
 from durable_flow.observe.run_pages import run_page
+from durable_flow.observe.schedules import ScheduleView, schedule, schedules
 from durable_flow.operations import api, bulk
 from durable_flow.operations.audit import record_operation
 from durable_flow.operations.events import record_event
@@ -284,3 +288,49 @@ def steer_queue(request: HttpRequest, name: str, operation: str) -> HttpResponse
     queue = stored_queue(name)  # as stored, whichever operation ran
     record_operation(request.user, queue, f"{operation.capitalize()}d from the JSON API: {queue.config}")
     return JsonResponse({"name": queue.name, "paused": queue.paused, "config": queue.config})
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def schedule_json(view: ScheduleView) -> dict[str, Any]:
+    """A schedule as the API answers it (`Schedule` in the OpenAPI document)."""
+    refusal = None
+    if view.last_refused_tick_at is not None:
+        refusal = {
+            "tick_at": iso(view.last_refused_tick_at),
+            "run_id": view.last_refused_run_id,
+            "outcome": view.last_refusal,
+        }
+    return {
+        "workflow": view.workflow,
+        "cron": view.cron,
+        "timezone": view.timezone,
+        "catch_up": view.catch_up or None,
+        "max_catch_up": view.max_catch_up,
+        "declared": view.declared,
+        "paused": view.paused,
+        # A paused schedule has no next tick: resuming computes it from then.
+        "next_tick_at": None if view.paused else iso(view.next_tick_at),
+        "last_tick_at": iso(view.last_tick_at),
+        "last_run_id": view.last_run_id or None,
+        "last_outcome": view.last_outcome or None,
+        "last_refusal": refusal,
+    }
+
+
+def list_schedules(request: HttpRequest) -> HttpResponse:
+    """Every stored schedule, by workflow name."""
+    return JsonResponse({"schedules": [schedule_json(view) for view in schedules()]})
+
+
+@requires("change_schedule")
+def steer_schedule(request: HttpRequest, workflow: str, operation: str) -> HttpResponse:
+    """`pause` or `resume` (at the next tick from now) a schedule; 404 for one not stored."""
+    row = api.pause_schedule(workflow) if operation == "pause" else api.resume_schedule(workflow)
+    record_operation(request.user, row, f"{operation.capitalize()}d from the JSON API")
+    view = schedule(workflow)
+    if view is None:  # deleted meanwhile (the admin)
+        raise ScheduleNotFound(f"no schedule is stored for workflow {workflow!r}")
+    return JsonResponse(schedule_json(view))

@@ -164,6 +164,17 @@ def due_ticks(spec: ScheduleSpec, next_at: datetime, now: datetime) -> tuple[lis
     return due, following
 
 
+def due_count(spec: ScheduleSpec, next_at: datetime, now: datetime, limit: int = MAX_CATCH_UP) -> int:
+    """How many ticks are due, from `next_at` (a tick) to `now`, counting at most `limit`: the
+    ticks a pass runs plus those its catch-up policy drops. For example every minute, next tick
+    10:00, now 10:03:30: 4 (10:00 to 10:03); now 9:59: 0."""
+    count, tick = 0, next_at
+    while tick <= now and count < limit:
+        count += 1
+        tick = next_tick(spec, tick)
+    return count
+
+
 def tick_run_id(workflow: str, tick: datetime) -> str:
     """The run id of `workflow`'s tick at `tick`: `"nightly-report@2026-03-29T01:00:00Z"`. A
     name too long for the column is cut and followed by a digest of the whole name, so two

@@ -35,6 +35,16 @@ class Schedule(models.Model):
     last_tick_at = models.DateTimeField(null=True, blank=True, help_text="The last tick started or dropped.")
     last_run_id = models.CharField(max_length=RUN_ID_LENGTH, blank=True, default="")
     last_outcome = models.CharField(max_length=20, choices=ScheduleOutcome.choices, blank=True, default="")
+    last_refused_tick_at = models.DateTimeField(
+        null=True, blank=True, help_text="The last tick whose start was refused (its quota was full, or invalid)."
+    )
+    last_refusal = models.CharField(
+        max_length=20,
+        choices=ScheduleOutcome.choices,
+        blank=True,
+        default="",
+        help_text="Why that tick's start was refused: refused (the start quota) or invalid.",
+    )
     paused = models.BooleanField(
         default=False, help_text="A paused schedule starts nothing; resuming skips the ticks of the pause."
     )

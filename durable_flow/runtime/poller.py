@@ -185,7 +185,13 @@ class TimerPoller:
         # Finished runs past their retention: a few short batches per pass (store/retention.py).
         purged = retention.purge_pass(settings, now)
         if purged.runs:
-            logger.info("retention deleted %d finished run(s) (%d row(s))", purged.runs, sum(purged.rows.values()))
+            logger.info(
+                "retention deleted %d finished run(s) (%d row(s)) in %d batch(es), longest transaction %.0f ms",
+                purged.runs,
+                sum(purged.rows.values()),
+                purged.batches,
+                purged.longest_transaction_s * 1000,
+            )
         metric_counts.flush()  # this process's counts (runs it finished, attempts it settled)
         metric_counts.retire(now)  # fold the metric rows of processes long gone
         # The hot tables' dead rows (PostgreSQL): a vacuum on a thread of its own when one passes

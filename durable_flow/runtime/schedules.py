@@ -9,6 +9,11 @@ is deterministic (`tick_run_id`), so even a start repeated by hand is the same r
 
 A start its quota refuses is recorded as a refusal (as any refused start is) and the tick is
 spent: it is not retried on every pass while the quota stays full.
+
+Each tick is counted in `durable_flow_schedule_ticks_total{workflow, outcome}` with the
+transaction that claimed it: `started`, `gated`, `refused` or `invalid` for a tick whose start
+was tried, `skipped` for a missed tick its catch-up policy dropped (at most `MAX_CATCH_UP` a
+pass are counted, as at most that many are looked at).
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from datetime import datetime
 from django.db import transaction
 
 from durable_flow.definitions.registry import WorkflowDefinition, scheduled_workflows
-from durable_flow.definitions.schedules import ScheduleSpec, due_ticks, next_tick, tick_run_id
+from durable_flow.definitions.schedules import ScheduleSpec, due_count, due_ticks, next_tick, tick_run_id
 from durable_flow.engine import Engine, retry_on_conflict
 from durable_flow.exceptions import ConcurrencyLimitError, InvalidInput
 from durable_flow.models import Schedule, ScheduleOutcome
+from durable_flow.store import metric_counts
 from durable_flow.store import schedules as store
 
 logger = logging.getLogger("durable_flow.runtime.schedules")
@@ -66,10 +72,14 @@ class ScheduleTicker:
                 return []  # another poller started these ticks
             if not ticks:
                 store.record(definition.name, "", ScheduleOutcome.SKIPPED)
+            dropped = due_count(spec, row.next_tick_at, now) - len(ticks)
+            if dropped > 0:
+                count_ticks(definition.name, ScheduleOutcome.SKIPPED, dropped)
             for tick in ticks:
                 run_id = tick_run_id(definition.name, tick)
                 outcome = self._start(definition, spec, run_id)
-                store.record(definition.name, run_id, outcome)
+                store.record(definition.name, run_id, outcome, tick)
+                count_ticks(definition.name, outcome)
                 if outcome in (ScheduleOutcome.STARTED, ScheduleOutcome.GATED):
                     run_ids.append(run_id)
         return run_ids
@@ -87,3 +97,8 @@ class ScheduleTicker:
             logger.exception("schedule %r: tick %s could not start", definition.name, run_id)
             return ScheduleOutcome.INVALID
         return ScheduleOutcome.GATED if getattr(run, "start_outcome", None) else ScheduleOutcome.STARTED
+
+
+def count_ticks(workflow: str, outcome: str, ticks: int = 1) -> None:
+    """Count `ticks` of `workflow`'s schedule under `outcome`, once the pass's transaction commits."""
+    metric_counts.count(metric_counts.SCHEDULE_TICKS, {"workflow": workflow, "outcome": outcome}, ticks)

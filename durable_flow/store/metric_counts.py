@@ -62,6 +62,7 @@ STARTS_REFUSED = "durable_flow_starts_refused_total"  # workflow
 START_TIMEOUTS = "durable_flow_start_timeouts_total"  # queue, outcome
 EVENTS_RECEIVED = "durable_flow_events_received_total"  # event
 EVENT_STARTS = "durable_flow_event_starts_total"  # workflow, action
+SCHEDULE_TICKS = "durable_flow_schedule_ticks_total"  # workflow, outcome
 
 #: Histograms: name → bucket upper bounds (seconds). Waits under flow control run from
 #: milliseconds to the length of a rate window, hence bounds well past 15 s.

@@ -23,6 +23,7 @@ samples and the refused starts, which have their own retention (`SAMPLE_RETENTIO
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -137,11 +138,13 @@ def purgeable(cutoff: datetime) -> QuerySet[WorkflowRun]:
 
 @dataclass
 class Purged:
-    """What purges deleted: rows per table (`runs`, `checkpoints`...) and runs per workflow."""
+    """What purges deleted: rows per table (`runs`, `checkpoints`...) and runs per workflow;
+    and how long their batches' transactions held their locks, the longest of them (seconds)."""
 
     rows: Counter[str] = field(default_factory=Counter)
     workflows: Counter[str] = field(default_factory=Counter)
     batches: int = 0
+    longest_transaction_s: float = 0.0
 
     @property
     def runs(self) -> int:
@@ -151,6 +154,7 @@ class Purged:
         self.rows.update(other.rows)
         self.workflows.update(other.workflows)
         self.batches += other.batches
+        self.longest_transaction_s = max(self.longest_transaction_s, other.longest_transaction_s)
 
 
 def purge_batch(runs: QuerySet[WorkflowRun], batch_size: int) -> Purged:
@@ -163,6 +167,7 @@ def purge_batch(runs: QuerySet[WorkflowRun], batch_size: int) -> Purged:
     found = list(runs.order_by("created_at").values_list("id", flat=True)[:batch_size])
     if not found:
         return done
+    began = time.monotonic()
     with transaction.atomic():
         again = runs.filter(id__in=found)
         if connection.features.has_select_for_update_skip_locked:
@@ -192,6 +197,7 @@ def purge_batch(runs: QuerySet[WorkflowRun], batch_size: int) -> Purged:
         for table, count in done.rows.items():
             if count:
                 metric_counts.count(ROWS_PURGED, {"table": table}, count)
+    done.longest_transaction_s = time.monotonic() - began
     return done
 
 

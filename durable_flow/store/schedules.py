@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from durable_flow.models import Schedule
+from durable_flow.models import Schedule, ScheduleOutcome
 
 
 def rows(workflows: Iterable[str]) -> dict[str, Schedule]:
@@ -46,9 +46,17 @@ def claim(row: Schedule, next_tick_at: datetime, last_tick_at: datetime | None) 
     return bool(changed)
 
 
-def record(workflow: str, run_id: str, outcome: str) -> None:
-    """The last tick's run and what its start came to."""
-    Schedule.objects.filter(workflow=workflow).update(last_run_id=run_id, last_outcome=outcome)
+#: The outcomes that are a refused start, kept as the schedule's last refusal.
+REFUSALS = (ScheduleOutcome.REFUSED, ScheduleOutcome.INVALID)
+
+
+def record(workflow: str, run_id: str, outcome: str, tick: datetime | None = None) -> None:
+    """The last tick's run and what its start came to; a refused one (`REFUSALS`) is also kept
+    as the last refusal, with its `tick`, until another tick is refused."""
+    fields: dict[str, object] = {"last_run_id": run_id, "last_outcome": outcome}
+    if outcome in REFUSALS:
+        fields.update(last_refused_tick_at=tick, last_refusal=outcome)
+    Schedule.objects.filter(workflow=workflow).update(**fields)
 
 
 def set_paused(workflow: str, paused: bool, next_tick_at: datetime | None = None) -> bool:

@@ -66,9 +66,11 @@ def test_the_check_catches_a_name_the_scrape_does_not_produce(scraped_names: set
     assert "durable_flow_step_duration_seconds_count" in scraped_names  # a histogram's suffixes
 
 
-def test_the_dashboard_covers_queues_throughput_failures_latency_and_workers() -> None:
+def test_the_dashboard_covers_queues_throughput_failures_latency_workers_retention_and_schedules() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     rows = {panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"}
-    assert {"Queues", "Throughput", "Failures", "Latency", "Workers"} <= rows
+    assert {"Queues", "Throughput", "Failures", "Latency", "Workers", "Retention", "Schedules"} <= rows
+    exprs = " ".join(expressions(dashboard))
+    assert "durable_flow_schedule_lag_seconds" in exprs  # a poller down shows as a growing lag
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))

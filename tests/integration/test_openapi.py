@@ -11,13 +11,14 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import URLPattern
+from django.utils import timezone
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from durable_flow import urls
 from durable_flow.contrib.api_access import Endpoint
 from durable_flow.contrib.openapi import document
-from durable_flow.models import AccessToken, FlowQueue
+from durable_flow.models import AccessToken, FlowQueue, Schedule
 from tests.support.clients import create_user, logged_in
 
 pytestmark = pytest.mark.inline_only("about the API's document; the engine pair does not change it")
@@ -126,6 +127,7 @@ def test_real_answers_fit_the_documents_schemas(engine: Any, declare: Any) -> No
     )
     user.user_permissions.add(Permission.objects.get(codename="change_flowqueue"))
     user.user_permissions.add(Permission.objects.get(codename="add_event"))
+    user.user_permissions.add(Permission.objects.get(codename="change_schedule"))
     token_row = AccessToken(user=user, name="openapi test")
     token = token_row.set_new_token()
     token_row.save()
@@ -153,6 +155,11 @@ def test_real_answers_fit_the_documents_schemas(engine: Any, declare: Any) -> No
     assert check("/events/", "post", post("/api/events/", ping))["runs"][0]["action"] == "started"  # 201
     check("/events/", "post", post("/api/events/", ping))  # 200
     check("/events/", "post", post("/api/events/", {"name": "tests/never.declared"}))  # 400
+    Schedule.objects.create(workflow="nightly", cron="0 3 * * *", timezone="UTC", next_tick_at=timezone.now())
+    check("/schedules/{workflow}/{operation}/", "post", post("/api/schedules/nightly/pause/"))
+    check("/schedules/", "get", client.get("/api/schedules/"))
+    check("/schedules/{workflow}/{operation}/", "post", post("/api/schedules/nightly/resume/"))
+    check("/schedules/{workflow}/{operation}/", "post", post("/api/schedules/nope/resume/"))  # 404
     # The errors, each against its shared answer.
     check("/runs/", "get", client.get("/api/runs/", {"limit": "0"}))  # 400
     check("/runs/", "get", Client().get("/api/runs/"))  # 401

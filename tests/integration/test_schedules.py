@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +19,7 @@ from django.test import Client
 from django.urls import reverse
 
 from durable_flow.definitions import registry
-from durable_flow.definitions.registry import WorkflowDefinition, workflow
+from durable_flow.definitions.registry import WorkflowDefinition
 from durable_flow.definitions.schedules import tick_run_id
 from durable_flow.engine import Engine
 from durable_flow.models import Schedule, ScheduleOutcome, StartRefusal, WorkflowRun
@@ -31,24 +31,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 START = datetime(2026, 1, 1, 9, 59, 30, tzinfo=UTC)
 HOUR = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
-
-
-def _noop(ctx: Any, input: Any) -> None:
-    return None
-
-
-@pytest.fixture
-def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
-    """Register a scheduled workflow for one test only (so no other test's poller starts it)."""
-    names: list[str] = []
-
-    def make(name: str, **options: Any) -> WorkflowDefinition:
-        names.append(name)
-        return workflow(name, **options)(_noop)
-
-    yield make
-    for name in names:
-        registry._workflows.pop(name, None)
 
 
 @pytest.fixture

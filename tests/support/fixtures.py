@@ -23,6 +23,26 @@ from tests.support.clients import StaffLogin, create_user, logged_in
 from tests.support.own_redis import OwnRedis, free_port
 
 
+# -- schedules -----------------------------------------------------------------------------------
+def _noop(ctx: Any, input: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
+    """Register a workflow (a scheduled one) for one test only, so no other test's poller
+    starts it: `declare("nightly", schedule="0 3 * * *")`."""
+    names: list[str] = []
+
+    def make(name: str, **options: Any) -> WorkflowDefinition:
+        names.append(name)
+        return workflow(name, **options)(_noop)
+
+    yield make
+    for name in names:
+        registry._workflows.pop(name, None)
+
+
 # -- the dashboard's staff ---------------------------------------------------------------------
 @pytest.fixture
 def staff_login() -> StaffLogin:

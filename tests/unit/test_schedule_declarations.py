@@ -13,6 +13,7 @@ from durable_flow.definitions.registry import workflow
 from durable_flow.definitions.schedules import (
     ScheduleError,
     ScheduleSpec,
+    due_count,
     due_ticks,
     next_tick,
     parse_schedule,
@@ -106,6 +107,15 @@ def test_a_tick_on_time_runs_under_every_policy(catch_up: Any) -> None:
     spec = ScheduleSpec(cron=EVERY_MINUTE, catch_up=catch_up)
     assert due_ticks(spec, at(0), at(0, 30)) == ([at(0)], at(1))
     assert due_ticks(spec, at(1), at(0, 59)) == ([], at(1))
+
+
+def test_due_count_counts_the_ticks_due_up_to_its_limit() -> None:
+    """What a pass runs plus what its catch-up policy drops (the `skipped` ticks of the metrics)."""
+    spec = ScheduleSpec(cron=EVERY_MINUTE)
+    assert due_count(spec, at(0), at(3, 30)) == 4  # 10:00 to 10:03
+    assert due_count(spec, at(0), at(0)) == 1
+    assert due_count(spec, at(1), at(0, 59)) == 0
+    assert due_count(spec, at(0), at(59), limit=10) == 10  # a long outage costs at most `limit` steps
 
 
 def test_a_long_name_gets_a_distinct_run_id_that_fits() -> None:
