@@ -23,26 +23,6 @@ from tests.support.clients import StaffLogin, create_user, logged_in
 from tests.support.own_redis import OwnRedis, free_port
 
 
-# -- schedules -----------------------------------------------------------------------------------
-def _noop(ctx: Any, input: Any) -> None:
-    return None
-
-
-@pytest.fixture
-def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
-    """Register a workflow (a scheduled one) for one test only, so no other test's poller
-    starts it: `declare("nightly", schedule="0 3 * * *")`."""
-    names: list[str] = []
-
-    def make(name: str, **options: Any) -> WorkflowDefinition:
-        names.append(name)
-        return workflow(name, **options)(_noop)
-
-    yield make
-    for name in names:
-        registry._workflows.pop(name, None)
-
-
 # -- the dashboard's staff ---------------------------------------------------------------------
 @pytest.fixture
 def staff_login() -> StaffLogin:
@@ -100,17 +80,18 @@ def db_admission_engine(transactional_db: None) -> Engine:
 
 
 # -- workflows of one test -----------------------------------------------------------------------
-def _event_back(ctx: Any, event: Any) -> Any:
-    return event
+def _input_back(ctx: Any, input: Any) -> Any:
+    return input
 
 
 @pytest.fixture
 def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
-    """Register a workflow for one test only: no other test's events start it, and no other
-    test's `manage.py check` (whose settings may declare no events) sees its trigger."""
+    """Register a workflow for one test only: no other test's poller starts it (a scheduled
+    one: `declare("nightly", schedule="0 3 * * *")`), no other test's events start it, and no
+    other test's `manage.py check` (whose settings may declare no events) sees its trigger."""
     names: list[str] = []
 
-    def make(name: str, fn: Callable[[Any, Any], Any] = _event_back, **options: Any) -> WorkflowDefinition:
+    def make(name: str, fn: Callable[[Any, Any], Any] = _input_back, **options: Any) -> WorkflowDefinition:
         names.append(name)
         return workflow(name, **options)(fn)
 

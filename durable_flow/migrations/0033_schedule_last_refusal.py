@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_flow", "0030_waiting_count_index"),
+        ("durable_flow", "0032_events"),
     ]
 
     operations = [
