@@ -97,7 +97,10 @@ def send_event_on(
     returning None sends nothing. The event is recorded in the transaction that sent the signal
     (a `post_save` inside `atomic()` and its event commit together) and delivered after it
     commits. The name is checked now: `UnknownEvent` or `InvalidEvent` at start-up, not at the
-    first save. Returns the receiver (connected strongly, once per `dispatch_uid`)."""
+    first save. Returns the receiver, connected strongly once per `dispatch_uid` (by default
+    one per event name and sender): Django finds a receiver connected with a `dispatch_uid` only
+    by that uid, so disconnect it with `signal.disconnect(sender=..., dispatch_uid=
+    receiver.dispatch_uid)`."""
     check_event_name(name)
     if name not in get_settings().events:
         raise UnknownEvent(f'send_event_on: event {name!r} is not declared in DURABLE_FLOW["EVENTS"]')
@@ -110,4 +113,5 @@ def send_event_on(
 
     uid = dispatch_uid or f"durable_flow.send_event_on:{name}:{getattr(sender, '__qualname__', sender)!s}"
     signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
+    receiver.dispatch_uid = uid  # type: ignore[attr-defined]
     return receiver

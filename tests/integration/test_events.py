@@ -265,7 +265,9 @@ def test_send_event_on_sends_with_the_saving_transaction_and_not_on_a_rollback(
             user_model.objects.create_user("rolled-back")
             raise RuntimeError
     finally:
-        post_save.disconnect(receiver, sender=user_model)
+        # By its uid: Django finds a receiver connected with one only so (by the receiver
+        # itself, it stayed connected and sent an event for every later test's new user).
+        assert post_save.disconnect(sender=user_model, dispatch_uid=receiver.dispatch_uid)
     event = Event.objects.get()  # one: the update and the rolled-back create sent none
     ts = int(event.received_at.timestamp() * 1000)
     expected = {"name": CREATED, "data": {"user": "ada"}, "id": f"user-{user.pk}", "ts": ts}
