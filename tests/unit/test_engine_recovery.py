@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 from durable_flow import NonDeterminismError, redispatch_pending, start
 from durable_flow.config.queues import QueueConfig
@@ -18,8 +18,9 @@ from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.runtime.poller import TimerPoller
 from durable_flow.store.attempts import attempt_started
+from durable_flow.store.queries import attempt_starts
 from durable_flow.store.step_start import start_attempt
-from tests.conftest import MovableClock, executed
+from tests.conftest import MovableClock, executed, wait_for
 from tests.engine_support import transport_of
 
 
@@ -339,3 +340,67 @@ def test_the_poller_logs_each_step_it_redrives_and_why(
         assert "its worker vm:w1 (pid 7) is dead: last seen at" in line
     else:
         assert "by an earlier process of vm:w1, whose current process began at" in line
+
+
+def test_a_redrive_that_waits_for_a_start_in_progress_sees_it_and_leaves_the_step(
+    manual: Engine, clock: MovableClock
+) -> None:
+    """PostgreSQL: the re-drive's lock on the step waits for a start still in its transaction,
+    and then reads the start that committed. The taker is a new process of the dead worker's own
+    name, so only the attempt's start time tells the two starts apart. (On SQLite the write
+    lock taken at BEGIN serialises the two transactions whole.)"""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    transport.steps.clear()
+    _take_up(run.id, "1", 1, "vm:w1", clock.advance(seconds=1))
+    judged = attempt_starts(StepCheckpoint.objects.filter(run=run, key="1"))["1"]  # the poller's read
+    started, commit = threading.Event(), threading.Event()
+
+    def take_up_again() -> None:
+        try:
+            with transaction.atomic():
+                cp, _ = start_attempt(run.id, "1", 1, "vm:w1")
+                assert cp is not None
+                attempt_started(cp, 1, "vm:w1", clock.advance(seconds=1))
+                started.set()
+                commit.wait(60)
+        finally:
+            connection.close()
+
+    redriven: list[int] = []
+
+    def redrive() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET application_name = 'df-redrive-under-test'")
+            redriven.append(manual.redispatch_pending(run.id, seen={"1": judged}))
+        finally:
+            connection.close()
+
+    taker = threading.Thread(target=take_up_again)
+    taker.start()
+    assert started.wait(60)
+    poller = threading.Thread(target=redrive)
+    poller.start()
+    try:
+        wait_for(lambda: waiting_for_a_lock("df-redrive-under-test"), timeout=60, what="the re-drive to wait")
+    finally:
+        commit.set()
+        taker.join(60)
+        poller.join(60)
+    assert redriven == [0]
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert (cp.status, cp.attempt, cp.worker) == (StepStatus.DISPATCHED, 1, "vm:w1")
+    assert transport.steps == []
+
+
+def waiting_for_a_lock(application_name: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock')",
+            [application_name],
+        )
+        return bool(cursor.fetchone()[0])
