@@ -7,6 +7,7 @@ blocked admission) raises `Suspend`, which unwinds the function: no thread or pr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -53,6 +54,8 @@ from durable_flow.models import (
 from durable_flow.store import quotas as quota_store
 
 __all__ = ["PENDING", "EngineUnavailable", "StepOptions", "Suspend", "WorkflowContext", "engine_call"]
+
+logger = logging.getLogger("durable_flow.engine")
 
 
 PRIORITY_LIMIT = MAX_COUNT  # the database's integer column
@@ -447,6 +450,13 @@ class WorkflowContext:
             return self._admit(cp, options)
         # DISPATCHED: in flight. Past its deadline, re-dispatch (the slot stays held).
         if cp.wake_at is not None and cp.wake_at <= self.now:
+            logger.warning(
+                "run %s: re-dispatched 1 step(s): step %r (attempt %d): timed out at %s",
+                self.run_id,
+                key,
+                cp.attempt,
+                cp.wake_at,
+            )
             self._engine.dispatch(cp, timeout_redispatch=True)
         self.in_flight = True
         self._wait_until(cp.wake_at)

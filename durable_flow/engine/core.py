@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from durable_flow.definitions.quotas import QuotaSpec
     from durable_flow.definitions.registry import WorkflowDefinition
     from durable_flow.engine.start_gate import StartGate
+    from durable_flow.store.queries import AttemptStart
 
 
 class Engine:
@@ -211,9 +212,16 @@ class Engine:
             in_settling_transaction=in_settling_transaction,
         )
 
-    def redispatch_pending(self, run_id: str, older_than_s: float = 0.0, keys: Iterable[str] | None = None) -> int:
-        """Re-send the run's in-flight steps (`Dispatcher.redispatch_pending`)."""
-        return self.dispatcher.redispatch_pending(run_id, older_than_s, keys)
+    def redispatch_pending(
+        self,
+        run_id: str,
+        older_than_s: float = 0.0,
+        keys: Iterable[str] | None = None,
+        seen: Mapping[str, AttemptStart] | None = None,
+    ) -> int:
+        """Re-send the run's in-flight steps (`Dispatcher.redispatch_pending`); with `seen`, only
+        those still at the start judged lost."""
+        return self.dispatcher.redispatch_pending(run_id, older_than_s, keys, seen)
 
     # Slots (`handoff`, `release_order`).
     def grant(self, queue: str) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from copy import copy
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from durable_flow.models import ADMISSION_CAUSES, RunStatus, StepCheckpoint, Ste
 from durable_flow.store import metric_counts
 from durable_flow.store.attempts import attempt_started
 from durable_flow.store.counters import count_admission
+from durable_flow.store.queries import AttemptStart, attempt_starts
 from durable_flow.store.statements import insert, save_fields
 
 if TYPE_CHECKING:
@@ -162,9 +163,20 @@ class Dispatcher:
         return handed
 
     @retry_on_conflict
-    def redispatch_pending(self, run_id: str, older_than_s: float = 0.0, keys: Iterable[str] | None = None) -> int:
+    def redispatch_pending(
+        self,
+        run_id: str,
+        older_than_s: float = 0.0,
+        keys: Iterable[str] | None = None,
+        seen: Mapping[str, AttemptStart] | None = None,
+    ) -> int:
         """Re-send the run's in-flight steps (for jobs a broker lost), or only those named by
-        `keys`. Each gets a new attempt and keeps its slot; whichever attempt answers first wins."""
+        `keys`. Each gets a new attempt and keeps its slot; whichever attempt answers first wins.
+
+        `seen`: the steps (by key) judged lost, each with the start the judgement read. Only a
+        step still at that start is re-sent, decided under its row's lock: between a judgement
+        and this transaction a live worker may have taken the same attempt up (a dead worker's
+        task claimed again) and run it, and a second attempt beside it would run the step twice."""
         with transaction.atomic():
             run, _ = locked_run(run_id)
             if run is None:
@@ -174,9 +186,18 @@ class Dispatcher:
             in_flight = run.checkpoints.filter(
                 kind=StepKind.STEP, status=StepStatus.DISPATCHED, dispatched_at__lte=cutoff
             )
+            if seen is not None:
+                keys = seen if keys is None else set(keys) & set(seen)
             if keys is not None:
                 in_flight = in_flight.filter(key__in=list(keys))
-            for cp in in_flight.select_for_update():
+            locked = list(in_flight.select_for_update())
+            if seen is not None and locked:
+                # Read after the rows are locked (a statement of its own, so on PostgreSQL it sees
+                # a start committed while this transaction waited for them): a start that comes
+                # later waits for this commit, and then finds its attempt stale.
+                now_at = attempt_starts(run.checkpoints.filter(pk__in=[cp.pk for cp in locked]))
+                locked = [cp for cp in locked if now_at.get(cp.key) == seen[cp.key]]
+            for cp in locked:
                 self.dispatch(cp, timeout_redispatch=True)
                 count += 1
             if run.status == RunStatus.PENDING:

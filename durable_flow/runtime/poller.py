@@ -28,22 +28,27 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import close_old_connections, connection, transaction
+from django.db.models import QuerySet
 
 from durable_flow.definitions.registry import step_concurrency_declared
 from durable_flow.engine import Engine, get_engine, retry_on_conflict
-from durable_flow.models import FlowQueue, RunStatus, WorkflowRun, dead_worker_cutoff
+from durable_flow.models import FlowQueue, RunStatus, WorkerHeartbeat, WorkflowRun, dead_worker_cutoff
 from durable_flow.observe.sampling import Sampler
 from durable_flow.runtime.events import EventDeliverer
 from durable_flow.runtime.schedules import ScheduleTicker
 from durable_flow.runtime.vacuum import VacuumPolicy, Vacuums
 from durable_flow.store import metric_counts, queries, retention
 from durable_flow.store.outage import Outage, transient_errors
+from durable_flow.store.queries import AttemptStart
 from durable_flow.store.quotas import prune_refusals
 from durable_flow.store.timer_bells import TimerBell
 
 logger = logging.getLogger("durable_flow.runtime.poller")
 #: How long a stopping poller waits for a vacuum it started.
 VACUUM_GRACE_S = 10.0
+#: What the poller reads of a step it judges lost: which step, and the start it judged
+#: (`queries.AttemptStart`: a re-drive goes ahead only while the step is still at it).
+LOST_FIELDS = ("run_id", "key", "attempt", "worker", "started_at")
 
 
 class TimerPoller:
@@ -138,19 +143,17 @@ class TimerPoller:
         if self._judge_deaths_from is not None and now < self._judge_deaths_from:
             dead_workers = dead_workers.none()  # an outage just ended: see `outage_seen`
         lost_after = now - timedelta(seconds=settings.redispatch_after_s)
-        lost = queries.lost_steps(dead_workers, lost_after).values_list("run_id", "key")
-        lost_by_run: dict[str, list[str]] = {}
-        for run_id, key in lost[: self.batch_size]:
-            lost_by_run.setdefault(run_id, []).append(key)
-        for run_id, key in self._dropped_by_live_workers(dead_cutoff, lost_after):
-            lost_by_run.setdefault(run_id, []).append(key)
-        # A worker restarted under its name: what its previous process ran is lost with it.
-        earlier = queries.steps_of_earlier_processes(queries.live_workers(dead_cutoff))
-        for run_id, key in earlier.values_list("run_id", "key")[: self.batch_size]:
-            lost_by_run.setdefault(run_id, []).append(key)
         redriven = 0
-        for run_id, keys in lost_by_run.items():
-            redriven += self.engine.redispatch_pending(run_id, keys=keys)
+        for run_id, lost in self._lost_steps(now, dead_workers, dead_cutoff, lost_after).items():
+            # Each step only while it is still at the start judged lost: a live worker may have
+            # taken it up since (`Dispatcher.redispatch_pending`'s `seen`).
+            redrive = self.engine.redispatch_pending
+            done = [key for key, (start, _) in lost.items() if redrive(run_id, seen={key: start})]
+            if done:
+                # One line a run: a step re-driven runs again, which an operator wants to know, and why.
+                detail = "; ".join(f"step {key!r} {lost[key][1]}" for key in done)
+                logger.warning("run %s: re-dispatched %d step(s): %s", run_id, len(done), detail)
+            redriven += len(done)
         # Parked calls whose grant was lost (the granting process died before dispatching) or
         # whose place in line was lost (with a process, or with Redis) are offered again.
         for name in FlowQueue.objects.values_list("name", flat=True):
@@ -177,8 +180,6 @@ class TimerPoller:
                 WorkflowRun.objects.filter(id__in=stale_ids, status=RunStatus.PENDING).update(updated_at=now)
                 for run_id in stale_ids:
                     self.engine.transport.enqueue_turn(run_id)
-        if redriven:
-            logger.info("re-dispatched %d step(s) lost with their worker", redriven)
         # The quota page's history of refused starts: rows past POLLER["REFUSAL_RETENTION_S"],
         # a few bounded batches per pass.
         prune_refusals(settings.refusal_retention_s, now)
@@ -199,11 +200,55 @@ class TimerPoller:
         self.vacuums.maybe_vacuum()
         return redriven
 
-    def _dropped_by_live_workers(self, dead_cutoff: Any, lost_after: Any) -> list[tuple[str, str]]:
+    def _lost_steps(
+        self, now: datetime, dead_workers: QuerySet[WorkerHeartbeat], dead_cutoff: datetime, lost_after: datetime
+    ) -> dict[str, dict[str, tuple[AttemptStart, str]]]:
+        """The in-flight steps to re-drive, by run and key, each with the start judged lost and
+        why (for the log): its worker is dead, no worker took it, a live worker dropped it, or an
+        earlier process of its worker's name ran it."""
+        lost_by_run: dict[str, dict[str, tuple[AttemptStart, str]]] = {}
+        dead = {
+            worker: (seen, stopped, pid)
+            for worker, seen, stopped, pid in dead_workers.values_list("worker_id", "last_seen", "stopped_at", "pid")
+        }
+        lost = queries.lost_steps(dead_workers, lost_after)
+        for run_id, key, attempt, worker, started_at in lost.values_list(*LOST_FIELDS)[: self.batch_size]:
+            if not worker:
+                reason = "no worker took it in REDISPATCH_AFTER_S"
+            elif worker in dead and dead[worker][1] is not None:
+                reason = f"its worker {worker} (pid {dead[worker][2]}) stopped"
+            else:
+                seen, _, pid = dead.get(worker, (None, None, None))
+                silent = f"last seen at {seen}, {(now - seen).total_seconds():.1f}s ago" if seen else "silent"
+                reason = f"its worker {worker} (pid {pid}) is dead: {silent}"
+            lost_by_run.setdefault(run_id, {})[key] = (
+                AttemptStart(attempt, worker, started_at),
+                f"(attempt {attempt}): {reason}",
+            )
+        for run_id, key, attempt, worker, started_at in self._dropped_by_live_workers(dead_cutoff, lost_after):
+            lost_by_run.setdefault(run_id, {})[key] = (
+                AttemptStart(attempt, worker, started_at),
+                f"(attempt {attempt}): its live worker {worker} no longer runs it (dispatched REDISPATCH_AFTER_S ago)",
+            )
+        # A worker restarted under its name: what its previous process ran is lost with it.
+        earlier = queries.steps_of_earlier_processes(queries.live_workers(dead_cutoff))
+        for run_id, key, attempt, worker, started_at, began in earlier.values_list(*LOST_FIELDS, "process_began")[
+            : self.batch_size
+        ]:
+            lost_by_run.setdefault(run_id, {})[key] = (
+                AttemptStart(attempt, worker, started_at),
+                f"(attempt {attempt}): started at {started_at} by an earlier process of {worker}, "
+                f"whose current process began at {began}",
+            )
+        return lost_by_run
+
+    def _dropped_by_live_workers(
+        self, dead_cutoff: datetime, lost_after: datetime
+    ) -> list[tuple[str, str, int, str, datetime]]:
         """Steps dispatched long ago to a worker that is alive but not executing them (it gave
         up on the job, e.g. after the database refused its result): re-drive those too."""
         old = queries.stale_dispatched_steps(lost_after)
-        candidates = list(old.values_list("run_id", "key", "attempt", "worker", "started_at")[: self.batch_size])
+        candidates = list(old.values_list(*LOST_FIELDS)[: self.batch_size])
         if not candidates:
             return []
         live = queries.live_workers(dead_cutoff).filter(worker_id__in={c[3] for c in candidates})
@@ -215,7 +260,7 @@ class TimerPoller:
         # started it cannot list it. Judged on the worker's next beat instead (its `last_seen` is
         # read before the list, `WorkerRuntime._beat`).
         return [
-            (run_id, key)
+            (run_id, key, attempt, worker, started_at)
             for run_id, key, attempt, worker, started_at in candidates
             if worker in beats and beats[worker][0] > started_at and f"{run_id}/{key}/{attempt}" not in beats[worker][1]
         ]

@@ -363,7 +363,14 @@ class WorkerRuntime(EngineRunner):
         already recorded makes this a no-op). If that fails too (the database is down), the
         `REDISPATCH_AFTER_S` check is left to re-drive it."""
         try:
-            self.engine.redispatch_pending(step.run_id, keys=[step.step_key])
+            if self.engine.redispatch_pending(step.run_id, keys=[step.step_key]):
+                logger.warning(
+                    "run %s: re-dispatched 1 step(s): step %r (attempt %d): worker %s failed to record it",
+                    step.run_id,
+                    step.step_key,
+                    step.attempt,
+                    self.worker_id,
+                )
         except Exception:
             logger.exception("could not re-send handed step %s through the transport", step)
 

@@ -138,22 +138,51 @@ def in_flight_steps() -> QuerySet[StepCheckpoint]:
     return StepCheckpoint.objects.filter(kind=StepKind.STEP, status=StepStatus.DISPATCHED)
 
 
+def _attempt_started() -> Coalesce:
+    """When a step's current attempt began: its `StepAttempt` row's start, or the dispatch time
+    while no worker has started it (an annotation of checkpoints)."""
+    started = StepAttempt.objects.filter(checkpoint=OuterRef("pk"), attempt=OuterRef("attempt")).values("started_at")
+    return Coalesce(Subquery(started[:1]), "dispatched_at")
+
+
+@dataclass(frozen=True)
+class AttemptStart:
+    """Which start of a step a judgement was about: its attempt, the worker stamped on it and
+    when it began (`_attempt_started`). A new attempt, or the same one taken up again by a
+    worker (a re-claimed task: a new stamp and a new start), is another start."""
+
+    attempt: int
+    worker: str
+    started_at: datetime | None
+
+
+def attempt_starts(checkpoints: QuerySet[StepCheckpoint]) -> dict[str, AttemptStart]:
+    """The current start of each of `checkpoints`, by key."""
+    rows = checkpoints.order_by().annotate(started_at=_attempt_started())
+    return {
+        key: AttemptStart(attempt, worker, started_at)
+        for key, attempt, worker, started_at in rows.values_list("key", "attempt", "worker", "started_at")
+    }
+
+
 def lost_steps(dead: QuerySet[WorkerHeartbeat], lost_after: datetime) -> QuerySet[StepCheckpoint]:
-    """In-flight steps whose worker is dead, or that no worker started since `lost_after`."""
-    return in_flight_steps().filter(Q(worker__in=dead.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after))
+    """In-flight steps whose worker is dead, or that no worker started since `lost_after`. Each
+    is annotated with `started_at` (`_attempt_started`)."""
+    lost = Q(worker__in=dead.values("worker_id")) | Q(worker="", dispatched_at__lt=lost_after)
+    return in_flight_steps().filter(lost).annotate(started_at=_attempt_started())
 
 
 def steps_of_earlier_processes(live: QuerySet[WorkerHeartbeat]) -> QuerySet[StepCheckpoint]:
     """In-flight steps stamped with a live worker's name that an earlier process of that name
     started: before the current process took the name (its heartbeat's `started_at`). A worker's
     name outlives its processes (`store.worker_names`), and a name is taken again only once its
-    previous process stopped or died, so such a step runs nowhere."""
+    previous process stopped or died, so such a step runs nowhere. Each is annotated with
+    `started_at` (`_attempt_started`) and `process_began`."""
     began = WorkerHeartbeat.objects.filter(worker_id=OuterRef("worker")).values("started_at")
-    started = StepAttempt.objects.filter(checkpoint=OuterRef("pk"), attempt=OuterRef("attempt")).values("started_at")
     return (
         in_flight_steps()
         .filter(worker__in=live.values("worker_id"))
-        .annotate(process_began=Subquery(began[:1]), started_at=Coalesce(Subquery(started[:1]), "dispatched_at"))
+        .annotate(process_began=Subquery(began[:1]), started_at=_attempt_started())
         .filter(started_at__lt=F("process_began"))
     )
 
@@ -162,13 +191,12 @@ def stale_dispatched_steps(lost_after: datetime) -> QuerySet[StepCheckpoint]:
     """In-flight steps dispatched before `lost_after` that a worker took; whether that worker
     still runs them is for its heartbeat to say, and only a heartbeat written after the worker
     started the attempt can say it. Each is annotated with `started_at`: when its worker began
-    the current attempt (its `StepAttempt` row; the dispatch time if it has none)."""
-    started = StepAttempt.objects.filter(checkpoint=OuterRef("pk"), attempt=OuterRef("attempt")).values("started_at")
+    the current attempt (`_attempt_started`)."""
     return (
         in_flight_steps()
         .filter(dispatched_at__lt=lost_after)
         .exclude(worker="")
-        .annotate(started_at=Coalesce(Subquery(started[:1]), "dispatched_at"))
+        .annotate(started_at=_attempt_started())
     )
 
 

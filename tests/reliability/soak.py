@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,9 @@ from django.db import connection
 
 from durable_flow import cancel, register_queue, start
 from durable_flow.engine import Engine
-from durable_flow.models import RunStatus, StepCheckpoint, WorkflowRun
+from durable_flow.models import RunStatus, StepAttempt, StepCheckpoint, WorkerHeartbeat, WorkflowRun
 from tests.conftest import ManagedProcess, wait_for
-from tests.reliability.evidence import Kill, Outage, busiest_window, max_overlap, read_evidence
+from tests.reliability.evidence import Evidence, Kill, Outage, busiest_window, max_overlap, read_evidence
 from tests.support.redis_keys import delete_keys
 from tests.workflows import soak_value
 
@@ -83,15 +84,41 @@ class Fleet:
     def __init__(self, spawn: Callable[..., ManagedProcess], env: dict[str, str]) -> None:
         self._spawn = spawn
         self._env = env
+        #: Every process the fleet started, the killed ones included: their logs explain a re-run.
+        self.spawned: list[ManagedProcess] = []
         self.workers = [self._worker() for _ in range(WORKERS)]
         self.poller = self._poller()
         self.kills: list[Kill] = []
 
     def _worker(self) -> ManagedProcess:
-        return self._spawn("durable_worker", "--concurrency", "4", env=self._env)
+        return self._started(self._spawn("durable_worker", "--concurrency", "4", env=self._env))
 
     def _poller(self) -> ManagedProcess:
-        return self._spawn("durable_poller", env=self._env)
+        return self._started(self._spawn("durable_poller", env=self._env))
+
+    def _started(self, process: ManagedProcess) -> ManagedProcess:
+        self.spawned.append(process)
+        return process
+
+    def log_lines(self, *needles: str) -> list[str]:
+        """The fleet's log lines holding any of `needles` (a run id, a worker name), each
+        prefixed with its process's pid: the poller's re-drives and their reasons, a worker's
+        outage or failed heartbeat."""
+        return [
+            f"[pid {process.proc.pid}] {line}"
+            for process in self.spawned
+            for line in process.output().splitlines()
+            if any(needle in line for needle in needles)
+        ]
+
+    def names(self) -> dict[int, str]:
+        """Each process's pid -> its worker id (from its start line), or "poller"."""
+        names = {}
+        for process in self.spawned:
+            text = process.output()
+            found = re.search(r"^durable_worker (\S+): transport=", text, re.MULTILINE)
+            names[process.proc.pid] = found.group(1) if found else ("poller" if "durable_poller" in text else "?")
+        return names
 
     def kill_one(self, rng: random.Random) -> None:
         """Once the whole fleet is up, SIGKILL a worker (or, one time in four, the poller) and
@@ -240,6 +267,7 @@ class Workload:
         settled_s: float,
         capsys: Any,
         outages: list[Outage] | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
         """Print the counts, then assert each guarantee (see `test_soak.py`'s docstring)."""
         runs = {run.id: run for run in WorkflowRun.objects.filter(pk__in=self.run_ids)}
@@ -284,12 +312,64 @@ class Workload:
         assert not uncancelled and not unasked, (uncancelled, unasked)
         assert leaked == 0
         assert not unexplained, f"steps re-run with no kill or outage to explain it (seed {seed}):\n" + "\n".join(
-            f"  {run_id} stage {stage}: executions {evidence.by_step()[(run_id, stage)]}; checkpoint "
-            f"{list(StepCheckpoint.objects.filter(run_id=run_id).values_list('key', 'attempt', 'worker', 'status'))}"
-            for run_id, stage in unexplained[:5]
+            reexecution_report(evidence, run_id, stage, fleet) for run_id, stage in unexplained[:5]
         )
         assert cap_peak <= CAP and fair_peak <= FAIR_CAP, (cap_peak, fair_peak)
         assert window_peak <= WINDOW_LIMIT, window_peak
+
+
+def reexecution_report(evidence: Evidence, run_id: str, stage: int, fleet: Fleet | None) -> str:
+    """Everything that tells why a step ran more than once, for the failure message: each
+    execution (its process, start and end), the run's attempts, the heartbeats of the workers
+    that held them, and the fleet's log lines about the run and those workers (the poller logs
+    each re-drive with its reason)."""
+    names = fleet.names() if fleet else {}
+    killed = evidence.killed_pids
+    lines = [f"  {run_id} stage {stage}:"]
+    for execution in evidence.by_step()[(run_id, stage)]:
+        end = f"{execution.end:.6f}" if execution.end is not None else "never"
+        death = f", killed at {killed[execution.pid]:.6f}" if execution.pid in killed else ""
+        lines.append(
+            f"    ran in pid {execution.pid} ({names.get(execution.pid, '?')}): "
+            f"start {execution.start:.6f} end {end}{death}"
+        )
+    workers = set()
+    for cp in StepCheckpoint.objects.filter(run_id=run_id).order_by("sequence"):
+        lines.append(f"    checkpoint {cp.key}: {cp.status} attempt {cp.attempt} worker {cp.worker!r} queue {cp.queue}")
+        workers.add(cp.worker)
+        for row in StepAttempt.objects.filter(checkpoint=cp).order_by("attempt"):
+            workers.add(row.worker)
+            lines.append(
+                f"      attempt {row.attempt} {row.status} worker {row.worker!r} dispatched {_at(row.dispatched_at)} "
+                f"started {_at(row.started_at)} finished {_at(row.finished_at)} late {row.late}"
+            )
+    workers.discard("")
+    for beat in WorkerHeartbeat.objects.filter(worker_id__in=workers).order_by("worker_id"):
+        lines.append(
+            f"    heartbeat {beat.worker_id}: pid {beat.pid} started {_at(beat.started_at)} "
+            f"last seen {_at(beat.last_seen)} stopped {_at(beat.stopped_at)}"
+        )
+    if fleet is not None:
+        # The run's re-drives, and what the processes involved logged (outages, failed beats).
+        pids = {str(e.pid) for e in evidence.by_step()[(run_id, stage)]}
+        involved = [p for p in fleet.spawned if str(p.proc.pid) in pids]
+        lines += [f"    {line}" for line in fleet.log_lines(run_id)[:20]]
+        # Which processes held the names involved (a name passes to a new process once its last lapses).
+        lines += [f"    {line}" for line in fleet.log_lines(*(f"durable_worker {w}:" for w in sorted(workers)))]
+        for process in involved:
+            trouble = [line for line in process.output().splitlines() if any(word in line for word in TROUBLE)]
+            lines += [f"    [pid {process.proc.pid}] {line}" for line in trouble[:20]]
+    return "\n".join(lines)
+
+
+#: What in an executing process's log may explain a re-run: an outage it rode out, a heartbeat
+#: or an engine failure, a re-drive.
+TROUBLE = ("unavailable", "service back", "heartbeat", "failed", "re-dispatched", "retrying", " ERROR ")
+
+
+def _at(value: datetime | None) -> str:
+    """An instant as epoch seconds, comparable with the evidence log's stamps."""
+    return f"{value.timestamp():.6f}" if value is not None else "-"
 
 
 def stuck_report(engine: Engine, run_ids: list[str], queues: tuple[str, ...]) -> str:

@@ -89,5 +89,5 @@ def test_the_soak_settles_under_random_kills(
         fleet.kill_one(rng)
 
     settled_s = work.wait_settled(soak_engine, SEED)
-    work.check(stack, SEED, fleet.kills, settled_s, capsys)
+    work.check(stack, SEED, fleet.kills, settled_s, capsys, fleet=fleet)
     assert len(fleet.kills) >= min(max_kills, 3), "the chaos loop barely ran: the soak proves little"

@@ -112,7 +112,7 @@ def test_the_soak_settles_through_redis_and_postgresql_outages(
         outages.append(Outage("postgresql", began, time.time()))
 
     settled_s = work.wait_settled(outage_engine, SEED)
-    work.check("rq+outages", SEED, fleet.kills, settled_s, capsys, outages=outages)
+    work.check("rq+outages", SEED, fleet.kills, settled_s, capsys, outages=outages, fleet=fleet)
     assert len(outages) >= 2, "the runs settled before both outages: it proves little"
     assert not fleet.dead(), "\n\n".join(process.output()[-3000:] for process in fleet.dead())
     logs = "".join(process.output() for process in fleet.workers)

@@ -3,19 +3,24 @@ and stale results ignored, and a run whose code changed underneath fails loudly.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
-from django.db import OperationalError, connections
+from django.db import OperationalError, connection, connections, transaction
 
 from durable_flow import NonDeterminismError, redispatch_pending, start
 from durable_flow.config.queues import QueueConfig
 from durable_flow.engine import Engine
 from durable_flow.models import RunStatus, StepCheckpoint, StepStatus, WorkerHeartbeat, WorkflowRun
 from durable_flow.runtime.poller import TimerPoller
-from tests.conftest import MovableClock, executed
+from durable_flow.store.attempts import attempt_started
+from durable_flow.store.queries import attempt_starts
+from durable_flow.store.step_start import start_attempt
+from tests.conftest import MovableClock, executed, wait_for
 from tests.engine_support import transport_of
 
 
@@ -248,3 +253,154 @@ def test_a_run_started_under_another_workflow_version_fails_with_non_determinism
     assert run.status == RunStatus.FAILED
     assert "version '0'" in run.error["message"]
     assert executed("add_one") == []
+
+
+def _take_up(run_id: str, key: str, attempt: int, worker: str, at: datetime) -> None:
+    """A worker picks attempt `attempt` up, as `Results.execute_step` does before it calls the
+    step (the stamp and the attempt's start in one transaction), and is still running it."""
+    with transaction.atomic():
+        cp, _ = start_attempt(run_id, key, attempt, worker)
+        assert cp is not None
+        attempt_started(cp, attempt, worker, at)
+
+
+@pytest.mark.parametrize(
+    ("judged", "taker"),
+    [
+        ("dead", "vm:w2"),  # its worker's heartbeat lapsed; another worker took the task up
+        ("earlier process", "vm:w2"),  # a new process took its worker's name; another worker took it up
+        ("earlier process", "vm:w1"),  # ... and that new process took it up itself, under the same name
+    ],
+)
+def test_a_step_a_live_worker_takes_up_after_the_poller_judged_it_lost_is_not_redriven(
+    manual: Engine, clock: MovableClock, monkeypatch: pytest.MonkeyPatch, judged: str, taker: str
+) -> None:
+    """The poller judges which steps are lost with one read and re-drives them in later
+    transactions. In between, a live worker may take the same attempt up: a dead worker's task
+    is claimable again (the poller's `reclaim_from`, a new process of its name reclaiming at
+    start-up, a lapsed lease) and a claim starts the attempt it names. Re-driving it then runs
+    the step twice, both in live processes. So the re-drive goes ahead only for an attempt still
+    as the poller judged it: same attempt, same worker, same start."""
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    transport.steps.clear()
+    ttl = manual.settings.heartbeat_ttl_s
+    old_start = clock()
+    WorkerHeartbeat.objects.create(
+        worker_id="vm:w1", host="vm", pid=1, transport="db", started_at=old_start, last_seen=old_start
+    )
+    _take_up(run.id, "1", 1, "vm:w1", clock.advance(seconds=1))  # the process later killed
+    clock.advance(seconds=ttl + 1)
+    if judged == "earlier process":  # the name's lapse let a new process take it
+        WorkerHeartbeat.objects.filter(worker_id="vm:w1").update(pid=2, started_at=clock(), last_seen=clock())
+    WorkerHeartbeat.objects.create(
+        worker_id="vm:w2", host="vm", pid=3, transport="db", started_at=old_start, last_seen=clock()
+    )
+    redispatch = manual.redispatch_pending
+    taken: list[str] = []
+
+    def taken_up_meanwhile(*args: Any, **kwargs: Any) -> int:
+        if not taken:  # between the poller's judgement and its re-drive
+            _take_up(run.id, "1", 1, taker, clock.advance(seconds=0.1))
+            taken.append(taker)
+        return redispatch(*args, **kwargs)
+
+    monkeypatch.setattr(manual, "redispatch_pending", taken_up_meanwhile)
+    assert TimerPoller(manual).maintain() == 0
+    assert taken == [taker]
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert (cp.status, cp.attempt, cp.worker) == (StepStatus.DISPATCHED, 1, taker)
+    assert transport.steps == []
+
+
+@pytest.mark.parametrize("judged", ["dead", "earlier process"])
+def test_the_poller_logs_each_step_it_redrives_and_why(
+    manual: Engine, clock: MovableClock, caplog: pytest.LogCaptureFixture, judged: str
+) -> None:
+    """An operator sees every re-drive (a step run again) with its reason, one line a run."""
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    transport.steps.clear()
+    began = clock()
+    WorkerHeartbeat.objects.create(
+        worker_id="vm:w1", host="vm", pid=7, transport="db", started_at=began, last_seen=began
+    )
+    _take_up(run.id, "1", 1, "vm:w1", clock.advance(seconds=1))
+    clock.advance(seconds=manual.settings.heartbeat_ttl_s + 1)
+    if judged == "earlier process":
+        WorkerHeartbeat.objects.filter(worker_id="vm:w1").update(pid=8, started_at=clock(), last_seen=clock())
+    with caplog.at_level(logging.WARNING, logger="durable_flow.runtime.poller"):
+        assert TimerPoller(manual).maintain() == 1
+    assert [(job.run_id, job.key, job.attempt) for job in transport.steps] == [(run.id, "1", 2)]
+    [line] = [record.getMessage() for record in caplog.records if run.id in record.getMessage()]
+    assert line.startswith(f"run {run.id}: re-dispatched 1 step(s): step '1' (attempt 1): ")
+    if judged == "dead":
+        assert "its worker vm:w1 (pid 7) is dead: last seen at" in line
+    else:
+        assert "by an earlier process of vm:w1, whose current process began at" in line
+
+
+def test_a_redrive_that_waits_for_a_start_in_progress_sees_it_and_leaves_the_step(
+    manual: Engine, clock: MovableClock
+) -> None:
+    """PostgreSQL: the re-drive's lock on the step waits for a start still in its transaction,
+    and then reads the start that committed. The taker is a new process of the dead worker's own
+    name, so only the attempt's start time tells the two starts apart. (On SQLite the write
+    lock taken at BEGIN serialises the two transactions whole.)"""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    transport = transport_of(manual)
+    run = start("tests.three_steps", 1)
+    transport.run_turns()
+    transport.steps.clear()
+    _take_up(run.id, "1", 1, "vm:w1", clock.advance(seconds=1))
+    judged = attempt_starts(StepCheckpoint.objects.filter(run=run, key="1"))["1"]  # the poller's read
+    started, commit = threading.Event(), threading.Event()
+
+    def take_up_again() -> None:
+        try:
+            with transaction.atomic():
+                cp, _ = start_attempt(run.id, "1", 1, "vm:w1")
+                assert cp is not None
+                attempt_started(cp, 1, "vm:w1", clock.advance(seconds=1))
+                started.set()
+                commit.wait(60)
+        finally:
+            connection.close()
+
+    redriven: list[int] = []
+
+    def redrive() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET application_name = 'df-redrive-under-test'")
+            redriven.append(manual.redispatch_pending(run.id, seen={"1": judged}))
+        finally:
+            connection.close()
+
+    taker = threading.Thread(target=take_up_again)
+    taker.start()
+    assert started.wait(60)
+    poller = threading.Thread(target=redrive)
+    poller.start()
+    try:
+        wait_for(lambda: waiting_for_a_lock("df-redrive-under-test"), timeout=60, what="the re-drive to wait")
+    finally:
+        commit.set()
+        taker.join(60)
+        poller.join(60)
+    assert redriven == [0]
+    cp = StepCheckpoint.objects.get(run=run, key="1")
+    assert (cp.status, cp.attempt, cp.worker) == (StepStatus.DISPATCHED, 1, "vm:w1")
+    assert transport.steps == []
+
+
+def waiting_for_a_lock(application_name: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock')",
+            [application_name],
+        )
+        return bool(cursor.fetchone()[0])
