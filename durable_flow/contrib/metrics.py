@@ -60,7 +60,7 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("durable_flow_runs_purged", "Finished runs retention deleted, by workflow.", ("workflow",)),
     (
         "durable_flow_rows_purged",
-        "Rows retention deleted with those runs, by table (runs, checkpoints, attempts, signals, tasks).",
+        "Rows retention deleted, by table (runs, checkpoints, attempts, signals, tasks, event_deliveries, events).",
         ("table",),
     ),
     (

@@ -4,8 +4,10 @@ A run is *purgeable* when it is finished (`completed`, `failed` or `cancelled`) 
 before its cutoff (now minus its workflow's `retention`, or `POLLER["RUN_RETENTION_S"]`), its
 parent (if any) is finished too (a parent still running may read its child), and none of its
 own children is unfinished. A purgeable run goes with everything that is only its own: its
-checkpoints, step attempts, signals and any `db` transport task row left for it; a finished
-child it had keeps its row, with no parent (the model's `SET_NULL`).
+checkpoints, step attempts, signals, any `db` transport task row left for it and the records of
+what events did to it; an event goes with the last run it started, resumed or cancelled (one that
+touched no run once `RUN_RETENTION_S` old); a finished child it had keeps its row, with no parent
+(the model's `SET_NULL`).
 
 Each batch is one short transaction: up to `batch_size` purgeable runs, oldest first, are found
 by a read before it, then taken again by primary key inside it with the rule checked once more
@@ -36,6 +38,8 @@ from durable_flow.config.settings import DurableFlowSettings
 from durable_flow.definitions.registry import workflows
 from durable_flow.models import (
     TERMINAL_RUN_STATUSES,
+    Event,
+    EventDelivery,
     Signal,
     StepAttempt,
     StepCheckpoint,
@@ -46,6 +50,7 @@ from durable_flow.store import metric_counts
 
 #: The tables a purge deletes from, children first, each by its run column.
 PURGED = (
+    (EventDelivery, "run_id"),
     (StepAttempt, "run_id"),
     (StepCheckpoint, "run_id"),
     (Signal, "run_id"),
@@ -62,6 +67,8 @@ ROWS_PURGED = "durable_flow_rows_purged_total"
 def table_label(model: type) -> str:
     """A purged table as the metrics and the dry run name it: `checkpoints`, `attempts`..."""
     return {
+        EventDelivery: "event_deliveries",
+        Event: "events",
         StepAttempt: "attempts",
         StepCheckpoint: "checkpoints",
         Signal: "signals",
@@ -187,9 +194,14 @@ def purge_batch(runs: QuerySet[WorkflowRun], batch_size: int) -> Purged:
                     f"WHERE {q('parent_id')} IN ({marks})",
                     chunk,
                 )
+                events = list(
+                    EventDelivery.objects.filter(run_id__in=chunk).values_list("event_id", flat=True).distinct()
+                )
                 for model, column in PURGED:
                     cursor.execute(f"DELETE FROM {q(model._meta.db_table)} WHERE {q(column)} IN ({marks})", chunk)
                     done.rows[table_label(model)] += max(cursor.rowcount, 0)
+                # The events whose last run went with this chunk go with it.
+                done.rows["events"] += _delete_events(events)
         done.workflows.update(workflow for _, workflow in picked)
         done.batches = 1
         for workflow, count in done.workflows.items():
@@ -199,6 +211,41 @@ def purge_batch(runs: QuerySet[WorkflowRun], batch_size: int) -> Purged:
                 metric_counts.count(ROWS_PURGED, {"table": table}, count)
     done.longest_transaction_s = time.monotonic() - began
     return done
+
+
+def _delete_events(ids: list[str]) -> int:
+    """Delete those of the events `ids` that are delivered and name no run any more (a plain
+    DELETE, as for the runs: the ORM's collector would load each one's deliveries first)."""
+    q = connection.ops.quote_name
+    events, deliveries = q(Event._meta.db_table), q(EventDelivery._meta.db_table)
+    deleted = 0
+    with connection.cursor() as cursor:
+        for chunk in _chunks(ids):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"DELETE FROM {events} WHERE {q('id')} IN ({marks}) AND {q('pending')} = %s AND NOT EXISTS "
+                f"(SELECT 1 FROM {deliveries} WHERE {deliveries}.{q('event_id')} = {events}.{q('id')})",
+                [*chunk, False],
+            )
+            deleted += max(cursor.rowcount, 0)
+    return deleted
+
+
+def purge_events(cutoff: datetime, batch_size: int) -> int:
+    """Delete up to `batch_size` events received before `cutoff` that touched no run (an event
+    no workflow is triggered by, no wait and no `cancel_on` matched): one short transaction."""
+    found = list(
+        Event.objects.filter(received_at__lt=cutoff, pending=False)
+        .exclude(Exists(EventDelivery.objects.filter(event_id=OuterRef("pk"))))
+        .values_list("id", flat=True)[:batch_size]
+    )
+    if not found:
+        return 0
+    with transaction.atomic():
+        deleted = _delete_events(found)
+    if deleted:
+        metric_counts.count(ROWS_PURGED, {"table": "events"}, deleted)
+    return deleted
 
 
 def _chunks(ids: list[str]) -> Iterator[list[str]]:
@@ -239,7 +286,10 @@ def purge_pass(settings: DurableFlowSettings, now: datetime) -> Purged:
     policy = RetentionPolicy.configured(settings)
     if not policy.active:
         return Purged()
-    return purge(policy.scopes(now), settings.purge_batch_size, max_batches=settings.purge_batches)
+    done = purge(policy.scopes(now), settings.purge_batch_size, max_batches=settings.purge_batches)
+    if policy.default is not None:
+        done.rows["events"] += purge_events(now - policy.default, settings.purge_batch_size)
+    return done
 
 
 def dry_run(scopes: list[Scope]) -> dict[str, int]:

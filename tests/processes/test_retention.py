@@ -22,6 +22,9 @@ from durable_flow.definitions.registry import workflow
 from durable_flow.exceptions import RegistrationError
 from durable_flow.models import (
     AttemptStatus,
+    Event,
+    EventAction,
+    EventDelivery,
     RunStatus,
     Signal,
     StepAttempt,
@@ -201,6 +204,29 @@ def test_a_workflow_retention_overrides_the_default_both_ways() -> None:
     purge(policy.scopes(now), batch_size=10)
     assert rows_of(short) == GONE
     assert rows_of(long)["runs"] == 2 and rows_of(other)["runs"] == 2
+
+
+def test_an_event_goes_with_the_last_run_it_touched_and_one_that_touched_none_with_age(settings: Any) -> None:
+    now = timezone.now()
+    old = make_runs("old", 2, finished=now - 3 * DAY)
+    young = make_runs("young", 1, finished=now)
+    received = {"received_at": now - 4 * DAY, "pending": False}
+    both = Event.objects.create(id="both", name="tests/orders.created", data={}, **received)
+    only_old = Event.objects.create(id="only-old", name="tests/orders.created", data={}, **received)
+    Event.objects.create(id="untouched", name="tests/orders.paid", data={}, **received)
+    Event.objects.create(id="recent", name="tests/orders.paid", data={}, received_at=now, pending=False)
+    EventDelivery.objects.bulk_create(
+        [
+            EventDelivery(event=only_old, action=EventAction.STARTED, workflow="tests.three_steps", run_id=old[0]),
+            EventDelivery(event=both, action=EventAction.STARTED, workflow="tests.three_steps", run_id=old[1]),
+            EventDelivery(event=both, action=EventAction.RESUMED, workflow="tests.three_steps", run_id=young[0]),
+        ]
+    )
+    done = retention.purge_pass(reset_and_get(settings, {"RUN_RETENTION_S": 2 * 86400}), now)
+    assert done.runs == 2 and done.rows["event_deliveries"] == 2 and done.rows["events"] == 2
+    # `both` still names the young run; `recent` is younger than the retention.
+    assert set(Event.objects.values_list("id", flat=True)) == {"both", "recent"}
+    assert list(EventDelivery.objects.values_list("run_id", flat=True)) == [young[0]]
 
 
 def test_no_retention_configured_purges_nothing(settings: Any) -> None:

@@ -43,7 +43,7 @@ def parse_age(text: str) -> timedelta:
 
 
 class Command(BaseCommand):
-    help = "Delete finished runs (with their checkpoints, attempts and signals) past their retention."
+    help = "Delete finished runs (with their checkpoints, attempts, signals and events) past their retention."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--older-than", default=None, help="Runs finished longer ago than this (30d, 12h...).")
