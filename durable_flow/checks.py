@@ -14,7 +14,7 @@
 - `durable_flow.E014`: the poller's vacuum of the hot tables (`POLLER["VACUUM_DEAD_ROWS"]`,
   `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
 - `durable_flow.E015`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
-  `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
+  `["PURGE_BATCHES"]`, `["PURGE_PASS_S"]`) is out of range, or a workflow's `retention` is;
 - `durable_flow.E007`: `TASKS` names the tasks backend on Django 5.2 but `django_tasks` is not
   installed (its checks never run, and `override_settings(TASKS=...)` keeps the old backends);
 - `durable_flow.E008`: the admin's run pages cannot find the app's templates;
@@ -62,7 +62,7 @@ HINTS = {
     ),
     "E015": (
         "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
-        "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
+        "PURGE_BATCHES 1 to 1000; PURGE_PASS_S above 0, at most 60 s. See docs/deployment.md, Retention."
     ),
     "W001": "Use the 'local', 'db' or 'redis' admission backend, or drop concurrency= (see docs/step-concurrency.md).",
     "E007": 'Add "django_tasks" to INSTALLED_APPS (the django-tasks backport; Django 6 has it built in).',
