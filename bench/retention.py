@@ -13,9 +13,9 @@ one step, one attempt). Then the bench times a queued workload in windows, two k
 alternating until the poller has purged the whole history:
 
 - *beside*: a `durable_poller` with `POLLER["RUN_RETENTION_S"]` set deletes the history at its
-  own pace (`PURGE_BATCHES` batches of `PURGE_BATCH_SIZE` runs each `MAINTENANCE_S`, and its
-  vacuum of the tables the purge leaves dead rows in, as deployed), started before the window's
-  runs are queued and given until its first purge;
+  own pace (each `MAINTENANCE_S`, at most `PURGE_BATCHES` batches of `PURGE_BATCH_SIZE` runs
+  and no new batch past `PURGE_PASS_S`; and its vacuum of the tables the purge leaves dead rows
+  in, as deployed), started before the window's runs are queued and given until its first purge;
 - *alone*: the same poller with no retention.
 
 A window is `--runs` one-step no-op workflows queued up front, run by one fresh
@@ -30,8 +30,9 @@ Printed: the workload's rate beside the purge over its rate alone, the median of
 (target >= 0.9: a tenth slower at most) and the worst pair; the purge's throughput (runs deleted
 per second of beside windows: the poller's pace, not the database's limit); its longest
 transaction (the poller logs each pass's); the poller's vacuums; the host's load average at each
-window. A last beside window in which the history ran out is timed partly without a purge: it
-is shown, and left out of the median.
+window, and each pair's figures as it ends. A last beside window in which the history ran out
+is timed partly without a purge: it is shown, and left out of the median. A TERM stops the
+bench and reports the pairs done.
 
 On PostgreSQL the databases are this bench's own (`bench_retention_*`), dropped after unless
 `--keep` or `--reuse` keeps the loaded history as a template database (about 1.5 GB at 1,000,000
@@ -156,6 +157,12 @@ def pg_stack(count: int, keep: bool, reuse: bool) -> Iterator[float | None]:
     django.setup()
     call_command("migrate", verbosity=0)
     try:
+        if kept is not None:
+            # A copied database starts with no statistics: without these row counts the poller
+            # would take each history table for empty and vacuum it at its first 2,000 dead rows.
+            with reporting.progress("ANALYZE of the copied history"), connection.cursor() as cursor:
+                tables = ("workflowrun", "stepcheckpoint", "stepattempt")
+                cursor.execute("ANALYZE " + ", ".join(f"durable_flow_{table}" for table in tables))
         if kept is None:
             started = time.perf_counter()
             reporting.log(f"loading {count:,} finished runs of history (bulk SQL, then VACUUM ANALYZE)")
@@ -317,16 +324,26 @@ def main() -> None:
     with stack as loaded_s:
         left = history_left()
         pair = 0
-        while left and (args.max_pairs is None or pair < args.max_pairs):
-            order = ("beside", "alone") if pair % 2 == 0 else ("alone", "beside")
-            reporting.log(
-                f"pair {pair + 1}: {args.runs} runs {order[0]}, then {order[1]}; {left:,} runs of history left "
-                f"({(args.history - left) / args.history:.0%} purged, {time.monotonic() - began:.0f} s in)"
-            )
-            for kind in order:
-                windows.append(timed_window(kind, pair, args.runs))
-            pair += 1
-            left = windows[-1].left
+        try:
+            while left and (args.max_pairs is None or pair < args.max_pairs):
+                order = ("beside", "alone") if pair % 2 == 0 else ("alone", "beside")
+                reporting.log(
+                    f"pair {pair + 1}: {args.runs} runs {order[0]}, then {order[1]}; {left:,} runs of history "
+                    f"left ({(args.history - left) / args.history:.0%} purged, {time.monotonic() - began:.0f} s in)"
+                )
+                done = {kind: timed_window(kind, pair, args.runs) for kind in order}
+                windows.extend(done.values())
+                pair += 1
+                left = windows[-1].left
+                with_purge, without = done["beside"], done["alone"]
+                reporting.log(
+                    f"pair {pair}: alone {without.rate:.0f} wf/s, beside {with_purge.rate:.0f} wf/s: "
+                    f"{with_purge.rate / without.rate:.2f}; {with_purge.purged:,} runs purged, "
+                    f"{with_purge.purged / with_purge.seconds:.0f}/s"
+                )
+        except SystemExit as stopped:  # a TERM: the pairs done so far are reported
+            reporting.log(f"stopped ({stopped}) after {pair} pair(s)")
+            left = history_left()
         database = "PostgreSQL" if args.postgres else "SQLite"
     report(args, windows, left, loaded_s, database)
 
@@ -335,6 +352,8 @@ def report(args: argparse.Namespace, windows: list[Window], left: int, loaded_s:
     beside = [w for w in windows if w.kind == "beside"]
     alone = [w for w in windows if w.kind == "alone"]
     pairs = list(zip(beside, alone, strict=True))
+    if not pairs:
+        raise SystemExit("no pair of windows was timed")
     # A beside window whose purge ran out of history was partly timed without one.
     full = [(b, a) for b, a in pairs if b.left]
     ratios = [b.rate / a.rate for b, a in full] or [float("nan")]
@@ -346,9 +365,13 @@ def report(args: argparse.Namespace, windows: list[Window], left: int, loaded_s:
     loads = [w.load for w in windows]
     verdict = "within" if ratio >= 0.9 else "SLOWER"
     left_out = f"; {len(pairs) - len(full)} pair(s) left out: the history ran out" if len(full) < len(pairs) else ""
+    from durable_flow.config.settings import get_settings
+
+    pace = get_settings()
     print(
         f"a workload beside the poller's purge of {args.history:,} finished runs ({database}, db transport, "
-        f"1 worker x 8 threads, {args.runs} runs a window; poller defaults: batches of 500, 10 a pass, a pass each 5 s)"
+        f"1 worker x 8 threads, {args.runs} runs a window; the poller's pace: batches of {pace.purge_batch_size}, "
+        f"at most {pace.purge_batches} and {pace.purge_pass_s:g} s a pass, a pass each {pace.poller_maintenance_s:g} s)"
     )
     lines = [
         f"alone:        {median(w.rate for w in alone):7.1f} wf/s   (median of {len(alone)} windows)",

@@ -14,7 +14,7 @@
 - `durable_flow.E014`: the poller's vacuum of the hot tables (`POLLER["VACUUM_DEAD_ROWS"]`,
   `["VACUUM_DEAD_FRACTION"]`, `["VACUUM_MIN_INTERVAL_S"]`) is out of range;
 - `durable_flow.E015`: run retention (`POLLER["RUN_RETENTION_S"]`, `["PURGE_BATCH_SIZE"]`,
-  `["PURGE_BATCHES"]`) is out of range, or a workflow's `retention` is;
+  `["PURGE_BATCHES"]`, `["PURGE_PASS_S"]`) is out of range, or a workflow's `retention` is;
 - `durable_flow.E016`: a queue's start timeout in `QUEUES` (`start_timeout_s`, `on_start_timeout`)
   is wrong: negative, zero, NaN, infinite or over a week, or an outcome other than fail/skip;
 - `durable_flow.E020`: `EVENTS` is not a list of well-formed event names, each once;
@@ -79,7 +79,7 @@ HINTS = {
     ),
     "E015": (
         "RUN_RETENTION_S is None (keep every run) or 3600 s to ten years (315360000 s); PURGE_BATCH_SIZE 1 to 10000; "
-        "PURGE_BATCHES 1 to 1000. See docs/deployment.md, Retention."
+        "PURGE_BATCHES 1 to 1000; PURGE_PASS_S above 0, at most 60 s. See docs/deployment.md, Retention."
     ),
     "E016": (
         "start_timeout_s is a number of seconds above 0 and at most 604800 (a week), or omitted to wait as long as "

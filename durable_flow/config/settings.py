@@ -62,6 +62,8 @@ MAX_RUN_RETENTION_S = MAX_DURATION.total_seconds()
 #: The most runs one retention transaction deletes, and the most transactions one poller pass takes.
 MAX_PURGE_BATCH_SIZE = 10_000
 MAX_PURGE_BATCHES = 1000
+#: The longest a poller pass may spend purging (POLLER's PURGE_PASS_S): a minute.
+MAX_PURGE_PASS_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class DurableFlowSettings:
     #: Runs deleted per transaction by retention, and transactions per poller pass.
     purge_batch_size: int = 500
     purge_batches: int = 10
+    #: The time a poller pass may spend purging: it stops after the batch that reaches it.
+    purge_pass_s: float = 0.5
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 15.0
     max_payload_bytes: int = 1_000_000
@@ -140,7 +144,8 @@ class EventsMisconfigured(ImproperlyConfigured):
 
 
 class RunRetentionMisconfigured(ImproperlyConfigured):
-    """POLLER's RUN_RETENTION_S, PURGE_BATCH_SIZE or PURGE_BATCHES is wrong (`manage.py check`: E015)."""
+    """POLLER's RUN_RETENTION_S, PURGE_BATCH_SIZE, PURGE_BATCHES or PURGE_PASS_S is wrong
+    (`manage.py check`: E015)."""
 
 
 class StartTimeoutMisconfigured(ImproperlyConfigured):
@@ -272,6 +277,11 @@ POLLER_OPTIONS = {
         number(1, MAX_PURGE_BATCHES, integer=True),
         RunRetentionMisconfigured,
     ),
+    "PURGE_PASS_S": Option(
+        "The time a poller pass may spend purging (it stops after the batch that reaches it).",
+        number(0, MAX_PURGE_PASS_S, above_minimum=True, unit="seconds"),
+        RunRetentionMisconfigured,
+    ),
 }
 HEARTBEAT_OPTIONS = {
     "INTERVAL_S": Option("How often a worker beats.", seconds(HOUR_S)),
@@ -315,6 +325,7 @@ _FIELDS = {
         "run_retention_s": "run_retention_s",
         "purge_batch_size": "purge_batch_size",
         "purge_batches": "purge_batches",
+        "purge_pass_s": "purge_pass_s",
     },
     "heartbeat": {"interval_s": "heartbeat_interval_s", "ttl_s": "heartbeat_ttl_s"},
     "metrics": {"token": "metrics_token"},
@@ -333,6 +344,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "vacuum_dead_fraction": float,
     "vacuum_min_interval_s": float,
     "run_retention_s": lambda value: None if value is None else float(value),
+    "purge_pass_s": float,
     "redispatch_after_s": float,
 }
 

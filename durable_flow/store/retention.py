@@ -258,17 +258,23 @@ def purge(
     batch_size: int,
     *,
     max_batches: int | None = None,
+    max_seconds: float | None = None,
     after_batch: Callable[[Purged], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Purged:
-    """Purge each scope in batches until it has none left or `max_batches` were taken in all.
+    """Purge each scope in batches until it has none left, `max_batches` were taken in all, or
+    the batch that reached `max_seconds` (by `clock`) since the first one began has ended.
 
     `after_batch` is called with each batch's figures once it committed (the command prints
     them and flushes the counters; a failure it raises stops the purge there, committed work
     kept)."""
     total = Purged()
+    began = clock()
     for scope in scopes:
         runs = scope.runs()
         while max_batches is None or total.batches < max_batches:
+            if max_seconds is not None and total.batches and clock() - began >= max_seconds:
+                return total
             done = purge_batch(runs, batch_size)
             if not done.batches:
                 break
@@ -282,11 +288,23 @@ def purge(
 
 def purge_pass(settings: DurableFlowSettings, now: datetime) -> Purged:
     """The poller's share: at most `PURGE_BATCHES` batches of `PURGE_BATCH_SIZE` runs under the
-    configured policy (nothing when no retention is configured)."""
+    configured policy (nothing when no retention is configured), and no new batch once
+    `PURGE_PASS_S` has passed.
+
+    The time bound is what keeps a purge from slowing the workload: the database's CPU is what
+    they share, and a pass that stops after its time takes at most about `PURGE_PASS_S` in
+    `MAINTENANCE_S` of it (a tenth, with the defaults), however slow a batch is. On a quiet
+    database the batch bound comes first; on a busy one, whose batches take longer, the purge
+    slows down with it."""
     policy = RetentionPolicy.configured(settings)
     if not policy.active:
         return Purged()
-    done = purge(policy.scopes(now), settings.purge_batch_size, max_batches=settings.purge_batches)
+    done = purge(
+        policy.scopes(now),
+        settings.purge_batch_size,
+        max_batches=settings.purge_batches,
+        max_seconds=settings.purge_pass_s,
+    )
     if policy.default is not None:
         done.rows["events"] += purge_events(now - policy.default, settings.purge_batch_size)
     return done

@@ -257,6 +257,22 @@ def test_the_poller_purges_a_bounded_number_of_batches_per_pass(settings: Any, m
     reset_settings()
 
 
+def test_a_pass_starts_no_batch_once_its_time_is_spent(settings: Any) -> None:
+    """`PURGE_PASS_S` bounds the time a pass purges, whatever `PURGE_BATCHES` allows: on a busy
+    database, whose batches are slow, the purge slows down instead of taking more of it."""
+    ids = make_runs("old", 25, finished=timezone.now() - 3 * DAY)
+    ticks = iter(range(100))  # a clock whose every reading is a second later: each batch "takes" 1 s
+
+    done = purge([Scope(timezone.now() - DAY)], batch_size=4, max_seconds=2.5, clock=lambda: float(next(ticks)))
+    assert (done.batches, rows_of(ids)["runs"]) == (3, 25 - 12)  # started at 0, 1 and 2 s; none at 3 s
+
+    config = reset_and_get(settings, {"RUN_RETENTION_S": 86_400, "PURGE_BATCH_SIZE": 4, "PURGE_PASS_S": 0.001})
+    assert config.purge_pass_s == 0.001
+    retention.purge_pass(config, timezone.now())
+    assert rows_of(ids)["runs"] == 25 - 12 - 4  # one batch at least, then the time is spent
+    reset_settings()
+
+
 def test_a_purge_failing_between_batches_leaves_no_orphans_and_resumes() -> None:
     ids = make_runs("old", 30, finished=timezone.now() - 3 * DAY)
     batches: list[int] = []

@@ -189,6 +189,7 @@ NUMERIC_SETTINGS: list[tuple[Build, str, str, tuple[object, ...]]] = [
     ),
     (under("POLLER", "PURGE_BATCH_SIZE"), "E015", 'DURABLE_FLOW["POLLER"]["PURGE_BATCH_SIZE"]:', (0, 1.5, 10_001)),
     (under("POLLER", "PURGE_BATCHES"), "E015", 'DURABLE_FLOW["POLLER"]["PURGE_BATCHES"]:', (0, -1, 1001)),
+    (under("POLLER", "PURGE_PASS_S"), "E015", 'DURABLE_FLOW["POLLER"]["PURGE_PASS_S"]:', (0, -1, 61, "1")),
     (under("HEARTBEAT", "INTERVAL_S", TTL_S=86_400), "E001", 'DURABLE_FLOW["HEARTBEAT"]["INTERVAL_S"]:', (0, -1, 3601)),
     (under("HEARTBEAT", "TTL_S"), "E001", 'DURABLE_FLOW["HEARTBEAT"]["TTL_S"]:', (0, -1, 86_401)),
     (top("MAX_PAYLOAD_BYTES"), "E001", 'DURABLE_FLOW["MAX_PAYLOAD_BYTES"]:', (0, -1, 1.5, 2**30 + 1)),
