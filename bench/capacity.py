@@ -50,8 +50,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -113,7 +113,6 @@ class PrivateRedis:
 
     def sample(self) -> dict[str, float]:
         """evalsha calls and µs, every command's µs (commandstats), the server's CPU seconds."""
-        import psutil
 
         stats = self.client.info("commandstats")
         evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
@@ -316,11 +315,9 @@ def run_shape(shape: Shape, runs: int, concurrency: int, redis_server: PrivateRe
     import hotpath
     from django.db import connection
 
-    from durable_flow.models import RunStatus, WorkflowRun
+    from durable_flow.models import AdmissionSlot, AdmissionWaiter, RunStatus, Task, WorkflowRun
     from durable_flow.runtime.concurrency import FixedConcurrency
     from durable_flow.runtime.worker import WorkerRuntime
-
-    from durable_flow.models import AdmissionSlot, AdmissionWaiter, Task
 
     for model in (Task, AdmissionSlot, AdmissionWaiter, WorkflowRun):  # the last shape's, not counted
         model.objects.all().delete()
