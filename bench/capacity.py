@@ -400,9 +400,13 @@ def ceilings(row: dict[str, Any], pg_cores: int, admission_cpu_us: float | None)
     if admission_cpu_us:
         per_core["redis_shard_admission_only"] = 1e6 / admission_cpu_us
     first = min(limits, key=lambda part: limits[part])
+    crossover = {}
+    if "redis_shard" in limits:  # past this many PostgreSQL cores, one Redis shard saturates first
+        crossover["pg_cores_to_match_redis_shard"] = limits["redis_shard"] / per_core["pg_core"]
     return {
         **per_core,
         **limits,
+        **crossover,
         "saturates_first": first,
         "ceiling_wf_s": limits[first],
         "worker_cores_at_ceiling": limits[first] * row["worker_cpu_us"] / 1e6,
@@ -524,7 +528,11 @@ def show(figures: dict[str, Any], pg_cores: int) -> list[str]:
             f" with {model['worker_cores_at_ceiling']:.1f} worker cores busy"
         )
         if "redis_shard_admission_only" in model:
-            line += f" (admission alone: {model['redis_shard_admission_only']:,.0f} wf/s a shard)"
+            line += (
+                f"; a Redis shard with admission alone (RQ on other servers):"
+                f" {model['redis_shard_admission_only']:,.0f} wf/s; one Redis shard saturates before PostgreSQL"
+                f" past {model['pg_cores_to_match_redis_shard']:.1f} PostgreSQL cores"
+            )
         print(f"  {line}")
         summary.append(line)
     return summary
