@@ -78,6 +78,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("pg_admission", "pg_admission.py", [], ["--rounds", "1", "--runs", "200"]),
     ("latency", "latency.py", [], ["--runs", "30", "--rounds", "1"]),
     ("cluster_admission", "cluster_admission.py", [], ["--quick"]),
+    ("capacity", "capacity.py", [], ["--quick"]),
     ("timers", "timers.py", [], ["--runs", "20", "--rounds", "1"]),
     ("run_end_notify", "run_end_notify.py", [], ["--rounds", "2", "--seconds", "2"]),
     # Minutes of steady load per arm, side by side: the figure is the last minutes against the first.
