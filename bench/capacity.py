@@ -122,6 +122,7 @@ class PrivateRedis:
             "all_us": float(sum(entry["usec"] for entry in stats.values())),
             "all_calls": float(sum(entry["calls"] for entry in stats.values())),
             "cpu_s": cpu_s(self.proc.pid),
+            **{f"calls:{name.removeprefix('cmdstat_')}": float(entry["calls"]) for name, entry in stats.items()},
         }
 
     def stop(self) -> None:
@@ -150,7 +151,7 @@ def cpu_s(pid: int) -> float:
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {key: after[key] - before[key] for key in after}
+    return {key: after[key] - before.get(key, 0.0) for key in after}
 
 
 # -- Redis per decision ---------------------------------------------------------------------------
@@ -367,6 +368,11 @@ def run_shape(shape: Shape, runs: int, concurrency: int, redis_server: PrivateRe
         "redis_commands_us": (start_cost["redis_all_us"] + run_cost["redis_all_us"]) * per,
         "redis_cpu_us": 1e6 * (start_cost["redis_cpu_s"] + run_cost["redis_cpu_s"]) * per,
         "admission_script_calls": {op: n * per for op, n in sorted(ops.items())},
+        "redis_calls_by_command": {
+            key.removeprefix("redis_calls:"): round((start_cost.get(key, 0.0) + run_cost.get(key, 0.0)) * per, 2)
+            for key in sorted({*start_cost, *run_cost}, key=lambda k: -(start_cost.get(k, 0) + run_cost.get(k, 0)))
+            if key.startswith("redis_calls:") and start_cost.get(key, 0.0) + run_cost.get(key, 0.0) >= 0.05 * runs
+        },
     }
 
 
@@ -513,6 +519,8 @@ def show(figures: dict[str, Any], pg_cores: int) -> list[str]:
         if row["admission_script_calls"]:
             calls = ", ".join(f"{op} {n:.2f}" for op, n in row["admission_script_calls"].items())
             print(f"  {name}: admission script calls per workflow: {calls} (and the heartbeat's)")
+            commands = ", ".join(f"{command} {n:.1f}" for command, n in list(row["redis_calls_by_command"].items())[:8])
+            print(f"  {name}: Redis commands per workflow, the most called: {commands}")
     print(
         f"\nThe model: workflows/s = 1 s / cost per workflow; a Redis shard is one core; the PostgreSQL"
         f" primary {pg_cores} core(s) (--pg-cores), linear in cores (an upper bound); workers scale by hosts"
