@@ -10,12 +10,14 @@ Two parts, measured side by side in one process, on a Redis server of its own (s
 a free port, removed after: its `INFO commandstats` and its CPU time are this bench's alone) and a
 PostgreSQL database of its own (created and dropped here):
 
-* Redis per decision. The `redis` admission backend's `admit`, then its `release`, `--decisions`
-  times each, for a plain queue and for a queue plus a step-concurrency resource (per account,
-  as a `fn`-scope constraint). Server time is `INFO commandstats`' `cmdstat_evalsha` (calls and
-  microseconds: what the scripts spent executing, no network) and the redis-server process's CPU
-  time (/proc's schedstat, in nanoseconds: execution plus reading, parsing and answering the calls, which
-  is what fills its one core), each divided by the calls made.
+* Redis per decision. The `redis` admission backend's script calls for a step, `--decisions`
+  times each, one op after the other: `admit`, `adopt` (the executing process takes the slot),
+  `start` (the rate window's count) and `release`, for a plain queue and for a queue plus a
+  step-concurrency resource (per account, a `fn`-scope constraint). Server time is
+  `INFO commandstats`' `cmdstat_evalsha` (calls and microseconds: what the scripts spent
+  executing, no network) and the redis-server process's CPU time (/proc's schedstat, in
+  nanoseconds: execution plus reading, parsing and answering the calls, which is what fills its
+  one core), each divided by the calls made.
 * Per workflow, for each shape: `--runs` queued one-step workflows started, then run by a real
   `WorkerRuntime` in this process (`--concurrency` threads) until none is left:
   `db` (db transport, db admission), `rq + redis` (rq transport, redis admission, on the private
@@ -70,12 +72,14 @@ from services import PG_SERVER, pg_admin  # noqa: E402 - bench/ is on the path o
 BENCH_ID = f"bench-capacity-{os.environ.get('DURABLE_FLOW_TEST_ID', 'main')}"
 PG_DATABASE = BENCH_ID.replace("-", "_").replace(".", "_")
 QUEUE = "bench-capacity"
+#: The redis backend's script calls for one step through a queue, in their order.
+OPS = ("admit", "adopt", "start", "release")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="200 decisions and 20 workflows per shape")
-    parser.add_argument("--decisions", type=int, default=None, help="admits, then releases, per kind (5000)")
+    parser.add_argument("--decisions", type=int, default=None, help="calls of each op, per kind (5000)")
     parser.add_argument("--runs", type=int, default=None, help="queued one-step workflows per shape (1000)")
     parser.add_argument("--concurrency", type=int, default=4, help="worker threads")
     parser.add_argument(
@@ -178,13 +182,17 @@ def redis_decisions(redis_server: PrivateRedis, decisions: int) -> dict[str, dic
                 backend.try_admit(request(-1 - i))
                 backend.release(queue, f"t{-1 - i}/1")
             admitted: list[str] = []
-            for op in ("admit", "release"):
+            for op in OPS:  # a step's calls in their order: admitted, adopted, started, released
                 before, started = redis_server.sample(), time.perf_counter()
                 for i in range(decisions):
                     if op == "admit":
                         decision = backend.try_admit(request(i))
                         if decision.admitted:
                             admitted.append(f"t{i}/1")
+                    elif op == "adopt":
+                        backend.adopt(queue, f"t{i}/1")
+                    elif op == "start":
+                        backend.try_start(queue, f"t{i}/1")
                     else:
                         backend.release(queue, f"t{i}/1")
                 wall = time.perf_counter() - started
@@ -435,7 +443,7 @@ def main() -> None:
         import hotpath
 
         hotpath.hook_connections()
-        reporting.log(f"Redis: {decisions} admits, then releases, per kind")
+        reporting.log(f"Redis: {decisions} calls of {', '.join(OPS)}, for each kind")
         decided = redis_decisions(redis_server, decisions)
         shapes: dict[str, dict[str, Any]] = {}
         for shape in SHAPES:
@@ -474,9 +482,8 @@ def derive(
         admission_cpu = None
         if "redis" in name:
             kind = "queue + step concurrency" if "step concurrency" in name else "plain queue"
-            pair = decided[f"{kind}: admit"]["server_cpu_us_per_decision"]
-            pair += decided[f"{kind}: release"]["server_cpu_us_per_decision"]
-            admission_cpu = pair * row["redis_evalsha_calls"] / 2  # per call, as many calls as measured
+            calls = row["admission_script_calls"]  # per workflow, by op: each priced as measured alone
+            admission_cpu = sum(decided[f"{kind}: {op}"]["server_cpu_us_per_decision"] * calls.get(op, 0) for op in OPS)
         row["model"] = ceilings(row, args.pg_cores, admission_cpu)
     return {
         "decisions": decisions,

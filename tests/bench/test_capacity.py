@@ -62,7 +62,7 @@ def test_a_quick_run_writes_a_report_run_all_reads(tmp_path: Path) -> None:
     assert result.report is not None
     figures = result.report["figures"]
     assert set(figures["redis_per_decision"]) == {
-        f"{kind}: {op}" for kind in ("plain queue", "queue + step concurrency") for op in ("admit", "release")
+        f"{kind}: {op}" for kind in ("plain queue", "queue + step concurrency") for op in capacity.OPS
     }
     assert all(row["evalsha_calls"] >= 50 for row in figures["redis_per_decision"].values())
     assert all(row["server_cpu_us_per_decision"] > 0 for row in figures["redis_per_decision"].values())
@@ -77,6 +77,8 @@ def test_a_quick_run_writes_a_report_run_all_reads(tmp_path: Path) -> None:
     for name in ("rq + redis", "rq + redis, step concurrency"):
         calls = shapes[name]["admission_script_calls"]
         assert calls["admit"] == calls["release"] == 1.0, calls
+        assert shapes[name]["redis_calls_by_command"]["evalsha"] >= 4, shapes[name]["redis_calls_by_command"]
+        assert 0 < shapes[name]["model"]["redis_shard"] < shapes[name]["model"]["redis_shard_admission_only"]
         assert shapes[name]["redis_cpu_us"] > 0
     assert [entry["met"] for entry in result.report["targets"]] == [True] * len(capacity.SHAPES)
     assert any("saturates first" in line for line in run_all.headlines(result))
