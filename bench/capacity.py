@@ -17,7 +17,8 @@ PostgreSQL database of its own (created and dropped here):
   `INFO commandstats`' `cmdstat_evalsha` (calls and microseconds: what the scripts spent
   executing, no network) and the redis-server process's CPU time (/proc's schedstat, in
   nanoseconds: execution plus reading, parsing and answering the calls, which is what fills its
-  one core), each divided by the calls made.
+  one core), each divided by the calls made. Redis 7 counts the commands a script runs in
+  `commandstats` too: the "all commands" figures include the scripts' own calls.
 * Per workflow, for each shape: `--runs` queued one-step workflows started, then run by a real
   `WorkerRuntime` in this process (`--concurrency` threads) until none is left:
   `db` (db transport, db admission), `rq + redis` (rq transport, redis admission, on the private
