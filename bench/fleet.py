@@ -1,7 +1,7 @@
-"""What bench/rss.py and bench/history.py share: a throwaway SQLite database on the embedded
-default (`db` transport, `db` admission), one-step no-op runs started up front, and real
-`durable_worker` processes to run them (bench/transport.py's `steady_rate` and `stop` time and
-reap them)."""
+"""What bench/rss.py, bench/history.py and bench/sqlite_processes.py share: a throwaway database
+on the embedded default's backends (`db` transport, `db` admission), a SQLite file or a
+PostgreSQL database, one-step no-op runs started up front, and real `durable_worker` processes
+to run them (bench/transport.py's `steady_rate` and `stop` time and reap them)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import reporting  # noqa: E402
+import services  # noqa: E402
 from transport import steady_rate, stop  # noqa: E402,F401 - re-exported for the benches
 
 WORKFLOW = "tests.slow_one"
@@ -26,7 +27,21 @@ WORKFLOW = "tests.slow_one"
 def sqlite_stack(name: str) -> Iterator[None]:
     """Django on `settings.test` with DEBUG off, a fresh var/ SQLite file of its own (deleted
     after) and the `db` transport, for this process and the workers it starts."""
+    with db_stack(name, postgres=False):
+        yield
+
+
+@contextmanager
+def postgres_stack(name: str) -> Iterator[None]:
+    """The same on a fresh PostgreSQL database of its own (created here, dropped after)."""
+    with db_stack(name, postgres=True):
+        yield
+
+
+@contextmanager
+def db_stack(name: str, postgres: bool) -> Iterator[None]:
     test_id = f"bench-{name}-{os.getpid()}"
+    database = f"durable_flow_bench_{name}_{os.getpid()}"
     os.environ.update(
         {
             "DURABLE_FLOW_TEST_ID": test_id,
@@ -42,30 +57,41 @@ def sqlite_stack(name: str) -> Iterator[None]:
     for variable in ("DATABASE_URL", "DURABLE_FLOW_SUBPROCESS", "DURABLE_FLOW_TEST_MARKER"):
         os.environ.pop(variable, None)
     files = [ROOT / "var" / f"test-{test_id}.sqlite3{suffix}" for suffix in ("", "-wal", "-shm")]
-    for path in files:
-        path.unlink(missing_ok=True)
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    if postgres:
+        services.pg_admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        services.pg_admin(f"CREATE DATABASE {database}")
+        os.environ["DATABASE_URL"] = f"{services.PG_SERVER}/{database}"
+    else:
+        for path in files:
+            path.unlink(missing_ok=True)
     try:
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0)
         yield
     finally:
         from django.db import connections
 
         connections.close_all()
+        if postgres:
+            services.pg_admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         for path in files:
             path.unlink(missing_ok=True)
 
 
-def start_runs(prefix: str, count: int) -> None:
-    """`count` one-step no-op runs with ids `<prefix>-<n>`, pending for the workers."""
+def start_runs(prefix: str, count: int, queue: str | None = None) -> None:
+    """`count` one-step no-op runs with ids `<prefix>-<n>`, pending for the workers; with
+    `queue`, each step goes through that flow-control queue (`tests.queued`)."""
     from durable_flow import start
 
     shown = reporting.Progress(f"starting runs {prefix}", total=count, unit="runs")
     for i in range(count):
-        start(WORKFLOW, {"id": i, "seconds": 0}, run_id=f"{prefix}-{i}")
+        if queue is None:
+            start(WORKFLOW, {"id": i, "seconds": 0}, run_id=f"{prefix}-{i}")
+        else:
+            start("tests.queued", {"queue": queue, "id": i}, run_id=f"{prefix}-{i}")
         shown.update(i + 1)
 
 

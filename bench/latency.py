@@ -31,6 +31,11 @@ The stacks are measured `--rounds` times, alternately (pg, sqlite, rq, pg, ...),
 figure printed is the median over the rounds of that round's percentile (a shared host's speed
 moves within minutes), the worst round beside it. `--json PATH` writes every figure, each
 round's included, as one JSON object.
+
+The targets, on every stack (the `GOAL_*` constants): idle start → step start p50 <= 3 ms and
+p99 <= 15 ms; start → result seen within 2 ms more (p50 <= 5 ms, p99 <= 17 ms; each run's step
+start → result seen is printed beside it); under the steady half load, start → step start
+p99 <= 30 ms.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ TEST_ID = "bench-latency"
 DEFAULT_DBOS_PYTHON = ROOT / "var" / "dbos-venv" / "bin" / "python"
 STACKS = ("pg", "sqlite", "rq")
 #: The goals, in milliseconds: idle p50 and p99 of start → step start, the extra allowed to the
-#: result, and the p99 under a steady 50 % load.
+#: result seen over them (its p50 <= GOAL_P50_MS + GOAL_RESULT_EXTRA_MS, its p99 likewise), and
+#: the step start's p99 under a steady 50 % load.
 GOAL_P50_MS, GOAL_P99_MS, GOAL_RESULT_EXTRA_MS, GOAL_LOAD_P99_MS = 3.0, 15.0, 2.0, 30.0
 
 
@@ -168,6 +174,7 @@ def run_stack(stack: str, args: argparse.Namespace) -> dict[str, Any]:
             result_s.append(seen - begun)
         out["idle_step"] = percentiles(step_s)
         out["idle_result"] = percentiles(result_s)
+        out["idle_step_to_result"] = percentiles([seen - step for step, seen in zip(step_s, result_s, strict=True)])
         if args.load_s > 0:
             completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
             before = completed.count()
@@ -298,17 +305,31 @@ def row(label: str, figures: dict[str, float] | None) -> str:
     )
 
 
-def verdicts(stack: dict[str, Any]) -> str:
-    step, result, load = stack.get("idle_step"), stack.get("idle_result"), stack.get("load_step")
-    marks = [
-        f"p50 {'met' if step['p50'] <= GOAL_P50_MS else 'NOT met'}",
-        f"p99 {'met' if step['p99'] <= GOAL_P99_MS else 'NOT met'}",
-        f"result +{result['p50'] - step['p50']:.1f} ms at p50 "
-        f"({'met' if result['p50'] - step['p50'] <= GOAL_RESULT_EXTRA_MS else 'NOT met'})",
-    ]
+def goals(name: str, figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stack's targets (`reporting.target`), on the medians of the rounds."""
+    step, result, load = figures.get("idle_step"), figures.get("idle_result"), figures.get("load_step")
+    found = []
+    if step:
+        found.append(reporting.target(f"{name}: idle start -> step start p50, ms", step["p50"], "<=", GOAL_P50_MS))
+        found.append(reporting.target(f"{name}: idle start -> step start p99, ms", step["p99"], "<=", GOAL_P99_MS))
+    if result:
+        for stat, goal in (("p50", GOAL_P50_MS), ("p99", GOAL_P99_MS)):
+            bound = goal + GOAL_RESULT_EXTRA_MS
+            found.append(reporting.target(f"{name}: idle start -> result seen {stat}, ms", result[stat], "<=", bound))
     if load:
-        marks.append(f"load p99 {'met' if load['p99'] <= GOAL_LOAD_P99_MS else 'NOT met'}")
-    return ", ".join(marks)
+        found.append(
+            reporting.target(f"{name}: start -> step start p99 at half load, ms", load["p99"], "<=", GOAL_LOAD_P99_MS)
+        )
+    return found
+
+
+def verdicts(name: str, stack: dict[str, Any]) -> str:
+    """The stack's targets as one line: `step p50 <= 3: met, ...`."""
+    marks = []
+    for entry in goals(name, stack):
+        what = entry["name"].removeprefix(f"{name}: ").removesuffix(", ms")
+        marks.append(f"{what} <= {entry['bound']:g}: {'met' if entry['met'] else 'NOT met'}")
+    return "; ".join(marks)
 
 
 def write_json(
@@ -343,16 +364,22 @@ def write_json(
     for name, figures in document["stacks"].items():
         if name.startswith("dbos-"):
             continue
-        step = figures.get("idle_step") or {}
-        if step:
-            summary.append(f"{name}: idle start -> step start p50 {step['p50']:.1f} ms, p99 {step['p99']:.1f} ms")
-            targets.append(reporting.target(f"{name}: idle step start p50, ms", step["p50"], "<=", GOAL_P50_MS))
-            targets.append(reporting.target(f"{name}: idle step start p99, ms", step["p99"], "<=", GOAL_P99_MS))
+        step, result = figures.get("idle_step") or {}, figures.get("idle_result") or {}
+        if step and result:
+            summary.append(
+                f"{name}: idle start -> step start p50 {step['p50']:.1f} ms, p99 {step['p99']:.1f} ms; "
+                f"-> result seen p50 {result['p50']:.1f} ms, p99 {result['p99']:.1f} ms"
+            )
         load = figures.get("load_step")
         if load:
-            targets.append(
-                reporting.target(f"{name}: step start p99 at half load, ms", load["p99"], "<=", GOAL_LOAD_P99_MS)
-            )
+            summary.append(f"{name}: at half load, start -> step start p99 {load['p99']:.1f} ms")
+        targets += goals(name, figures)
+    for name, figures in document["stacks"].items():
+        queued = figures.get("queued_step") if name.startswith("dbos-") else None
+        if queued:
+            summary.append(f"DBOS on {name.removeprefix('dbos-')}, queued: start -> step p50 {queued['p50']:.1f} ms")
+    if dbos is None:
+        summary.append("DBOS: not installed; not measured")
     reporting.write_json("latency", document, path=args.json_path, summary=summary, targets=targets)
 
 
@@ -410,11 +437,12 @@ def main() -> None:
         print(f"  {label} (caller waits by {stack['waiter']})")
         print(row("  idle: start -> step start", stack.get("idle_step")))
         print(row("  idle: start -> result seen", stack.get("idle_result")))
+        print(row("  idle: step start -> result seen", stack.get("idle_step_to_result")))
         if "load_step" in stack:
             print(f"    under load: {stack['load_wf_s']:.0f} wf/s (half of {stack['capacity_wf_s']:.0f} wf/s)")
             print(row("  load: start -> step start", stack.get("load_step")))
             print(row("  load: start -> run finished", stack.get("load_finished")))
-        print(f"    goals: {verdicts(stack)}")
+        print(f"    goals: {verdicts(name, stack)}")
     for kind in dbos_kinds:
         stack = folded[f"dbos-{kind}"]
         print(f"  DBOS on {'PostgreSQL' if kind == 'pg' else 'SQLite'}")

@@ -27,8 +27,8 @@ or a fresh PostgreSQL database), with their workers started before the clock:
 Each side's clock runs from the first start/enqueue to the last completion. The two are timed
 `--rounds` times (3), alternately (durable_flow, DBOS, durable_flow, ...), each timing in a
 process of its own on a fresh database; the ratio is the median of each round's ratio
-durable_flow / DBOS (the goal: at least 1.5), the worst round printed beside it. One pair of
-timings on a shared 2-CPU host read 1.46 and 1.78 for the same code an hour apart.
+durable_flow / DBOS (the goal, `GOAL_RATIO`: at least 3), the worst round printed beside it: a
+shared host's speed moves within minutes, so one pair of timings says little.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ DF_DATABASE = "durable_flow_bench_peer"
 DBOS_DATABASE = "durable_flow_bench_peer_dbos"
 QUEUE = "bench-peer"
 DEFAULT_DBOS_PYTHON = ROOT / "var" / "dbos-venv" / "bin" / "python"
+#: durable_flow / DBOS, queued one-step workflows, the median of the rounds: at least this.
+GOAL_RATIO = 3.0
 
 
 def parse_args() -> argparse.Namespace:
@@ -246,17 +248,22 @@ def main() -> None:
         summary.append(f"this tree / baseline ({tree.name}): {median(ours) / base:.2f}")
     targets = []
     if theirs_python is None:
-        print("  DBOS: not installed (see this script's docstring); no ratio")
-        summary.append("DBOS: not installed; no ratio")
+        print(
+            f"  DBOS: not installed (see this script's docstring); no ratio, the goal (>= {GOAL_RATIO:g}) not measured"
+        )
+        summary.append(f"DBOS: not installed; no ratio (goal >= {GOAL_RATIO:g} not measured)")
+        # Recorded unmeasured (never met): a run without DBOS has not shown the goal.
+        targets.append(reporting.target("durable_flow / DBOS, median of the rounds", None, ">=", GOAL_RATIO))
     else:
         label = f"DBOS Transact (queue polling {args.dbos_poll_s} s):"
         print(f"  {label:<62}{median(theirs):7.1f} workflows/s (median)")
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-        verdict = "met" if median(ratios) >= 1.5 else "NOT met"
+        verdict = "met" if median(ratios) >= GOAL_RATIO else "NOT met"
         lines = [
             f"{label} {median(theirs):.1f} workflows/s (median)",
             f"rounds' ratios: {' / '.join(f'{r:.2f}' for r in ratios)}",
-            f"ratio durable_flow / DBOS, median of the rounds: {median(ratios):.2f} (goal >= 1.5: {verdict})",
+            f"ratio durable_flow / DBOS, median of the rounds: {median(ratios):.2f} "
+            f"(goal >= {GOAL_RATIO:g}: {verdict})",
             f"worst round: {min(ratios):.2f}",
         ]
         print("\n".join(f"  {line}" for line in lines[1:]))
@@ -271,7 +278,7 @@ def main() -> None:
                 "worst": min(ratios),
             }
         )
-        targets.append(reporting.target("durable_flow / DBOS, median of the rounds", median(ratios), ">=", 1.5))
+        targets.append(reporting.target("durable_flow / DBOS, median of the rounds", median(ratios), ">=", GOAL_RATIO))
     reporting.write_json("peer_dbos", figures, path=args.json, summary=summary, targets=targets)
 
 

@@ -66,9 +66,11 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     # is all gone: an hour or more (hours on a busy host, where the purge slows down).
     ("retention", "retention.py", ["--postgres", "--history", "1000000"], ["--history", "10000", "--max-pairs", "3"]),
     ("sqlite_processes", "sqlite_processes.py", [], []),  # 1,000 runs a timing, 3 rounds (~2 minutes)
+    # 1, 2, 4 `db` worker processes on one queue on PostgreSQL: the scaling curve and its targets.
+    ("sqlite_processes (PostgreSQL)", "sqlite_processes.py", ["--postgres"], ["--postgres", "--quick"]),
     ("hotpath (SQLite)", "hotpath.py", [], ["--runs", "50"]),
     ("hotpath (PostgreSQL)", "hotpath.py", ["--postgres"], ["--postgres", "--runs", "50"]),
-    ("peer_dbos (SQLite)", "peer_dbos.py", [], []),  # the N (500) in --quick too
+    ("peer_dbos (SQLite)", "peer_dbos.py", [], []),  # the target's N (500) in --quick too
     ("peer_dbos (PostgreSQL)", "peer_dbos.py", ["--postgres"], ["--postgres"]),
     ("contention", "contention.py", [], ["--quick"]),
     # The production-sized history (1,000,000 finished runs) is the figure: minutes to load.

@@ -31,7 +31,10 @@ first minute, and the arms with each other, minute by minute:
 * `novacuum`: the migration's storage parameters, the poller's vacuum off (what the storage
   parameters alone do, e.g. under PostgreSQL's own autovacuum).
 
-The figures, per arm and minute, go to `--json PATH` as well (one `json.dump` of a dict).
+The figures, per arm and minute, go to `--json PATH` as well (one `json.dump` of a dict). The
+target is the `tuned` arm's (the project's defaults): `GOAL_MINUTES` (30) minutes of load, its
+worst minute at least 0.9 of its first; a shorter run records the minutes it ran against the 30
+(not met), the other arms are printed for comparison.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 HOT = ("task", "workflowrun", "stepcheckpoint", "stepattempt", "admissionslot", "flowqueue", "queuecounter")
 TABLES = tuple(f"durable_flow_{name}" for name in HOT)
 ARMS = ("baseline", "tuned", "novacuum")
+#: The goal, on the project's defaults (the `tuned` arm): GOAL_MINUTES of load, every minute at
+#: least GOAL_WORST_OF_FIRST of the first minute's rate (within 10 % of it).
+GOAL_MINUTES, GOAL_WORST_OF_FIRST = 30, 0.9
 
 
 def parse_args() -> argparse.Namespace:
@@ -456,10 +462,13 @@ def main() -> None:
             rate = result["minutes"][index]["rate"]
             cells.append(f"{rate:8.1f} ({rate / result['first']:4.2f})")
         say(f"  {index + 1:>6} " + " ".join(f"{cell:>17}" for cell in cells))
-    say("summary (each arm against its own first minute; target: every minute within 10 % of the first):")
+    say(
+        f"summary (each arm against its own first minute; target, on the tuned arm: {GOAL_MINUTES} minutes, "
+        "every minute within 10 % of the first):"
+    )
     for arm, result in arms.items():
         first, last, worst = result["first"], result["last"], result["worst"]
-        verdict = "held" if worst >= 0.9 * first else "FELL"
+        verdict = "held" if worst >= GOAL_WORST_OF_FIRST * first else "FELL"
         tables = result["minutes"][-1]["tables"]
         dead = ", ".join(f"{short(t)} {tables[t]['dead']}" for t in TABLES[:3] if t in tables)
         say(f"  {arm:<9} first {first:6.1f} wf/s, last {last:6.1f} ({last / first:.2f}), worst minute", end=" ")
@@ -468,7 +477,11 @@ def main() -> None:
     for arm, result in arms.items():
         first, worst = result["first"], result["worst"]
         lines.append(f"{arm}: first minute {first:.1f} wf/s, worst minute {worst / first:.2f} of it")
-        targets.append(reporting.target(f"{arm}: worst minute / first minute", worst / first, ">=", 0.9))
+        if arm == "tuned":
+            minutes = len(result["minutes"])
+            name = f"tuned: worst minute / first minute, over {minutes} minutes"
+            targets.append(reporting.target(name, worst / first, ">=", GOAL_WORST_OF_FIRST))
+            targets.append(reporting.target("tuned: minutes of load", minutes, ">=", GOAL_MINUTES))
     if "baseline" in arms and len(arms) > 1:
         base = arms["baseline"]
         for arm, result in arms.items():
