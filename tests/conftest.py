@@ -165,8 +165,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """With `DURABLE_FLOW_TEST_LISTS=<prefix>`, write the node ids this session runs to
+    """Refuse a collection that left workflows declaring events registered: a test module that
+    imports such a workflow module at its top registers it for the whole session, and its triggers
+    then fail every other test's `manage.py check` under settings that declare no events, in
+    whichever shard the two meet (the `declare` fixture and `tests.support.fixtures.registered`
+    register for one test).
+
+    With `DURABLE_FLOW_TEST_LISTS=<prefix>`, write the node ids this session runs to
     `<prefix>.selected`, one a line (those it collected are in `<prefix>.collected`)."""
+    from durable_flow.definitions import registry
+
+    with_events = sorted(
+        f"{name} ({definition.fn.__module__})"
+        for name, definition in registry.workflows().items()
+        if definition.triggers or definition.cancel_on
+    )
+    if with_events:
+        raise pytest.UsageError(
+            "workflows declaring events were registered at collection: "
+            + ", ".join(with_events)
+            + "; register them for one test (tests.support.fixtures.registered or the declare fixture)"
+        )
     if TEST_LISTS:
         write_node_ids(f"{TEST_LISTS}.selected", session.items)
 

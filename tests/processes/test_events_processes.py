@@ -8,8 +8,9 @@ DATABASE_URL set, on PostgreSQL."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -17,8 +18,8 @@ import durable_flow
 from durable_flow.definitions.events import triggered_run_id
 from durable_flow.engine import Engine
 from durable_flow.models import Event, EventAction, EventDelivery, RunStatus, WorkflowRun
-from tests import event_workflows
 from tests.conftest import ManagedProcess, wait_for
+from tests.support.fixtures import registered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,12 +31,20 @@ ENV = {
 EVENT_ID = "fanout-1"
 
 
+@pytest.fixture
+def event_workflows() -> Iterator[ModuleType]:
+    """The workflows the worker processes load (`DURABLE_FLOW_EXTRA_WORKFLOWS`), registered in
+    this process for this test only."""
+    with registered("tests.event_workflows") as module:
+        yield module
+
+
 def _fanout_runs() -> list[str]:
     return sorted(WorkflowRun.objects.filter(workflow__regex=r"^tests\.fanout\.[0-9]+$").values_list("id", flat=True))
 
 
 def test_a_fan_out_killed_half_way_starts_each_run_exactly_once(
-    spawn: Callable[..., ManagedProcess], db_transport_engine: Engine, tmp_path: Path
+    spawn: Callable[..., ManagedProcess], db_transport_engine: Engine, tmp_path: Path, event_workflows: ModuleType
 ) -> None:
     marker = tmp_path / "stalled"
     env = {**ENV, "DURABLE_FLOW_FANOUT_STALL": str(marker)}
@@ -93,7 +102,7 @@ RACERS = 30
 
 
 def test_waits_written_by_a_worker_while_events_arrive_count_exactly_the_events_after_them(
-    spawn: Callable[..., ManagedProcess], db_transport_engine: Engine
+    spawn: Callable[..., ManagedProcess], db_transport_engine: Engine, event_workflows: ModuleType
 ) -> None:
     """Each run's event is sent right after its start, while a worker writes the waits: some
     waits begin before their event, some after. A wait that began at or before its event was

@@ -5,8 +5,12 @@ A module that needs a variant overrides the small fixture the shared one reads (
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -98,3 +102,21 @@ def declare() -> Iterator[Callable[..., WorkflowDefinition]]:
     yield make
     for name in names:
         registry._workflows.pop(name, None)
+
+
+@contextmanager
+def registered(module: str) -> Iterator[ModuleType]:
+    """A test's own workflow module (a fixed name in the test, e.g. `"tests.event_workflows"`),
+    imported, or re-run if it was imported before, and its workflows and steps unregistered after:
+    a module imported at the top of a test module registers at collection, for the whole session,
+    and its triggers would then meet another test's `manage.py check` under settings that declare
+    no events."""
+    workflows, steps = set(registry._workflows), set(registry._steps)
+    loaded = importlib.reload(sys.modules[module]) if module in sys.modules else importlib.import_module(module)
+    try:
+        yield loaded
+    finally:
+        for name in set(registry._workflows) - workflows:
+            registry._workflows.pop(name, None)
+        for name in set(registry._steps) - steps:
+            registry._steps.pop(name, None)
