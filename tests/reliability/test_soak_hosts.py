@@ -215,10 +215,13 @@ class Slots:
         return f"{root}:inst:{instance}"
 
     def _pid(self, instance: str) -> int:
-        """The pid an instance beats with (remembered: the key lapses once its process died)."""
+        """The pid an instance beats with, 0 if unknown (remembered: the key lapses once its
+        process died)."""
         if instance not in self.instance_pids:
             raw = self.admission.redis.get(self._heartbeat_key(instance))
-            if raw is None:
+            # A key a script call created holds the bare instance id until the next beat writes
+            # the process's host and pid: unknown until then.
+            if raw is None or not raw.startswith(b"{"):
                 return 0
             self.instance_pids[instance] = int(json.loads(raw).get("pid", 0))
         return self.instance_pids[instance]
