@@ -33,6 +33,11 @@ ADMISSION: dict[str, object] = {"BACKEND": ADMISSION_BACKEND}
 if ADMISSION_BACKEND == "redis":
     # A short instance TTL so tests that SIGKILL a process see its slots come back quickly.
     ADMISSION.update(CONNECTION="default", INSTANCE_TTL_MS=3000, KEY_PREFIX=f"df:test:{TEST_ID}")
+    if cluster_url := os.environ.get("DURABLE_FLOW_ADMISSION_CLUSTER_URL"):
+        # Admission on the test session's Redis Cluster (tests/support/redis_cluster.py), RQ on the
+        # plain Redis: the host-loss soak kills a master of the cluster while admissions run.
+        del ADMISSION["CONNECTION"]
+        ADMISSION.update(URL=cluster_url, CLUSTER=True)
 if os.environ.get("DURABLE_FLOW_RECORD_STARTS") == "1" and ADMISSION_BACKEND in ("db", "redis"):
     # Worker processes write every start mark their backend counts to the test's marker file
     # (tests/engine_support.py), so a rate limit is judged by the backend's own instants.

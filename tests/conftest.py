@@ -105,6 +105,7 @@ POSTGRESQL_PASS = (
     "tests/processes/test_tasks.py::test_a_real_worker_process_runs_tasks_in_priority_order_on_the_db_transport",
     "tests/processes/test_timers.py",
     "tests/reliability/test_soak.py",
+    "tests/reliability/test_soak_hosts.py",
     "tests/reliability/test_soak_outages.py",
     "tests/unit/test_engine_cancel.py",
     "tests/unit/test_engine_fanout.py",
@@ -316,7 +317,17 @@ def database_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class ManagedProcess:
     """A `manage.py` subprocess that is always reaped."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path, *, module: str | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        module: str | None = None,
+        process_group: int | None = None,
+    ) -> None:
+        """`process_group`: 0 starts the process in a group of its own (it leads it), a pid puts
+        it in that leader's group (`os.killpg` then kills them together); None, the test's."""
         self.log_path = log
         self._log = open(log, "wb")
         program = ["-m", module] if module else [str(ROOT / "manage.py")]
@@ -326,6 +337,7 @@ class ManagedProcess:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            process_group=process_group,
         )
 
     def kill(self) -> None:
@@ -358,9 +370,11 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     database; all are killed at the end."""
     started: list[ManagedProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, module: str | None = None) -> ManagedProcess:
+    def start(
+        *args: str, env: dict[str, str] | None = None, module: str | None = None, process_group: int | None = None
+    ) -> ManagedProcess:
         log = tmp_path / f"proc-{len(started)}-{module or args[0]}.log"
-        process = ManagedProcess(list(args), database_env(env), log, module=module)
+        process = ManagedProcess(list(args), database_env(env), log, module=module, process_group=process_group)
         started.append(process)
         return process
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from durable_flow import workflow
-from tests.workflows import slow
+from tests.workflows import slow, soak_stage
 
 SHARED = {"scope": "account", "key": '"openai"', "limit": 5}
 
@@ -59,3 +59,18 @@ def queued_free(ctx: Any, payload: dict[str, Any]) -> Any:
 def fan_deadline(ctx: Any, payload: dict[str, Any]) -> Any:
     """Three parallel steps with a 5 s timeout, two at a time: the third starts on a freed slot."""
     return ctx.all(slow, [{**payload, "id": f"{payload['id']}-{i}"} for i in range(3)], timeout=timedelta(seconds=5))
+
+
+#: At most this many steps of `sc.fleet` execute at once per tenant (the host-loss soak checks it).
+FLEET_KEY_LIMIT = 2
+
+
+@workflow("sc.fleet", concurrency={"limit": FLEET_KEY_LIMIT, "key": "input.tenant"})
+def fleet(ctx: Any, p: dict[str, Any]) -> Any:
+    """Two stamped steps through one capped queue, at most `FLEET_KEY_LIMIT` executing per tenant
+    (tests/reliability/test_soak_hosts.py)."""
+    value = p["n"]
+    for stage in (1, 2):
+        payload = {"run": ctx.run_id, "stage": stage, "n": value, "ms": p["ms"]}
+        value = ctx.step(soak_stage, payload, queue=p["queue"])
+    return value

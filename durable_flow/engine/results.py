@@ -33,6 +33,7 @@ from durable_flow.engine.wake import group_settled
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, StepStatus
 from durable_flow.store import metric_counts
 from durable_flow.store.attempts import attempt_finished, attempt_started, set_retry_at
+from durable_flow.store.outage import Outage, transient_errors
 from durable_flow.store.statements import writes_together
 from durable_flow.store.step_start import start_attempt
 
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
     from durable_flow.engine.wake import Waker
 
 logger = logging.getLogger("durable_flow.engine")
+
+
+class _AdmissionUnreachable(Exception):
+    """The admission backend could not be reached to adopt a step's slot (its `__cause__`)."""
 
 
 class Results:
@@ -75,6 +80,39 @@ class Results:
         self.lifecycle = lifecycle
         self.turns = turns
         self.waker = waker
+        #: The wait riding out an outage of the admission backend at a step's adoption, logged once per outage.
+        self.adopt_outage = Outage("admission: adopting a step's slot", logger)
+
+    def _start_through_outages(
+        self, run_id: str, key: str, attempt: int, worker_id: str
+    ) -> tuple[StepCheckpoint | None, bool, bool]:
+        """Start the attempt: the worker's stamp and the attempt's row in one transaction (one
+        commit, one SQLite write lock), with the adoption of its slot. An admission backend out
+        of reach (Redis down, a Cluster master failing over) is waited out with backoff, the
+        transaction rolled back each time: the step has not run, so it is not the step's failure,
+        and failing the task would leave the step to `REDISPATCH_AFTER_S`."""
+        while True:
+            try:
+                with transaction.atomic():
+                    cp, run_status = start_attempt(run_id, key, attempt, worker_id)
+                    cancelled = run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES)
+                    # A queue's or step concurrency's slot must still be this step's to run it.
+                    adopted = cp is not None and (cancelled or not cp.holds_slot or self._adopt(cp))
+                    if cp is not None and adopted and not cancelled:
+                        # Written when the worker picks the attempt up, before the rate window's
+                        # start wait: no write may come between the window counting the start and the call.
+                        attempt_started(cp, attempt, worker_id, self.clock())
+            except _AdmissionUnreachable as exc:
+                self.start_window.sleep(self.adopt_outage.failed(exc.__cause__ or exc))
+                continue
+            self.adopt_outage.recovered()
+            return cp, cancelled, adopted
+
+    def _adopt(self, cp: StepCheckpoint) -> bool:
+        try:
+            return self.admission.adopt(cp.queue, cp.ticket)
+        except transient_errors() as exc:
+            raise _AdmissionUnreachable from exc
 
     def execute_step(
         self,
@@ -91,23 +129,11 @@ class Results:
         the transaction that records the result (see `run_turn`). `dispatched`: the attempt
         was started by the transaction that dispatched it to this thread (`inline_handoff`)."""
         if dispatched is not None:
-            cp, run_status = dispatched, RunStatus.RUNNING
+            cp = dispatched
             cancelled = False
             adopted = True  # by the dispatching transaction, where a backend needs it (`_started_inline`)
         else:
-            # The worker's stamp and the attempt's row in one transaction (one commit, one SQLite
-            # write lock), on every step between a slot's handoff and the call.
-            with transaction.atomic():
-                cp, run_status = start_attempt(run_id, key, attempt, worker_id)
-                cancelled = run_status in (RunStatus.CANCELLING, *TERMINAL_RUN_STATUSES)
-                # A queue's or step concurrency's slot must still be this step's to run it.
-                adopted = cp is not None and (
-                    cancelled or not cp.holds_slot or self.admission.adopt(cp.queue, cp.ticket)
-                )
-                if cp is not None and adopted and not cancelled:
-                    # Written when the worker picks the attempt up, before the rate window's start
-                    # wait: no write may come between the window counting the start and the call.
-                    attempt_started(cp, attempt, worker_id, self.clock())
+            cp, cancelled, adopted = self._start_through_outages(run_id, key, attempt, worker_id)
         if cp is None:
             return "skipped" if StepCheckpoint.objects.filter(run_id=run_id, key=key).exists() else "missing"
         if cancelled:

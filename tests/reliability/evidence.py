@@ -104,22 +104,28 @@ class Evidence:
         """Executions beyond the first, over all steps (the at-least-once cost of the kills)."""
         return sum(len(runs) - 1 for runs in self.by_step().values())
 
+    def spans(self, runs: set[str] | None = None) -> list[tuple[float, float]]:
+        """(start, end) of every execution of any stage (of `runs` only, if given); one cut by a
+        kill ends at the kill."""
+        return self._spans([e for e in self.executions if runs is None or e.run in runs])
+
+    def _spans(self, executions: list[Execution]) -> list[tuple[float, float]]:
+        killed = self.killed_pids
+        spans = []
+        for execution in executions:
+            end = execution.end if execution.end is not None else killed.get(execution.pid)
+            if end is None:
+                raise AssertionError(f"{execution} never ended and its process was not killed")
+            spans.append((execution.start, end))
+        return spans
+
     def starts(self, stage: int) -> list[float]:
         """When every execution of `stage` started (each one took its place in a rate window)."""
         return [execution.start for execution in self.executions if execution.stage == stage]
 
     def intervals(self, stage: int) -> list[tuple[float, float]]:
         """(start, end) of every execution of `stage`; one cut by a kill ends at the kill."""
-        killed = self.killed_pids
-        spans = []
-        for execution in self.executions:
-            if execution.stage != stage:
-                continue
-            end = execution.end if execution.end is not None else killed.get(execution.pid)
-            if end is None:
-                raise AssertionError(f"{execution} never ended and its process was not killed")
-            spans.append((execution.start, end))
-        return spans
+        return self._spans([execution for execution in self.executions if execution.stage == stage])
 
 
 def read_evidence(log: Path, kills: list[Kill], outages: list[Outage] | None = None) -> Evidence:
@@ -146,6 +152,23 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         current += delta
         peak = max(peak, current)
     return peak
+
+
+def over_limit(intervals: list[tuple[float, float]], limit: int) -> list[tuple[float, int]]:
+    """Each instant the number of open intervals rises above `limit`, with that number (an end
+    before a start at the same instant, as in `max_overlap`)."""
+    events = sorted([(begin, 1) for begin, _ in intervals] + [(end, -1) for _, end in intervals])
+    current, over = 0, []
+    for at, delta in events:
+        current += delta
+        if delta > 0 and current > limit:
+            over.append((at, current))
+    return over
+
+
+def open_at(intervals: list[tuple[float, float]], at: float) -> int:
+    """How many intervals are open at instant `at`."""
+    return sum(1 for begin, end in intervals if begin <= at <= end)
 
 
 def most_in_trailing(stamps: list[float], window_s: float) -> int:

@@ -13,6 +13,8 @@ from tests.reliability.evidence import (
     Outage,
     busiest_window,
     max_overlap,
+    open_at,
+    over_limit,
     read_evidence,
 )
 
@@ -86,3 +88,21 @@ def test_the_busiest_window_counts_a_half_open_span() -> None:
     assert busiest_window(times, 0.75) == 3  # 100.0, 100.1, 100.7
     assert busiest_window(times, 0.95) == 3  # [100.0, 100.95) and [100.1, 101.05) hold three each
     assert busiest_window(times, 1.05) == 4
+
+
+def test_over_limit_names_each_instant_the_open_intervals_rise_above_the_limit() -> None:
+    spans = [(1.0, 3.0), (2.0, 4.0), (2.5, 2.6), (3.0, 5.0)]
+    # At 2.5 three are open; at 3.0 the first ends before the fourth starts: two, then three.
+    assert over_limit(spans, 2) == [(2.5, 3)]
+    assert over_limit(spans, 3) == []
+    assert open_at(spans, 2.55) == 3 and open_at(spans, 4.5) == 1
+
+
+def test_spans_of_some_runs_cover_every_stage_and_end_a_killed_execution_at_its_kill(tmp_path: Path) -> None:
+    log = write_log(
+        tmp_path / "log",
+        ["start r1 1 100 1.0", "end r1 1 100 1.5", "start r1 2 200 2.0", "start r2 1 100 2.0", "end r2 1 100 2.2"],
+    )
+    evidence = read_evidence(log, [Kill(pid=200, at=2.7, role="host h1")])
+    assert sorted(evidence.spans({"r1"})) == [(1.0, 1.5), (2.0, 2.7)]
+    assert len(evidence.spans()) == 3

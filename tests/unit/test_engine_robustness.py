@@ -139,6 +139,38 @@ def test_an_admission_outage_before_a_step_starts_is_waited_out_not_an_attempt(
     assert len(outage_logs) == 2 and "unavailable" in outage_logs[0] and "back after 3" in outage_logs[1]
 
 
+def test_an_admission_outage_when_a_step_adopts_its_slot_is_waited_out_not_a_failed_task(
+    flaky: tuple[Engine, FlakyAdmission], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker takes up a granted step while its admission backend is unreachable (a Redis
+    Cluster master failing over): the step has not run, so the worker backs off and adopts the
+    slot once the backend answers, instead of failing the task (an RQ job's immediate retries
+    all fell within the failover, and the step then waited for `REDISPATCH_AFTER_S`)."""
+    engine, backend = flaky
+    register_queue("adopted", concurrency=1)
+    run = start("tests.queued", queued("adopted", 1))
+    transport = transport_of(engine)
+    transport.run_turns()
+    slept: list[float] = []
+    engine.start_window.sleep = slept.append
+    failures = [3]
+
+    def unreachable_three_times(queue: str, ticket: str) -> bool:
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionError("admission backend unreachable")
+        return True
+
+    backend.on_adopt = unreachable_three_times
+    assert transport.execute(transport.take()) == "completed"
+    assert slept == [0.1, 0.2, 0.4]  # the outage backoff, then the step
+    cp = StepCheckpoint.objects.get(run=run)
+    assert (cp.status, cp.attempt) == (StepStatus.COMPLETED, 1)
+    assert cp.attempts.count() == 1  # the starts rolled back with each failed adoption
+    outage_logs = [r.getMessage() for r in caplog.records if "adopting a step's slot" in r.getMessage()]
+    assert len(outage_logs) == 2 and "unavailable" in outage_logs[0] and "back after 3" in outage_logs[1]
+
+
 def test_cancel_landing_before_a_failed_slot_adoption_still_ends_the_run(
     flaky: tuple[Engine, FlakyAdmission],
 ) -> None:
