@@ -49,7 +49,7 @@ demo: venv
 ## Lint, then the whole suite on SQLite in two shards (pytest-split, balanced by
 ## .ci/test-durations.json, each on its own SQLite file and Redis database; a check that they ran
 ## every test exactly once), the database-dependent tests (marked `postgresql`, see
-## tests/conftest.py) on PostgreSQL (the soaks and the rest apart), the tasks tests on Django 6, and the host-project test (the
+## tests/conftest.py) on PostgreSQL (the soaks apart, the rest in two shards), the tasks tests on Django 6, and the host-project test (the
 ## wheel in a fresh `startproject` wired by docs/add-to-your-project.md, Django 5.2 and 6.x), side
 ## by side (.ci/test-passes: one line per pass with its result and time; SQLITE_SHARDS=1|2|3,
 ## TEST_PASSES=serial for one after the other, unsharded). Redis and PostgreSQL are started if
