@@ -6,9 +6,10 @@
 
 A stack is what a deployment picks: `pg` (PostgreSQL, `db` transport and `db` admission),
 `sqlite` (SQLite, the same), `rq` (PostgreSQL, `rq` transport and `redis` admission; the Redis
-database of `REDIS_URL`, its `rq:*` and admission keys cleared). For each, in a process of its own
-on a fresh database, one `durable_worker` process (`--concurrency` threads) is started and has
-heartbeated before the clock; then:
+database of `--redis-url`, its `rq:*` and admission keys cleared: one no other process may use
+meanwhile, and the bench refuses one another client is connected to). For each, in a process
+of its own on a fresh database, one `durable_worker` process (`--concurrency` threads) is
+started and has heartbeated before the clock; then:
 
 * idle: `--runs` one-step workflows (`tests.stamped`: its step, through a queue of concurrency
   10, returns `time.time()` when it began) started one after another, each once the previous
@@ -56,7 +57,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import django_on_fresh_database, fresh_database, percentiles, pg_admin, start_worker  # noqa: E402 - bench/ is on the path of a script run from it
+from services import (  # noqa: E402 - bench/ is on the path of a script run from it
+    django_on_fresh_database,
+    fresh_database,
+    percentiles,
+    pg_admin,
+    require_own_redis_database,
+    start_worker,
+)
 
 DF_DATABASE = f"durable_flow_bench_latency_{os.getpid()}"
 DBOS_DATABASE = f"durable_flow_bench_latency_dbos_{os.getpid()}"
@@ -113,6 +121,8 @@ def setup_stack(stack: str, redis_url: str) -> None:
         "REDIS_URL": redis_url,
     }
     pg_database = None if stack == "sqlite" else DF_DATABASE
+    if stack == "rq":
+        require_own_redis_database(redis_url)  # before this process connects, or creates its database
     django_on_fresh_database(TEST_ID, pg_database, env, clear_redis if stack == "rq" else None)
 
 
@@ -136,6 +146,16 @@ def result_waiter() -> tuple[str, Callable[[str], Any]]:
         raise SystemExit(f"run {run_id} did not complete")
 
     return "a read every 1 ms", poll
+
+
+def stop_waits() -> None:
+    """Stop the listener `durable_flow.wait` keeps (where this tree has one) before the database
+    is dropped, which would end its connection: its reconnection's warning is no fault."""
+    try:
+        from durable_flow.store.run_bells import watchers
+    except ImportError:
+        return
+    watchers.stop()
 
 
 def run_stack(stack: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -211,6 +231,7 @@ def run_stack(stack: str, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         worker.terminate()
         worker.wait(60)
+        stop_waits()
         connections.close_all()
         if stack != "sqlite":
             pg_admin(f"DROP DATABASE IF EXISTS {DF_DATABASE} WITH (FORCE)")
@@ -277,7 +298,8 @@ def measure(python: str, only: str, args: argparse.Namespace, script: Path = Pat
     command = [python, str(script), "--only", only, "--runs", str(args.runs), "--burst", str(args.burst)]
     command += ["--load-s", str(args.load_s), "--concurrency", str(args.concurrency)]
     command += ["--dbos-poll-s", str(args.dbos_poll_s), "--redis-url", args.redis_url]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=script.parent.parent).stdout
+    # stderr passes through: a child's refusal (`require_own_redis_database`) or its warnings are seen.
+    out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True, cwd=script.parent.parent).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

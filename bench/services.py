@@ -56,16 +56,58 @@ def fresh_database(postgres: bool, pg_name: str, sqlite_path: Path, server: str 
     return f"sqlite:///{sqlite_path}"
 
 
+def worker_output(name: str) -> Any:
+    """Where a process a bench starts writes its output: discarded, or, when `BENCH_WORKER_LOG`
+    names a folder, appended to `<folder>/<name>-<bench pid>.log` (a worker's warnings: an outage
+    it rode out, a task that failed), so a bench that stalls can be looked into."""
+    folder = os.environ.get("BENCH_WORKER_LOG")
+    if not folder:
+        return subprocess.DEVNULL
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return open(Path(folder) / f"{name}-{os.getpid()}.log", "ab")  # the child process holds it; ours is closed with us
+
+
 def start_worker(concurrency: int) -> subprocess.Popen[bytes]:
     """One `durable_worker` process of this project with `concurrency` threads, on this process's
-    environment (its database and stack), its output discarded."""
+    environment (its database and stack), its output discarded (or kept: `worker_output`)."""
+    output = worker_output("durable_worker")
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
     )
+
+
+def require_own_redis_database(redis_url: str) -> None:
+    """Exit, saying why, if another client is connected to the Redis database of `redis_url`:
+    a bench that runs durable_flow over `rq` needs one nobody else uses while it runs.
+
+    RQ's keys are per Redis database, not per durable_flow database: every bench's workers pop
+    the queue `durable` and register as `<host>:w0`, and the benches clear `rq:*` as they start.
+    Two benches (or a bench and a test session, a stray worker) on one Redis database take each
+    other's jobs, and a worker that pops a turn of a run its own database does not hold finishes
+    the job with nothing done: the other side's run stays `pending` for good. Called before the
+    bench connects or clears anything, so any client of the database is someone else's: a
+    bench's workers, a test's pool or a worker hold theirs while they run."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        database = int(client.connection_pool.connection_kwargs.get("db") or 0)
+        mine = client.client_id()
+        others = [c for c in client.client_list() if int(c.get("db", -1)) == database and int(c["id"]) != mine]
+    finally:
+        client.close()
+    if others:
+        shown = ", ".join(f"{c['addr']} {c.get('name') or '-'} last {c.get('cmd')}" for c in others[:5])
+        raise SystemExit(
+            f"{redis_url}: {len(others)} other client(s) use this Redis database ({shown}"
+            f"{', ...' if len(others) > 5 else ''}); RQ's queues and worker names are per Redis database, so "
+            "they would take and clear this bench's jobs. Pass --redis-url with a database nobody uses "
+            "(`redis-cli client list` shows each client's db=)."
+        )
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, float]:

@@ -34,7 +34,8 @@ do not count, for every contender alike. (Not from the 10 % completion mark: ove
 `EAGER_STEPS` off a workflow is two jobs, and the backlog drains FIFO, every run's turn and
 then every run's step, so the first run completes only once every turn has run.)
 Everything runs on its own PostgreSQL database (created and dropped here) and the Redis
-database of `--redis-url` (its `rq:*` keys are cleared; default db 14).
+database of `--redis-url` (its `rq:*` keys are cleared; default db 14), which no other process may
+use meanwhile: the bench refuses one another client is connected to (`services.require_own_redis_database`).
 
 A one-step workflow costs one RQ job (the turn, its step run next on the same thread, the final
 turn in the result's transaction; two with `EAGER_STEPS` off) and about ten SQL statements in
@@ -55,13 +56,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from subprocess import DEVNULL
+from subprocess import STDOUT
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import reporting  # noqa: E402 - bench/ is on the path of a script run from it
-from services import pg_admin, stop  # noqa: E402 - bench/ is on the path of a script run from it
+from services import pg_admin, require_own_redis_database, stop, worker_output  # noqa: E402 - bench/ is on the path of a script run from it
 
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 PG_DATABASE = f"durable_flow_bench_transport_{os.getpid()}"  # its own: other sessions may run this bench too
@@ -192,7 +193,9 @@ def raw_rq(jobs: int, processes: int, redis_url: str, cpu: dict[str, float] | No
     clear_redis()
     queue = Queue("bench-raw", connection=django_rq.get_connection("durable"))
     procs = [
-        subprocess.Popen([*RQ_WORKER, "-u", redis_url, "bench-raw"], cwd=ROOT, stdout=DEVNULL, stderr=DEVNULL)
+        subprocess.Popen(
+            [*RQ_WORKER, "-u", redis_url, "bench-raw"], cwd=ROOT, stdout=worker_output("rq_worker"), stderr=STDOUT
+        )
         for _ in range(processes)
     ]
     try:
@@ -252,7 +255,10 @@ def durable(
     if not optimistic:
         env["DURABLE_FLOW_OPTIMISTIC_FIRST_STEP"] = "0"  # settings/test.py: the locked path
     command = [PYTHON, str(ROOT / "manage.py"), "durable_worker", "--concurrency", str(concurrency)]
-    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=DEVNULL, stderr=DEVNULL) for _ in range(processes)]
+    procs = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=worker_output(f"durable_worker-{transport}"), stderr=STDOUT)
+        for _ in range(processes)
+    ]
     up = WorkerHeartbeat.objects.filter(stopped_at__isnull=True)
     completed = WorkflowRun.objects.filter(status=RunStatus.COMPLETED)
     turned = WorkflowRun.objects.filter(turns__gt=0)
@@ -331,6 +337,7 @@ def main() -> None:
     args = parse_args()
     if args.rounds < 1:
         raise SystemExit("--rounds: at least 1")
+    require_own_redis_database(args.redis_url)
     setup_django(args.redis_url)
     jobs, runs = (3000, 800) if args.quick else (6000, 2000)
     print(f"raw RQ: {jobs} no-op jobs, SimpleWorker; durable_flow: {runs} one-step workflows, ", end="")
