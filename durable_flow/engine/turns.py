@@ -60,6 +60,14 @@ class Turns:
                 if in_settling_transaction is not None:
                     in_settling_transaction()
                 if run is None:
+                    # Said, not silent: on a shared broker (two deployments on one Redis
+                    # database) this is the only trace of another deployment's worker taking
+                    # this one's turns, which then never run here.
+                    logger.warning(
+                        "turn for run %s: no such run in this database (deleted since its turn was sent, or "
+                        "the transport's queue is shared with another deployment: give each its own)",
+                        run_id,
+                    )
                     return None
                 return self.replay(run)
         except EngineUnavailable as exc:

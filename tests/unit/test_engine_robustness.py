@@ -352,3 +352,14 @@ def test_a_non_positive_step_timeout_is_refused(manual: Engine) -> None:
 
 def test_fairness_key_defaults_to_the_whole_run_id() -> None:
     assert AdmissionRequest(queue="q", ticket="tenant/a/run-1/3").key == "tenant/a/run-1"
+
+
+def test_a_turn_for_a_run_this_database_does_not_hold_is_said_not_silent(
+    manual: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another deployment's worker on the same broker takes this one's turns and finds no such
+    run: the warning is the only trace of it in that worker's log."""
+    with caplog.at_level("WARNING", logger="durable_flow.engine"):
+        assert manual.run_turn("no-such-run") is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("turn for run no-such-run: no such run in this database" in w for w in warnings), warnings
