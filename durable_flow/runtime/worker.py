@@ -27,6 +27,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
@@ -53,6 +54,32 @@ logger = logging.getLogger("durable_flow.worker")
 #: check is a `SELECT 1` round trip, and a busy thread's connection was just used. A thread
 #: whose last task failed is checked before its next task.
 TIDY_EVERY_S = 1.0
+
+#: How long (s) a worker thread rides out an admission backend out of reach under a turn
+#: (`WorkerRuntime._execute_task`): long enough for a Redis Cluster master's failover, short
+#: enough that a longer outage leaves the task to its source (the `rq` source's retries, the
+#: `db` source's lease) rather than hold the thread.
+TURN_OUTAGE_BUDGET_S = 60.0
+
+
+def admission_unreachable_errors() -> tuple[type[BaseException], ...]:
+    """What an admission backend raises when it cannot be reached (not a database error: a turn
+    that meets the database down is left to its source, as before). `redis` is optional."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        import redis.exceptions
+
+        errors += [
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.BusyLoadingError,
+            redis.exceptions.ClusterDownError,
+            redis.exceptions.TryAgainError,
+            redis.exceptions.MasterDownError,
+        ]
+    except ImportError:
+        pass
+    return tuple(errors)
 
 
 class WorkerRuntime(EngineRunner):
@@ -89,6 +116,9 @@ class WorkerRuntime(EngineRunner):
         #: Tasks handed back at shutdown whose threads were left running.
         self.abandoned = 0
         self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
+        self._admission_unreachable = admission_unreachable_errors()
+        #: Waits out one backoff of a turn's admission outage; True if the worker is stopping.
+        self._outage_wait: Callable[[float], bool] = self._stop.wait
         self._tidy = threading.local()
         self._handed = threading.local()  # the step a result's release handed to this thread
         #: Another worker of this transport ran nothing at its last heartbeat (read with ours,
@@ -311,6 +341,29 @@ class WorkerRuntime(EngineRunner):
             self._execute_one(current)
             current = self._take_handed()
 
+    def _execute_task(self, task: ClaimedTask) -> bool:
+        """Run a claimed task through its source. A turn whose admission backend cannot be
+        reached (a Redis Cluster master failing over) is run again with backoff, for up to
+        `TURN_OUTAGE_BUDGET_S`, logged once per outage: the turn rolled back and its step has not
+        run, and its source's own retry comes too soon for an election (the `rq` source retries
+        a job at once, three times, then leaves it to `REDISPATCH_AFTER_S`). A step is not run
+        again here: its code may have run."""
+        if task.kind != "turn":
+            return self.source.execute(self, task)
+        outage = Outage(f"worker {self.worker_id}: admission under a turn of run {task.run_id}", logger)
+        waited = 0.0
+        while True:
+            try:
+                ok = self.source.execute(self, task)
+            except self._admission_unreachable as exc:
+                delay = outage.failed(exc)
+                if waited + delay > TURN_OUTAGE_BUDGET_S or self._outage_wait(delay):
+                    raise  # stopping, or out of budget: the source's retry takes over
+                waited += delay
+                continue
+            outage.recovered()
+            return ok
+
     def _take_handed(self) -> inline_handoff.HandedStep | None:
         steps: list[inline_handoff.HandedStep] = getattr(self._handed, "steps", None) or []
         self._handed.steps = None
@@ -333,7 +386,7 @@ class WorkerRuntime(EngineRunner):
             if isinstance(task, inline_handoff.HandedStep):
                 ok = self._run_inline(task)
             else:
-                ok = self.source.execute(self, task)
+                ok = self._execute_task(task)
         except BaseException as exc:  # anything: the pool keeps it on a future nobody reads
             self._tidy.due = 0.0  # the connection may be broken: check it before the next task
             # The engine could not record the outcome (database down?). The source decides

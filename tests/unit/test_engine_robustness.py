@@ -363,3 +363,89 @@ def test_a_turn_for_a_run_this_database_does_not_hold_is_said_not_silent(
         assert manual.run_turn("no-such-run") is None
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("turn for run no-such-run: no such run in this database" in w for w in warnings), warnings
+
+
+class RecordingSource(TaskSource):
+    """A source with nothing to claim that records what the worker reports of the tasks it is
+    given by hand; `execute` runs the task, or raises `raises` first if set."""
+
+    def __init__(self) -> None:
+        self.done_tasks: list[str] = []
+        self.failed_tasks: list[str] = []
+        self.executed = 0
+        self.raises: list[BaseException] = []
+
+    def claim(self, worker_id: str, limit: int, wait_s: float) -> list[ClaimedTask]:
+        return []
+
+    def execute(self, runner: Any, task: ClaimedTask) -> bool:
+        self.executed += 1
+        if self.raises:
+            raise self.raises.pop(0)
+        return super().execute(runner, task)
+
+    def done(self, worker_id: str, task: ClaimedTask) -> None:
+        self.done_tasks.append(task.run_id)
+
+    def failed(self, worker_id: str, task: ClaimedTask, exc: BaseException) -> None:
+        self.failed_tasks.append(task.run_id)
+
+    def hand_back(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        return None
+
+    def renew(self, worker_id: str, tasks: list[ClaimedTask]) -> None:
+        return None
+
+
+def _worker_of(engine: Engine, source: TaskSource, waits: list[float], *, stopping: bool = False) -> WorkerRuntime:
+    runtime = WorkerRuntime(engine, source, build_controller(1))
+    runtime._outage_wait = lambda delay: waits.append(delay) or stopping
+    return runtime
+
+
+def test_a_turn_meeting_an_admission_outage_is_run_again_with_backoff_not_failed(
+    flaky: tuple[Engine, FlakyAdmission], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis Cluster master failing over under a turn: the worker runs the turn again with
+    backoff instead of reporting it failed (the `rq` source's retries come at once, all within
+    the election, and the run then waited for `REDISPATCH_AFTER_S`)."""
+    engine, backend = flaky
+    register_queue("blip", concurrency=2)
+    run = start("tests.queued", queued("blip", 1))
+    turn = transport_of(engine).turns.pop(0)
+    source, waits = RecordingSource(), []
+    backend.fail_next = 3
+    _worker_of(engine, source, waits)._execute_one(ClaimedTask(kind="turn", run_id=turn))
+    assert waits == [0.1, 0.2, 0.4]
+    assert (source.done_tasks, source.failed_tasks) == ([run.id], [])
+    assert StepCheckpoint.objects.get(run=run).status == StepStatus.DISPATCHED
+    outage_logs = [r.getMessage() for r in caplog.records if "admission under a turn" in r.getMessage()]
+    assert len(outage_logs) == 2 and "back after 3" in outage_logs[1]
+
+
+def test_a_turn_outage_past_its_budget_or_at_shutdown_is_left_to_the_source(
+    flaky: tuple[Engine, FlakyAdmission],
+) -> None:
+    from durable_flow.runtime.worker import TURN_OUTAGE_BUDGET_S
+
+    engine, backend = flaky
+    register_queue("blip", concurrency=2)
+    start("tests.queued", queued("blip", 1))
+    turn = transport_of(engine).turns.pop(0)
+    source, waits = RecordingSource(), []
+    backend.fail_next = 1000
+    _worker_of(engine, source, waits)._execute_one(ClaimedTask(kind="turn", run_id=turn))
+    assert source.failed_tasks == [turn] and source.done_tasks == []
+    assert 0 < sum(waits) <= TURN_OUTAGE_BUDGET_S and waits[-1] == 5.0
+    stopping, stopped_waits = RecordingSource(), []
+    _worker_of(engine, stopping, stopped_waits, stopping=True)._execute_one(ClaimedTask(kind="turn", run_id=turn))
+    assert (stopping.failed_tasks, stopped_waits, stopping.executed) == ([turn], [0.1], 1)
+
+
+def test_a_step_is_not_run_again_by_the_worker_after_an_outage(flaky: tuple[Engine, FlakyAdmission]) -> None:
+    """A step's code may have run before the error: its retry is its source's, not the worker's."""
+    engine, _ = flaky
+    source, waits = RecordingSource(), []
+    source.raises = [ConnectionError("admission backend unreachable")]
+    _worker_of(engine, source, waits)._execute_one(ClaimedTask(kind="step", run_id="r", step_key="k", attempt=1))
+    assert (source.executed, source.failed_tasks, waits) == (1, ["r"], [])
