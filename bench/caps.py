@@ -111,6 +111,10 @@ def main() -> None:
         child(args.child, caps, runs)
         return
     stacks = (args.stacks or "db-sqlite,rq-redis").split(",")
+    if any(contention.STACKS[name][1] == "rq" for name in stacks if name in contention.STACKS):
+        from services import require_own_redis_database
+
+        require_own_redis_database(args.redis_url)  # it clears `rq:*` and its workers pop `durable`
     extra = ("--caps", args.caps, "--runs", str(runs))
     results = {}
     for stack in stacks:

@@ -321,6 +321,10 @@ def main() -> None:
     unknown = [name for name in stacks if name not in STACKS]
     if unknown:
         raise SystemExit(f"unknown stack(s): {', '.join(unknown)}; choose from {', '.join(STACKS)}")
+    if any(STACKS[name][1] == "rq" for name in stacks):
+        from services import require_own_redis_database
+
+        require_own_redis_database(args.redis_url)  # it clears `rq:*` and its workers pop `durable`
     rounds = args.rounds or (2 if args.quick else 3)
     if rounds < 1:
         raise SystemExit("--rounds: at least 1")
