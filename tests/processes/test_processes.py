@@ -105,24 +105,26 @@ def test_a_poller_killed_and_restarted_wakes_every_due_run_once(
     poller = spawn("durable_poller", "--batch-size", "20", env=env)
     wait_for(lambda: len(woken_by(marker)) >= 20, what="the first poller to wake some runs")
     poller.kill()
-    woken_before = woken_by(marker)
     time.sleep(max(0.0, (all_due_at - timezone.now()).total_seconds()))
-    assert len(woken_before) < len(run_ids), "the poller was killed too late to prove anything"
+    # What the first poller committed is the database's to say: a marker line is written after
+    # its wake's commit, so the SIGKILL may land between the two (a batch's lines lost at most).
+    woken_before = WorkflowRun.objects.exclude(status=RunStatus.SUSPENDED).count()
+    lost_lines = woken_before - len(woken_by(marker))
+    assert 0 <= lost_lines <= 20
+    assert woken_before < len(run_ids), "the poller was killed too late to prove anything"
     suspended = WorkflowRun.objects.filter(status=RunStatus.SUSPENDED, wake_at__lte=timezone.now()).count()
-    assert suspended == len(run_ids) - len(woken_before)  # due, and nobody is waking them
+    assert suspended == len(run_ids) - woken_before  # due, and nobody is waking them
     spawn("durable_poller", "--batch-size", "20", env=env)
     # The marker line of a wake is written on commit, after its run is seen woken: wait for both.
     wait_for(
         lambda: (
             not WorkflowRun.objects.filter(status=RunStatus.SUSPENDED).exists()
-            and set(woken_by(marker)) == set(run_ids)
+            and len(woken_by(marker)) == len(run_ids) - lost_lines
         ),
         what="every due run to be woken",
     )
-    woken = woken_by(marker)
-    assert set(woken) == set(run_ids)
-    assert set(woken.values()) == {1}
-    assert Task.objects.filter(kind=TaskKind.TURN).count() == len(run_ids)
+    assert set(woken_by(marker).values()) == {1}  # no run woken twice by the two pollers
+    assert Task.objects.filter(kind=TaskKind.TURN).count() == len(run_ids)  # each woken exactly once
 
 
 @postgresql_only
