@@ -161,8 +161,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    if TEST_LISTS:  # the whole collection: pytest-split keeps a shard of it after this hook (trylast)
+
+
+class CollectedList:
+    """With `DURABLE_FLOW_TEST_LISTS`, writes `<prefix>.collected`: the tests this session
+    selects before pytest-split keeps its shard of them, so after `-m` (the PostgreSQL shards
+    select by marker, which this module's hook above adds first). Registered before pytest-split
+    registers its plugin (`pytest_configure` below, tryfirst): of two trylast hooks, the one
+    registered first runs first."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         write_node_ids(f"{TEST_LISTS}.collected", items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if TEST_LISTS:
+        config.pluginmanager.register(CollectedList(), "durable-flow-collected-list")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -245,6 +261,15 @@ def _close_stray_connections(django_db_setup: None, django_db_blocker: Any) -> I
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_durable_flow_settings() -> Iterator[None]:
+    """Forget the cached `DURABLE_FLOW` settings after each test: a test that overrides them
+    and resets the cache (`reset_settings`) would otherwise leave its values to the tests after
+    it in the session (a default retention, say), which Django's own restore does not clear."""
+    yield
+    reset_settings()
 
 
 @pytest.fixture(autouse=True)
