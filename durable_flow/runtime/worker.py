@@ -40,7 +40,7 @@ from durable_flow.engine import inline_handoff
 from durable_flow.runtime.concurrency import ConcurrencyController
 from durable_flow.runtime.heartbeat import Heartbeat, WorkerStats, new_worker_id
 from durable_flow.store import counters, metric_counts
-from durable_flow.store.outage import Outage, transient_errors
+from durable_flow.store.outage import Outage, cluster_failover_errors, service_unreachable_errors, transient_errors
 from durable_flow.store.queries import idle_peer_exists
 from durable_flow.transports.runner import ClaimedTask, EngineRunner, SettlingHook, TaskSource
 
@@ -60,26 +60,6 @@ TIDY_EVERY_S = 1.0
 #: enough that a longer outage leaves the task to its source (the `rq` source's retries, the
 #: `db` source's lease) rather than hold the thread.
 TURN_OUTAGE_BUDGET_S = 60.0
-
-
-def admission_unreachable_errors() -> tuple[type[BaseException], ...]:
-    """What an admission backend raises when it cannot be reached (not a database error: a turn
-    that meets the database down is left to its source, as before). `redis` is optional."""
-    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    try:
-        import redis.exceptions
-
-        errors += [
-            redis.exceptions.ConnectionError,
-            redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError,
-            redis.exceptions.ClusterDownError,
-            redis.exceptions.TryAgainError,
-            redis.exceptions.MasterDownError,
-        ]
-    except ImportError:
-        pass
-    return tuple(errors)
 
 
 class WorkerRuntime(EngineRunner):
@@ -116,7 +96,9 @@ class WorkerRuntime(EngineRunner):
         #: Tasks handed back at shutdown whose threads were left running.
         self.abandoned = 0
         self._beat_outage = Outage(f"worker {self.worker_id} heartbeat", logger)
-        self._admission_unreachable = admission_unreachable_errors()
+        #: What an admission backend raises out of reach: not a database error (a turn that
+        #: meets the database down is left to its source).
+        self._admission_unreachable = (*service_unreachable_errors(), *cluster_failover_errors())
         #: Waits out one backoff of a turn's admission outage; True if the worker is stopping.
         self._outage_wait: Callable[[float], bool] = self._stop.wait
         self._tidy = threading.local()

@@ -14,13 +14,10 @@ import logging
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 
-def transient_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions raised when Redis or the database is unreachable (not when a query is wrong).
-
-    `DatabaseError` covers what psycopg raises when the server went away mid-statement; a
-    genuine bug surfaces again on every retry and stays visible in the log, once per outage.
-    """
-    errors: list[type[BaseException]] = [DatabaseError, OperationalError, InterfaceError, ConnectionError, TimeoutError]
+def service_unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions a network service raises when it cannot be reached: Python's own and
+    redis-py's (the admission backend, a broker); not the database's (`transient_errors`)."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
     try:
         import redis.exceptions
 
@@ -28,6 +25,25 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # redis is optional for the db transport
         pass
     return tuple(errors)
+
+
+def cluster_failover_errors() -> tuple[type[BaseException], ...]:
+    """What redis-py's `RedisCluster` raises while a master fails over (the slot has no master
+    yet, or is moving): a service out of reach for a while, like `service_unreachable_errors`."""
+    try:
+        import redis.exceptions
+    except ImportError:
+        return ()
+    return (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError, redis.exceptions.MasterDownError)
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions raised when Redis or the database is unreachable (not when a query is wrong).
+
+    `DatabaseError` covers what psycopg raises when the server went away mid-statement; a
+    genuine bug surfaces again on every retry and stays visible in the log, once per outage.
+    """
+    return (DatabaseError, OperationalError, InterfaceError, *service_unreachable_errors())
 
 
 class Outage:
