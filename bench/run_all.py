@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/run_all.py            # every bench at full size (~40 minutes on 2 busy cores)
     .venv/bin/python bench/run_all.py --quick    # the smaller sizes each bench offers (15-40 minutes, with the load)
-    .venv/bin/python bench/run_all.py --only fairness,poller
+    .venv/bin/python bench/run_all.py --only fairness,poller   # these again, the rest kept from the last run
     .venv/bin/python bench/run_all.py --rewrite  # the page and charts again from the last run's results
 
 Each bench is a script that prints its figures as ratios against a baseline it measures in the
@@ -16,6 +16,11 @@ printed outputs: the page is built from the documents, never from the printed te
 bench/*.py this file does not know (a new one) runs with no arguments but `--json`; the helper
 modules in HELPERS do not run. A bench that fails, or writes no document, is reported as failed
 on the page, the others still run, and the command exits non-zero.
+
+`--only` runs the named benches and keeps every other row of the last run (docs/bench/results.json):
+a row carries the date it was measured, shown beside its time when it differs from the page's.
+What is written by hand about runs this script does not make (a million-run history, a
+production-sized database) lives in `bench/notes.md`, which the page carries after its table.
 
 The charts are PNG files drawn with matplotlib by bench/plots.py from the benches' figures:
 poller tick vs parked runs, admission vs waiters, throughput vs worker processes, contended
@@ -106,6 +111,7 @@ class Result:
     errors: str = ""  # the last lines of its stderr
     report: dict[str, Any] | None = None
     problem: str = ""  # why there is no report (a failure, no JSON, a JSON that is not a report)
+    when: str = ""  # when it ran ("YYYY-MM-DD HH:MM UTC")
 
     @property
     def failed(self) -> bool:
@@ -181,7 +187,7 @@ def run(name: str, argv: list[str], directory: Path = RUN_DIR, timeout_s: float 
         time.sleep(0.5)
     for thread in pumps:
         thread.join(10)
-    result = Result(name, argv, time.monotonic() - started, proc.returncode, "".join(output).rstrip())
+    result = Result(name, argv, time.monotonic() - started, proc.returncode, "".join(output).rstrip(), when=utc_now())
     result.errors = "".join(errors).rstrip()
     result.report, result.problem = read_report(path)
     if timed_out:
@@ -191,6 +197,17 @@ def run(name: str, argv: list[str], directory: Path = RUN_DIR, timeout_s: float 
         result.problem = f"exit {proc.returncode}: {last}"
     print(f"   ({result.seconds:.0f} s, exit {proc.returncode}{f'; {result.problem}' if result.problem else ''})\n")
     return result
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def merged(kept: list[Result], fresh: list[Result]) -> list[Result]:
+    """The last run's rows with the fresh ones in their place, in the order the benches run."""
+    order = {name: i for i, (name, _) in enumerate(plan(False, None))}
+    by_name = {result.name: result for result in kept} | {result.name: result for result in fresh}
+    return sorted(by_name.values(), key=lambda result: order.get(result.name, len(order)))
 
 
 def read_report(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -240,7 +257,9 @@ average), `figures` (the bench's own: medians, worst rounds, ratios, per-round v
 was met). Long set-ups and runs print progress lines on stderr (rows loaded, rounds done,
 elapsed, time left); `run_all.py` shows them as they come. A new bench follows the same
 convention: take `--json PATH` (`reporting.add_json_option`), call `reporting.write_json` at the
-end, and `run_all.py` runs it with no other arguments and reads it like the others.
+end, and `run_all.py` runs it with no other arguments and reads it like the others. The
+sections after the table, about runs `run_all.py` does not make (a million-run history, a
+production-sized database), are written by hand in `bench/notes.md`.
 
     .venv/bin/python bench/run_all.py --quick --only poller,fairness
     .venv/bin/python bench/poller.py --ticks 20 --json /tmp/poller.json"""
@@ -259,14 +278,24 @@ def machine_lines(about: dict[str, Any]) -> list[str]:
 
 
 def page(
-    results: list[Result], about: dict[str, Any], quick: bool, charts: dict[str, str], when: str, unread: list[str]
+    results: list[Result],
+    about: dict[str, Any],
+    quick: bool,
+    charts: dict[str, str],
+    when: str,
+    unread: list[str],
+    notes: str = "",
 ) -> str:
-    """The text of docs/benchmarks.md."""
+    """The text of docs/benchmarks.md: the run's table, the notes written by hand, the charts and
+    every bench's printed output."""
+    later = any(result.when and result.when != when for result in results)
     lines = [
         "# Benchmarks",
         "",
         f"Written by `bench/run_all.py{' --quick' if quick else ''}` on {when}. Each figure is a ratio "
-        "against a baseline measured in the same run; absolute numbers depend on the machine:",
+        "against a baseline measured in the same run; absolute numbers depend on the machine"
+        + (" (a row measured at another time gives its date beside its time)" if later else "")
+        + ":",
         "",
         *[f"- {line}" for line in machine_lines(about)],
         "",
@@ -277,7 +306,10 @@ def page(
     ]
     for result in results:
         heads = "<br>".join(line.replace("|", "\\|") for line in headlines(result)) or "see its output below"
-        lines.append(f"| `{' '.join(result.command)}` | {result.seconds:.0f} s | {heads} |")
+        dated = f"<br>{result.when}" if result.when and result.when != when else ""
+        lines.append(f"| `{' '.join(result.command)}` | {result.seconds:.0f} s{dated} | {heads} |")
+    if notes.strip():
+        lines += ["", notes.strip()]
     if charts:
         lines += ["", "## Charts", ""]
         lines += [f"![{title}](bench/{name})\n" for name, title in charts.items()]
@@ -298,15 +330,20 @@ def main() -> None:
     args = parser.parse_args()
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
     saved = CHARTS / "results.json"
-    if args.rewrite:
-        data = json.loads(saved.read_text())
-        if not isinstance(data.get("machine"), dict):
+    last = json.loads(saved.read_text()) if saved.exists() else {}
+    if (args.rewrite or only) and not isinstance(last.get("machine"), dict):
+        if args.rewrite:
             raise SystemExit(f"{saved.relative_to(ROOT)} predates the JSON reports: run the benches again")
-        about, quick, when = data["machine"], data["quick"], data["when"]
-        results = [Result(**row) for row in data["results"]]
+        last = {}  # nothing to keep: the page holds only what --only runs
+    if args.rewrite:
+        about, quick, when = last["machine"], last["quick"], last["when"]
+        results = [Result(**row) for row in last["results"]]
     else:
-        about, quick, when = reporting.machine(), args.quick, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        about, quick, when = reporting.machine(), args.quick, utc_now()
         results = [run(name, argv, timeout_s=args.timeout) for name, argv in plan(args.quick, only)]
+        if only and last:
+            about, quick, when = last["machine"], last["quick"], last["when"]
+            results = merged([Result(**row) for row in last["results"]], results)
     CHARTS.mkdir(parents=True, exist_ok=True)
     reports = {result.name: result.report for result in results if not result.failed and result.report}
     charts, unread = plots.render(reports, CHARTS)
@@ -315,7 +352,8 @@ def main() -> None:
     rows = [asdict(result) for result in results]
     saved.write_text(json.dumps({"machine": about, "quick": quick, "when": when, "results": rows}, indent=1) + "\n")
     target = DOCS / "benchmarks.md"
-    target.write_text(page(results, about, quick, charts, when, unread))
+    notes = BENCH / "notes.md"
+    target.write_text(page(results, about, quick, charts, when, unread, notes.read_text() if notes.exists() else ""))
     print(f"wrote {target.relative_to(ROOT)}" + (f" and {len(charts)} chart(s) in docs/bench/" if charts else ""))
     failed = [result.name for result in results if result.failed]
     if failed:

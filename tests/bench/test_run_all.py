@@ -167,3 +167,24 @@ def test_a_real_bench_writes_a_report_run_all_reads(tmp_path: Path) -> None:
     assert set(result.report["figures"]["backends"]) == {"local", "db (SQLite)"}
     assert [entry["met"] for entry in result.report["targets"]] == [True, True]
     assert "Jain" in run_all.headlines(result)[0]
+
+
+def test_only_keeps_the_last_runs_other_rows_in_order_and_dates_the_fresh_ones() -> None:
+    def row(name: str, when: str) -> run_all.Result:
+        return run_all.Result(name, [f"{name}.py"], 1.0, 0, "", when=when)
+
+    kept = [row("poller (SQLite)", "old"), row("transport", "old"), row("contention", "old")]
+    rows = run_all.merged(kept, [row("contention", "new"), row("transport", "new")])
+    assert [(r.name, r.when) for r in rows] == [("poller (SQLite)", "old"), ("transport", "new"), ("contention", "new")]
+    reports = fixture_reports()
+    page = run_all.page(rows, reports["rss"]["machine"], True, {}, "old", [])
+    assert "| `transport.py` | 1 s<br>new |" in page and "| `poller (SQLite).py` | 1 s |" in page
+    assert "gives its date beside its time" in page
+
+
+def test_the_notes_written_by_hand_sit_between_the_table_and_the_outputs() -> None:
+    reports = fixture_reports()
+    result = run_all.Result("rss", ["rss.py"], 2.0, 0, "rss printed", report=reports["rss"])
+    text = run_all.page([result], reports["rss"]["machine"], True, {}, "now", [], notes="### Retention\n\nA million.\n")
+    assert text.index("| `rss.py`") < text.index("### Retention") < text.index("## Full outputs")
+    assert (run_all.BENCH / "notes.md").exists(), "the page's hand-written sections live in bench/notes.md"

@@ -178,10 +178,16 @@ def test_a_failover_while_admissions_run_leaks_no_slot_and_re_homes_the_waiters(
     try:
         for ticket in tickets[: CALLS // 2]:
             fleet.todo.put(ticket)
-        wait_for(lambda: len(fleet.done) >= CALLS // 8 and len(fleet.parked) >= 2, timeout=60, what="a busy queue")
-        with fleet.lock:
-            parked_before = set(fleet.parked)
-        new_master = redis_cluster.fail_over(master)
+        wait_for(lambda: len(fleet.done) >= CALLS // 8 and len(fleet.parked) >= 4, timeout=60, what="a busy queue")
+        parked_before: set[str] = set()
+
+        def read_parked() -> None:
+            # Read once the master is dead: no grant of its shard can happen until the promotion
+            # (read before the kill, a slow machine could drain them all before it).
+            with fleet.lock:
+                parked_before.update(fleet.parked)
+
+        new_master = redis_cluster.fail_over(master, on_kill=read_parked)
         promoted_at = time.monotonic()
         with fleet.lock:
             parked_through = parked_before & fleet.parked  # still parked once the replica took over

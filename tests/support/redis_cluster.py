@@ -20,7 +20,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -181,12 +181,16 @@ class OwnCluster:
             what="the Redis Cluster to report cluster_state:ok with a replica per master",
         )
 
-    def fail_over(self, port: int, timeout: float = 60) -> int:
+    def fail_over(self, port: int, timeout: float = 60, on_kill: Callable[[], None] | None = None) -> int:
         """Kill master `port` (SIGKILL) and wait until a replica serves its slots; returns the
-        new master's port. The dead node is started again afterwards (it rejoins as a replica)."""
+        new master's port. `on_kill` runs once the master is dead and before the promotion is
+        awaited (a test reads there what the dead master can no longer change). The dead node is
+        started again by `restart` (it rejoins as a replica)."""
         slot = self.masters()[port][0][0]
         self.procs[port].kill()
         self.procs[port].wait(10)
+        if on_kill is not None:
+            on_kill()
 
         def promoted() -> int | None:
             try:
