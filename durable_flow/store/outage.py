@@ -38,12 +38,13 @@ def cluster_failover_errors() -> tuple[type[BaseException], ...]:
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions raised when Redis or the database is unreachable (not when a query is wrong).
+    """Exceptions raised when Redis or the database is unreachable (not when a query is wrong),
+    a Redis Cluster failover included: every loop that rides out an outage rides out that one.
 
     `DatabaseError` covers what psycopg raises when the server went away mid-statement; a
     genuine bug surfaces again on every retry and stays visible in the log, once per outage.
     """
-    return (DatabaseError, OperationalError, InterfaceError, *service_unreachable_errors())
+    return (DatabaseError, OperationalError, InterfaceError, *service_unreachable_errors(), *cluster_failover_errors())
 
 
 class Outage:

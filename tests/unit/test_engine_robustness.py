@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from redis.exceptions import ClusterDownError, MasterDownError, TryAgainError
 
 from durable_flow import register_queue, start
 from durable_flow.admission.base import AdmissionDecision, AdmissionRequest
@@ -139,8 +140,18 @@ def test_an_admission_outage_before_a_step_starts_is_waited_out_not_an_attempt(
     assert len(outage_logs) == 2 and "unavailable" in outage_logs[0] and "back after 3" in outage_logs[1]
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionError("admission backend unreachable"),
+        ClusterDownError("CLUSTERDOWN The cluster is down"),
+        TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+        MasterDownError("MASTERDOWN Link with MASTER is down"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
 def test_an_admission_outage_when_a_step_adopts_its_slot_is_waited_out_not_a_failed_task(
-    flaky: tuple[Engine, FlakyAdmission], caplog: pytest.LogCaptureFixture
+    flaky: tuple[Engine, FlakyAdmission], caplog: pytest.LogCaptureFixture, error: Exception
 ) -> None:
     """A worker takes up a granted step while its admission backend is unreachable (a Redis
     Cluster master failing over): the step has not run, so the worker backs off and adopts the
@@ -158,7 +169,7 @@ def test_an_admission_outage_when_a_step_adopts_its_slot_is_waited_out_not_a_fai
     def unreachable_three_times(queue: str, ticket: str) -> bool:
         if failures[0]:
             failures[0] -= 1
-            raise ConnectionError("admission backend unreachable")
+            raise error
         return True
 
     backend.on_adopt = unreachable_three_times
