@@ -363,7 +363,10 @@ def report(args: argparse.Namespace, windows: list[Window], left: int, loaded_s:
     longest = max((w.longest_ms for w in beside), default=0)
     vacuums = [v for w in windows for v in w.vacuums]
     loads = [w.load for w in windows]
-    verdict = "within" if ratio >= 0.9 else "SLOWER"
+    if not full:
+        verdict = "not measured: every beside window ran out of history; give --history more runs"
+    else:
+        verdict = "within" if ratio >= 0.9 else "SLOWER"
     left_out = f"; {len(pairs) - len(full)} pair(s) left out: the history ran out" if len(full) < len(pairs) else ""
     from durable_flow.config.settings import get_settings
 

@@ -45,6 +45,8 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     reporting.add_json_option(parser, "rq_claim")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle claim loop (default 10)")
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs of the drain (default 2,000)")
     args = parser.parse_args()
     port = free_port()
     server = subprocess.Popen(
@@ -62,17 +64,16 @@ def main() -> None:
         import django
 
         django.setup()
-        run(port, args.json)
+        run(port, args.json, args.idle_s, args.jobs)
     finally:
         server.kill()
         server.wait(10)
 
 
-def run(port: int, json_path: Path | None) -> None:
+def run(port: int, json_path: Path | None, idle_s: float, jobs: int) -> None:
     from redis import Redis
 
-    from durable_flow.transports.rq import RQTransport, run_step_job
-    from durable_flow.transports.rq.common import NORMAL
+    from durable_flow.transports.rq import RQTransport
 
     transport = RQTransport(queue="durable")
     source = transport.source()
@@ -87,9 +88,9 @@ def run(port: int, json_path: Path | None) -> None:
         return int(redis.info("stats")["total_commands_processed"])
 
     source.claim("bench", 8, 0)  # loads the script
-    reporting.log("idle: 10 s of an idle claim loop")
+    reporting.log(f"idle: {idle_s:g} s of an idle claim loop")
     waits, sent0, ran0, began = 0, sent(), ran(), time.monotonic()
-    while time.monotonic() - began < 10:
+    while time.monotonic() - began < idle_s:
         source.claim("bench", 8, 0.2)
         waits += 1
     elapsed = time.monotonic() - began
@@ -120,15 +121,14 @@ def run(port: int, json_path: Path | None) -> None:
     for attempt in range(50):
         got: list[object] = []
         blocked = threading.Thread(target=lambda got=got: got.extend(source.claim("bench", 8, 5.0)))
-        claims.append(wake(blocked, lambda a=attempt: transport._push(NORMAL, run_step_job, ("r", "k", a), "bench")))
+        claims.append(wake(blocked, lambda a=attempt: transport.enqueue_step("r", "k", a, 0)))
         if len(got) != 1:
             raise RuntimeError("the claim did not return the enqueued job")
     for task in source.claim("bench", 64, 0):  # the wake section's jobs, out of the way
         source.done("bench", task)
-    jobs = 2000
     began = time.perf_counter()
     for n in range(jobs):
-        transport._push(NORMAL, run_step_job, ("r", "k", n), "bench")
+        transport.enqueue_step("r", "k", n, 0)
     enqueued = time.perf_counter() - began
     began, drained = time.perf_counter(), 0
     while drained < jobs:

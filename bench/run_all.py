@@ -69,7 +69,7 @@ KNOWN: list[tuple[str, str, list[str], list[str]]] = [
     ("history", "history.py", [], []),  # 600 runs a timing, 5 rounds: --quick would shrink the history
     # The poller's purge of 1,000,000 finished runs on PostgreSQL, in alternating windows until it
     # is all gone: an hour or more (hours on a busy host, where the purge slows down).
-    ("retention", "retention.py", ["--postgres", "--history", "1000000"], ["--history", "10000", "--max-pairs", "3"]),
+    ("retention", "retention.py", ["--postgres", "--history", "1000000"], ["--history", "40000", "--max-pairs", "3"]),
     ("sqlite_processes", "sqlite_processes.py", [], []),  # 1,000 runs a timing, 3 rounds (~2 minutes)
     # 1, 2, 4 `db` worker processes on one queue on PostgreSQL: the scaling curve and its targets.
     ("sqlite_processes (PostgreSQL)", "sqlite_processes.py", ["--postgres"], ["--postgres", "--quick"]),
@@ -341,6 +341,8 @@ def main() -> None:
     else:
         about, quick, when = reporting.machine(), args.quick, utc_now()
         results = [run(name, argv, timeout_s=args.timeout) for name, argv in plan(args.quick, only)]
+        for result in results:
+            result.when = when  # the run's date, shown beside a row kept into a later page
         if only and last:
             about, quick, when = last["machine"], last["quick"], last["when"]
             results = merged([Result(**row) for row in last["results"]], results)

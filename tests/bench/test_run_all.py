@@ -188,3 +188,14 @@ def test_the_notes_written_by_hand_sit_between_the_table_and_the_outputs() -> No
     text = run_all.page([result], reports["rss"]["machine"], True, {}, "now", [], notes="### Retention\n\nA million.\n")
     assert text.index("| `rss.py`") < text.index("### Retention") < text.index("## Full outputs")
     assert (run_all.BENCH / "notes.md").exists(), "the page's hand-written sections live in bench/notes.md"
+
+
+def test_the_rq_claim_bench_runs_through_the_transports_own_enqueue(tmp_path: Path) -> None:
+    """A short run of bench/rq_claim.py (its own redis-server): it once called a private method
+    of the transport whose signature had changed, and failed in every run_all."""
+    path = tmp_path / "rq_claim.json"
+    command = [sys.executable, str(BENCH / "rq_claim.py"), "--idle-s", "1", "--jobs", "50", "--json", str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=BENCH.parent, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(path.read_text())
+    assert report["figures"]["drain"]["jobs"] == 50 and len(report["figures"]["wake"]["claim_ms"]) == 50
