@@ -187,7 +187,7 @@ def run(name: str, argv: list[str], directory: Path = RUN_DIR, timeout_s: float 
         time.sleep(0.5)
     for thread in pumps:
         thread.join(10)
-    result = Result(name, argv, time.monotonic() - started, proc.returncode, "".join(output).rstrip(), when=utc_now())
+    result = Result(name, argv, time.monotonic() - started, proc.returncode, "".join(output).rstrip())
     result.errors = "".join(errors).rstrip()
     result.report, result.problem = read_report(path)
     if timed_out:
@@ -331,11 +331,11 @@ def main() -> None:
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
     saved = CHARTS / "results.json"
     last = json.loads(saved.read_text()) if saved.exists() else {}
-    if (args.rewrite or only) and not isinstance(last.get("machine"), dict):
-        if args.rewrite:
-            raise SystemExit(f"{saved.relative_to(ROOT)} predates the JSON reports: run the benches again")
-        last = {}  # nothing to keep: the page holds only what --only runs
+    if not isinstance(last.get("machine"), dict):
+        last = {}  # none, or one that predates the JSON reports: nothing to rewrite or keep
     if args.rewrite:
+        if not last:
+            raise SystemExit(f"{saved.relative_to(ROOT)} holds no run of the JSON reports: run the benches first")
         about, quick, when = last["machine"], last["quick"], last["when"]
         results = [Result(**row) for row in last["results"]]
     else:
