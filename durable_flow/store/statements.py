@@ -63,6 +63,7 @@ def writes_together() -> Iterator[None]:
         return
     held: list[tuple[str, list[object], bool]] = []
     own.__dict__["_df_held"] = held
+    own.__dict__["_df_drawn"] = {}
 
     def with_held_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if not held:
@@ -92,9 +93,11 @@ def writes_together() -> Iterator[None]:
                 raise
             finally:
                 own.__dict__["_df_held"] = None
+                own.__dict__["_df_drawn"] = None
                 _send(held)
     finally:
         own.__dict__["_df_held"] = None
+        own.__dict__["_df_drawn"] = None
 
 
 def _send(held: list[tuple[str, list[object], bool]]) -> None:
@@ -119,6 +122,24 @@ def _hold(sql: str, params: list[object], must_match: bool) -> bool:
         return False
     held.append((sql, params, must_match))
     return True
+
+
+def write(sql: str, params: list[object]) -> None:
+    """Send a write whose result nobody reads (no row count checked), or, inside a
+    `writes_together` block, hold it back to go with the next statement."""
+    if _hold(sql, params, must_match=False):
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def use_drawn(model: type[Model], key: int | None) -> None:
+    """Inside a `writes_together` block, give the next `insert` of a `model` row the primary key
+    `key` (drawn from its sequence: `lock_run_drawing_id`): that INSERT then needs nothing read
+    back and is held back like the block's other writes. Nothing outside a block, or with no key."""
+    drawn = connections[connection.alias].__dict__.get("_df_drawn")
+    if drawn is not None and key is not None:
+        drawn[model] = key
 
 
 def save_fields(obj: Model, fields: Iterable[str]) -> None:
@@ -271,7 +292,13 @@ def _upsert_sql(
 def insert(obj: Model) -> None:
     """`obj.save()` for a new row with an auto primary key: every concrete field but the key
     (defaults and `auto_now_add` applied as `save()` applies them), the key read back into
-    `obj.pk`, and `obj` marked saved."""
+    `obj.pk`, and `obj` marked saved. A key drawn for the row's model in this `writes_together`
+    block (`use_drawn`) is used instead, once, and the INSERT held back (`insert_held`)."""
+    drawn = connections[connection.alias].__dict__.get("_df_drawn")
+    if drawn and type(obj) in drawn:
+        obj.pk = drawn.pop(type(obj))
+        insert_held(obj)
+        return
     columns, values = _new_row(obj)
     sql = _insert_returning_sql(type(obj), columns, connection.vendor)
     with connection.cursor() as cursor:
@@ -292,6 +319,17 @@ def insert_held(obj: Model) -> None:
             cursor.execute(sql, [obj.pk, *values])
     obj._state.adding = False
     obj._state.db = connection.alias
+
+
+def insert_unless_conflicting(obj: Model) -> None:
+    """`bulk_create([obj], ignore_conflicts=True)` for a row with an auto primary key (nothing read
+    back, `obj.pk` stays None): `INSERT ... ON CONFLICT DO NOTHING`, held back inside a
+    `writes_together` block like the block's other writes."""
+    columns, values = _new_row(obj)
+    sql = f"{_insert_sql(type(obj), columns, connection.vendor)} ON CONFLICT DO NOTHING"
+    if not _hold(sql, values, must_match=False):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values)
 
 
 @cache

@@ -185,6 +185,49 @@ def test_a_one_step_workflow_costs_a_worker_at_most_eleven_statements_in_three_t
         assert len(sent.begins) == 2  # the claim is one autocommit statement
 
 
+def test_a_start_sends_its_run_its_turn_and_the_notification_in_one_round_trip(
+    db_locked: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """The run's key is made before the INSERT, so nothing is read back: on PostgreSQL the run,
+    its turn's task row and the workers' notification go in one round trip (`writes_together`);
+    SQLite sends the two INSERTs one by one (it has no notification)."""
+    with capture() as sent:
+        run = start("tests.echo_flow", "hello")
+    assert Task.objects.get().run_id == run.id
+    if connection.vendor == "postgresql":
+        assert len(sent.data) == 1, listing(sent.data)
+        assert [sql.split("(")[0].rstrip() for sql in sent.data[0].split("; ")] == [
+            insert_into(WorkflowRun),
+            insert_into(Task),
+            "SELECT pg_notify",
+        ], listing(sent.data)
+    else:
+        assert [sql.split(" (")[0] for sql in sent.data] == [insert_into(WorkflowRun), insert_into(Task)]
+
+
+def test_a_turn_sends_the_runs_lock_then_every_write_in_one_round_trip_on_postgresql(
+    db_locked: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """A turn that dispatches a step to its own thread: the run's lock draws the checkpoint's
+    key, so the task row's DELETE, the checkpoint's INSERT, the attempt's row and the run's
+    update are held back and go together (`writes_together`, `use_drawn`): two round trips on
+    PostgreSQL; one statement each elsewhere."""
+    engine, source = db_locked
+    run = start("tests.echo_flow", "hello")
+    runtime = worker(engine, source)
+    [task] = source.claim(runtime.worker_id, 1, 0)
+    with capture() as sent:
+        assert source.execute(runtime, task)
+    cp = StepCheckpoint.objects.get(run=run)
+    assert (cp.status, cp.worker) == (StepStatus.DISPATCHED, runtime.worker_id)
+    assert not Task.objects.exists()
+    if connection.vendor == "postgresql":
+        assert len(sent.data) == 2, listing(sent.data)
+        assert [sql.split(" ")[0] for sql in sent.data[1].split("; ")] == ["DELETE", "INSERT", "INSERT", "UPDATE"]
+    else:
+        assert len(sent.data) == 5, listing(sent.data)
+
+
 def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
     db_locked: tuple[Engine, DatabaseTaskSource], clock: MovableClock
 ) -> None:

@@ -141,21 +141,15 @@ class DatabaseTransport(Transport):
         self._engine: Engine | None = None
 
     def enqueue_turn(self, run_id: str) -> None:
-        # The partial unique index keeps one queued turn per run; a second wake is a no-op.
-        Task.objects.bulk_create(
-            [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
-        )
-        db_notify.notify()
-        db_notify.ring_others_on_commit()
-        transaction.on_commit(_announce_new_work)
+        self.enqueue_first_turn(run_id, 0)
 
     def enqueue_first_turn(self, run_id: str, priority: int) -> None:
         """The turn's task row carries `priority`: the claim takes higher priorities first, so
-        tasks no queue holds back run in priority order, not only in arrival order."""
-        Task.objects.bulk_create(
-            [Task(kind=TaskKind.TURN, run_id=run_id, priority=priority, available_at=timezone.now())],
-            ignore_conflicts=True,
-        )
+        tasks no queue holds back run in priority order, not only in arrival order. The partial
+        unique index keeps one queued turn per run: a second wake is a no-op. Inside a
+        `writes_together` block (a start's), the INSERT and the notification go with the
+        block's other writes."""
+        task_rows.insert_turn(Task(kind=TaskKind.TURN, run_id=run_id, priority=priority, available_at=timezone.now()))
         db_notify.notify()
         db_notify.ring_others_on_commit()
         transaction.on_commit(_announce_new_work)
