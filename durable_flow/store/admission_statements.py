@@ -126,6 +126,37 @@ def lock_queue_and_withdraw(name: str, guard: bool, ticket: str) -> tuple[list[F
     return rows, (int(locked[0][-1]) if locked else clock_ms()), withdrawn
 
 
+def lock_queue_and_admit(
+    name: str, guard: bool, ticket: str, config: dict[str, object], cap: int
+) -> tuple[list[FlowQueue], int, bool] | None:
+    """`lock_queue` (with the resource lock first, with `guard`) then `admit_if_free`, in that order and in one
+    round trip (PostgreSQL with client-side binding: `statements.one_round_trip`), for a queue
+    whose stored config was `config`, a cap alone: the admission is taken only if the stored
+    config is still `config` (an operator may have changed it meanwhile), and stamped with the
+    server's clock once the row lock is granted. The queue's row and clock, and whether the
+    ticket was admitted; None where the database cannot (the caller sends them one by one)."""
+    if not one_round_trip():
+        return None
+    lock_sql, lock_params = _lock_queue_sql(name, guard)
+    slots, waiters = _table(AdmissionSlot), _table(AdmissionWaiter)
+    admit_sql = (
+        f"INSERT INTO {slots} (queue, ticket, acquired_ms) SELECT %s, %s, {CLOCK_MS_SQL} "
+        f"WHERE EXISTS (SELECT 1 FROM {_table(FlowQueue)} WHERE name = %s AND config = %s::jsonb) "
+        f"AND (SELECT COUNT(*) FROM {slots} WHERE queue = %s) < %s "
+        f"AND NOT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s) "
+        f"AND NOT EXISTS (SELECT 1 FROM {slots} WHERE queue = %s AND ticket = %s) RETURNING id"
+    )
+    admit_params: list[object] = [name, ticket, name, json.dumps(config), name, cap, name, name, ticket]
+    with connection.cursor() as cursor:
+        cursor.execute(f"{lock_sql}; {admit_sql}", [*lock_params, *admit_params])
+        columns = tuple(column[0] for column in cursor.description)
+        locked = cursor.fetchall()
+        cursor.nextset()
+        admitted = cursor.fetchone() is not None
+    rows = [load(FlowQueue, columns[:-1], row[:-1]) for row in locked]
+    return rows, (int(locked[0][-1]) if locked else clock_ms()), admitted
+
+
 def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
     """The uncontended admission of a queue with a cap alone (no window, no per-key limits, fifo
     fairness, no constraints), in one statement: take a slot for the ticket if fewer than `cap`
