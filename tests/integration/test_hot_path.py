@@ -453,3 +453,20 @@ def test_optimistic_first_step_is_a_checked_option_of_the_db_transport() -> None
     assert not off.capabilities.optimistic_first_step
     with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]'):
         DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": "yes"})
+
+
+def test_a_claim_that_took_fewer_tasks_than_asked_waits_for_an_announcement_before_it_looks_again(
+    db_locked: tuple[Engine, DatabaseTaskSource],
+) -> None:
+    """The claim that took a run's turn does not claim again at once (for nothing, beside the
+    turn it handed out: on SQLite its write lock would hold the turn's transaction back): its
+    next call waits for a task to be announced, or its deadline, and then reads first, writing
+    nothing when nothing is there."""
+    engine, source = db_locked
+    start("tests.echo_flow", "hello")
+    assert len(source.claim("w", 5, 0)) == 1  # fewer than asked for
+    with capture() as sent:
+        assert source.claim("w", 5, 0.05) == []
+    assert [sql.split()[0] for sql in sent.data] == ["SELECT"], listing(sent.data)
+    start("tests.echo_flow", "again")  # committed here: announced to this process's claimers
+    assert [task.kind for task in source.claim("w", 5, 0.05)] == [TaskKind.TURN]
