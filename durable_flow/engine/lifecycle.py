@@ -130,7 +130,7 @@ class Lifecycle:
             # the database allows (`writes_together`): the run's key is made here, so nothing is
             # read back. A same-id start that won meanwhile fails the INSERT when it is sent,
             # inside the transaction, as an unheld one would.
-            with transaction.atomic(), writes_together():
+            with transaction.atomic(), writes_together(commit=True):
                 # Debounce/singleton first: a start folded into a pending run takes no quota slot.
                 if gate is not None and (resolved := gate.apply(self, fields)) is not None:
                     return resolved

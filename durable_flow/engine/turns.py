@@ -57,7 +57,7 @@ class Turns:
             # (the dispatched step's checkpoint and attempt, the run's update) in one round trip
             # (`writes_together`): the checkpoint's key is drawn with the run's lock, so its
             # INSERT reads nothing back and is held with them (`use_drawn`).
-            with transaction.atomic(), writes_together():
+            with transaction.atomic(), writes_together(commit=True):
                 run, drawn = lock_run_drawing_id(run_id, StepCheckpoint)
                 use_drawn(StepCheckpoint, drawn)
                 if in_settling_transaction is not None:

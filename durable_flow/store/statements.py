@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connection, connections
+from django.db import DatabaseError, DataError, connection, connections
 from django.db.models import Model
 
 from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -37,8 +37,13 @@ def _for_update() -> str:
     return " FOR UPDATE" if connection.features.has_select_for_update else ""
 
 
+#: What a held UPDATE that matched no row raises in the round trip that carries the COMMIT
+#: (`writes_together(commit=True)`), so the transaction aborts before its COMMIT.
+_NO_ROW = "durable_flow: an UPDATE matched no row"
+
+
 @contextmanager
-def writes_together() -> Iterator[None]:
+def writes_together(*, commit: bool = False) -> Iterator[None]:
     """Within the block, `save_fields` and `upsert` are held back and sent with the next
     statement the thread sends, in its round trip (before it, so every statement still runs in
     the order it was called, and a read sees every write before it), or at the block's end,
@@ -53,7 +58,15 @@ def writes_together() -> Iterator[None]:
     sent all the same (the caller may catch it and commit), unless the error is the database's
     (its transaction is broken then, and rolls back whole); a `BaseException` that is not an
     `Exception` (`EngineUnavailable`, `InlineTurnFailed`, `KeyboardInterrupt`) drops them: the
-    transaction around the block rolls back on it."""
+    transaction around the block rolls back on it.
+
+    `commit`: the block ends the outermost `transaction.atomic()` around it (nothing runs between
+    the two ends). When the block ends without an error, what it still holds goes with the
+    transaction's COMMIT, in one round trip; the atomic block's own commit then finds the
+    transaction ended and sends nothing (psycopg), and its `on_commit` callbacks run as ever. A
+    held UPDATE that matches no row aborts the transaction before that COMMIT, in the server,
+    and raises `DatabaseError` as `save_fields` does. Inside a caller's transaction (a nested
+    atomic block), the writes are sent as without `commit`, and the caller commits."""
     if not one_round_trip():
         yield
         return
@@ -85,16 +98,21 @@ def writes_together() -> Iterator[None]:
 
     try:
         with own.execute_wrapper(with_held_first):
+            failed = False
             try:
                 yield
             except BaseException as exc:
+                failed = True
                 if isinstance(exc, DatabaseError) or not isinstance(exc, Exception):
                     held.clear()  # the transaction rolls back whole: nothing of it may be sent
                 raise
             finally:
                 own.__dict__["_df_held"] = None
                 own.__dict__["_df_drawn"] = None
-                _send(held)
+                if commit and held and not failed and _ends_outermost_atomic(own):
+                    _send_and_commit(held)
+                else:
+                    _send(held)
     finally:
         own.__dict__["_df_held"] = None
         own.__dict__["_df_drawn"] = None
@@ -113,6 +131,45 @@ def _send(held: list[tuple[str, list[object], bool]]) -> None:
                 cursor.nextset()
             if must_match and cursor.rowcount == 0:
                 raise DatabaseError("Save with update_fields did not affect any rows.")
+
+
+def _ends_outermost_atomic(own: Any) -> bool:
+    """Whether the thread's connection is in one atomic block, its transaction's own (no
+    savepoint, nothing marked for rollback), which commits on its exit."""
+    return (
+        own.in_atomic_block
+        and len(own.atomic_blocks) == 1
+        and not own.savepoint_ids
+        and own.commit_on_exit
+        and not own.needs_rollback
+        and not own.closed_in_transaction
+    )
+
+
+def _send_and_commit(held: list[tuple[str, list[object], bool]]) -> None:
+    """The held-back writes and the transaction's COMMIT, in one `execute` (the simple query
+    protocol runs them in order and stops at the first error, so the COMMIT runs only if every
+    write did). Each write that must match a row is checked in the server: it raises `_NO_ROW`
+    when it matched none (a cast that fails), which is raised here as `DatabaseError`."""
+    batch = list(held)
+    held.clear()
+    parts = []
+    for sql, _, must_match in batch:
+        if must_match:
+            # The failing cast's text depends on the count, so the planner cannot fold it into
+            # an error raised whatever the count.
+            sql = (
+                f"WITH u AS ({sql} RETURNING 1) SELECT CASE WHEN n > 0 THEN 1 "
+                f"ELSE CAST('{_NO_ROW}: ' || n AS integer) END FROM (SELECT COUNT(*) AS n FROM u) AS c"
+            )
+        parts.append(sql)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("; ".join([*parts, "COMMIT"]), [p for _, params, _ in batch for p in params])
+    except DataError as exc:
+        if _NO_ROW in str(exc):
+            raise DatabaseError("Save with update_fields did not affect any rows.") from exc
+        raise
 
 
 def _hold(sql: str, params: list[object], must_match: bool) -> bool:

@@ -297,3 +297,59 @@ def test_a_held_write_before_a_savepoint_stays_and_one_inside_it_rolls_back_with
         statements.save_fields(run, ["status", "updated_at"])  # sent at the block's end
     assert StepCheckpoint.objects.get(pk=cp.pk).status == StepStatus.DISPATCHED
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.SUSPENDED
+
+
+def test_writes_held_to_the_end_of_a_transaction_go_with_its_commit() -> None:
+    """`writes_together(commit=True)` ending the outermost atomic block: on PostgreSQL what it
+    still holds and the COMMIT go in one round trip, and the transaction's `on_commit`
+    callbacks run once the block has ended; elsewhere the writes are sent as usual and the
+    transaction commits as usual. Inside a caller's transaction it leaves the commit to it."""
+    run = new_run()
+    cp = new_checkpoint(run, "a")
+    committed: list[str] = []
+    with capture() as queries:
+        with transaction.atomic(), statements.writes_together(commit=True):
+            transaction.on_commit(lambda: committed.append("done"))
+            cp.status, run.status = StepStatus.DISPATCHED, RunStatus.SUSPENDED
+            statements.save_fields(cp, ["status"])
+            statements.save_fields(run, ["status", "updated_at"])
+            assert committed == []
+        sent = queries.data  # Django logs a COMMIT of its own, which sends nothing here
+    assert committed == ["done"]
+    assert (StepCheckpoint.objects.get(pk=cp.pk).status, WorkflowRun.objects.get(pk=run.pk).status) == (
+        StepStatus.DISPATCHED,
+        RunStatus.SUSPENDED,
+    )
+    if connection.vendor == "postgresql":
+        assert len(sent) == 1 and sent[0].endswith("; COMMIT"), sent
+        assert connection.connection.info.transaction_status == 0  # idle: nothing left open
+
+    with transaction.atomic():  # a caller's transaction: its own commit, later
+        with transaction.atomic(), statements.writes_together(commit=True):
+            cp.status = StepStatus.COMPLETED
+            statements.save_fields(cp, ["status"])
+        assert connection.in_atomic_block
+        cp.status = StepStatus.FAILED
+        statements.save_fields(cp, ["status"])
+    assert StepCheckpoint.objects.get(pk=cp.pk).status == StepStatus.FAILED
+
+
+def test_a_held_update_of_a_missing_row_aborts_the_transaction_before_the_commit_it_rides_with() -> None:
+    """The COMMIT rides with the held writes, so a held UPDATE that matches no row must stop it
+    in the server: `DatabaseError` as `save_fields` raises, and nothing of the transaction is
+    kept (the other writes, the `on_commit` callbacks)."""
+    run = new_run()
+    cp = new_checkpoint(run, "a")
+    gone = new_run()
+    WorkflowRun.objects.filter(pk=gone.pk).delete()
+    committed: list[str] = []
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        with transaction.atomic(), statements.writes_together(commit=True):
+            transaction.on_commit(lambda: committed.append("done"))
+            cp.status = StepStatus.COMPLETED
+            statements.save_fields(cp, ["status"])
+            statements.save_fields(gone, ["status"])
+    assert committed == []
+    assert StepCheckpoint.objects.get(pk=cp.pk).status != StepStatus.COMPLETED
+    assert not connection.in_atomic_block
+    assert WorkflowRun.objects.filter(pk=run.pk).exists()  # the connection works on

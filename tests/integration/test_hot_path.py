@@ -44,6 +44,7 @@ from tests.support.statements import (
     capture,
     insert_into,
     listing,
+    unwrapped,
     update_of,
 )
 
@@ -189,8 +190,9 @@ def test_a_start_sends_its_run_its_turn_and_the_notification_in_one_round_trip(
     db_locked: tuple[Engine, DatabaseTaskSource],
 ) -> None:
     """The run's key is made before the INSERT, so nothing is read back: on PostgreSQL the run,
-    its turn's task row and the workers' notification go in one round trip (`writes_together`);
-    SQLite sends the two INSERTs one by one (it has no notification)."""
+    its turn's task row and the workers' notification go in one round trip with the COMMIT
+    (`writes_together(commit=True)`); SQLite sends the two INSERTs one by one (it has no
+    notification)."""
     with capture() as sent:
         run = start("tests.echo_flow", "hello")
     assert Task.objects.get().run_id == run.id
@@ -200,6 +202,7 @@ def test_a_start_sends_its_run_its_turn_and_the_notification_in_one_round_trip(
             insert_into(WorkflowRun),
             insert_into(Task),
             "SELECT pg_notify",
+            "COMMIT",  # the transaction's end rides with them
         ], listing(sent.data)
     else:
         assert [sql.split(" (")[0] for sql in sent.data] == [insert_into(WorkflowRun), insert_into(Task)]
@@ -210,8 +213,8 @@ def test_a_turn_sends_the_runs_lock_then_every_write_in_one_round_trip_on_postgr
 ) -> None:
     """A turn that dispatches a step to its own thread: the run's lock draws the checkpoint's
     key, so the task row's DELETE, the checkpoint's INSERT, the attempt's row and the run's
-    update are held back and go together (`writes_together`, `use_drawn`): two round trips on
-    PostgreSQL; one statement each elsewhere."""
+    update are held back and go together, with the COMMIT (`writes_together(commit=True)`,
+    `use_drawn`): two round trips on PostgreSQL; one statement each elsewhere."""
     engine, source = db_locked
     run = start("tests.echo_flow", "hello")
     runtime = worker(engine, source)
@@ -223,7 +226,8 @@ def test_a_turn_sends_the_runs_lock_then_every_write_in_one_round_trip_on_postgr
     assert not Task.objects.exists()
     if connection.vendor == "postgresql":
         assert len(sent.data) == 2, listing(sent.data)
-        assert [sql.split(" ")[0] for sql in sent.data[1].split("; ")] == ["DELETE", "INSERT", "INSERT", "UPDATE"]
+        writes = [unwrapped(sql).split(" ")[0] for sql in sent.data[1].split("; ")]
+        assert writes == ["DELETE", "INSERT", "INSERT", "UPDATE", "COMMIT"], listing(sent.data)
     else:
         assert len(sent.data) == 5, listing(sent.data)
 
@@ -462,7 +466,7 @@ def test_a_claim_that_took_fewer_tasks_than_asked_waits_for_an_announcement_befo
     turn it handed out: on SQLite its write lock would hold the turn's transaction back): its
     next call waits for a task to be announced, or its deadline, and then reads first, writing
     nothing when nothing is there."""
-    engine, source = db_locked
+    _, source = db_locked
     start("tests.echo_flow", "hello")
     assert len(source.claim("w", 5, 0)) == 1  # fewer than asked for
     with capture() as sent:
