@@ -129,12 +129,17 @@ class Fleet:
         before the last replacement is up would keep the fleet booting, a soak of start-ups rather
         than of work. So at most one process is down at a time, and a busy machine kills less often.
         """
-        wait_for(
-            lambda: all(up(process) for process in [*self.workers, self.poller]),
-            timeout=STALL_S,
-            interval=0.2,
-            what="the soaked fleet to start up",
-        )
+        fleet = [*self.workers, self.poller]
+        try:
+            wait_for(lambda: all(up(process) for process in fleet), timeout=STALL_S, interval=0.2)
+        except AssertionError:
+            # Which process never came up, and what it printed: the verdict's evidence.
+            silent = "\n".join(
+                f"[pid {process.proc.pid}, exit {process.proc.poll()}] {process.output()[-2000:]!r}"
+                for process in fleet
+                if not up(process)
+            )
+            raise AssertionError(f"the soaked fleet did not start up within {STALL_S} s:\n{silent}") from None
         index = -1
         if rng.random() < 0.25:
             victim, role = self.poller, "poller"
