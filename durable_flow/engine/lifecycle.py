@@ -43,7 +43,7 @@ from durable_flow.models.runs import PARKED, PARKED_STEP_STATUSES
 from durable_flow.store import events as event_store
 from durable_flow.store import metric_counts, run_bells, timer_bells
 from durable_flow.store import quotas as quota_store
-from durable_flow.store.statements import insert_held, save_fields, writes_together
+from durable_flow.store.statements import save_fields
 
 if TYPE_CHECKING:
     from durable_flow.admission.base import AdmissionBackend
@@ -126,11 +126,7 @@ class Lifecycle:
         if run_id is not None or constraints:
             fields["id"] = new_id
         try:
-            # The run's INSERT, its turn's task and the notification go in one round trip where
-            # the database allows (`writes_together`): the run's key is made here, so nothing is
-            # read back. A same-id start that won meanwhile fails the INSERT when it is sent,
-            # inside the transaction, as an unheld one would.
-            with transaction.atomic(), writes_together(commit=True):
+            with transaction.atomic():
                 # Debounce/singleton first: a start folded into a pending run takes no quota slot.
                 if gate is not None and (resolved := gate.apply(self, fields)) is not None:
                     return resolved
@@ -139,8 +135,7 @@ class Lifecycle:
                     if run_id is not None and (existing := one(WorkflowRun.objects.filter(pk=run_id))):
                         return existing
                     quota_store.enforce(check)
-                run = WorkflowRun(**fields)
-                insert_held(run)
+                run = WorkflowRun.objects.create(**fields)
                 if run.status == RunStatus.PENDING and priority:
                     self.transport.enqueue_first_turn(run.id, priority)
                 elif run.status == RunStatus.PENDING:

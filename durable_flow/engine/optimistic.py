@@ -304,7 +304,7 @@ class FirstTurns:
     def _write_first_step(
         self, run_id: str, ran: _Ran, *, inline: bool, in_settling_transaction: Callable[[], object] | None = None
     ) -> str:
-        with transaction.atomic(), writes_together(commit=True):
+        with transaction.atomic(), writes_together():
             run, drawn_id = lock_run_drawing_id(run_id, StepCheckpoint)
             if in_settling_transaction is not None:
                 # The turn's task is done whatever this finds: recorded, or answered by another.

@@ -225,7 +225,7 @@ class Results:
         """One try of `record_result`, with the run's next turn taken inline or queued."""
         # Its writes go with the statement after each (`writes_together`): one round trip less
         # for each, on the path between a step's end and the next step's start in its slot.
-        with transaction.atomic(), writes_together(commit=True):
+        with transaction.atomic(), writes_together():
             run, checkpoints = locked_run_for_result(run_id, key)
             if in_settling_transaction is not None:
                 in_settling_transaction()

@@ -16,14 +16,14 @@ from django.db import DatabaseError, transaction
 from durable_flow.definitions.registry import get_workflow
 from durable_flow.definitions.serialization import ensure_json, error_info, readable
 from durable_flow.engine.context import WorkflowContext
-from durable_flow.engine.locking import retry_on_conflict
+from durable_flow.engine.locking import locked_run, retry_on_conflict
 from durable_flow.engine.turn import EngineUnavailable, InlineTurnFailed, Suspend, TurnEngine
 from durable_flow.engine.user_code import is_code_failure
 from durable_flow.exceptions import DurableFlowError, NonDeterminismError
 from durable_flow.models import TERMINAL_RUN_STATUSES, RunStatus, StepCheckpoint, WorkflowRun
 from durable_flow.models.runs import WAKEABLE
 from durable_flow.store import timer_bells
-from durable_flow.store.statements import lock_run_drawing_id, save_fields, use_drawn, writes_together
+from durable_flow.store.statements import save_fields, writes_together
 
 if TYPE_CHECKING:
     from durable_flow.config.settings import DurableFlowSettings
@@ -53,13 +53,10 @@ class Turns:
         `in_settling_transaction` runs inside the turn's transaction, after the run's row is locked: the `db`
         transport deletes its task row there, saving a transaction per task."""
         try:
-            # The turn's writes go to the database with the statement after each, its last ones
-            # (the dispatched step's checkpoint and attempt, the run's update) in one round trip
-            # (`writes_together`): the checkpoint's key is drawn with the run's lock, so its
-            # INSERT reads nothing back and is held with them (`use_drawn`).
-            with transaction.atomic(), writes_together(commit=True):
-                run, drawn = lock_run_drawing_id(run_id, StepCheckpoint)
-                use_drawn(StepCheckpoint, drawn)
+            # The turn's writes after its last read (the dispatched step's attempt row, the run's
+            # update) go to the database in one round trip (`writes_together`).
+            with transaction.atomic(), writes_together():
+                run, _ = locked_run(run_id)
                 if in_settling_transaction is not None:
                     in_settling_transaction()
                 if run is None:

@@ -27,7 +27,6 @@ from durable_flow.operations import runs
 from durable_flow.operations.events import send_event, send_event_on  # noqa: F401  (the public API)
 from durable_flow.operations.schedules import pause_schedule, resume_schedule  # noqa: F401  (the public API)
 from durable_flow.store.run_bells import watchers
-from durable_flow.store.statements import read_run
 
 if TYPE_CHECKING:
     from durable_flow.config.queues import RateLimit
@@ -97,11 +96,7 @@ def wait(run_id: str, timeout: float | None = None) -> WorkflowRun:
     deadline = None if timeout is None else time.monotonic() + timeout
     with watchers.watching(run_id) as rung:
         while True:
-            # The store's precompiled read, not the ORM's `get`: the read right after the push is
-            # on the way from the run's end to the caller.
-            run = read_run(run_id)
-            if run is None:
-                raise RunNotFound(f"no run with id {run_id!r}")
+            run = get_run(run_id)
             if run.is_terminal:
                 return run
             pause = WAIT_SAFETY_POLL_S if watchers.pushed else WAIT_POLL_S

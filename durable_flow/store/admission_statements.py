@@ -28,10 +28,8 @@ the same order (but `hand_over` and `join_shared`, which take fewer).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
 
 from django.db import connection
 
@@ -45,8 +43,6 @@ from durable_flow.models import (
     FlowQueue,
 )
 from durable_flow.store.statements import fetch, load, one_round_trip
-
-T = TypeVar("T")
 
 #: The database server's clock in epoch ms (PostgreSQL): one clock for every host.
 CLOCK_MS_SQL = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
@@ -114,41 +110,20 @@ def lock_queue_and_withdraw(name: str, guard: bool, ticket: str) -> tuple[list[F
     round trip (PostgreSQL with client-side binding: `statements.one_round_trip`): the queue's
     row and clock, and what `withdraw` returns. None where the database cannot (the caller
     sends them one by one)."""
+    # Imported here: the engine package imports the admission backends.
+
     if not one_round_trip():
         return None
-    return _lock_queue_then(name, guard, *_withdraw_sql(name, ticket), lambda cursor: _withdrawn(cursor.fetchone()))
-
-
-def _lock_queue_then(
-    name: str, guard: bool, sql: str, params: list[object], read: Callable[[Any], T]
-) -> tuple[list[FlowQueue], int, T]:
-    """`lock_queue`'s statement, then `sql`, in one round trip: the queue's row, the clock, and
-    what `read` takes from the cursor at `sql`'s result."""
     lock_sql, lock_params = _lock_queue_sql(name, guard)
+    withdraw_sql, withdraw_params = _withdraw_sql(name, ticket)
     with connection.cursor() as cursor:
-        cursor.execute(f"{lock_sql}; {sql}", [*lock_params, *params])
+        cursor.execute(f"{lock_sql}; {withdraw_sql}", [*lock_params, *withdraw_params])
         columns = tuple(column[0] for column in cursor.description)
         locked = cursor.fetchall()
         cursor.nextset()
-        after = read(cursor)
+        withdrawn = _withdrawn(cursor.fetchone())
     rows = [load(FlowQueue, columns[:-1], row[:-1]) for row in locked]
-    return rows, (int(locked[0][-1]) if locked else clock_ms()), after
-
-
-def lock_queue_and_admit(
-    name: str, guard: bool, ticket: str, config: dict[str, object], cap: int
-) -> tuple[list[FlowQueue], int, bool] | None:
-    """`lock_queue` (with the resource lock first, with `guard`) then `admit_if_free`, in that order and in one
-    round trip (PostgreSQL with client-side binding: `statements.one_round_trip`), for a queue
-    whose stored config was `config`, a cap alone: the admission is taken only if the stored
-    config is still `config` (an operator may have changed it meanwhile), and stamped with the
-    server's clock once the row lock is granted. The queue's row and clock, and whether the
-    ticket was admitted; None where the database cannot (the caller sends them one by one)."""
-    if not one_round_trip():
-        return None
-    stored = f"EXISTS (SELECT 1 FROM {_table(FlowQueue)} WHERE name = %s AND config = %s::jsonb) AND "
-    sql, params = _admit_sql(name, ticket, CLOCK_MS_SQL, [], cap, (stored, [name, json.dumps(config)]))
-    return _lock_queue_then(name, guard, sql, params, lambda cursor: cursor.fetchone() is not None)
+    return rows, (int(locked[0][-1]) if locked else clock_ms()), withdrawn
 
 
 def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
@@ -156,31 +131,17 @@ def admit_if_free(queue: str, ticket: str, now: int, cap: int | None) -> bool:
     fairness, no constraints), in one statement: take a slot for the ticket if fewer than `cap`
     are held, nobody waits in line and the ticket holds none yet. False: nothing written (the
     caller decides statement by statement)."""
-    sql, params = _admit_sql(queue, ticket, "%s", [now], cap)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone() is not None
-
-
-def _admit_sql(
-    queue: str,
-    ticket: str,
-    at: str,
-    at_params: list[object],
-    cap: int | None,
-    first: tuple[str, list[object]] = ("", []),
-) -> tuple[str, list[object]]:
-    """`admit_if_free`'s INSERT, its slot stamped with `at` (SQL, with `at_params`); `first`: a
-    condition ending in `AND ` checked before the others, with its parameters."""
     slots, waiters = _table(AdmissionSlot), _table(AdmissionWaiter)
     room = f"(SELECT COUNT(*) FROM {slots} WHERE queue = %s) < %s AND " if cap is not None else ""
     sql = (
-        f"INSERT INTO {slots} (queue, ticket, acquired_ms) SELECT %s, %s, {at} WHERE {first[0]}{room}"
+        f"INSERT INTO {slots} (queue, ticket, acquired_ms) SELECT %s, %s, %s WHERE {room}"
         f"NOT EXISTS (SELECT 1 FROM {waiters} WHERE queue = %s) "
         f"AND NOT EXISTS (SELECT 1 FROM {slots} WHERE queue = %s AND ticket = %s) RETURNING id"
     )
-    room_params: list[object] = [queue, cap] if cap is not None else []
-    return sql, [queue, ticket, *at_params, *first[1], *room_params, queue, queue, ticket]
+    params: list[object] = [queue, ticket, now] + ([queue, cap] if cap is not None else []) + [queue, queue, ticket]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, DataError, connection, connections
+from django.db import DatabaseError, connection, connections
 from django.db.models import Model
 
 from durable_flow.models import StepCheckpoint, WorkflowRun
@@ -37,13 +37,8 @@ def _for_update() -> str:
     return " FOR UPDATE" if connection.features.has_select_for_update else ""
 
 
-#: What a held UPDATE that matched no row raises in the round trip that carries the COMMIT
-#: (`writes_together(commit=True)`), so the transaction aborts before its COMMIT.
-_NO_ROW = "durable_flow: an UPDATE matched no row"
-
-
 @contextmanager
-def writes_together(*, commit: bool = False) -> Iterator[None]:
+def writes_together() -> Iterator[None]:
     """Within the block, `save_fields` and `upsert` are held back and sent with the next
     statement the thread sends, in its round trip (before it, so every statement still runs in
     the order it was called, and a read sees every write before it), or at the block's end,
@@ -58,15 +53,7 @@ def writes_together(*, commit: bool = False) -> Iterator[None]:
     sent all the same (the caller may catch it and commit), unless the error is the database's
     (its transaction is broken then, and rolls back whole); a `BaseException` that is not an
     `Exception` (`EngineUnavailable`, `InlineTurnFailed`, `KeyboardInterrupt`) drops them: the
-    transaction around the block rolls back on it.
-
-    `commit`: the block ends the outermost `transaction.atomic()` around it (nothing runs between
-    the two ends). When the block ends without an error, what it still holds goes with the
-    transaction's COMMIT, in one round trip; the atomic block's own commit then finds the
-    transaction ended and sends nothing (psycopg), and its `on_commit` callbacks run as ever. A
-    held UPDATE that matches no row aborts the transaction before that COMMIT, in the server,
-    and raises `DatabaseError` as `save_fields` does. Inside a caller's transaction (a nested
-    atomic block), the writes are sent as without `commit`, and the caller commits."""
+    transaction around the block rolls back on it."""
     if not one_round_trip():
         yield
         return
@@ -76,7 +63,6 @@ def writes_together(*, commit: bool = False) -> Iterator[None]:
         return
     held: list[tuple[str, list[object], bool]] = []
     own.__dict__["_df_held"] = held
-    own.__dict__["_df_drawn"] = {}
 
     def with_held_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if not held:
@@ -98,24 +84,17 @@ def writes_together(*, commit: bool = False) -> Iterator[None]:
 
     try:
         with own.execute_wrapper(with_held_first):
-            failed = False
             try:
                 yield
             except BaseException as exc:
-                failed = True
                 if isinstance(exc, DatabaseError) or not isinstance(exc, Exception):
                     held.clear()  # the transaction rolls back whole: nothing of it may be sent
                 raise
             finally:
                 own.__dict__["_df_held"] = None
-                own.__dict__["_df_drawn"] = None
-                if commit and held and not failed and _ends_outermost_atomic(own):
-                    _send_and_commit(held)
-                else:
-                    _send(held)
+                _send(held)
     finally:
         own.__dict__["_df_held"] = None
-        own.__dict__["_df_drawn"] = None
 
 
 def _send(held: list[tuple[str, list[object], bool]]) -> None:
@@ -133,45 +112,6 @@ def _send(held: list[tuple[str, list[object], bool]]) -> None:
                 raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
-def _ends_outermost_atomic(own: Any) -> bool:
-    """Whether the thread's connection is in one atomic block, its transaction's own (no
-    savepoint, nothing marked for rollback), which commits on its exit."""
-    return (
-        own.in_atomic_block
-        and len(own.atomic_blocks) == 1
-        and not own.savepoint_ids
-        and own.commit_on_exit
-        and not own.needs_rollback
-        and not own.closed_in_transaction
-    )
-
-
-def _send_and_commit(held: list[tuple[str, list[object], bool]]) -> None:
-    """The held-back writes and the transaction's COMMIT, in one `execute` (the simple query
-    protocol runs them in order and stops at the first error, so the COMMIT runs only if every
-    write did). Each write that must match a row is checked in the server: it raises `_NO_ROW`
-    when it matched none (a cast that fails), which is raised here as `DatabaseError`."""
-    batch = list(held)
-    held.clear()
-    parts = []
-    for sql, _, must_match in batch:
-        if must_match:
-            # The failing cast's text depends on the count, so the planner cannot fold it into
-            # an error raised whatever the count.
-            sql = (
-                f"WITH u AS ({sql} RETURNING 1) SELECT CASE WHEN n > 0 THEN 1 "
-                f"ELSE CAST('{_NO_ROW}: ' || n AS integer) END FROM (SELECT COUNT(*) AS n FROM u) AS c"
-            )
-        parts.append(sql)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("; ".join([*parts, "COMMIT"]), [p for _, params, _ in batch for p in params])
-    except DataError as exc:
-        if _NO_ROW in str(exc):
-            raise DatabaseError("Save with update_fields did not affect any rows.") from exc
-        raise
-
-
 def _hold(sql: str, params: list[object], must_match: bool) -> bool:
     """Hold the write back if a `writes_together` block is open on this thread."""
     held = connections[connection.alias].__dict__.get("_df_held")
@@ -179,24 +119,6 @@ def _hold(sql: str, params: list[object], must_match: bool) -> bool:
         return False
     held.append((sql, params, must_match))
     return True
-
-
-def write(sql: str, params: list[object]) -> None:
-    """Send a write whose result nobody reads (no row count checked), or, inside a
-    `writes_together` block, hold it back to go with the next statement."""
-    if _hold(sql, params, must_match=False):
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
-def use_drawn(model: type[Model], key: int | None) -> None:
-    """Inside a `writes_together` block, give the next `insert` of a `model` row the primary key
-    `key` (drawn from its sequence: `lock_run_drawing_id`): that INSERT then needs nothing read
-    back and is held back like the block's other writes. Nothing outside a block, or with no key."""
-    drawn = connections[connection.alias].__dict__.get("_df_drawn")
-    if drawn is not None and key is not None:
-        drawn[model] = key
 
 
 def save_fields(obj: Model, fields: Iterable[str]) -> None:
@@ -349,13 +271,7 @@ def _upsert_sql(
 def insert(obj: Model) -> None:
     """`obj.save()` for a new row with an auto primary key: every concrete field but the key
     (defaults and `auto_now_add` applied as `save()` applies them), the key read back into
-    `obj.pk`, and `obj` marked saved. A key drawn for the row's model in this `writes_together`
-    block (`use_drawn`) is used instead, once, and the INSERT held back (`insert_held`)."""
-    drawn = connections[connection.alias].__dict__.get("_df_drawn")
-    if drawn and type(obj) in drawn:
-        obj.pk = drawn.pop(type(obj))
-        insert_held(obj)
-        return
+    `obj.pk`, and `obj` marked saved."""
     columns, values = _new_row(obj)
     sql = _insert_returning_sql(type(obj), columns, connection.vendor)
     with connection.cursor() as cursor:
@@ -376,17 +292,6 @@ def insert_held(obj: Model) -> None:
             cursor.execute(sql, [obj.pk, *values])
     obj._state.adding = False
     obj._state.db = connection.alias
-
-
-def insert_unless_conflicting(obj: Model) -> None:
-    """`bulk_create([obj], ignore_conflicts=True)` for a row with an auto primary key (nothing read
-    back, `obj.pk` stays None): `INSERT ... ON CONFLICT DO NOTHING`, held back inside a
-    `writes_together` block like the block's other writes."""
-    columns, values = _new_row(obj)
-    sql = f"{_insert_sql(type(obj), columns, connection.vendor)} ON CONFLICT DO NOTHING"
-    if not _hold(sql, values, must_match=False):
-        with connection.cursor() as cursor:
-            cursor.execute(sql, values)
 
 
 @cache

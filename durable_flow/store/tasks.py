@@ -9,7 +9,6 @@ from datetime import datetime
 from django.db import connection
 
 from durable_flow.models import Task, TaskKind
-from durable_flow.store import statements
 
 assert TaskKind.STEP < TaskKind.TURN, "the claim's ORDER BY kind puts step tasks first"
 
@@ -55,16 +54,11 @@ def _claim_statement(skipped: int = 0, lapsed: bool = True) -> str:
     )
 
 
-def insert_turn(task: Task) -> None:
-    """A turn's task row, unless its run has a turn queued already (the partial unique index):
-    held back inside a `writes_together` block (`statements.insert_unless_conflicting`)."""
-    statements.insert_unless_conflicting(task)
-
-
 def delete_claimed(task_id: int, worker_id: str) -> None:
     """Delete a task row this worker holds (in the transaction that settles it, or once it is
     done): the SQL of `Task.objects.filter(id=..., claimed_by=...).delete()` (no rows refer to
     a task), without the ORM's deletion collector on every turn and result."""
     q = connection.ops.quote_name
     sql = f"DELETE FROM {q(Task._meta.db_table)} WHERE {q('claimed_by')} = %s AND {q('id')} = %s"
-    statements.write(sql, [worker_id, task_id])  # held back in a turn's `writes_together` block
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [worker_id, task_id])

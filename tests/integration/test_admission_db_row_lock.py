@@ -201,30 +201,3 @@ def test_hand_overs_serve_fairness_keys_in_turn() -> None:
 
     # "a" was served last (h): "b" first, then the keys alternate while both wait.
     assert order == ["b1/1", "a1/1", "b2/1", "a2/1", "a3/1"]
-
-
-def test_an_uncontended_admission_locks_the_queue_and_takes_its_slot_in_one_round_trip() -> None:
-    """A queue with a cap alone, nobody in line: the row lock and the slot's INSERT go together
-    (`admission_statements.lock_queue_and_admit`); a full queue is decided under the lock that
-    round trip took, and the caller joins the line."""
-    from tests.support.statements import capture
-
-    backend = backend_with(QueueConfig(name=QUEUE, concurrency=2))
-    assert admit(backend, "a")  # the first decision reads the stored config (cached after)
-    with capture() as sent:
-        assert admit(backend, "b")
-    assert len(sent.data) == 1, sent.data
-    assert "FOR UPDATE" in sent.data[0] and "INSERT INTO" in sent.data[0]
-    assert not admit(backend, "c")
-    assert (holders(), waiters()) == ({"a", "b"}, {"c"})
-
-
-def test_an_admission_follows_the_stored_cap_when_another_process_lowered_it() -> None:
-    """The one-round-trip admission is taken for the config this process last read; a queue
-    resized since (by an operator, in another process) is decided by its stored config: with
-    one slot held and the cap lowered to one, nobody else is admitted."""
-    backend = backend_with(QueueConfig(name=QUEUE, concurrency=3))
-    assert admit(backend, "a")  # caches the stored config: a cap of three
-    FlowQueue.objects.filter(name=QUEUE).update(config=QueueConfig(name=QUEUE, concurrency=1).as_dict())
-    assert not admit(backend, "b")
-    assert (holders(), waiters()) == ({"a"}, {"b"})

@@ -44,7 +44,6 @@ from tests.support.statements import (
     capture,
     insert_into,
     listing,
-    unwrapped,
     update_of,
 )
 
@@ -184,52 +183,6 @@ def test_a_one_step_workflow_costs_a_worker_at_most_eleven_statements_in_three_t
     assert len(sent.data) <= ONE_STEP_HANDED, listing(sent.data)
     if connection.vendor == "sqlite":  # PostgreSQL's driver sends BEGIN past the query log
         assert len(sent.begins) == 2  # the claim is one autocommit statement
-
-
-def test_a_start_sends_its_run_its_turn_and_the_notification_in_one_round_trip(
-    db_locked: tuple[Engine, DatabaseTaskSource],
-) -> None:
-    """The run's key is made before the INSERT, so nothing is read back: on PostgreSQL the run,
-    its turn's task row and the workers' notification go in one round trip with the COMMIT
-    (`writes_together(commit=True)`); SQLite sends the two INSERTs one by one (it has no
-    notification)."""
-    with capture() as sent:
-        run = start("tests.echo_flow", "hello")
-    assert Task.objects.get().run_id == run.id
-    if connection.vendor == "postgresql":
-        assert len(sent.data) == 1, listing(sent.data)
-        assert [sql.split("(")[0].rstrip() for sql in sent.data[0].split("; ")] == [
-            insert_into(WorkflowRun),
-            insert_into(Task),
-            "SELECT pg_notify",
-            "COMMIT",  # the transaction's end rides with them
-        ], listing(sent.data)
-    else:
-        assert [sql.split(" (")[0] for sql in sent.data] == [insert_into(WorkflowRun), insert_into(Task)]
-
-
-def test_a_turn_sends_the_runs_lock_then_every_write_in_one_round_trip_on_postgresql(
-    db_locked: tuple[Engine, DatabaseTaskSource],
-) -> None:
-    """A turn that dispatches a step to its own thread: the run's lock draws the checkpoint's
-    key, so the task row's DELETE, the checkpoint's INSERT, the attempt's row and the run's
-    update are held back and go together, with the COMMIT (`writes_together(commit=True)`,
-    `use_drawn`): two round trips on PostgreSQL; one statement each elsewhere."""
-    engine, source = db_locked
-    run = start("tests.echo_flow", "hello")
-    runtime = worker(engine, source)
-    [task] = source.claim(runtime.worker_id, 1, 0)
-    with capture() as sent:
-        assert source.execute(runtime, task)
-    cp = StepCheckpoint.objects.get(run=run)
-    assert (cp.status, cp.worker) == (StepStatus.DISPATCHED, runtime.worker_id)
-    assert not Task.objects.exists()
-    if connection.vendor == "postgresql":
-        assert len(sent.data) == 2, listing(sent.data)
-        writes = [unwrapped(sql).split(" ")[0] for sql in sent.data[1].split("; ")]
-        assert writes == ["DELETE", "INSERT", "INSERT", "UPDATE", "COMMIT"], listing(sent.data)
-    else:
-        assert len(sent.data) == 5, listing(sent.data)
 
 
 def test_a_turns_handed_step_whose_worker_died_is_re_driven_by_the_poller(
@@ -457,20 +410,3 @@ def test_optimistic_first_step_is_a_checked_option_of_the_db_transport() -> None
     assert not off.capabilities.optimistic_first_step
     with pytest.raises(ImproperlyConfigured, match=r'\["OPTIMISTIC_FIRST_STEP"\]'):
         DatabaseTransport.from_options({"OPTIMISTIC_FIRST_STEP": "yes"})
-
-
-def test_a_claim_that_took_fewer_tasks_than_asked_waits_for_an_announcement_before_it_looks_again(
-    db_locked: tuple[Engine, DatabaseTaskSource],
-) -> None:
-    """The claim that took a run's turn does not claim again at once (for nothing, beside the
-    turn it handed out: on SQLite its write lock would hold the turn's transaction back): its
-    next call waits for a task to be announced, or its deadline, and then reads first, writing
-    nothing when nothing is there."""
-    _, source = db_locked
-    start("tests.echo_flow", "hello")
-    assert len(source.claim("w", 5, 0)) == 1  # fewer than asked for
-    with capture() as sent:
-        assert source.claim("w", 5, 0.05) == []
-    assert [sql.split()[0] for sql in sent.data] == ["SELECT"], listing(sent.data)
-    start("tests.echo_flow", "again")  # committed here: announced to this process's claimers
-    assert [task.kind for task in source.claim("w", 5, 0.05)] == [TaskKind.TURN]

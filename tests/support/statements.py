@@ -49,10 +49,8 @@ class Sent:
 
     @property
     def statements(self) -> list[str]:
-        """Every statement sent, a round trip's held-back writes split apart; an UPDATE that
-        rode with the COMMIT, checked in the server (`writes_together(commit=True)`), as the
-        UPDATE it wraps."""
-        return [unwrapped(part) for sql in self.round_trips for part in sql.split("; ")]
+        """Every statement sent, a round trip's held-back writes split apart."""
+        return [part for sql in self.round_trips for part in sql.split("; ")]
 
     @property
     def data(self) -> list[str]:
@@ -91,17 +89,6 @@ def update_of(model: type[Model]) -> str:
 
 def delete_from(model: type[Model]) -> str:
     return f"DELETE FROM {table(model)}"
-
-
-#: How `writes_together(commit=True)` wraps a held UPDATE that must match a row.
-GUARD_HEAD, GUARD_TAIL = "WITH u AS (", " RETURNING 1) SELECT CASE"
-
-
-def unwrapped(sql: str) -> str:
-    """The UPDATE inside a guard that checks it matched a row, else `sql` itself."""
-    if sql.startswith(GUARD_HEAD) and GUARD_TAIL in sql:
-        return sql[len(GUARD_HEAD) : sql.index(GUARD_TAIL)]
-    return sql
 
 
 def listing(sent: list[Any]) -> str:

@@ -28,7 +28,7 @@ FUNCTION_LEVEL_IMPORTS = {
 
 #: Statements sent through a cursor outside `store/`: a health probe's `SELECT 1` and the `db`
 #: transport's `LISTEN`/`NOTIFY` wake-ups, which are about the connection, not the app's rows.
-CURSOR_OUTSIDE_STORE = {"durable_flow/contrib/health.py"}
+CURSOR_OUTSIDE_STORE = {"durable_flow/contrib/health.py", "durable_flow/transports/db/notify.py"}
 
 
 def relative(path: Path) -> str:

@@ -183,14 +183,7 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
             # The clock is read once the queue is ours: a decision that waited for the lock must
             # not stamp its window mark with the time it started waiting, or the window would
             # reopen early by as long as it waited.
-            if (folded := self._lock_and_admit(request)) is not None:
-                rows, now, admitted = folded
-                if admitted:
-                    self._crowded.discard(request.queue)
-                    return AdmissionDecision.admit()
-                row, config = (rows[0], queue_from_dict(rows[0].config)) if rows else self._locked_queue(request.queue)
-            else:
-                row, config, now = self._lock_queue(request.queue, request)
+            row, config, now = self._lock_queue(request.queue, request)
             if row is None or config is None:
                 if request.constraints:
                     return self._admit_free(request)
@@ -294,23 +287,6 @@ class DatabaseAdmissionBackend(ResourceGateMixin, DatabaseReadModel, AdmissionBa
         with self._lock:
             self._cap_only[queue] = (found, time.monotonic() + self._known_cache_s)
         return found
-
-    def _lock_and_admit(self, request: AdmissionRequest) -> tuple[list[FlowQueue], int, bool] | None:
-        """The queue's lock (after the resource lock, while step concurrency is in use) and an
-        uncontended admission in one round trip, for a call without constraints on a queue
-        whose stored config has a cap alone and fifo fairness, on the server's clock (an injected
-        one is read once the queue is locked: `try_admit`)
-        (`admission_statements.lock_queue_and_admit`); None: the caller locks the queue alone.
-        Not admitted: the queue is locked all the same, and the caller decides under it."""
-        if request.constraints or self.clock is not system_clock_ms:
-            return None
-        known = self._cap_only_config(request.queue)
-        if known is None or known[1].fairness == "key":
-            return None
-        raw, config = known
-        assert config.concurrency is not None  # a cap alone: see `_cap_only_config`
-        guard = self._seen_constraints or step_concurrency_declared()
-        return db_statements.lock_queue_and_admit(request.queue, guard, request.ticket, raw, config.concurrency)
 
     def _hand_over(self, queue: str, ticket: str) -> str | None:
         """A release whose slot goes straight to the next waiter, without the queue's lock

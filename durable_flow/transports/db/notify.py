@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from django.db import connection, transaction
 
-from durable_flow.store import doorbell, statements
+from durable_flow.store import doorbell
 from durable_flow.store.listen import Listener
 
 #: The notification channel (notifications are per database, so one name serves every project).
@@ -54,8 +54,8 @@ def notify(*, for_others: bool = False) -> None:
     other processes only). Nothing on a database without notifications."""
     if not available():
         return
-    # Held back with the writes of a `writes_together` block (delivered on the commit either way).
-    statements.notify(CHANNEL, process_token() if for_others else "")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, process_token() if for_others else ""])
 
 
 class TaskNotifications(Listener):

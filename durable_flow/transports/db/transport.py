@@ -141,15 +141,21 @@ class DatabaseTransport(Transport):
         self._engine: Engine | None = None
 
     def enqueue_turn(self, run_id: str) -> None:
-        self.enqueue_first_turn(run_id, 0)
+        # The partial unique index keeps one queued turn per run; a second wake is a no-op.
+        Task.objects.bulk_create(
+            [Task(kind=TaskKind.TURN, run_id=run_id, available_at=timezone.now())], ignore_conflicts=True
+        )
+        db_notify.notify()
+        db_notify.ring_others_on_commit()
+        transaction.on_commit(_announce_new_work)
 
     def enqueue_first_turn(self, run_id: str, priority: int) -> None:
         """The turn's task row carries `priority`: the claim takes higher priorities first, so
-        tasks no queue holds back run in priority order, not only in arrival order. The partial
-        unique index keeps one queued turn per run: a second wake is a no-op. Inside a
-        `writes_together` block (a start's), the INSERT and the notification go with the
-        block's other writes."""
-        task_rows.insert_turn(Task(kind=TaskKind.TURN, run_id=run_id, priority=priority, available_at=timezone.now()))
+        tasks no queue holds back run in priority order, not only in arrival order."""
+        Task.objects.bulk_create(
+            [Task(kind=TaskKind.TURN, run_id=run_id, priority=priority, available_at=timezone.now())],
+            ignore_conflicts=True,
+        )
         db_notify.notify()
         db_notify.ring_others_on_commit()
         transaction.on_commit(_announce_new_work)
@@ -251,9 +257,6 @@ class DatabaseTaskSource(TaskSource):
         self._found_nothing = False
         #: Whether a push wakes the claimer straight into a claim (PostgreSQL: see `claim`).
         self._claims_when_rung = False
-        #: The last look found fewer tasks than it asked for: the announcement generation when it
-        #: began, and when (monotonic s). See `_wait_out_drained`.
-        self._drained: tuple[int, float] | None = None
 
     def outage_seen(self) -> None:
         """The worker starts, or its claims fail or succeed again (an outage it rides out): take
@@ -292,8 +295,6 @@ class DatabaseTaskSource(TaskSource):
         # loop calls again every fraction of a second, and on SQLite a claim takes the write
         # lock that a start's transaction then queues behind.
         idle = self._found_nothing
-        if (rung := self._wait_out_drained(deadline)) is not None:
-            idle = not (rung and self._claims_when_rung)  # as after the wait below
         while True:
             seen = _generation
             # An idle claimer looks before it claims: on SQLite the claim is a write that takes
@@ -301,8 +302,6 @@ class DatabaseTaskSource(TaskSource):
             # it would queue up in front of every result and dispatch transaction.
             lapsed = self._takes_lapsed()
             tasks = self._claim_once(worker_id, limit, lapsed) if not idle or self._any_claimable(lapsed) else []
-            # Fewer than asked for: the table had no more when this look began.
-            self._drained = (seen, time.monotonic()) if len(tasks) < limit else None
             if tasks or time.monotonic() >= deadline:
                 self._found_nothing = not tasks
                 return tasks
@@ -315,24 +314,6 @@ class DatabaseTaskSource(TaskSource):
             # there is no round trip, and every idle process was rung: their claims would queue
             # on the write lock).
             idle = not (rung and self._claims_when_rung)
-
-    def _wait_out_drained(self, deadline: float) -> bool | None:
-        """After a look that found fewer tasks than it asked for, and nothing announced since it
-        began, wait for an announcement (a task committed here, or pushed from elsewhere), the
-        poll interval from that look, or `deadline`, before looking again. The claim that took
-        a turn otherwise claims again at once, for nothing, beside the turn it just handed out:
-        on SQLite its write lock holds the turn's transaction back. Whatever comes unannounced (a
-        lapsed lease, a task left for the others) is found by the look after the wait, as by
-        any poll. Whether it was woken by an announcement; None: no such wait."""
-        drained, self._drained = self._drained, None
-        if drained is None:
-            return None
-        seen, looked_at = drained
-        until = min(deadline, looked_at + self.poll_interval_s)
-        with _new_work:
-            while _generation == seen and (left := until - time.monotonic()) > 0:
-                _new_work.wait(left)
-            return _generation != seen
 
     @staticmethod
     def _any_claimable(lapsed: bool = True) -> bool:
